@@ -1,0 +1,71 @@
+// Shared device helpers for every mamba-forge module: dtype conversion, vector access, fixed-order reductions.
+// Determinism rule for everything here: no floating-point atomics; every reduction has one fixed order.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#define MF_DEVICE __device__ __forceinline__
+
+namespace mf {
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+// ---- scalar conversion: every typed kernel computes in f32 and converts at load/store ----
+MF_DEVICE float to_f32(float x) { return x; }
+MF_DEVICE float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+MF_DEVICE float to_f32(__half x) { return __half2float(x); }
+
+template <typename T> MF_DEVICE T from_f32(float x);
+template <> MF_DEVICE float from_f32<float>(float x) { return x; }
+template <> MF_DEVICE __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> MF_DEVICE __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// ---- 16-byte vectors: VEC<T>::N elements of T moved as one uint4 ----
+template <typename T> struct Vec {
+  static constexpr int N = 16 / sizeof(T);
+  union { uint4 raw; T v[16 / sizeof(T)]; };
+};
+
+template <typename T> MF_DEVICE Vec<T> load_vec(const T* p) {  // p must be 16-byte aligned
+  Vec<T> r;
+  r.raw = *reinterpret_cast<const uint4*>(p);
+  return r;
+}
+template <typename T> MF_DEVICE void store_vec(T* p, const Vec<T>& r) { *reinterpret_cast<uint4*>(p) = r.raw; }
+
+MF_DEVICE bool aligned16(const void* p) { return (reinterpret_cast<u64>(p) & 15ull) == 0; }
+
+// ---- math in the Mamba reference's conventions ----
+MF_DEVICE float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }  // threshold 20, as torch
+MF_DEVICE float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+MF_DEVICE float silu(float x) { return x * sigmoid(x); }
+
+// ---- fixed-order reductions ----
+// Butterfly over a full warp: every lane ends with the same value, the order is fixed by lane ids.
+MF_DEVICE float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+MF_DEVICE double warp_sum(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Block sum with a fixed order: warp butterflies, then warp 0 folds the per-warp partials in warp order.
+// `scratch` needs blockDim.x/32 elements of shared memory. All threads receive the result.
+template <typename A> MF_DEVICE A block_sum(A v, A* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  A t = lane < nwarps ? scratch[lane] : A(0);
+  t = warp_sum(t);
+  return t;
+}
+
+}  // namespace mf

@@ -1,0 +1,340 @@
+"""Build: compose each (module kind x target) program, compile it with NVRTC in parallel worker processes through
+the private cache, read each symbol's resources and admit or reject it. Produces a BuildManifest.
+
+Composition: the module's sources are concatenated in catalog order, each behind a ``#line 1 "<path>"``
+directive (relative path: nothing of this machine enters the program), then one instantiation line per symbol,
+``MACRO(symbol, args...)``. Headers under the module's include folders travel in memory under their relative
+names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__, admit, nvrtc
+from .cache import Cache, CacheRefused, cache_key, default_location
+from .catalog import Catalog, ModuleSpec, Symbol
+from .compile_worker import run_job
+from .records import Artifact, BuildManifest, ModuleBuild, Resources, SymbolBuild, Toolchain, Verdict
+from .targets import SMEM_RESERVED_BYTES, Target
+
+BASE_OPTIONS = ["-std=c++17", "--fmad=true", "-DNDEBUG", "--frandom-seed=mamba-forge"]
+HEADER_SUFFIXES = {".h", ".cuh", ".hpp", ".inl"}
+LOG_HEAD_LINES = 12
+
+ProgressFn = Callable[[str, ModuleBuild | None], None]
+
+
+@dataclass
+class BuildRequest:
+    catalog: Catalog
+    targets: list[Target]
+    out: Path
+    jobs: int = 0  # 0: one per CPU
+    state_capacity: int = 64
+    cache_location: Path | None | str = "default"  # "default": from the environment; None: no cache
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Job:
+    module: ModuleSpec
+    target: Target
+    role: str
+    source: str
+    headers: dict[str, bytes]
+    options: list[str]
+    key: str
+
+    @property
+    def program_name(self) -> str:
+        return f"mamba_forge_{self.module.kind}.cu"
+
+
+def collect_headers(module: ModuleSpec) -> dict[str, bytes]:
+    """Every header file under the module's include folders, keyed by its include name."""
+    headers: dict[str, bytes] = {}
+    for rel in module.module.include:
+        headers.update(collect_headers_at(module.root / rel))
+    return headers
+
+
+def compose(module: ModuleSpec) -> str:
+    """The module's one program: its sources in order, then the catalog's instantiation lines."""
+    parts = [f"// mamba-forge module {module.kind}: composed from the catalog; do not edit\n"]
+    for rel in module.module.sources:
+        text = (module.root / rel).read_text(encoding="utf-8")
+        parts.append(f'#line 1 "{rel}"\n{text}\n')
+    lines = []
+    for sym in module.symbols:
+        fam = module.family(sym.family)
+        if fam.instantiate:
+            lines.append(f"{fam.instantiate}({', '.join([sym.name, *sym.macro_args])})")
+    if lines:
+        parts.append('#line 1 "<instantiations>"\n' + "\n".join(lines) + "\n")
+    return "".join(parts)
+
+
+def module_options(module: ModuleSpec, target: Target, state_cap: int) -> list[str]:
+    opts = list(BASE_OPTIONS) + list(module.options) + [f"-arch={target.name}", "--ptxas-options=-v"]
+    if module.module.state_capacity:
+        opts.append(f"-DMF_STATE_CAP={state_cap}")
+    opts.append(nvrtc.CUDA_INCLUDE_TOKEN)
+    return opts
+
+
+def _sha(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def _library_key() -> dict[str, str]:
+    ident = dict(nvrtc.library_identity())
+    ident.pop("cuda-bindings", None)  # the Python binding does not change the bytes
+    return ident
+
+
+def plan(req: BuildRequest) -> list[Job]:
+    jobs = []
+    lib = _library_key()
+    for module in req.catalog.modules:
+        pairs = module.targets(req.targets)
+        if not pairs:
+            continue
+        headers = collect_headers(module)
+        source = compose(module)
+        entry = module.module.model_dump(mode="json", exclude={"families"})
+        for target, role in pairs:
+            options = module_options(module, target, req.state_capacity)
+            key = cache_key(
+                {
+                    "tool": __version__,
+                    "source_sha256": _sha(source),
+                    "headers": {k: _sha(v) for k, v in sorted(headers.items())},
+                    "options": options,
+                    "target": target.name,
+                    "nvrtc": lib,
+                    "module": entry,
+                    "symbols": [[s.name, s.macro_args] for s in module.symbols],
+                }
+            )
+            jobs.append(Job(module, target, role, source, headers, options, key))
+    return jobs
+
+
+def _resources(name: str, meta: dict, target: Target) -> Resources | None:
+    k = meta["kernels"].get(name)
+    if k is None:
+        return None
+    px = meta["ptxas"].get(name, {})
+    static_smem = px.get("smem")
+    if static_smem is None:  # ptxas prints no smem figure when there is none
+        static_smem = max(0, k["static_smem"] - (SMEM_RESERVED_BYTES if target.cc >= 90 and k["static_smem"] else 0))
+    return Resources(
+        registers=k["registers"] or px.get("registers", 0),
+        static_smem=static_smem,
+        stack_frame=px.get("stack_frame", k["frame_size"]),
+        spill_stores=px.get("spill_stores", 0),
+        spill_loads=px.get("spill_loads", 0),
+        max_threads=k["max_threads"],
+        barriers=max(k["barriers"], px.get("barriers", 0)),
+        param_bytes=k["param_bytes"],
+        param_layout=[[p["offset"], p["size"]] for p in k["params"]],
+    )
+
+
+def judge(job: Job, meta: dict) -> tuple[list[SymbolBuild], list[str]]:
+    """Per-symbol verdicts from a compiled module's metadata, and the foreign exports."""
+    out = []
+    func_atomics = meta.get("float_atomics_funcs", [])
+    declared = {s.name for s in job.module.symbols}
+    for sym in job.module.symbols:
+        res = _resources(sym.name, meta, job.target)
+        if res is None:
+            verdict = Verdict(
+                status="rejected",
+                check="exports",
+                reason=f"{sym.name} on {job.target.name}: declared in the catalog but not exported by the module",
+            )
+        else:
+            verdict = admit.admit_symbol(sym, res, job.target)
+            atomics = meta["float_atomics"].get(sym.name, []) + func_atomics
+            if verdict.status == "admitted" and sym.deterministic and atomics:
+                verdict = admit.reject_float_atomics(sym, job.target, atomics)
+        out.append(_symbol_record(sym, res, verdict))
+    foreign = sorted(set(meta["kernels"]) - declared)
+    return out, foreign
+
+
+def _symbol_record(sym: Symbol, res: Resources | None, verdict: Verdict) -> SymbolBuild:
+    return SymbolBuild(
+        name=sym.name,
+        family=sym.family,
+        dtype=sym.dtype or "",
+        block=list(sym.block),
+        dynamic_smem=sym.dynamic_smem,
+        deterministic=sym.deterministic,
+        resources=res,
+        verdict=verdict,
+    )
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    try:
+        if path.stat().st_size == len(data) and path.read_bytes() == data:
+            return
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _finish(job: Job, parts: dict[str, bytes], out: Path) -> ModuleBuild:
+    meta = json.loads(parts["meta"])
+    log = parts["log"].decode(errors="replace")
+    record = ModuleBuild(
+        kind=job.module.kind,
+        target=job.target.name,
+        role=job.role,  # type: ignore[arg-type]
+        built_only=job.module.built_only(job.target),
+        mandatory=job.module.module.mandatory,
+        status="compiled" if meta["ok"] else "failed",
+        options=job.options,
+        source_sha256=_sha(job.source),
+        cache_key=job.key,
+        cached=parts.get("cached") == b"1",
+        compile_seconds=meta.get("seconds", 0.0),
+    )
+    if not meta["ok"]:
+        head = "\n".join(line for line in log.splitlines() if line.strip())
+        record.log_head = "\n".join(head.splitlines()[:LOG_HEAD_LINES])
+        reason = f"module {job.module.kind} failed to compile for {job.target.name}: " + (
+            head.splitlines()[0] if head else "no log"
+        )
+        record.symbols = [
+            _symbol_record(s, None, Verdict(status="rejected", check="compile", reason=reason)) for s in job.module.symbols
+        ]
+        return record
+    for code in ("cubin", "ptx"):
+        data = parts[code]
+        if not data:
+            continue
+        rel = f"{job.target.name}/{job.module.kind}.{code}"
+        _write_if_changed(out / rel, data)
+        record.artifacts.append(Artifact(path=rel, sha256=_sha(data), size=len(data), code=code))  # type: ignore[arg-type]
+    record.symbols, record.foreign_exports = judge(job, meta)
+    for name in record.foreign_exports:
+        record.symbols.append(
+            SymbolBuild(
+                name=name, family="", block=[0, 0, 0], dynamic_smem=0, deterministic=False,
+                verdict=Verdict(
+                    status="rejected", check="exports",
+                    reason=f"{name} on {job.target.name}: exported by module {job.module.kind} but not declared in the catalog",
+                ),
+            )
+        )
+    return record
+
+
+def open_cache(req: BuildRequest) -> Cache | None:
+    try:
+        location = default_location() if req.cache_location == "default" else req.cache_location
+        return Cache.open(location)  # type: ignore[arg-type]
+    except CacheRefused as exc:
+        req.warnings.append(f"build cache disabled: {exc}")
+        return None
+
+
+def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifest:
+    """Build every (module x target) the catalog gates admit; never raises for a module that fails to compile."""
+    req.out.mkdir(parents=True, exist_ok=True)
+    cache = open_cache(req)
+    jobs = plan(req)
+    results: dict[int, ModuleBuild] = {}
+    pending: list[int] = []
+    for i, job in enumerate(jobs):
+        parts = cache.get(job.key) if cache else None
+        if parts is not None:
+            results[i] = _finish(job, dict(parts, cached=b"1"), req.out)
+            if progress:
+                progress("done", results[i])
+        else:
+            pending.append(i)
+    if pending:
+        workers = min(len(pending), req.jobs or os.cpu_count() or 1)
+        payloads = {
+            i: {
+                "source": jobs[i].source,
+                "name": jobs[i].program_name,
+                "options": jobs[i].options,
+                "headers": jobs[i].headers,
+                "key": jobs[i].key,
+                "cache_root": str(cache.root) if cache else None,
+            }
+            for i in pending
+        }
+        # longest programs first keeps the pool busy to the end
+        pending.sort(key=lambda i: -len(jobs[i].source))
+        if workers == 1:
+            for i in pending:
+                if progress:
+                    progress("start", None)
+                results[i] = _finish(jobs[i], run_job(payloads[i]), req.out)
+                if progress:
+                    progress("done", results[i])
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                futures = {pool.submit(run_job, payloads[i]): i for i in pending}
+                for fut in as_completed(futures):
+                    i = futures[fut]
+                    results[i] = _finish(jobs[i], fut.result(), req.out)
+                    if progress:
+                        progress("done", results[i])
+    lib = nvrtc.library_identity()
+    headers = {}
+    for m in req.catalog.modules:
+        for rel in m.module.include:
+            for name, data in collect_headers_at(m.root / rel).items():
+                headers[f"{rel}/{name}"] = _sha(data)
+    return BuildManifest(
+        tool_version=__version__,
+        catalog=req.catalog.name,
+        catalog_sha256=req.catalog.digest(),
+        state_capacity=req.state_capacity,
+        targets=[t.name for t in req.targets],
+        toolchain=Toolchain(
+            nvrtc_version=lib["nvrtc_version"],
+            library={k: v for k, v in lib.items()},
+            header_sha256=dict(sorted(headers.items())),
+            base_options=BASE_OPTIONS,
+        ),
+        modules=[results[i] for i in range(len(jobs))],
+    )
+
+
+def collect_headers_at(base: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(base).as_posix(): p.read_bytes()
+        for p in sorted(base.rglob("*"))
+        if p.is_file() and p.suffix in HEADER_SUFFIXES
+    }
+
+
+def count_jobs(req: BuildRequest) -> int:
+    return sum(len(m.targets(req.targets)) for m in req.catalog.modules)
+
+
+def timed_build(req: BuildRequest, progress: ProgressFn | None = None) -> tuple[BuildManifest, float]:
+    t0 = time.perf_counter()
+    manifest = build(req, progress)
+    return manifest, time.perf_counter() - t0

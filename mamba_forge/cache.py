@@ -1,0 +1,209 @@
+"""The private, content-addressed build cache.
+
+Key: sha256 over everything that affects the bytes (composed source, every header's content, the exact option
+list, the target, the NVRTC version and library identity, the catalog entry, the tool version); the caller
+builds it with :func:`cache_key`. Entries are single files, 0600, written atomically (temp file, fsync, rename)
+and carry a sha256 of their payload that is checked on every read: a corrupted entry is dropped and rebuilt,
+never loaded. Per-key ``fcntl.flock`` locks serialise concurrent builders of the same entry and die with their
+process, so no lock can go stale.
+
+The location must be private: a path with a symlinked component, a group- or world-writable ancestor that
+neither root nor you own, or a final folder that is not yours with mode 0700 is refused (one warning, then the
+build goes on without a cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import stat
+import struct
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = b"MFCACHE1"
+DISABLED_VALUES = {"0", "off"}
+
+
+class CacheRefused(Exception):
+    """The cache location is unsafe or unusable; the message says why and what to do."""
+
+
+def cache_key(parts: Mapping[str, object]) -> str:
+    """sha256 of a canonical JSON encoding of the parts (sorted keys, no whitespace variance)."""
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def default_location(env: Mapping[str, str] | None = None) -> Path | None:
+    """The configured location, or None when the cache is disabled. Raises CacheRefused for a relative path."""
+    env = os.environ if env is None else env
+    explicit = env.get("MAMBA_FORGE_CACHE")
+    if explicit is not None and explicit != "":
+        if explicit.strip().lower() in DISABLED_VALUES:
+            return None
+        p = Path(explicit)
+        if not p.is_absolute():
+            raise CacheRefused(f"MAMBA_FORGE_CACHE={explicit!r} is not an absolute path; set an absolute path, or 0/off")
+        return p
+    xdg = env.get("XDG_CACHE_HOME")
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "mamba-forge"
+    return Path(env.get("HOME") or Path.home()) / ".cache" / "mamba-forge"
+
+
+def check_private(path: Path, *, uid: int | None = None) -> None:
+    """Refuse an unsafe cache path (see module doc). Creates missing folders with mode 0700."""
+    uid = os.getuid() if uid is None else uid
+    path = Path(os.path.abspath(path))
+    # walk every ancestor that exists: no symlinks, no foreign group/world-writable folders
+    current = Path(path.anchor)
+    for part in path.parts[1:]:
+        current = current / part
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            break
+        if stat.S_ISLNK(st.st_mode):
+            raise CacheRefused(f"cache path {path} has a symlinked component {current}; point MAMBA_FORGE_CACHE at a real folder")
+        if not stat.S_ISDIR(st.st_mode):
+            raise CacheRefused(f"cache path component {current} is not a folder")
+        if current != path and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and st.st_uid not in (0, uid):
+            raise CacheRefused(
+                f"cache path ancestor {current} is group- or world-writable and owned by uid {st.st_uid}; "
+                "choose a cache folder under a directory only you can write"
+            )
+    if not path.exists():
+        try:
+            # parents too, each 0700 as it is made (umask cannot widen them)
+            missing = [p for p in [path, *path.parents] if not p.exists()]
+            for p in reversed(missing):
+                os.mkdir(p, 0o700)
+        except OSError as exc:
+            raise CacheRefused(f"cannot create cache folder {path}: {exc.strerror}") from None
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise CacheRefused(f"cache path {path} is not a plain folder")
+    if st.st_uid != uid:
+        raise CacheRefused(f"cache folder {path} is owned by uid {st.st_uid}, not you ({uid}); use a folder of your own")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        raise CacheRefused(
+            f"cache folder {path} has mode {stat.S_IMODE(st.st_mode):04o}, not 0700; run `chmod 700 {path}` or choose another"
+        )
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    corrupted: int = 0
+
+
+class Cache:
+    """Entries: ``<root>/v1/<key[:2]>/<key>``; locks: ``<root>/v1/locks/<key>.lock``."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.entries = self.root / "v1"
+        self.stats = CacheStats()
+
+    @classmethod
+    def open(cls, location: Path | None) -> Cache | None:
+        if location is None:
+            return None
+        check_private(location)
+        return cls(location)
+
+    def _path(self, key: str) -> Path:
+        return self.entries / key[:2] / key
+
+    def _mkdirs(self, p: Path) -> None:
+        for d in reversed([p, *p.parents]):
+            if d == self.root or self.root in d.parents:
+                if not d.exists():
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(d, 0o700)
+
+    @contextlib.contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        """Exclusive per-key lock; released when the block ends or the process dies."""
+        lockdir = self.entries / "locks"
+        self._mkdirs(lockdir)
+        fd = os.open(lockdir / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def get(self, key: str) -> dict[str, bytes] | None:
+        """The entry's parts, or None on a miss. A corrupted entry is removed and counted as a miss."""
+        path = self._path(key)
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            self.stats.misses += 1
+            return None
+        parts = _decode(blob)
+        if parts is None:
+            self.stats.corrupted += 1
+            self.stats.misses += 1
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            return None
+        self.stats.hits += 1
+        return parts
+
+    def put(self, key: str, parts: Mapping[str, bytes]) -> None:
+        path = self._path(key)
+        self._mkdirs(path.parent)
+        blob = _encode(parts)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        try:
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+
+def _encode(parts: Mapping[str, bytes]) -> bytes:
+    names = sorted(parts)
+    payload = b"".join(parts[n] for n in names)
+    header = json.dumps(
+        {"parts": [[n, len(parts[n])] for n in names], "sha256": hashlib.sha256(payload).hexdigest()},
+        separators=(",", ":"),
+    ).encode()
+    return MAGIC + struct.pack("<I", len(header)) + header + payload
+
+
+def _decode(blob: bytes) -> dict[str, bytes] | None:
+    try:
+        if blob[: len(MAGIC)] != MAGIC:
+            return None
+        (hlen,) = struct.unpack_from("<I", blob, len(MAGIC))
+        start = len(MAGIC) + 4
+        header = json.loads(blob[start : start + hlen])
+        payload = blob[start + hlen :]
+        if hashlib.sha256(payload).hexdigest() != header["sha256"]:
+            return None
+        out, pos = {}, 0
+        for name, size in header["parts"]:
+            out[name] = payload[pos : pos + size]
+            pos += size
+        if pos != len(payload):
+            return None
+        return out
+    except (struct.error, ValueError, KeyError, TypeError):
+        return None

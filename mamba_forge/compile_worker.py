@@ -1,0 +1,52 @@
+"""The work one build worker process does: compile a composed program, read its resources, fill the cache.
+
+Kept apart from build.py so that a spawned worker imports only the standard library, cuda-bindings and
+pyelftools (no pydantic, rich or typer): worker start-up stays short.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from . import cubin, nvrtc
+from .cache import Cache
+
+
+def compile_parts(source: str, name: str, options: list[str], headers: dict[str, bytes]) -> dict[str, bytes]:
+    """Compile and return the cache entry parts: cubin, ptx, log and meta (resources as JSON)."""
+    t0 = time.perf_counter()
+    res = nvrtc.compile_program(source, name, options, headers)
+    meta: dict = {"ok": res.ok, "seconds": round(time.perf_counter() - t0, 3)}
+    if res.ok:
+        ptx_text = res.ptx.decode(errors="replace")
+        meta["kernels"] = {k: asdict(v) for k, v in cubin.read_cubin(res.cubin).items()}
+        meta["ptxas"] = {k: asdict(v) for k, v in cubin.parse_ptxas_log(res.log).items()}
+        meta["float_atomics"] = cubin.float_atomics_by_entry(ptx_text)
+        meta["float_atomics_funcs"] = cubin.float_atomics_outside_entries(ptx_text)
+    return {
+        "cubin": res.cubin,
+        "ptx": res.ptx,
+        "log": res.log.encode(),
+        "meta": json.dumps(meta, sort_keys=True).encode(),
+    }
+
+
+def run_job(job: dict) -> dict[str, bytes]:
+    """Entry point for a worker: compile under the entry's lock, or take what a concurrent builder just made."""
+    cache = Cache(Path(job["cache_root"])) if job.get("cache_root") else None
+    key = job["key"]
+    if cache is None:
+        return compile_parts(job["source"], job["name"], job["options"], job["headers"])
+    with cache.lock(key):
+        parts = cache.get(key)
+        if parts is None:
+            parts = compile_parts(job["source"], job["name"], job["options"], job["headers"])
+            meta = json.loads(parts["meta"])
+            if meta["ok"]:  # failures are not cached: a fixed header must not need a cache wipe
+                cache.put(key, parts)
+        else:
+            parts = dict(parts, cached=b"1")
+        return parts

@@ -1,0 +1,207 @@
+"""Read per-kernel resources from a cubin (pyelftools for the ELF; the .nv.info decoding is ours) and from the
+ptxas verbose log (the only source that separates spill bytes from the stack frame).
+
+.nv.info entries: format byte, attribute byte, then a u16 that is the value (formats 1-3) or the payload
+length (format 4, EIFMT_SVAL, payload follows). The global .nv.info holds per-function REGCOUNT, FRAME_SIZE
+and MIN_STACK_SIZE keyed by symbol index; .nv.info.<kernel> holds the kernel's own attributes.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+from dataclasses import dataclass, field
+
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+EIFMT_SVAL = 0x04
+EIATTR_MAX_THREADS = 0x05
+EIATTR_FRAME_SIZE = 0x11
+EIATTR_MIN_STACK_SIZE = 0x12
+EIATTR_KPARAM_INFO = 0x17
+EIATTR_CBANK_PARAM_SIZE = 0x19
+EIATTR_MAXREG_COUNT = 0x1B
+EIATTR_REGCOUNT = 0x2F
+EIATTR_NUM_BARRIERS = 0x4C
+
+STT_FUNC = 2
+STO_CUDA_ENTRY = 0x10  # st_other bit that marks a __global__ entry point
+
+
+class CubinError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    ordinal: int
+    offset: int
+    size: int
+
+
+@dataclass
+class KernelInfo:
+    """What the cubin says about one entry point."""
+
+    name: str
+    registers: int = 0
+    frame_size: int = 0
+    min_stack_size: int = 0
+    max_threads: int = 0  # 0: no __launch_bounds__
+    maxreg_count: int = 0
+    barriers: int = 0
+    param_bytes: int = 0
+    params: list[ParamInfo] = field(default_factory=list)
+    static_smem: int = 0  # size of .nv.shared.<kernel> (on sm_90+ this includes 1 KB reserved by the system)
+
+
+def _entries(data: bytes):
+    pos = 0
+    while pos + 4 <= len(data):
+        fmt, attr, val = struct.unpack_from("<BBH", data, pos)
+        pos += 4
+        if fmt == EIFMT_SVAL:
+            payload = data[pos : pos + val]
+            pos += val
+            yield attr, None, payload
+        else:
+            yield attr, val, b""
+
+
+def read_cubin(blob: bytes) -> dict[str, KernelInfo]:
+    """All entry kernels of a cubin with their static resources, keyed by name."""
+    try:
+        elf = ELFFile(io.BytesIO(blob))
+        symtab = elf.get_section_by_name(".symtab")
+    except Exception as exc:  # noqa: BLE001 - pyelftools raises many types on garbage
+        raise CubinError(f"not a readable cubin: {exc}") from None
+    if not isinstance(symtab, SymbolTableSection):
+        raise CubinError("cubin has no symbol table")
+    syms = list(symtab.iter_symbols())
+    kernels: dict[str, KernelInfo] = {}
+    by_index: dict[int, KernelInfo] = {}
+    for idx, s in enumerate(syms):
+        if s["st_info"]["type"] == "STT_FUNC" and (s["st_other"]["local"] & 0) == 0:
+            other = s.entry["st_other"]
+            raw_other = other if isinstance(other, int) else _raw_other(blob, elf, symtab, idx)
+            if raw_other & STO_CUDA_ENTRY and s.name:
+                k = KernelInfo(s.name)
+                kernels[s.name] = k
+                by_index[idx] = k
+    glob = elf.get_section_by_name(".nv.info")
+    if glob is not None:
+        for attr, _val, payload in _entries(glob.data()):
+            if attr in (EIATTR_REGCOUNT, EIATTR_FRAME_SIZE, EIATTR_MIN_STACK_SIZE) and len(payload) >= 8:
+                sym_idx, value = struct.unpack_from("<II", payload)
+                k = by_index.get(sym_idx)
+                if k is None:
+                    continue
+                if attr == EIATTR_REGCOUNT:
+                    k.registers = value
+                elif attr == EIATTR_FRAME_SIZE:
+                    k.frame_size = value
+                else:
+                    k.min_stack_size = value
+    for name, k in kernels.items():
+        sec = elf.get_section_by_name(f".nv.info.{name}")
+        if sec is not None:
+            for attr, val, payload in _entries(sec.data()):
+                if attr == EIATTR_MAX_THREADS and len(payload) >= 12:
+                    x, y, z = struct.unpack_from("<III", payload)
+                    k.max_threads = x * y * z
+                elif attr == EIATTR_MAXREG_COUNT:
+                    k.maxreg_count = val or 0
+                elif attr == EIATTR_NUM_BARRIERS:
+                    k.barriers = val or 0
+                elif attr == EIATTR_CBANK_PARAM_SIZE:
+                    k.param_bytes = val or 0
+                elif attr == EIATTR_KPARAM_INFO and len(payload) >= 12:
+                    _index, ordinal, offset, flags = struct.unpack_from("<IHHI", payload)
+                    k.params.append(ParamInfo(ordinal, offset, (flags >> 18) & 0x3FFF))
+        k.params.sort(key=lambda p: p.ordinal)
+        shared = elf.get_section_by_name(f".nv.shared.{name}")
+        if shared is not None:
+            k.static_smem = shared["sh_size"]
+    return kernels
+
+
+def _raw_other(blob: bytes, elf: ELFFile, symtab, idx: int) -> int:
+    """st_other as the raw byte (pyelftools decodes it into visibility fields and drops CUDA's bits)."""
+    off = symtab["sh_offset"] + idx * symtab["sh_entsize"]
+    # Elf64_Sym: st_name u32, st_info u8, st_other u8, ...
+    return blob[off + 5]
+
+
+# ---- ptxas verbose log --------------------------------------------------------------------------------------
+
+_FUNC = re.compile(r"Function properties for (\S+)")
+_COMPILING = re.compile(r"Compiling entry function '([^']+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+
+
+@dataclass
+class PtxasEntry:
+    stack_frame: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    registers: int = 0
+    barriers: int = 0
+    smem: int = 0
+
+
+def parse_ptxas_log(log: str) -> dict[str, PtxasEntry]:
+    """Per entry function: stack frame, spill stores/loads, registers, barriers, smem."""
+    out: dict[str, PtxasEntry] = {}
+    current: PtxasEntry | None = None
+    for line in log.splitlines():
+        m = _COMPILING.search(line)
+        if m:
+            current = out.setdefault(m.group(1), PtxasEntry())
+            continue
+        m = _FUNC.search(line)
+        if m:
+            current = out.setdefault(m.group(1), PtxasEntry())
+            continue
+        if current is None:
+            continue
+        m = _FRAME.search(line)
+        if m:
+            current.stack_frame, current.spill_stores, current.spill_loads = map(int, m.groups())
+            continue
+        m = _USED.search(line)
+        if m:
+            current.registers = int(m.group(1))
+            current.barriers = int(m.group(2) or 0)
+            current.smem = int(m.group(3) or 0)
+    return out
+
+
+# ---- PTX scan for determinism ----------------------------------------------------------------------------
+
+_PTX_ENTRY = re.compile(r"^\s*\.visible\s+\.entry\s+(\w+)", re.M)
+_FLOAT_ATOMIC = re.compile(r"\b(atom|red)(\.[a-z0-9:_]+)*\.(f16x2|bf16x2|f16|bf16|f32|f64)\b")
+
+
+def float_atomics_by_entry(ptx: str) -> dict[str, list[str]]:
+    """Floating-point atomics (atom/red on float types) in each .entry body of a PTX module.
+
+    Device functions are inlined into entries by NVRTC at -O3 unless marked noinline; a `call` to a
+    non-inlined function is attributed to the calling entry's module-wide scan (see admit)."""
+    found: dict[str, list[str]] = {}
+    starts = [(m.start(), m.group(1)) for m in _PTX_ENTRY.finditer(ptx)]
+    for i, (start, name) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else len(ptx)
+        hits = [m.group(0) for m in _FLOAT_ATOMIC.finditer(ptx, start, end)]
+        if hits:
+            found[name] = hits
+    return found
+
+
+def float_atomics_outside_entries(ptx: str) -> list[str]:
+    """Float atomics in non-entry functions (.func bodies), which any entry might call."""
+    first = _PTX_ENTRY.search(ptx)
+    head = ptx[: first.start()] if first else ptx
+    return [m.group(0) for m in _FLOAT_ATOMIC.finditer(head)]

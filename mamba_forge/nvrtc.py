@@ -1,0 +1,155 @@
+"""Small typed wrappers over cuda.bindings.nvrtc: compile one named program to cubin (and PTX).
+
+No GPU and no libcuda are needed. Headers travel in memory (name -> bytes), so no filesystem path of this
+machine enters the program or the option list; only the CUDA headers come through one ``-I`` to the
+nvidia-cuda-runtime wheel, which the cache key records by package version, not by path.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from .errors import BuildError
+
+CUDA_INCLUDE_TOKEN = "-I<cuda-runtime-include>"
+
+
+class NvrtcError(RuntimeError):
+    """An NVRTC call failed; names the nvrtcResult."""
+
+    def __init__(self, call: str, result: object, log: str = ""):
+        self.call, self.result, self.log = call, result, log
+        name = getattr(result, "name", str(result))
+        super().__init__(f"{call} failed with {name}" + (f": {log.strip()[:400]}" if log else ""))
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as exc:  # pragma: no cover - install problem
+        raise BuildError("cuda-bindings is not installed", hint="pip install 'cuda-bindings>=13,<14'") from exc
+    return nvrtc
+
+
+def _check(call: str, ret):
+    nvrtc = _nvrtc()
+    res, *rest = ret if isinstance(ret, tuple) else (ret,)
+    if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise NvrtcError(call, res)
+    return rest[0] if len(rest) == 1 else rest
+
+
+@functools.lru_cache(maxsize=1)
+def version() -> tuple[int, int]:
+    return tuple(_check("nvrtcVersion", _nvrtc().nvrtcVersion()))  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=1)
+def supported_archs() -> tuple[int, ...]:
+    return tuple(_check("nvrtcGetSupportedArchs", _nvrtc().nvrtcGetSupportedArchs()))
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+@functools.lru_cache(maxsize=1)
+def library_identity() -> dict[str, str]:
+    """What identifies the compiler: NVRTC's own version, the wheels that provide it and the CUDA headers,
+    and a digest of the loaded libnvrtc (so a different build of the same version changes cache keys)."""
+    major, minor = version()
+    ident = {
+        "nvrtc_version": f"{major}.{minor}",
+        "nvidia-cuda-nvrtc": _dist_version("nvidia-cuda-nvrtc"),
+        "nvidia-cuda-runtime": _dist_version("nvidia-cuda-runtime"),
+        "cuda-bindings": _dist_version("cuda-bindings"),
+    }
+    lib = _loaded_library_path()
+    if lib is not None:
+        ident["libnvrtc_sha256"] = _file_digest(lib)
+    return ident
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _loaded_library_path() -> str | None:
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        lib = load_nvidia_dynamic_lib("nvrtc")
+        return getattr(lib, "abs_path", None)
+    except Exception:  # noqa: BLE001 - identity is best effort beyond the version numbers
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_include_dir() -> Path:
+    """The CUDA headers (cuda_bf16.h, cuda_fp16.h) from the nvidia-cuda-runtime wheel; never a system CUDA."""
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+
+        found = find_nvidia_header_directory("cudart")
+    except Exception as exc:  # noqa: BLE001
+        raise BuildError(f"cannot locate the CUDA runtime headers: {exc}", hint="pip install 'nvidia-cuda-runtime==13.0.*'") from None
+    if not found or not (Path(found) / "cuda_bf16.h").is_file():
+        raise BuildError("the CUDA runtime headers (cuda_bf16.h) were not found", hint="pip install 'nvidia-cuda-runtime==13.0.*'")
+    return Path(found)
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    ok: bool
+    log: str
+    cubin: bytes
+    ptx: bytes
+
+
+def _get_bytes(nvrtc, prog, size_fn, get_fn, call: str) -> bytes:
+    n = _check(call + "Size", size_fn(prog))
+    if n == 0:
+        return b""
+    buf = bytearray(n)  # never an interned bytes object: NVRTC writes into it
+    _check(call, get_fn(prog, buf))
+    return bytes(buf).rstrip(b"\0") if call.endswith("Log") or call.endswith("PTX") else bytes(buf)
+
+
+def compile_program(
+    source: str, name: str, options: list[str], headers: dict[str, bytes], *, want_ptx: bool = True
+) -> CompileResult:
+    """Compile one program. `options` may carry CUDA_INCLUDE_TOKEN, replaced here by the real include path."""
+    nvrtc = _nvrtc()
+    real_opts = [str(cuda_include_dir()).join(("-I", "")) if o == CUDA_INCLUDE_TOKEN else o for o in options]
+    hnames = sorted(headers)
+    prog = _check(
+        "nvrtcCreateProgram",
+        nvrtc.nvrtcCreateProgram(
+            source.encode(), name.encode(), len(hnames), [headers[h] for h in hnames], [h.encode() for h in hnames]
+        ),
+    )
+    try:
+        opts = [o.encode() for o in real_opts]
+        (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        log = _get_bytes(nvrtc, prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog, "nvrtcGetProgramLog")
+        log_text = log.decode(errors="replace")
+        if res != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return CompileResult(False, log_text, b"", b"")
+        cubin = _get_bytes(nvrtc, prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, "nvrtcGetCUBIN")
+        ptx = (
+            _get_bytes(nvrtc, prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, "nvrtcGetPTX") if want_ptx else b""
+        )
+        return CompileResult(True, log_text, cubin, ptx)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)

@@ -1,0 +1,168 @@
+"""Ed25519 signatures over the exact bytes of a manifest body. Standard library + cryptography only, so the
+runtime loader can import it without pydantic.
+
+A signed document is the body's bytes followed by one trailing TOML table::
+
+    <body bytes, ending in a newline>
+    [signature]
+    algorithm = "ed25519"
+    key_id = "<sha256 of the raw 32-byte public key, hex>"
+    development_key = false
+    value = "<base64 signature over the body bytes>"
+
+The whole file is still TOML; verification splits at the last ``\\n[signature]\\n`` and checks the signature
+over the bytes before it, so any change to the body (a flipped byte, reordered tables, truncation) fails.
+Key files: private keys are PKCS#8 PEM (mode 0600), public keys are the raw key in base64 on one line
+(``ed25519 <base64>``), named by key id.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+MARKER = b"\n[signature]\n"
+ALGORITHM = "ed25519"
+KEY_ENV = "MAMBA_FORGE_SIGNING_KEY"  # PEM text of the private key (CI secrets)
+_PUB_LINE = re.compile(r"^ed25519 ([A-Za-z0-9+/=]{44})\s*$")
+
+
+class SignatureError(Exception):
+    """A signed document does not verify; the message is one sentence saying why."""
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()
+
+
+def public_text(public: Ed25519PublicKey) -> str:
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return f"ed25519 {base64.b64encode(raw).decode()}\n"
+
+
+def parse_public(text: str) -> Ed25519PublicKey:
+    m = _PUB_LINE.match(text.strip())
+    if m is None:
+        raise SignatureError("not an mamba-forge public key (expected one line: 'ed25519 <base64>')")
+    raw = base64.b64decode(m.group(1))
+    if len(raw) != 32:
+        raise SignatureError("public key is not 32 bytes")
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def private_pem(private: Ed25519PrivateKey) -> bytes:
+    return private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def parse_private(pem: bytes) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise SignatureError(f"not a PEM Ed25519 private key ({exc})") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SignatureError("the private key is not an Ed25519 key")
+    return key
+
+
+def write_keypair(folder: Path, name: str = "mamba-forge") -> tuple[Path, Path, str]:
+    """Generate a key pair: <name>.key (PEM, 0600) and <name>.pub. Returns (private, public, key id)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    private = Ed25519PrivateKey.generate()
+    priv_path, pub_path = folder / f"{name}.key", folder / f"{name}.pub"
+    if priv_path.exists():
+        raise FileExistsError(f"{priv_path} exists; remove it or choose another name")
+    fd = os.open(priv_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private_pem(private))
+    pub_path.write_text(public_text(private.public_key()))
+    return priv_path, pub_path, key_id(private.public_key())
+
+
+@dataclass(frozen=True)
+class Signature:
+    algorithm: str
+    key_id: str
+    development_key: bool
+    value: bytes
+
+
+def sign(body: bytes, private: Ed25519PrivateKey, *, development_key: bool = False) -> bytes:
+    """The signed document: body + signature table."""
+    if not body.endswith(b"\n"):
+        body += b"\n"
+    if MARKER in body:
+        raise ValueError("the body already contains a [signature] table")
+    sig = base64.b64encode(private.sign(body)).decode()
+    tail = (
+        f'algorithm = "{ALGORITHM}"\nkey_id = "{key_id(private.public_key())}"\n'
+        f"development_key = {'true' if development_key else 'false'}\nvalue = \"{sig}\"\n"
+    )
+    return body + MARKER[1:] + tail.encode()
+
+
+def split(document: bytes) -> tuple[bytes, Signature]:
+    """(body, signature) of a signed document; raises SignatureError if it has no well-formed signature."""
+    at = document.rfind(MARKER)
+    if at < 0:
+        raise SignatureError("the manifest is not signed (no [signature] table at its end)")
+    body, tail = document[: at + 1], document[at + len(MARKER) :]
+    try:
+        table = tomllib.loads(tail.decode("utf-8"))
+        sig = Signature(
+            algorithm=table["algorithm"],
+            key_id=table["key_id"],
+            development_key=bool(table.get("development_key", False)),
+            value=base64.b64decode(table["value"], validate=True),
+        )
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+        raise SignatureError("the [signature] table is malformed") from None
+    if set(table) - {"algorithm", "key_id", "development_key", "value"}:
+        raise SignatureError("the [signature] table has unexpected fields")
+    if sig.algorithm != ALGORITHM:
+        raise SignatureError(f"unsupported signature algorithm {sig.algorithm!r}")
+    return body, sig
+
+
+def verify(document: bytes, trusted: dict[str, Ed25519PublicKey]) -> tuple[bytes, Signature]:
+    """Check a signed document against trusted keys (key id -> key). Returns (body, signature)."""
+    body, sig = split(document)
+    key = trusted.get(sig.key_id)
+    if key is None:
+        raise SignatureError(f"the manifest is signed by key {sig.key_id[:16]}…, which is not trusted")
+    try:
+        key.verify(sig.value, body)
+    except InvalidSignature:
+        raise SignatureError(f"the signature by key {sig.key_id[:16]}… does not match the manifest's bytes") from None
+    return body, sig
+
+
+def load_trusted(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
+    """Public keys from files or folders (every *.pub inside), keyed by key id."""
+    out: dict[str, Ed25519PublicKey] = {}
+    for p in paths:
+        files = sorted(p.glob("*.pub")) if p.is_dir() else [p]
+        for f in files:
+            key = parse_public(f.read_text())
+            out[key_id(key)] = key
+    return out
+
+
+def user_trust_dir() -> Path:
+    """The user's trust folder: $MAMBA_FORGE_TRUST, else $XDG_CONFIG_HOME/mamba-forge/trusted, else ~/.config/..."""
+    env = os.environ.get("MAMBA_FORGE_TRUST")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "mamba-forge" / "trusted"
