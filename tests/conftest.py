@@ -1,0 +1,32 @@
+"""Test configuration: GPU tests are marked `gpu` and skip cleanly on machines without an NVIDIA GPU."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_available() -> bool:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return False
+    try:
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return False
+        err, count = driver.cuDeviceGetCount()
+        return err == driver.CUresult.CUDA_SUCCESS and count > 0
+    except Exception:  # noqa: BLE001 - without libcuda, cuInit raises instead of returning an error
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (none found)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
