@@ -157,6 +157,9 @@ class QualifySpec(_Model):
         default_factory=lambda: ["uniform", "logu", "special"]
     )
     skip: str | None = None  # why this family is not launched by the generic harness (then it must say)
+    # "pkg.mod:function" building by-value "bytes" params (e.g. TMA tensor maps) from the device pointers:
+    # prepare(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]
+    prepare: str | None = None
 
 
 class Family(_Model):
