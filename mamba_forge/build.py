@@ -13,6 +13,8 @@ import hashlib
 import json
 import multiprocessing
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -245,6 +247,13 @@ def _finish(job: Job, parts: dict[str, bytes], out: Path) -> ModuleBuild:
     return record
 
 
+def _start_method() -> str:
+    """fork where it is safe (Linux, no other threads: fast, and callers need no __main__ guard), else spawn."""
+    if sys.platform.startswith("linux") and threading.active_count() == 1:
+        return "fork"
+    return "spawn"
+
+
 def open_cache(req: BuildRequest) -> Cache | None:
     try:
         location = default_location() if req.cache_location == "default" else req.cache_location
@@ -292,7 +301,7 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
                 if progress:
                     progress("done", results[i])
         else:
-            ctx = multiprocessing.get_context("spawn")
+            ctx = multiprocessing.get_context(_start_method())
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
                 futures = {pool.submit(run_job, payloads[i]): i for i in pending}
                 for fut in as_completed(futures):
