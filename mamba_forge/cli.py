@@ -11,12 +11,16 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 
 from . import __version__
 from .errors import ForgeError
+
+try:  # typer >= 0.28 vendors its own click; older typer uses click itself
+    from typer._click import exceptions as _click_exc
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as _click_exc
 
 app = typer.Typer(
     name="mamba-forge",
@@ -137,18 +141,22 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns every user-facing error into one line and an exit code."""
+    if argv is None:
+        argv = sys.argv[1:]
+    if not argv:
+        argv = ["--help"]
     try:
         rc = app(args=argv, standalone_mode=False)
     except ForgeError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         return exc.exit_code
-    except click.exceptions.UsageError as exc:
+    except _click_exc.UsageError as exc:
         cmd = exc.ctx.command_path if exc.ctx else "mamba-forge"
         err.print(f"error: {exc.format_message()}; see `{cmd} --help`", markup=False, highlight=False, soft_wrap=True)
         return 2
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         err.print("error: aborted", markup=False)
         return 130
     except KeyboardInterrupt:

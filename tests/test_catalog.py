@@ -1,0 +1,150 @@
+"""Catalog validation (one clear error naming file, entry and problem), expansion, and state capacity."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mamba_forge.catalog import default_catalog_path, load_catalog, state_capacity
+from mamba_forge.errors import CatalogError, ForgeError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+ROOT = """
+[catalog]
+schema = 1
+name = "t"
+
+[[module]]
+kind = "M"
+arch = ["sm_80+"]
+sources = ["k.cu"]
+families = ["f.toml"]
+include = []
+"""
+
+FAMILY = """
+[[family]]
+name = "scale"
+instantiate = "SCALE"
+bare = "f32"
+variants = ["bf16", "f16"]
+launch = { block = 128 }
+"""
+
+
+def make(tmp_path: Path, root: str = ROOT, family: str = FAMILY) -> Path:
+    (tmp_path / "k.cu").write_text("// nothing\n")
+    (tmp_path / "f.toml").write_text(textwrap.dedent(family))
+    (tmp_path / "catalog.toml").write_text(textwrap.dedent(root))
+    return tmp_path / "catalog.toml"
+
+
+def error_of(path: Path) -> str:
+    with pytest.raises(CatalogError) as exc:
+        load_catalog(path)
+    msg = str(exc.value)
+    assert "\n" not in msg, "catalog errors are one line"
+    return msg
+
+
+def test_variants_and_bare_expand_in_order(tmp_path):
+    cat = load_catalog(make(tmp_path))
+    names = [s.name for s in cat.modules[0].symbols]
+    assert names == ["scale", "scale_bf16", "scale_f16"]
+    bare = cat.symbols["scale"]
+    assert bare.dtype == "f32" and bare.macro_args == ["float"]
+    assert cat.symbols["scale_bf16"].macro_args == ["__nv_bfloat16"]
+
+
+def test_instances_times_variants_with_expressions(tmp_path):
+    fam = """
+    [[family]]
+    name = "gemm"
+    instantiate = "GEMM"
+    variants = ["bf16", "f16"]
+    symbol = "{name}_m{BM}n{BN}_s{S}_{dtype}"
+    args = ["T", "BM", "BN", "S"]
+    instances = [{ BM = 128, BN = 64, S = 2 }, { BM = 64, BN = 64, S = 3 }]
+    launch = { block = "BM * 2", dynamic_smem = "(BM + BN) * 32 * S * sizeof_T" }
+    """
+    cat = load_catalog(make(tmp_path, family=fam))
+    syms = cat.modules[0].symbols
+    assert [s.name for s in syms] == [
+        "gemm_m128n64_s2_bf16", "gemm_m64n64_s3_bf16", "gemm_m128n64_s2_f16", "gemm_m64n64_s3_f16",
+    ]
+    s = cat.symbols["gemm_m128n64_s2_bf16"]
+    assert s.block == (256, 1, 1)
+    assert s.dynamic_smem == (128 + 64) * 32 * 2 * 2
+    assert s.macro_args == ["__nv_bfloat16", "128", "64", "2"]
+
+
+def test_policy_inherits_defaults_module_then_family(tmp_path):
+    root = ROOT.replace("[[module]]", "[defaults]\npolicy = { max_regs = 200, max_stack = 16 }\n\n[[module]]")
+    root = root.replace('include = []', 'include = []\npolicy = { max_regs = 128 }')
+    fam = FAMILY + 'policy = { max_spill = 8 }\n'
+    p = load_catalog(make(tmp_path, root=root, family=fam)).symbols["scale"].policy
+    assert (p.max_regs, p.max_stack, p.max_spill) == (128, 16, 8)
+
+
+@pytest.mark.parametrize(
+    ("root", "family", "expect"),
+    [
+        (ROOT.replace('arch = ["sm_80+"]', 'arch = ["sm80"]'), FAMILY, "module[0] (kind=M).arch"),
+        (ROOT.replace("schema = 1", "schema = 7"), FAMILY, "schema is 7"),
+        (ROOT.replace('kind = "M"', 'kind = "M"\ncolour = "red"'), FAMILY, "colour"),
+        (ROOT.replace('"k.cu"', '"missing.cu"'), FAMILY, "source 'missing.cu' not found"),
+        (ROOT, FAMILY.replace('"bf16", "f16"', '"bf16", "f8"'), "unknown dtype 'f8'"),
+        (ROOT, FAMILY + FAMILY.replace("bare", "# bare"), "family declared twice"),
+        (ROOT, FAMILY.replace("block = 128", 'block = "BM * 2"'), "unknown name 'BM'"),
+        (ROOT, FAMILY.replace("block = 128", 'block = "__import__(1)"'), "may be called"),
+        (ROOT, FAMILY.replace('name = "scale"', 'name = "scale-x"'), "not a C identifier"),
+        (ROOT, FAMILY + '\n[[family]]\nname = "other"\nsymbol = "scale"\nlaunch = { block = 32 }\n', "already declared"),
+        (ROOT, FAMILY + 'params = [{ name = "p", type = "ptr" }]\n', "needs a dtype"),
+        (ROOT, FAMILY + 'params = [{ name = "p", type = "ptr", dtype = "T", fill = "gauss" }]\n', "unknown fill"),
+        (ROOT, "[[family]]\nname = 3\n", "family[0]"),
+        (ROOT, "this is not toml", "not valid TOML"),
+    ],
+)
+def test_malformed_catalog_names_file_entry_and_problem(tmp_path, root, family, expect):
+    msg = error_of(make(tmp_path, root=root, family=family))
+    assert expect in msg
+    assert str(tmp_path) in msg  # names the file
+
+
+def test_missing_catalog_says_what_to_do(tmp_path):
+    msg = error_of(tmp_path / "nope.toml")
+    assert "not found" in msg and "--catalog" in msg
+
+
+def test_user_catalog_resolves_sources_relative_to_itself():
+    cat = load_catalog(FIXTURES / "build_basic" / "catalog.toml")
+    mod = cat.modules[0]
+    assert mod.root == (FIXTURES / "build_basic").resolve()
+    assert [s.name for s in mod.symbols] == ["scale", "scale_bf16", "scale_f16", "tile_sum_t64", "tile_sum_t256"]
+
+
+def test_builtin_catalog_loads_and_every_module_gates_a_default_target():
+    from mamba_forge.targets import DEFAULT_TARGETS, get_target
+
+    cat = load_catalog(default_catalog_path())
+    kinds = {m.kind for m in cat.modules}
+    assert {"Fixed", "TriadScalar", "TriadSm80", "TriadSm90a", "Sm100", "Sm120"} <= kinds
+    targets = [get_target(t) for t in DEFAULT_TARGETS]
+    for m in cat.modules:
+        assert m.targets(targets), f"{m.kind} builds for no default target"
+    assert [m.kind for m in cat.modules if m.module.state_capacity] == ["Fixed"]
+
+
+@pytest.mark.parametrize(("d_state", "cap"), [(1, 16), (16, 16), (17, 32), (64, 64), (100, 112), (256, 256)])
+def test_state_capacity_rounds_up_to_16(d_state, cap):
+    assert state_capacity(d_state) == cap
+
+
+@pytest.mark.parametrize("bad", [0, -5, 257, 1000])
+def test_state_capacity_refuses_out_of_range(bad):
+    with pytest.raises(ForgeError) as exc:
+        state_capacity(bad)
+    assert "--state-cap" in str(exc.value)
