@@ -104,12 +104,18 @@ def sign(body: bytes, private: Ed25519PrivateKey, *, development_key: bool = Fal
         body += b"\n"
     if MARKER in body:
         raise ValueError("the body already contains a [signature] table")
-    sig = base64.b64encode(private.sign(body)).decode()
-    tail = (
-        f'algorithm = "{ALGORITHM}"\nkey_id = "{key_id(private.public_key())}"\n'
-        f"development_key = {'true' if development_key else 'false'}\nvalue = \"{sig}\"\n"
-    )
-    return body + MARKER[1:] + tail.encode()
+    sig = Signature(ALGORITHM, key_id(private.public_key()), development_key, private.sign(body))
+    return body + MARKER[1:] + canonical_tail(sig)
+
+
+def canonical_tail(sig: Signature) -> bytes:
+    """The [signature] table exactly as sign() writes it. Verification demands these bytes: TOML would also
+    read a tab for a space or a base64 value with other padding bits, which would let changed bytes pass."""
+    value = base64.b64encode(sig.value).decode()
+    return (
+        f'algorithm = "{sig.algorithm}"\nkey_id = "{sig.key_id}"\n'
+        f"development_key = {'true' if sig.development_key else 'false'}\nvalue = \"{value}\"\n"
+    ).encode()
 
 
 def split(document: bytes) -> tuple[bytes, Signature]:
@@ -132,6 +138,8 @@ def split(document: bytes) -> tuple[bytes, Signature]:
         raise SignatureError("the [signature] table has unexpected fields")
     if sig.algorithm != ALGORITHM:
         raise SignatureError(f"unsupported signature algorithm {sig.algorithm!r}")
+    if tail != canonical_tail(sig):
+        raise SignatureError("the [signature] table is not in canonical form")
     return body, sig
 
 

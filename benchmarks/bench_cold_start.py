@@ -1,0 +1,165 @@
+"""Cold start on the GPU: verify + load every admitted module of a signed bundle for this device, against
+compiling the same modules with NVRTC at process start (how the reference library boots), both in this run.
+
+Each measurement runs in a fresh Python process; the CUDA context is made current before the clock starts in
+both paths (an engine has one either way), and imports are timed apart. Goal: load under 100 ms and at least
+50x faster than compiling.
+
+    python benchmarks/bench_cold_start.py --bundle dist/h200.tar.gz --key manifests/keys
+    python benchmarks/bench_cold_start.py                    # builds and qualifies every module here first
+    python benchmarks/bench_cold_start.py --module Fixed     # ... only these module kinds
+
+Prints a table and writes benchmarks/results/cold_start.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOAD_GOAL_MS, RATIO_GOAL = 100.0, 50.0
+
+LOAD_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import mamba_forge.runtime as rt
+from mamba_forge import driver as cu
+t1 = time.perf_counter()
+cu.init(); cu.Device(0).make_current()
+t2 = time.perf_counter()
+k = rt.load(sys.argv[1], trusted_keys=[sys.argv[2]])
+modules = k.load_all()
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "context_s": t2 - t1, "load_s": t3 - t2, "modules": modules,
+                  "symbols": len(k.admitted())}))
+"""
+
+COMPILE_CHILD = r"""
+import json, sys, time
+from pathlib import Path
+want = json.loads(sys.argv[1])  # {"target": ..., "state_capacity": ..., "symbols": {module: [names]}}
+t0 = time.perf_counter()
+from mamba_forge import driver as cu, nvrtc
+from mamba_forge.build import BuildRequest, plan
+from mamba_forge.catalog import default_catalog_path, load_catalog
+from mamba_forge.targets import get_target
+req = BuildRequest(load_catalog(default_catalog_path()), [get_target(want["target"])], Path(sys.argv[2]),
+                   state_capacity=want["state_capacity"], cache_location=None)
+jobs = [j for j in plan(req) if j.module.kind in want["symbols"]]
+t1 = time.perf_counter()
+cu.init(); cu.Device(0).make_current()
+t2 = time.perf_counter()
+for j in jobs:
+    r = nvrtc.compile_program(j.source, j.program_name, j.options, j.headers, want_ptx=False)
+    if not r.ok:
+        raise SystemExit(f"{j.module.kind} failed to compile: {r.log[:400]}")
+    mod = cu.Module(r.cubin)
+    for name in want["symbols"][j.module.kind]:
+        mod.function(name)
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "context_s": t2 - t1, "compile_s": t3 - t2, "modules": len(jobs)}))
+"""
+
+
+def sh(cmd: list[str], timeout: float) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if res.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    return res.stdout
+
+
+def prepare(args, work: Path) -> tuple[Path, Path]:
+    """A bundle and its public key: given, or built and qualified here."""
+    if args.bundle:
+        return Path(args.bundle), Path(args.key)
+    from mamba_forge import signing
+    from mamba_forge.bundle import write_bundle
+    from mamba_forge.runtime.verify import trusted_keys
+
+    build = work / "build"
+    sh([sys.executable, "-m", "mamba_forge.cli", "build", "--arch", args.arch, "--out", str(build), "-q"], 1800)
+    priv, pub, _ = signing.write_keypair(work / "keys", "bench")
+    cmd = [sys.executable, "-m", "mamba_forge.cli", "qualify", "--build", str(build), "--level", "quick", "--sign-key",
+           str(priv), "--out", str(work / "manifest.toml"), "-q"]
+    for m in args.module or []:
+        cmd += ["--module", m]
+    sh(cmd, 3600)
+    return write_bundle(work / "manifest.toml", work / "bundle.tar.gz", keys=trusted_keys([pub], defaults=False),
+                        build=build), pub
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bundle", help="a signed bundle (.tar.gz or folder), manifest or index")
+    ap.add_argument("--key", help="its public key file or folder (with --bundle)")
+    ap.add_argument("--module", action="append", help="qualify only these module kinds (without --bundle)")
+    ap.add_argument("--arch", default="sm_90a", help="build target when building here")
+    ap.add_argument("--load-runs", type=int, default=7)
+    ap.add_argument("--compile-runs", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cold_start.md"))
+    args = ap.parse_args()
+    if bool(args.bundle) != bool(args.key):
+        ap.error("--bundle and --key go together")
+
+    from mamba_forge import driver as cu
+    from mamba_forge.runtime import load
+
+    with tempfile.TemporaryDirectory(prefix="mf-cold-") as tmp:
+        work = Path(tmp)
+        bundle, key = prepare(args, work)
+        k = load(bundle, trusted_keys=[key])  # also checks the bundle is for this GPU before timing anything
+        info = cu.Device(0).info()
+        symbols: dict[str, list[str]] = {}
+        for name in k.admitted():
+            symbols.setdefault(k.symbol(name)["module"], []).append(name)
+        targets = {k.symbol(n)["target"] for n in k.admitted()}
+        if len(targets) != 1:
+            raise SystemExit(f"admitted symbols span targets {sorted(targets)}; expected one")
+        want = {"target": targets.pop(), "state_capacity": int(k.manifest.get("state_capacity", 64)), "symbols": symbols}
+
+        loads = [json.loads(sh([sys.executable, "-c", LOAD_CHILD, str(bundle), str(key)], 300))
+                 for _ in range(args.load_runs)]
+        compiles = [json.loads(sh([sys.executable, "-c", COMPILE_CHILD, json.dumps(want), str(work / "c")], 1800))
+                    for _ in range(args.compile_runs)]
+
+    med = statistics.median
+    load_ms = med(r["load_s"] for r in loads) * 1e3
+    compile_ms = med(r["compile_s"] for r in compiles) * 1e3
+    ratio = compile_ms / load_ms
+    rows = [
+        ("verify + load (runtime)", load_ms, min(r["load_s"] for r in loads) * 1e3, args.load_runs),
+        ("compile + load (NVRTC at start)", compile_ms, min(r["compile_s"] for r in compiles) * 1e3, args.compile_runs),
+        ("import mamba_forge.runtime", med(r["import_s"] for r in loads) * 1e3, min(r["import_s"] for r in loads) * 1e3,
+         args.load_runs),
+        ("CUDA context (both paths, not counted)", med(r["context_s"] for r in loads) * 1e3,
+         min(r["context_s"] for r in loads) * 1e3, args.load_runs),
+    ]
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Cold start: verify + load vs NVRTC compile at process start", "",
+        f"{now}; {info.name} (cc {info.cc_text}, {info.sm_count} SMs, driver {info.driver_version}); "
+        f"{loads[0]['modules']} module(s) of target {want['target']}, {loads[0]['symbols']} admitted symbols; "
+        f"bundle `{Path(bundle).name}`. Fresh process per run; medians.", "",
+        "| path | median ms | min ms | runs |", "| --- | ---: | ---: | ---: |",
+        *[f"| {name} | {m:.1f} | {lo:.1f} | {n} |" for name, m, lo, n in rows], "",
+        f"Ratio compile / load: **{ratio:.0f}x** (goal >= {RATIO_GOAL:.0f}x: {'met' if ratio >= RATIO_GOAL else 'NOT met'}); "
+        f"load {load_ms:.1f} ms (goal < {LOAD_GOAL_MS:.0f} ms: {'met' if load_ms < LOAD_GOAL_MS else 'NOT met'}).", "",
+        "Command: `python benchmarks/bench_cold_start.py " + " ".join(sys.argv[1:]) + "`",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Release packaging: bundles (a signed manifest with exactly the artifacts it names) and the signed release
+index over per-device manifests (``mamba-forge merge``).
+
+Bundle bytes are reproducible: entries in a fixed order (manifest.toml, then artifact paths sorted), mtime 0,
+uid/gid 0 with empty owner names, mode 0644, ustar headers, gzip with mtime 0 and no file name, level 9.
+Nothing is packed before the manifest's signature and every artifact's size and sha256 verify.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import shutil
+import tarfile
+from datetime import UTC, datetime, timedelta
+from pathlib import Path, PurePosixPath
+
+import tomli_w
+
+from . import __version__, signing
+from .errors import ForgeError, ManifestError
+from .runtime.errors import LoadError
+from .runtime.verify import BUNDLE_MANIFEST, Verified, is_tar_path, open_verified, sha256
+
+INDEX_VALIDITY_DAYS = 365
+_TIME = "%Y-%m-%dT%H:%M:%SZ"
+
+
+class BundleError(ForgeError):
+    exit_code = 1
+
+
+def _verified(manifest: Path, keys, build: Path | None) -> Verified:
+    try:
+        v = open_verified(manifest, keys=keys, build=build, hash_all=True, follow_index=False)
+    except LoadError as exc:
+        raise BundleError(str(exc)) from None
+    if v.kind != "qualified":
+        raise BundleError(f"{manifest} is a {v.kind}, not a qualified manifest; bundle a per-device manifest")
+    return v
+
+
+def bundle_files(v: Verified) -> list[tuple[str, bytes]]:
+    """(name, bytes) in bundle order: the signed manifest's exact bytes, then the artifacts by path."""
+    files = [(BUNDLE_MANIFEST, v.document)]
+    for a in sorted(v.body["artifacts"], key=lambda a: a["path"]):
+        data = v.source.read(a["path"])
+        if data is None or sha256(data) != a["sha256"]:  # re-read: it was verified a moment ago, check the bytes packed
+            raise BundleError(f"artifact {a['path']} changed while bundling")
+        files.append((a["path"], data))
+    return files
+
+
+def tar_bytes(files: list[tuple[str, bytes]]) -> bytes:
+    """A reproducible .tar.gz of the files, in the given order."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.type = tarfile.REGTYPE
+            tar.addfile(info, io.BytesIO(data))
+    out = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=out, compresslevel=9, mtime=0) as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()
+
+
+def write_bundle(manifest: Path, out: Path, *, keys, build: Path | None = None) -> Path:
+    """Pack a verified manifest and exactly its artifacts into `out` (.tar.gz / .tgz, else a new folder)."""
+    manifest, out = Path(manifest), Path(out)
+    v = _verified(manifest, keys, build)
+    files = bundle_files(v)
+    if is_tar_path(out):
+        if out.name.endswith(".tar"):
+            raise BundleError(f"{out}: write a compressed bundle (.tar.gz or .tgz) or a folder")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+        tmp.write_bytes(tar_bytes(files))
+        os.replace(tmp, out)
+        return out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BundleError(f"{out} exists and is not an empty folder; a folder bundle holds exactly its files")
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    for name, data in files:
+        p = tmp / PurePosixPath(name)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        os.chmod(p, 0o644)
+    if out.exists():
+        out.rmdir()
+    os.replace(tmp, out)
+    return out
+
+
+# ---- signing keys ---------------------------------------------------------------------------------------
+
+
+def signing_key(path: Path | None):
+    """The private key from a PEM file, else from $MAMBA_FORGE_SIGNING_KEY (CI secrets)."""
+    if path is not None:
+        try:
+            pem = Path(path).read_bytes()
+        except OSError as exc:
+            raise ForgeError(f"cannot read signing key {path}: {exc.strerror}") from None
+    else:
+        text = os.environ.get(signing.KEY_ENV, "")
+        if not text.strip():
+            raise ForgeError("no signing key", hint=f"pass --sign-key PATH or set {signing.KEY_ENV} to the PEM text")
+        pem = text.encode()
+    try:
+        return signing.parse_private(pem)
+    except signing.SignatureError as exc:
+        raise ForgeError(f"signing key: {exc}") from None
+
+
+# ---- release index ------------------------------------------------------------------------------------------
+
+
+def index_body(manifests: list[Path], out: Path, *, keys, now: datetime | None = None,
+               development_key: bool = False) -> dict:
+    """The index over verified per-device manifests (or bundles); paths are relative to the index's folder."""
+    now = (now or datetime.now(UTC)).replace(microsecond=0)
+    entries, seen = [], {}
+    expires = now + timedelta(days=INDEX_VALIDITY_DAYS)
+    dev_key = development_key
+    for m in manifests:
+        m = Path(m)
+        try:
+            v = open_verified(m, keys=keys, hash_all=True, follow_index=False, now=now)
+        except LoadError as exc:
+            raise ManifestError(str(exc)) from None
+        if v.kind != "qualified":
+            raise ManifestError(f"{m} is a {v.kind}; merge takes per-device qualified manifests or bundles")
+        dev = v.body["device"]
+        ident = (dev["name"], dev["cc"], dev["sm_count"])
+        if ident in seen:
+            raise ManifestError(f"{m} and {seen[ident]} were both qualified on {dev['name']} ({dev['sm_count']} SMs); "
+                                "an index holds one manifest per device")
+        seen[ident] = m
+        rel = os.path.relpath(m.resolve(), out.resolve().parent)
+        if rel.startswith(".."):
+            raise ManifestError(f"{m} is not under the index's folder {out.parent}; write the index beside the manifests")
+        data = m.read_bytes() if m.is_file() else None
+        if data is None:
+            raise ManifestError(f"{m} is a folder; merge manifest files or .tar.gz bundles")
+        entries.append({
+            "path": Path(rel).as_posix(), "sha256": sha256(data), "size": len(data), "device_name": dev["name"],
+            "cc": dev["cc"], "sm_count": dev["sm_count"], "driver_version": dev["driver_version"],
+            "level": v.body.get("level", ""), "key_id": v.signature.key_id,
+        })
+        exp = datetime.fromisoformat(str(v.body["expires"]).replace("Z", "+00:00"))
+        expires = min(expires, exp if exp.tzinfo else exp.replace(tzinfo=UTC))
+        dev_key = dev_key or v.signature.development_key
+    if not entries:
+        raise ManifestError("merge needs at least one manifest")
+    entries.sort(key=lambda e: (e["device_name"], e["cc"], e["sm_count"]))
+    return {
+        "schema_version": 1, "kind": "index", "manifest_version": 1, "created": now.strftime(_TIME),
+        "expires": expires.strftime(_TIME), "tool_version": __version__, "development_key": dev_key,
+        "entries": entries,
+    }
+
+
+def write_index(manifests: list[Path], out: Path, private, *, keys, now: datetime | None = None,
+                development_key: bool = False) -> Path:
+    out = Path(out)
+    body = index_body(manifests, out, keys=keys, now=now, development_key=development_key)
+    doc = signing.sign(tomli_w.dumps(body).encode(), private, development_key=body["development_key"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    tmp.write_bytes(doc)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,24 @@
+"""mamba_forge.runtime: load signed, qualified kernels and launch them.
+
+Imports only the standard library, cryptography and cuda-bindings (no typer, rich, pydantic), so an engine
+process pays milliseconds for it. See :mod:`mamba_forge.runtime.loader`.
+"""
+
+from .errors import (
+    ArtifactRefused,
+    DeviceMismatch,
+    DriverError,
+    LaunchRefused,
+    LoadError,
+    ManifestRefused,
+    SignatureRefused,
+    SymbolUnavailable,
+)
+from .loader import CudaBackend, DeviceInfo, Kernel, Kernels, Typed, check_device, launch, load
+from .verify import Verified, open_verified, release_keys_dir, trusted_keys, verify_document
+
+__all__ = [
+    "ArtifactRefused", "CudaBackend", "DeviceInfo", "DeviceMismatch", "DriverError", "Kernel", "Kernels",
+    "LaunchRefused", "LoadError", "ManifestRefused", "SignatureRefused", "SymbolUnavailable", "Typed", "Verified",
+    "check_device", "launch", "load", "open_verified", "release_keys_dir", "trusted_keys", "verify_document",
+]

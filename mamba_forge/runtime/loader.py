@@ -1,0 +1,373 @@
+"""The runtime loader: signed, qualified kernels in milliseconds, with nothing loaded after a failed check.
+
+    kernels = load("h200.tar.gz")                            # verify signature, device, artifacts
+    f = kernels.typed("softplus_forward").get("bf16")        # or kernels.function("softplus_forward_bf16")
+    launch(f, grid=(n_blocks,), block=f.block, args=(y, x, n))  # torch/CuPy tensors, ints, floats
+
+Order of checks in :func:`load`: signature against trusted keys (canonical table), body layout and expiry,
+every artifact's presence and size (and completeness of a bundle), then the device: model name, compute
+capability, SM count, and a driver whose CUDA major is at least the qualifying one. Cubins load lazily, on the
+first function taken from them, from bytes whose size and sha256 are checked right before cuModuleLoadData.
+Standard library, cryptography and cuda-bindings only (through mamba_forge.signing and mamba_forge.driver).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from .args import typed_values
+from .errors import DeviceMismatch, DriverError, LaunchRefused, ManifestRefused, SymbolUnavailable
+from .verify import KeySpec, Source, Verified, check_artifact_bytes, open_entry, open_verified
+from .verify import trusted_keys as collect_keys
+
+log = logging.getLogger("mamba_forge.runtime")
+
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    ordinal: int
+    name: str
+    cc: tuple[int, int]
+    sm_count: int
+    driver_version: int  # cuDriverGetVersion: 13000 = CUDA 13.0
+
+    @property
+    def cc_text(self) -> str:
+        return f"{self.cc[0]}.{self.cc[1]}"
+
+
+class CudaBackend:
+    """The GPU, through mamba_forge.driver. Tests substitute an object with the same five methods."""
+
+    def __init__(self):
+        from .. import driver as cuda
+
+        self.cuda = cuda
+        self._devices: dict[int, object] = {}
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except self.cuda.CudaError as exc:
+            raise DriverError(str(exc)) from None
+
+    def _device(self, ordinal: int):
+        if ordinal not in self._devices:
+            self._devices[ordinal] = self._call(self.cuda.Device, ordinal)
+        return self._devices[ordinal]
+
+    def device_info(self, ordinal: int) -> DeviceInfo:
+        i = self._call(self._device(ordinal).info)
+        return DeviceInfo(ordinal, i.name, tuple(i.cc), i.sm_count, i.driver_version)  # type: ignore[arg-type]
+
+    def activate(self, ordinal: int) -> None:
+        self._call(self._device(ordinal).make_current)
+
+    def load_module(self, image: bytes):
+        return self._call(self.cuda.Module, image)
+
+    def get_function(self, module, name: str):
+        return self._call(module.function, name)
+
+    def set_max_dynamic_smem(self, fn, nbytes: int) -> None:
+        self._call(fn.set_max_dynamic_smem, nbytes)
+
+    def launch(self, fn, grid, block, values, aligns, shared_mem: int, stream: int) -> None:
+        cuda = self.cuda
+        params = cuda.PackedParams(values, aligns)
+        s = cuda.Stream(cuda._drv().CUstream(stream), owned=False)
+        self._call(lambda: cuda.launch(fn, grid, block, params, smem=shared_mem, stream=s))
+
+
+@dataclass
+class Kernel:
+    """A loaded, admitted symbol: what launch() needs, with the recorded ABI and launch shape."""
+
+    name: str  # the symbol that serves (a fallback's name when one was followed)
+    requested: str  # the name asked for
+    module: str
+    target: str
+    family: str
+    dtype: str
+    block: tuple[int, int, int]
+    dynamic_smem: int
+    params: list[list[int]]  # [offset, size] per parameter
+    max_threads: int
+    handle: object = field(repr=False)
+    backend: object = field(repr=False)
+
+    def __call__(self, grid, args: Sequence, *, block=None, shared_mem: int | None = None, stream=None) -> None:
+        launch(self, grid, self.block if block is None else block, args, shared_mem=shared_mem, stream=stream)
+
+
+class Typed:
+    """A family's dtype variants, like the reference library's typed holders: get("bf16") -> Kernel."""
+
+    def __init__(self, kernels: Kernels, family: str, variants: dict[str, str]):
+        self.family, self._kernels, self.variants = family, kernels, dict(variants)
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return tuple(self.variants)
+
+    @property
+    def half_only(self) -> bool:
+        """Only bf16/f16 variants (the half-precision holders)."""
+        return bool(self.variants) and set(self.variants) <= {"bf16", "f16"}
+
+    def get(self, dtype: str) -> Kernel:
+        name = self.variants.get(dtype)
+        if name is None:
+            have = ", ".join(self.variants) or "none"
+            raise SymbolUnavailable(f"{self.family}_{dtype}", f"family {self.family} has no {dtype} variant (has {have})")
+        return self._kernels.function(name)
+
+    def __repr__(self) -> str:
+        return f"Typed({self.family!r}, {self.dtypes})"
+
+
+class Kernels:
+    """The admitted symbols of one verified manifest on one device; cubins load on first use."""
+
+    def __init__(self, verified: Verified, device: DeviceInfo, backend):
+        self.verified, self.device, self.backend = verified, device, backend
+        self.manifest = verified.body
+        self._lock = threading.Lock()
+        self._artifacts = {(a["module"], a["target"]): a for a in self.manifest["artifacts"] if a["code"] == "cubin"}
+        self._symbols: dict[str, dict] = {}
+        for s in self.manifest.get("symbols", []):
+            have = self._symbols.get(s["name"])
+            if have is None or (have["status"] != "admitted" and self._serves(s)):
+                self._symbols[s["name"]] = s  # a serving record wins over a rejected/checked one
+        self._modules: dict[str, object] = {}
+        self._functions: dict[str, Kernel] = {}
+        self._reported: set[str] = set()
+        self.fallbacks: dict[str, str] = {}  # requested -> serving symbol, once followed
+
+    # ---- what is there ----
+    def _serves(self, s: dict) -> bool:
+        art = self._artifacts.get((s["module"], s["target"]))
+        return s["status"] == "admitted" and art is not None and art.get("role") == "qualify"
+
+    def admitted(self) -> list[str]:
+        """Names of the symbols that serve on this device."""
+        return [n for n, s in self._symbols.items() if self._serves(s)]
+
+    def symbol(self, name: str) -> dict:
+        """The manifest's record of a symbol (any status); raises SymbolUnavailable when absent."""
+        s = self._symbols.get(name)
+        if s is None:
+            raise SymbolUnavailable(name, f"{name} is not in the manifest qualified on {self.device.name}",
+                                    reason="absent", check="absent")
+        return s
+
+    def _why_not(self, name: str) -> SymbolUnavailable:
+        s = self._symbols.get(name)
+        if s is None:
+            return SymbolUnavailable(name, f"{name} is not in the manifest qualified on {self.device.name}",
+                                     reason="absent", check="absent")
+        reason, check = s.get("reason", ""), s.get("check", "")
+        if s["status"] == "admitted":  # admitted but from a check-only artifact
+            return SymbolUnavailable(
+                name, f"{name} was built for {s['target']} only to check arithmetic on this GPU, not qualified to serve",
+                reason=reason or "check-only artifact", check=check or "role",
+            )
+        why = reason or f"status {s['status']} with no recorded reason"
+        return SymbolUnavailable(name, f"{name} is {s['status']} on {self.device.name}: {why}"
+                                 + (f" (check: {check})" if check else ""), reason=why, check=check)
+
+    # ---- functions ----
+    def function(self, name: str, *, follow_fallback: bool = True) -> Kernel:
+        """The loaded kernel for an admitted symbol, or its first admitted declared fallback (reported once)."""
+        k = self._functions.get(name)
+        if k is not None:
+            return k
+        s = self._symbols.get(name)
+        if s is not None and self._serves(s):
+            return self._load_function(name, name)
+        err = self._why_not(name)
+        if not follow_fallback or s is None:
+            raise err
+        tried = [f"{name} ({err.reason})"]
+        for fb in s.get("fallback", []):
+            fs = self._symbols.get(fb)
+            if fs is not None and self._serves(fs):
+                k = self._load_function(fb, name)
+                self._report(name, fb, err.reason)
+                return k
+            tried.append(f"{fb} ({self._why_not(fb).reason})")
+        if len(tried) > 1:
+            raise SymbolUnavailable(name, f"{name} and every declared fallback are unavailable: {'; '.join(tried)}",
+                                    reason=err.reason, check=err.check)
+        raise err
+
+    def _report(self, name: str, fb: str, reason: str) -> None:
+        self.fallbacks[name] = fb
+        if name in self._reported:
+            return
+        self._reported.add(name)
+        msg = f"mamba-forge: {name} is unavailable on {self.device.name} ({reason}); using its fallback {fb}"
+        log.warning(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+    def typed(self, family: str) -> Typed:
+        """The family's serving-or-fallback variants by dtype."""
+        variants: dict[str, str] = {}
+        for n, s in self._symbols.items():
+            dt = s.get("dtype")
+            # <family>_<dtype> wins over the bare alias <family> of the same dtype
+            if s.get("family") == family and dt and (dt not in variants or variants[dt] == family):
+                variants[dt] = n
+        if not variants:
+            raise SymbolUnavailable(family, f"family {family} has no symbols in the manifest qualified on {self.device.name}")
+        return Typed(self, family, variants)
+
+    def _load_function(self, name: str, requested: str) -> Kernel:
+        with self._lock:
+            key = requested
+            if key in self._functions:
+                return self._functions[key]
+            if name in self._functions and name != requested:
+                k = self._functions[name]
+            else:
+                s = self._symbols[name]
+                module = self._module(s)
+                handle = self.backend.get_function(module, name)
+                smem = int(s.get("dynamic_smem", 0))
+                # explicit, always: the qualified limit, even when it is under the 48 KB default
+                self.backend.set_max_dynamic_smem(handle, smem)
+                res = s.get("resources") or {}
+                block = tuple(int(b) for b in s.get("block", [1, 1, 1])) + (1, 1, 1)
+                k = Kernel(
+                    name=name, requested=name, module=s["module"], target=s["target"], family=s.get("family", ""),
+                    dtype=s.get("dtype", ""), block=block[:3], dynamic_smem=smem,  # type: ignore[arg-type]
+                    params=[list(p) for p in s.get("params", [])], max_threads=int(res.get("max_threads", 0)),
+                    handle=handle, backend=self.backend,
+                )
+                self._functions[name] = k
+            if requested != name:
+                k = Kernel(**{**k.__dict__, "requested": requested})
+                self._functions[requested] = k
+            return k
+
+    def _module(self, s: dict):
+        art = self._artifacts[(s["module"], s["target"])]
+        mod = self._modules.get(art["path"])
+        if mod is None:
+            src: Source = self.verified.source
+            data = check_artifact_bytes(art, src.read(art["path"]), src)  # the exact bytes handed to the driver
+            mod = self.backend.load_module(data)
+            self._modules[art["path"]] = mod
+        return mod
+
+    def load_all(self) -> int:
+        """Load every admitted symbol now (the cold-start path); returns the number of modules loaded."""
+        for n in self.admitted():
+            self.function(n, follow_fallback=False)
+        return len(self._modules)
+
+    @property
+    def loaded_modules(self) -> list[str]:
+        return list(self._modules)
+
+
+def check_device(body: dict, dev: DeviceInfo, what: str) -> None:
+    """Refuse a manifest qualified for another model, compute capability, SM count or a newer CUDA major."""
+    want = body["device"]
+    if dev.name != want["name"]:
+        raise DeviceMismatch(f"{what} was qualified on {want['name']}, but device {dev.ordinal} is {dev.name}")
+    if dev.cc_text != want["cc"]:
+        raise DeviceMismatch(f"{what} was qualified for compute capability {want['cc']}, but device {dev.ordinal} has {dev.cc_text}")
+    if dev.sm_count != want["sm_count"]:
+        raise DeviceMismatch(f"{what} was qualified on {want['sm_count']} SMs, but device {dev.ordinal} has {dev.sm_count}")
+    if dev.driver_version // 1000 < want["driver_version"] // 1000:
+        raise DeviceMismatch(
+            f"{what} was qualified with CUDA {want['driver_version'] // 1000} driver {want['driver_version']}, but device "
+            f"{dev.ordinal}'s driver is {dev.driver_version}; update the driver"
+        )
+
+
+def _pick_entry(index: Verified, dev: DeviceInfo, keys, build, now) -> Verified:
+    for e in index.body["entries"]:
+        if (e["device_name"], e["cc"], e["sm_count"]) == (dev.name, dev.cc_text, dev.sm_count):
+            return open_entry(index, e, keys=keys, build=build, hash_all=False, now=now)
+    have = "; ".join(f"{e['device_name']} (cc {e['cc']}, {e['sm_count']} SMs)" for e in index.body["entries"]) or "none"
+    raise DeviceMismatch(f"{index.path} has no manifest for {dev.name} (cc {dev.cc_text}, {dev.sm_count} SMs); it has: {have}")
+
+
+def load(manifest_or_bundle: str | Path, device: int = 0, trusted_keys: Iterable[KeySpec] | Mapping | None = None, *,
+         default_keys: bool = True, build: str | Path | None = None, backend=None, now: datetime | None = None) -> Kernels:
+    """Verify and open a signed qualified manifest, bundle (.tar.gz or folder) or release index for a device.
+
+    trusted_keys: public keys (objects, 'ed25519 <base64>' text, files or folders of *.pub) trusted besides the
+    shipped release keys and the user's trust folder (`default_keys=False` trusts only these). build: where a
+    bare manifest's artifacts are (default: its folder). Raises a LoadError subclass; loads nothing on refusal.
+    """
+    keys = collect_keys(trusted_keys, defaults=default_keys)
+    v = open_verified(manifest_or_bundle, keys=keys, build=build, hash_all=False, follow_index=False, now=now)
+    backend = backend or CudaBackend()
+    dev = backend.device_info(device)
+    if v.kind == "index":
+        v = _pick_entry(v, dev, keys, build, now)
+    if v.kind != "qualified":
+        raise ManifestRefused(f"{manifest_or_bundle} is not a qualified manifest")
+    check_device(v.body, dev, str(v.path))
+    backend.activate(device)
+    return Kernels(v, dev, backend)
+
+
+def _stream_handle(stream) -> int:
+    if stream is None:
+        return 0
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        v = stream.__cuda_stream__()
+        return int(v[1] if isinstance(v, tuple) else v)
+    for attr in ("cuda_stream", "ptr", "handle"):  # torch, CuPy, mamba_forge.driver.Stream
+        h = getattr(stream, attr, None)
+        if h is not None:
+            return int(h) if not hasattr(h, "getPtr") else int(h.getPtr())
+    raise LaunchRefused(f"stream of type {type(stream).__name__} is not a CUDA stream handle")
+
+
+def _dims(v, what: str) -> tuple[int, int, int]:
+    t = (v,) if isinstance(v, int) else tuple(v)
+    if not 1 <= len(t) <= 3 or not all(isinstance(x, int) and not isinstance(x, bool) for x in t):
+        raise LaunchRefused(f"{what} must be 1 to 3 integers, got {v!r}")
+    t = t + (1,) * (3 - len(t))
+    if any(x < 1 for x in t):
+        raise LaunchRefused(f"{what} {t} has a dimension below 1")
+    return t  # type: ignore[return-value]
+
+
+def launch(fn: Kernel, grid, block, args: Sequence, shared_mem: int | None = None, stream=None) -> None:
+    """Launch a loaded kernel. Arguments are typed by the symbol's recorded parameter layout; the block must be
+    the qualified one, and dynamic shared memory the qualified figure (None: that figure)."""
+    if not isinstance(fn, Kernel):
+        raise LaunchRefused(f"launch takes a Kernel from Kernels.function(), not {type(fn).__name__}")
+    g, b = _dims(grid, "grid"), _dims(block, "block")
+    if any(x > lim for x, lim in zip(g, GRID_LIMITS, strict=True)):
+        raise LaunchRefused(f"grid {g} exceeds the CUDA limits {GRID_LIMITS}")
+    if b != fn.block:
+        raise LaunchRefused(f"{fn.name} was qualified with block {fn.block}; block {b} was not")
+    if fn.max_threads and b[0] * b[1] * b[2] > fn.max_threads:
+        raise LaunchRefused(f"block {b} exceeds {fn.name}'s {fn.max_threads} threads")
+    if shared_mem is None:
+        shared_mem = fn.dynamic_smem
+    if not isinstance(shared_mem, int) or isinstance(shared_mem, bool) or shared_mem != fn.dynamic_smem:
+        raise LaunchRefused(
+            f"{fn.name} was qualified with {fn.dynamic_smem} bytes of dynamic shared memory; {shared_mem!r} was asked"
+        )
+    if not fn.params and args:
+        raise LaunchRefused(f"{fn.name} has no recorded parameter layout, so its arguments cannot be typed")
+    values, aligns = typed_values(fn.params, list(args), fn.name)
+    fn.backend.launch(fn.handle, g, b, values, aligns, shared_mem, _stream_handle(stream))

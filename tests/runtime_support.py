@@ -1,0 +1,227 @@
+"""Fixtures for the runtime, bundle, report and reproducibility tests (CPU): a tiny catalog built with the real
+NVRTC path, a qualified manifest made from that build (as the qualifier would write it for an H200), real
+Ed25519 signatures, and a fake GPU backend that records what the loader hands the driver.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import tomli_w
+
+from mamba_forge import signing
+from mamba_forge.runtime.errors import DriverError
+from mamba_forge.runtime.loader import DeviceInfo
+
+H200 = DeviceInfo(ordinal=0, name="NVIDIA H200", cc=(9, 0), sm_count=132, driver_version=13000)
+
+TINY_CU = r"""// A tiny module for the runtime tests: a scale kernel per dtype and three copy rungs.
+#include "tiny.cuh"
+
+namespace tiny {
+template <typename T> __device__ __forceinline__ void scale(T* __restrict__ y, const T* __restrict__ x, float a,
+                                                             long long n) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    y[i] = from_f32<T>(a * to_f32(x[i]));
+}
+template <typename T> __device__ __forceinline__ void copy(T* __restrict__ y, const T* __restrict__ x, long long n) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) y[i] = x[i];
+}
+}  // namespace tiny
+
+#define TINY_SCALE(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(128) NAME(T* __restrict__ y, const T* __restrict__ x, float a, long long n) { \
+    tiny::scale<T>(y, x, a, n); \
+  }
+#define TINY_COPY(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(128) NAME(T* __restrict__ y, const T* __restrict__ x, long long n) { \
+    tiny::copy<T>(y, x, n); \
+  }
+"""
+
+TINY_CUH = r"""#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+namespace tiny {
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+}  // namespace tiny
+"""
+
+TINY_TOML = """
+[[family]]
+name = "scale"
+instantiate = "TINY_SCALE"
+bare = "f32"
+variants = ["f32", "bf16", "f16"]
+launch = { block = 128, grid = ["ceil_div(n, 128)"] }
+params = [
+  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
+  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
+  { name = "a", type = "f32", value = 2 },
+  { name = "n", type = "i64", value = "n" },
+]
+
+[[family]]
+name = "fast_copy"
+instantiate = "TINY_COPY"
+variants = ["bf16", "f16"]
+fallback = ["mid_copy_{dtype}", "slow_copy_{dtype}"]
+launch = { block = 128 }
+
+[[family]]
+name = "mid_copy"
+instantiate = "TINY_COPY"
+variants = ["bf16", "f16"]
+launch = { block = 128 }
+
+[[family]]
+name = "slow_copy"
+instantiate = "TINY_COPY"
+variants = ["bf16", "f16"]
+launch = { block = 128 }
+"""
+
+CATALOG_TOML = """
+[catalog]
+schema = 1
+name = "tiny"
+
+[[module]]
+kind = "Tiny"
+mandatory = true
+arch = ["sm_80+"]
+sources = ["tiny.cu"]
+families = ["tiny.toml"]
+"""
+
+# the fixture's verdicts: the fallback chain fast -> mid -> slow, and a chain with nothing admitted
+REJECTED = {
+    "fast_copy_bf16": ("correctness", "fast_copy_bf16: max error 3.2e-02 over 1048576 elements exceeds rtol 1.6e-02"),
+    "mid_copy_bf16": ("registers", "mid_copy_bf16: 96 registers at 128 threads exceed the cap of 64"),
+    "fast_copy_f16": ("repeat", "fast_copy_f16: run 3 of 5 differs from run 1 in 17 bytes"),
+    "mid_copy_f16": ("fault", "mid_copy_f16: CUDA_ERROR_ILLEGAL_ADDRESS at the qualification shape"),
+    "slow_copy_f16": ("timeout", "slow_copy_f16: did not finish within 10 s"),
+}
+
+
+def write_tiny_catalog(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "include").mkdir(exist_ok=True)
+    (root / "include" / "tiny.cuh").write_text(TINY_CUH)
+    (root / "tiny.cu").write_text(TINY_CU)
+    (root / "tiny.toml").write_text(TINY_TOML)
+    (root / "catalog.toml").write_text(CATALOG_TOML)
+    return root / "catalog.toml"
+
+
+def build_tiny(catalog: Path, out: Path, cache: Path, target: str = "sm_90a"):
+    from mamba_forge.build import BuildRequest, build
+    from mamba_forge.catalog import load_catalog
+    from mamba_forge.targets import get_target
+
+    req = BuildRequest(load_catalog(catalog), [get_target(target)], out, jobs=1, cache_location=cache)
+    manifest = build(req)
+    assert all(m.status == "compiled" for m in manifest.modules), [m.log_head for m in manifest.modules]
+    return manifest
+
+
+def qualified_body(build_manifest, catalog: Path, *, device: DeviceInfo = H200, rejected=None,
+                   created: str = "2026-11-29T19:00:00Z", expires: str = "2099-11-29T19:00:00Z") -> dict:
+    """A qualified manifest body as docs/architecture.md lays it out, from a real build."""
+    from mamba_forge.catalog import load_catalog
+
+    rejected = REJECTED if rejected is None else rejected
+    cat = load_catalog(catalog)
+    artifacts, symbols = [], []
+    for m in build_manifest.modules:
+        for a in m.artifacts:
+            artifacts.append({"module": m.kind, "target": m.target, "role": m.role, "path": a.path, "code": a.code,
+                              "size": a.size, "sha256": a.sha256})
+        for s in m.symbols:
+            check, reason = rejected.get(s.name, ("", ""))
+            r = s.resources
+            symbols.append({
+                "name": s.name, "module": m.kind, "target": m.target, "family": s.family, "dtype": s.dtype,
+                "status": "rejected" if reason else "admitted", "reason": reason, "check": check,
+                "fallback": list(cat.symbols[s.name].fallback), "block": list(s.block),
+                "dynamic_smem": s.dynamic_smem, "params": r.param_layout,
+                "resources": {"registers": r.registers, "static_smem": r.static_smem, "local_bytes": r.stack_frame,
+                              "max_threads": r.max_threads, "blocks_per_sm": 8},
+                "checks": [{"name": "repeat", "passed": not reason, "digest": hashlib.sha256(s.name.encode()).hexdigest(),
+                            "detail": "5 runs"}],
+            })
+    return {
+        "schema_version": 1, "kind": "qualified", "manifest_version": 1, "created": created, "expires": expires,
+        "tool_version": "0.1.0", "level": "quick", "qualification_seconds": 1.5, "development_key": False,
+        "state_capacity": build_manifest.state_capacity,
+        "toolchain": {"nvrtc_version": build_manifest.toolchain.nvrtc_version,
+                      "source_sha256": {f"{m.kind}/{m.target}": m.source_sha256 for m in build_manifest.modules}},
+        "device": {"name": device.name, "cc": device.cc_text, "sm_count": device.sm_count,
+                   "driver_version": device.driver_version, "count": 1},
+        "artifacts": artifacts, "symbols": symbols,
+    }
+
+
+def sign_body(body: dict, private, *, development_key: bool | None = None) -> bytes:
+    dev = body.get("development_key", False) if development_key is None else development_key
+    return signing.sign(tomli_w.dumps(body).encode(), private, development_key=dev)
+
+
+def keypair(folder: Path, name: str):
+    priv_path, pub_path, kid = signing.write_keypair(folder, name)
+    return signing.parse_private(priv_path.read_bytes()), pub_path, kid
+
+
+@dataclass
+class FakeModule:
+    image: bytes
+
+
+@dataclass
+class FakeBackend:
+    """Stands in for the GPU: same five calls as loader.CudaBackend, recording what the loader does."""
+
+    info: DeviceInfo = H200
+    loaded: list[str] = field(default_factory=list)  # sha256 of each image handed to load_module
+    smem: dict[str, int] = field(default_factory=dict)
+    launches: list[dict] = field(default_factory=list)
+    activated: list[int] = field(default_factory=list)
+
+    def device_info(self, ordinal: int) -> DeviceInfo:
+        return replace(self.info, ordinal=ordinal)
+
+    def activate(self, ordinal: int) -> None:
+        self.activated.append(ordinal)
+
+    def load_module(self, image: bytes) -> FakeModule:
+        self.loaded.append(hashlib.sha256(image).hexdigest())
+        return FakeModule(image)
+
+    def get_function(self, module: FakeModule, name: str) -> str:
+        if name.encode() + b"\0" not in module.image:  # the cubin's string table holds every entry name
+            raise DriverError(f"cuModuleGetFunction({name}) failed with CUDA_ERROR_NOT_FOUND")
+        return name
+
+    def set_max_dynamic_smem(self, fn: str, nbytes: int) -> None:
+        self.smem[fn] = nbytes
+
+    def launch(self, fn, grid, block, values, aligns, shared_mem, stream) -> None:
+        from mamba_forge.driver import PackedParams
+
+        params = PackedParams(values, aligns)  # the real packing; read the bytes back as the driver would
+        arr = (ctypes.c_void_p * max(1, len(values))).from_address(params.address)
+        sizes = [len(v) if t == "bytes" else (4 if t in ("i32", "u32", "f32") else 8) for t, v in values]
+        raw = [ctypes.string_at(arr[i], sizes[i]) for i in range(len(values))]
+        self.launches.append({"fn": fn, "grid": grid, "block": block, "shared_mem": shared_mem, "stream": stream,
+                              "values": values, "raw": raw, "aligns": [arr[i] % 64 for i in range(len(values))]})

@@ -1,0 +1,109 @@
+"""Fuzz: a signed manifest mutated at random bytes (flips, insertions, deletions, anywhere: body, marker,
+[signature] table) is refused by load() every time, quickly, and nothing reaches the driver."""
+
+from __future__ import annotations
+
+import random
+import time
+from types import SimpleNamespace
+
+import pytest
+from runtime_support import FakeBackend, build_tiny, keypair, qualified_body, sign_body, write_tiny_catalog
+
+from mamba_forge.runtime import LoadError, load
+
+MUTATIONS = 600
+SEED = 20261129
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzz")
+    cat = write_tiny_catalog(root / "cat")
+    bm = build_tiny(cat, root / "build", root / "cache")
+    priv, pub, _ = keypair(root / "keys", "release")
+    doc = sign_body(qualified_body(bm, cat), priv)
+    return SimpleNamespace(build=root / "build", pub=pub, doc=doc)
+
+
+def _mutate(doc: bytes, rng: random.Random) -> tuple[bytes, int]:
+    b = bytearray(doc)
+    op = rng.random()
+    at = rng.randrange(len(b))
+    if op < 0.7:  # change one byte to a different value
+        b[at] = (b[at] + rng.randrange(1, 256)) % 256
+    elif op < 0.85:  # insert a byte
+        b.insert(at, rng.randrange(256))
+    else:  # delete a byte
+        del b[at]
+    return bytes(b), at
+
+
+def test_every_mutation_is_refused(signed, monkeypatch, tmp_path):
+    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+    fake = FakeBackend()
+    path = signed.build / "fuzzed.toml"
+    # the unmutated document loads: the refusals below are the mutations' doing
+    path.write_bytes(signed.doc)
+    load(path, trusted_keys=[signed.pub], backend=FakeBackend()).function("scale_f32")
+
+    rng = random.Random(SEED)
+    accepted, reasons, in_tail = [], {}, 0
+    tail_start = signed.doc.rfind(b"\n[signature]\n")
+    t0 = time.perf_counter()
+    for i in range(MUTATIONS):
+        m, at = _mutate(signed.doc, rng)
+        assert m != signed.doc
+        in_tail += at >= tail_start
+        path.write_bytes(m)
+        try:
+            load(path, trusted_keys=[signed.pub], backend=fake)
+        except LoadError as exc:
+            key = type(exc).__name__
+            reasons[key] = reasons.get(key, 0) + 1
+        else:
+            accepted.append(i)
+    seconds = time.perf_counter() - t0
+    assert not accepted, f"mutations {accepted[:10]} were loaded"
+    assert fake.loaded == [] and fake.activated == []
+    assert sum(reasons.values()) == MUTATIONS
+    assert seconds < 15, f"{MUTATIONS} refusals took {seconds:.1f}s"
+    assert in_tail > 10  # positions are drawn over the whole document, signature table included
+
+
+def _tail_mutations(doc: bytes, rng: random.Random) -> list[bytes]:
+    """Every byte of the [signature] table changed at random, plus the changes TOML and base64 would read as the
+    same table: a tab for each space, an extra space, and every other last character of the base64 value
+    (its low bits are padding that b64decode ignores)."""
+    start = doc.rfind(b"\n[signature]\n")
+    out = []
+    for at in range(start, len(doc)):
+        b = bytearray(doc)
+        b[at] = (b[at] + rng.randrange(1, 256)) % 256
+        out.append(bytes(b))
+    for at in range(start, len(doc)):
+        if doc[at:at + 1] == b" ":
+            out.append(doc[:at] + b"\t" + doc[at + 1:])
+            out.append(doc[:at] + b"  " + doc[at + 1:])
+    last = doc.rindex(b'=="') - 1  # the value's last data character
+    alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    out += [doc[:last] + bytes([c]) + doc[last + 1:] for c in alphabet if c != doc[last]]
+    return out
+
+
+def test_mutations_of_the_signature_table_are_refused(signed, monkeypatch, tmp_path):
+    """The canonical-form check leaves no slack in the [signature] table."""
+    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+    fake = FakeBackend()
+    path = signed.build / "tail.toml"
+    mutations = _tail_mutations(signed.doc, random.Random(SEED + 1))
+    accepted = []
+    for i, m in enumerate(mutations):
+        path.write_bytes(m)
+        try:
+            load(path, trusted_keys=[signed.pub], backend=fake)
+        except LoadError:
+            continue
+        accepted.append(i)
+    assert not accepted, f"{len(accepted)} of {len(mutations)} signature-table mutations were loaded"
+    assert len(mutations) > 200 and fake.loaded == []

@@ -1,0 +1,363 @@
+"""The runtime loader on the CPU: real signatures, real cubins from a tiny catalog, a fake GPU backend.
+Every refusal is checked to load nothing (no module handed to the driver, no context made current)."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import subprocess
+import sys
+import warnings
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import tomli_w
+from runtime_support import (
+    H200,
+    REJECTED,
+    FakeBackend,
+    build_tiny,
+    keypair,
+    qualified_body,
+    sign_body,
+    write_tiny_catalog,
+)
+
+from mamba_forge import signing
+from mamba_forge.bundle import write_bundle, write_index
+from mamba_forge.runtime import (
+    ArtifactRefused,
+    DeviceMismatch,
+    LaunchRefused,
+    ManifestRefused,
+    SignatureRefused,
+    SymbolUnavailable,
+    launch,
+    load,
+)
+from mamba_forge.runtime.verify import trusted_keys
+
+
+@pytest.fixture(autouse=True)
+def _isolated_trust(tmp_path, monkeypatch):
+    """Only keys a test passes are trusted: an empty user trust folder."""
+    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    cat = write_tiny_catalog(root / "cat")
+    bm = build_tiny(cat, root / "build", root / "cache")
+    priv, pub, kid = keypair(root / "keys", "release")
+    body = qualified_body(bm, cat)
+    doc = sign_body(body, priv)
+    manifest = root / "build" / "h200.toml"
+    manifest.write_bytes(doc)
+    return SimpleNamespace(root=root, cat=cat, bm=bm, build=root / "build", priv=priv, pub=pub, kid=kid, body=body,
+                           doc=doc, manifest=manifest)
+
+
+def _write(tiny, tmp_path, body=None, doc=None, name="m.toml"):
+    """A manifest in a copy of the build folder (so tests can break artifacts without touching the fixture)."""
+    import shutil
+
+    build = tmp_path / "build"
+    if not build.exists():
+        shutil.copytree(tiny.build, build)
+    p = build / name
+    p.write_bytes(doc if doc is not None else sign_body(body, tiny.priv))
+    return p
+
+
+def test_load_is_lazy_and_checks_bytes_before_the_driver(tiny):
+    fake = FakeBackend()
+    k = load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake)
+    assert fake.loaded == [] and fake.activated == [0]
+    f = k.function("scale_bf16")
+    cubin = next(a for a in tiny.body["artifacts"] if a["code"] == "cubin")
+    assert fake.loaded == [cubin["sha256"]]
+    assert (f.name, f.requested, f.block, f.dynamic_smem) == ("scale_bf16", "scale_bf16", (128, 1, 1), 0)
+    assert f.params == [[0, 8], [8, 8], [16, 4], [24, 8]]
+    assert fake.smem == {"scale_bf16": 0}  # the qualified limit is set explicitly
+    k.function("scale_f16")
+    assert len(fake.loaded) == 1  # same module: loaded once
+    assert k.load_all() == 1
+    assert set(k.admitted()) == {"scale", "scale_f32", "scale_bf16", "scale_f16", "slow_copy_bf16"}
+
+
+def test_typed_holders(tiny):
+    k = load(tiny.manifest, trusted_keys=[tiny.pub], backend=FakeBackend())
+    scale = k.typed("scale")
+    assert scale.dtypes == ("f32", "bf16", "f16") and not scale.half_only
+    assert scale.get("f32").name == "scale_f32"  # the dtype-named symbol, not the bare alias
+    assert scale.get("bf16").name == "scale_bf16"
+    slow = k.typed("slow_copy")
+    assert slow.half_only and slow.get("bf16").name == "slow_copy_bf16"
+    with pytest.raises(SymbolUnavailable, match="family slow_copy has no f32 variant"):
+        slow.get("f32")
+    with pytest.raises(SymbolUnavailable, match="family nope has no symbols"):
+        k.typed("nope")
+
+
+def test_rejected_symbol_carries_its_recorded_reason(tiny):
+    k = load(tiny.manifest, trusted_keys=[tiny.pub], backend=FakeBackend())
+    with pytest.raises(SymbolUnavailable) as e:
+        k.function("fast_copy_bf16", follow_fallback=False)
+    check, reason = REJECTED["fast_copy_bf16"]
+    assert e.value.reason == reason and e.value.check == check
+    assert reason in str(e.value) and "rejected" in str(e.value)
+    with pytest.raises(SymbolUnavailable, match="not in the manifest"):
+        k.function("no_such_kernel")
+
+
+def test_fallbacks_are_followed_in_order_and_reported_once(tiny):
+    fake = FakeBackend()
+    k = load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake)
+    with pytest.warns(RuntimeWarning, match="fast_copy_bf16 is unavailable .* using its fallback slow_copy_bf16"):
+        f = k.function("fast_copy_bf16")
+    assert (f.name, f.requested) == ("slow_copy_bf16", "fast_copy_bf16")  # mid_copy_bf16 is rejected: skipped
+    assert k.fallbacks == {"fast_copy_bf16": "slow_copy_bf16"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert k.function("fast_copy_bf16").name == "slow_copy_bf16"  # no second report
+    # typed holders follow the same fallbacks
+    assert k.typed("fast_copy").get("bf16").name == "slow_copy_bf16"
+    # nothing admitted along the chain: one error naming every reason
+    with pytest.raises(SymbolUnavailable) as e:
+        k.function("fast_copy_f16")
+    for name in ("fast_copy_f16", "mid_copy_f16", "slow_copy_f16"):
+        assert REJECTED[name][1] in str(e.value)
+
+
+def test_bad_signature_is_refused_and_nothing_loads(tiny, tmp_path):
+    doc = bytearray(tiny.doc)
+    at = doc.index(b'"scale_bf16"')
+    doc[at + 1] = ord("S")
+    p = _write(tiny, tmp_path, doc=bytes(doc))
+    fake = FakeBackend()
+    with pytest.raises(SignatureRefused, match="does not match"):
+        load(p, trusted_keys=[tiny.pub], backend=fake)
+    assert fake.loaded == [] and fake.activated == []
+
+
+def test_untrusted_key_and_unsigned_are_refused(tiny, tmp_path):
+    other, other_pub, other_kid = keypair(tmp_path / "k", "other")
+    p = _write(tiny, tmp_path, doc=sign_body(tiny.body, other))
+    with pytest.raises(SignatureRefused, match="not trusted"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+    assert load(p, trusted_keys=[other_pub], backend=FakeBackend()).verified.signature.key_id == other_kid
+    # the user's trust folder counts as trusted
+    p2 = _write(tiny, tmp_path, doc=tomli_w.dumps(tiny.body).encode(), name="unsigned.toml")
+    with pytest.raises(SignatureRefused, match="not signed"):
+        load(p2, trusted_keys=[tiny.pub], backend=FakeBackend())
+
+
+def test_user_trust_folder_is_trusted(tiny, tmp_path, monkeypatch):
+    trust = tmp_path / "trust"
+    trust.mkdir()
+    (trust / "release.pub").write_bytes(tiny.pub.read_bytes())
+    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(trust))
+    assert load(tiny.manifest, backend=FakeBackend()).verified.signature.key_id == tiny.kid
+    with pytest.raises(SignatureRefused, match="not trusted"):
+        load(tiny.manifest, backend=FakeBackend(), default_keys=False)
+
+
+def test_non_canonical_signature_table_is_refused(tiny, tmp_path):
+    # TOML reads a tab like a space: verification demands the canonical bytes of the table
+    doc = tiny.doc.replace(b'\nalgorithm = "ed25519"', b'\nalgorithm =\t"ed25519"')
+    with pytest.raises(signing.SignatureError, match="canonical"):
+        signing.verify(doc, trusted_keys([tiny.pub], defaults=False))
+    p = _write(tiny, tmp_path, doc=doc)
+    with pytest.raises(SignatureRefused, match="canonical"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+
+
+def test_artifact_hash_mismatch_is_refused_before_the_driver(tiny, tmp_path):
+    p = _write(tiny, tmp_path, doc=tiny.doc)
+    cubin = p.parent / "sm_90a" / "Tiny.cubin"
+    data = bytearray(cubin.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size, different bytes
+    cubin.write_bytes(bytes(data))
+    fake = FakeBackend()
+    k = load(p, trusted_keys=[tiny.pub], backend=fake)
+    with pytest.raises(ArtifactRefused, match="does not match its sha256"):
+        k.function("scale_f32")
+    assert fake.loaded == []
+
+
+def test_artifact_size_change_and_missing_artifact_are_refused_at_load(tiny, tmp_path):
+    p = _write(tiny, tmp_path, doc=tiny.doc)
+    cubin = p.parent / "sm_90a" / "Tiny.cubin"
+    cubin.write_bytes(cubin.read_bytes() + b"\0")
+    with pytest.raises(ArtifactRefused, match="bytes, the manifest says"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+    cubin.unlink()
+    fake = FakeBackend()
+    with pytest.raises(ArtifactRefused, match="Tiny.cubin is missing"):
+        load(p, trusted_keys=[tiny.pub], backend=fake)
+    assert fake.activated == []
+
+
+def test_admitted_symbol_without_artifact_is_incomplete(tiny, tmp_path):
+    body = dict(tiny.body, artifacts=[a for a in tiny.body["artifacts"] if a["code"] != "cubin"])
+    p = _write(tiny, tmp_path, body=body)
+    with pytest.raises(ArtifactRefused, match="lists no cubin"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"name": "NVIDIA H100 80GB HBM3"}, "qualified on NVIDIA H200, but device 0 is NVIDIA H100"),
+        ({"cc": (8, 9)}, "compute capability 9.0, but device 0 has 8.9"),
+        ({"sm_count": 114}, "132 SMs, but device 0 has 114"),
+        ({"driver_version": 12080}, "driver is 12080; update the driver"),
+    ],
+)
+def test_wrong_device_is_refused(tiny, change, message):
+    fake = FakeBackend(info=replace(H200, **change))
+    with pytest.raises(DeviceMismatch, match=message):
+        load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake)
+    assert fake.activated == [] and fake.loaded == []
+
+
+def test_newer_driver_is_accepted(tiny):
+    for version in (13000, 13020, 14000):
+        load(tiny.manifest, trusted_keys=[tiny.pub], backend=FakeBackend(info=replace(H200, driver_version=version)))
+
+
+def test_expired_and_inconsistent_manifests_are_refused(tiny, tmp_path):
+    p = _write(tiny, tmp_path, body=dict(tiny.body, expires="2020-01-01T00:00:00Z"))
+    with pytest.raises(ManifestRefused, match="expired"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+    p = _write(tiny, tmp_path, doc=sign_body(tiny.body, tiny.priv, development_key=True), name="dev.toml")
+    with pytest.raises(ManifestRefused, match="development_key"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+    p = _write(tiny, tmp_path, body=dict(tiny.body, schema_version=2), name="v2.toml")
+    with pytest.raises(ManifestRefused, match="schema_version 2"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+    bad = [dict(a, path="../escape.cubin") if a["code"] == "cubin" else a for a in tiny.body["artifacts"]]
+    p = _write(tiny, tmp_path, body=dict(tiny.body, artifacts=bad), name="escape.toml")
+    with pytest.raises(ManifestRefused, match="unsafe artifact path"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+
+
+def test_check_only_artifacts_do_not_serve(tiny, tmp_path):
+    arts = [dict(a, role="check") for a in tiny.body["artifacts"]]
+    p = _write(tiny, tmp_path, body=dict(tiny.body, artifacts=arts))
+    k = load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+    assert k.admitted() == []
+    with pytest.raises(SymbolUnavailable, match="only to check arithmetic"):
+        k.function("scale_f32")
+
+
+class FakeCAI:
+    def __init__(self, ptr):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (4,), "typestr": "<f4", "version": 3}
+
+
+class FakeStream:
+    cuda_stream = 0x5150
+
+
+def test_launch_types_arguments_from_the_recorded_layout(tiny):
+    fake = FakeBackend()
+    k = load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake)
+    f = k.function("scale_bf16")
+    launch(f, grid=(8,), block=(128,), args=(0x7F0000001000, FakeCAI(0x7F0000002000), 2.5, 1000), stream=FakeStream())
+    rec = fake.launches[-1]
+    assert rec["grid"] == (8, 1, 1) and rec["block"] == (128, 1, 1) and rec["shared_mem"] == 0
+    assert rec["stream"] == 0x5150
+    assert rec["raw"] == [struct.pack("<Q", 0x7F0000001000), struct.pack("<Q", 0x7F0000002000), struct.pack("<f", 2.5),
+                          struct.pack("<q", 1000)]
+    f((2,), (0x10, 0x20, np.float32(1.0), np.int64(-3)))  # Kernel.__call__: the recorded block and smem
+    assert fake.launches[-1]["raw"][2:] == [struct.pack("<f", 1.0), struct.pack("<q", -3)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"args": (1, 2, 3.0)}, "takes 4 arguments, 3 were given"),
+        ({"block": (256,)}, "qualified with block"),
+        ({"shared_mem": 1024}, "qualified with 0 bytes of dynamic shared memory"),
+        ({"grid": (0,)}, "dimension below 1"),
+        ({"grid": (1, 70000)}, "exceeds the CUDA limits"),
+        ({"args": (1, 2, FakeCAI(3), 4)}, "array but the parameter is 4 bytes"),
+        ({"args": (1, 2, 1e39, 4)}, "overflows the f32 parameter"),
+        ({"args": (1, 2, 1.0, True)}, "is a bool"),
+        ({"args": (1, 2, 1.0, 1 << 64)}, "does not fit the 8-byte parameter"),
+        ({"args": (1, "x", 1.0, 4)}, "of type str cannot be passed"),
+        ({"args": (np.zeros(4, np.float32), 2, 1.0, 4)}, r"host \(CPU\) memory, not CUDA memory"),
+        ({"stream": object()}, "is not a CUDA stream handle"),
+    ],
+)
+def test_launch_refusals(tiny, kwargs, message):
+    fake = FakeBackend()
+    f = load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake).function("scale_f32")
+    call = {"grid": (1,), "block": (128,), "args": (1, 2, 1.0, 4), **kwargs}
+    with pytest.raises(LaunchRefused, match=message):
+        launch(f, **call)
+    assert fake.launches == []
+
+
+def test_bundles_load(tiny, tmp_path):
+    keys = trusted_keys([tiny.pub], defaults=False)
+    tgz = write_bundle(tiny.manifest, tmp_path / "h200.tar.gz", keys=keys, build=tiny.build)
+    folder = write_bundle(tiny.manifest, tmp_path / "h200-bundle", keys=keys, build=tiny.build)
+    for b in (tgz, folder):
+        fake = FakeBackend()
+        k = load(b, trusted_keys=[tiny.pub], backend=fake)
+        k.function("scale_f16")
+        assert len(fake.loaded) == 1
+    (folder / "stray.bin").write_bytes(b"x")
+    with pytest.raises(ArtifactRefused, match="does not name: stray.bin"):
+        load(folder, trusted_keys=[tiny.pub], backend=FakeBackend())
+
+
+def test_index_picks_the_device_entry(tiny, tmp_path):
+    h100 = replace(H200, name="NVIDIA H100 80GB HBM3", sm_count=132)
+    body_h100 = qualified_body(tiny.bm, tiny.cat, device=h100)
+    p1 = _write(tiny, tmp_path, doc=tiny.doc, name="h200.toml")
+    p2 = _write(tiny, tmp_path, body=body_h100, name="h100.toml")
+    keys = trusted_keys([tiny.pub], defaults=False)
+    index = write_index([p1, p2], p1.parent / "index.toml", tiny.priv, keys=keys)
+    for dev in (H200, h100):
+        k = load(index, trusted_keys=[tiny.pub], backend=FakeBackend(info=dev))
+        assert k.manifest["device"]["name"] == dev.name
+    with pytest.raises(DeviceMismatch, match="no manifest for NVIDIA A100"):
+        load(index, trusted_keys=[tiny.pub], backend=FakeBackend(info=replace(H200, name="NVIDIA A100", cc=(8, 0))))
+    # an entry changed after merging (even re-signed by a trusted key) no longer matches the index
+    p2.write_bytes(sign_body(dict(body_h100, level="fullx"), tiny.priv))  # same size, other bytes
+    with pytest.raises(ArtifactRefused, match="h100.toml in index folder .* does not match its sha256 in the index"):
+        load(index, trusted_keys=[tiny.pub], backend=FakeBackend(info=h100))
+
+
+def test_layout_agrees_with_the_qualified_models(tiny):
+    """The fixture (and so the loader's reading) matches mamba_forge.qualified's pydantic models."""
+    qualified = pytest.importorskip("mamba_forge.qualified")
+    body, _ = signing.split(tiny.doc)
+    m = qualified.parse_body(body)
+    assert m.device.name == "NVIDIA H200" and len(m.symbols) == len(tiny.body["symbols"])
+
+
+def test_runtime_imports_stay_light():
+    code = (
+        "import sys, mamba_forge.runtime as r; r.load; "
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('pydantic', 'typer', 'rich', 'click', 'numpy', 'tomli_w', 'elftools', 'ml_dtypes')); "
+        "ours = sorted(m for m in sys.modules if m.startswith('mamba_forge')); print(heavy); print(ours)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "[]", f"the runtime pulled in {out[0]}"
+    allowed = {"mamba_forge", "mamba_forge.signing", "mamba_forge.driver", "mamba_forge.runtime"}
+    assert {m for m in eval(out[1]) if not m.startswith("mamba_forge.runtime.")} <= allowed
+
+
+def test_sha256_of_loaded_bytes_matches_the_manifest(tiny):
+    fake = FakeBackend()
+    load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake).function("scale")
+    cubin = tiny.build / "sm_90a" / "Tiny.cubin"
+    assert fake.loaded == [hashlib.sha256(cubin.read_bytes()).hexdigest()]

