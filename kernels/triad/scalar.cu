@@ -1,1 +1,8 @@
-// placeholder: filled by the family's author
+// TriadScalar: the training GEMM layouts in exact f32 (the last fallback and the qualification oracle).
+//   NN: C = A B (A [M,K], B [K,N]);  TN: C = A^T B (A [K,M]: dW = X^T dY);  NT: C = A B^T (B [N,K]: dX = dY W^T)
+// Every output is the fixed FFMA chain over k = 0..K-1 (mf/gemm_common.cuh), so the three layouts agree bit for
+// bit with each other on transposed inputs and with gemm_bi_f32_f32 in the Fixed module.
+#include "mf/gemm_common.cuh"
+
+#define MF_TRIAD_SCALAR(NAME, L, BM, BN, BK, TM, TN, NBUF) \
+  MF_GEMM_EXACT_F32_KERNEL(NAME, L, BM, BN, BK, TM, TN, NBUF)

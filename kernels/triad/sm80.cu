@@ -1,1 +1,8 @@
-// placeholder: filled by the family's author
+// TriadSm80: the training GEMM layouts on tensor cores (mma.sync, sm_80+), f32 accumulate,
+// f32 output. TF32 (f32 storage, cvt.rna to TF32), bf16 and f16 inputs.
+//   NN: C = A B (A [M,K], B [K,N]);  TN: C = A^T B (A [K,M]);  NT: C = A B^T (B [N,K])
+// One fixed tile per symbol, the whole K reduction in one CTA in a fixed order (mf/mma_sm80.cuh).
+#include "mf/mma_sm80.cuh"
+
+#define MF_TRIAD_SM80(NAME, TI, L, BM, BN, BK, WM, WN, S, R) \
+  MF_GEMM_TC_KERNEL(NAME, TI, float, L, BM, BN, BK, WM, WN, S, R)
