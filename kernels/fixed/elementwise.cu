@@ -1,1 +1,362 @@
-// placeholder: filled by the family's author
+// Elementwise, gather/scatter and column-reduction kernels of the Mamba-1 block. Contracts live in
+// kernels/fixed/elementwise.toml. Everything computes in f32 and is deterministic by construction: every output
+// element is written by exactly one thread, and the column sums fold rows in one fixed order (no atomics).
+// Flat maps use 8-element chunks (16-byte vectors when aligned, scalar tail; mf/elementwise.cuh); W = 1 marks
+// the plain scalar forms (symbols without _v where a _v sibling exists).
+#include "mf/common.cuh"
+#include "mf/elementwise.cuh"
+
+namespace mf {
+
+// ---- pointwise operations ----
+struct OpMul { static MF_DEVICE float f(float a, float b) { return a * b; } };
+struct OpAdd { static MF_DEVICE float f(float a, float b) { return a + b; } };
+struct OpGateSilu { static MF_DEVICE float f(float y, float z) { return y * silu(z); } };  // Mamba: y * silu(z)
+struct OpIdentity { static MF_DEVICE float f(float a) { return a; } };
+struct OpExpNegate { static MF_DEVICE float f(float a) { return -expf(a); } };  // A = -exp(A_log)
+
+constexpr float LOG2E = 1.4426950408889634f;
+
+// out[i] = Op(a[i]) over a flat n.
+template <int W, typename Op, typename TO, typename TA>
+MF_DEVICE void map1(TO* __restrict__ out, const TA* __restrict__ a, i64 n) {
+  const bool vec = W > 1 && aligned16(out) && aligned16(a);
+  for (i64 i0 = global_thread() * W; i0 < n; i0 += grid_threads() * W) {
+    float u[W];
+    load_chunk<W>(u, a, i0, n, vec);
+#pragma unroll
+    for (int k = 0; k < W; ++k) u[k] = Op::f(u[k]);
+    store_chunk<W>(out, u, i0, n, vec);
+  }
+}
+
+// out[i] = Op(a[i], b[i]) over a flat n.
+template <int W, typename Op, typename TO, typename TA, typename TB>
+MF_DEVICE void map2(TO* __restrict__ out, const TA* __restrict__ a, const TB* __restrict__ b, i64 n) {
+  const bool vec = W > 1 && aligned16(out) && aligned16(a) && aligned16(b);
+  for (i64 i0 = global_thread() * W; i0 < n; i0 += grid_threads() * W) {
+    float u[W], v[W];
+    load_chunk<W>(u, a, i0, n, vec);
+    load_chunk<W>(v, b, i0, n, vec);
+#pragma unroll
+    for (int k = 0; k < W; ++k) u[k] = Op::f(u[k], v[k]);
+    store_chunk<W>(out, u, i0, n, vec);
+  }
+}
+
+// io[i] = Op(io[i], b[i]) in place over a flat n.
+template <int W, typename Op, typename TO, typename TB>
+MF_DEVICE void map2_inplace(TO* __restrict__ io, const TB* __restrict__ b, i64 n) {
+  const bool vec = W > 1 && aligned16(io) && aligned16(b);
+  for (i64 i0 = global_thread() * W; i0 < n; i0 += grid_threads() * W) {
+    float u[W], v[W];
+    load_chunk<W>(u, io, i0, n, vec);
+    load_chunk<W>(v, b, i0, n, vec);
+#pragma unroll
+    for (int k = 0; k < W; ++k) u[k] = Op::f(u[k], v[k]);
+    store_chunk<W>(io, u, i0, n, vec);
+  }
+}
+
+// Backward of out = y * silu(z): dy = dout * silu(z); dz = dout * y * sigmoid(z) * (1 + z * (1 - sigmoid(z))).
+template <typename T>
+MF_DEVICE void gating_backward(T* __restrict__ dy, T* __restrict__ dz, const T* __restrict__ dout,
+                               const T* __restrict__ y, const T* __restrict__ z, i64 n) {
+  constexpr int W = 8;
+  const bool vec = aligned16(dy) && aligned16(dz) && aligned16(dout) && aligned16(y) && aligned16(z);
+  for (i64 i0 = global_thread() * W; i0 < n; i0 += grid_threads() * W) {
+    float g[W], a[W], c[W], ga[W], gc[W];
+    load_chunk<W>(g, dout, i0, n, vec);
+    load_chunk<W>(a, y, i0, n, vec);
+    load_chunk<W>(c, z, i0, n, vec);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float s = sigmoid(c[k]);
+      ga[k] = g[k] * (c[k] * s);
+      gc[k] = (g[k] * a[k]) * (s * (1.f + c[k] * (1.f - s)));
+    }
+    store_chunk<W>(dy, ga, i0, n, vec);
+    store_chunk<W>(dz, gc, i0, n, vec);
+  }
+}
+
+// A[i] = -exp(A_log[i]) and A_log2e[i] = A[i] * log2(e) (the scan's exp2-domain copy), in one pass.
+MF_DEVICE void exp_negate2(float* __restrict__ A, float* __restrict__ A_log2e, const float* __restrict__ A_log, i64 n) {
+  constexpr int W = 8;
+  const bool vec = aligned16(A) && aligned16(A_log2e) && aligned16(A_log);
+  for (i64 i0 = global_thread() * W; i0 < n; i0 += grid_threads() * W) {
+    float u[W], v[W];
+    load_chunk<W>(u, A_log, i0, n, vec);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      u[k] = -expf(u[k]);
+      v[k] = u[k] * LOG2E;
+    }
+    store_chunk<W>(A, u, i0, n, vec);
+    store_chunk<W>(A_log2e, v, i0, n, vec);
+  }
+}
+
+// y[r,c] += bias[c] in place, y [rows, cols] row-major, bias f32 [cols].
+template <typename T> MF_DEVICE void bias_broadcast(T* __restrict__ y, const float* __restrict__ bias, i64 rows, i64 cols) {
+  constexpr int W = 8;
+  const i64 n = rows * cols;
+  const bool vec = aligned16(y);
+  const bool vec_bias = vec && aligned16(bias) && cols % W == 0;  // then a chunk never crosses a row
+  for (i64 i0 = global_thread() * W; i0 < n; i0 += grid_threads() * W) {
+    float u[W], b[W];
+    load_chunk<W>(u, y, i0, n, vec);
+    const i64 c0 = i0 % cols;
+    if (vec_bias) {
+      load_chunk<W>(b, bias, c0, cols, true);
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) b[k] = i0 + k < n ? bias[(c0 + k) % cols] : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) u[k] = u[k] + b[k];
+    store_chunk<W>(y, u, i0, n, vec);
+  }
+}
+
+// ---- fixed-order column sums: out[c] (=|+=) sum_r in[r, c] ----
+// A 256-thread CTA owns 32 columns: thread (lane, g) sums rows g, g+8, g+16, ... of column lane in row order,
+// then lane's 8 group partials are added in group order 0..7. The order depends only on rows: deterministic.
+constexpr int COLSUM_COLS = 32, COLSUM_GROUPS = 8;
+template <typename TIn, bool ACCUMULATE>
+MF_DEVICE void colsum(float* __restrict__ out, const TIn* __restrict__ in, i64 rows, i64 cols) {
+  __shared__ float part[COLSUM_GROUPS][COLSUM_COLS];
+  if (blockDim.x != COLSUM_COLS * COLSUM_GROUPS) return;  // the order is defined for this shape only
+  const int lane = threadIdx.x % COLSUM_COLS, g = threadIdx.x / COLSUM_COLS;
+  for (i64 cb = (i64)blockIdx.x * COLSUM_COLS; cb < cols; cb += (i64)gridDim.x * COLSUM_COLS) {
+    const i64 c = cb + lane;
+    float acc = 0.f;
+    if (c < cols)
+      for (i64 r = g; r < rows; r += COLSUM_GROUPS) acc += to_f32(in[r * cols + c]);
+    part[g][lane] = acc;
+    __syncthreads();
+    if (g == 0 && c < cols) {
+      float s = part[0][lane];
+#pragma unroll
+      for (int k = 1; k < COLSUM_GROUPS; ++k) s += part[k][lane];
+      out[c] = ACCUMULATE ? out[c] + s : s;
+    }
+    __syncthreads();  // part is reused by the next column block
+  }
+}
+
+// ---- gathers, scatters, packing: integer index maps, exact copies ----
+// out[r, j] = in[r, col0 + j]; out [rows, ncols], in [rows, ld].
+template <typename T>
+MF_DEVICE void gather_cols(T* __restrict__ out, const T* __restrict__ in, i64 rows, i64 ncols, i64 ld, i64 col0) {
+  const i64 n = rows * ncols;
+  for (i64 i = global_thread(); i < n; i += grid_threads()) {
+    const i64 r = i / ncols, j = i - r * ncols;
+    out[i] = in[r * ld + col0 + j];
+  }
+}
+
+// dst[r, col0 + j] += src[r, j]; dst [rows, ld], src [rows, ncols]. One thread per destination element.
+template <typename T>
+MF_DEVICE void scatter_add_cols(T* __restrict__ dst, const T* __restrict__ src, i64 rows, i64 ncols, i64 ld, i64 col0) {
+  const i64 n = rows * ncols;
+  for (i64 i = global_thread(); i < n; i += grid_threads()) {
+    const i64 r = i / ncols, j = i - r * ncols;
+    T* d = dst + r * ld + col0 + j;
+    *d = from_f32<T>(to_f32(*d) + to_f32(src[i]));
+  }
+}
+
+// x_dbl rows are [dt (dt_rank) | B (d_state) | C (d_state)], row r = b * seqlen + t.
+// Row-major: B[r, s] = x_dbl[r, dt_rank + s], C[r, s] = x_dbl[r, dt_rank + d_state + s]; B, C [rows, d_state].
+template <typename T>
+MF_DEVICE void gather_bc_cols(T* __restrict__ B, T* __restrict__ C, const T* __restrict__ x_dbl, i64 batch,
+                              i64 seqlen, i64 dt_rank, i64 d_state) {
+  const i64 ld = dt_rank + 2 * d_state, n = batch * seqlen * d_state;
+  for (i64 i = global_thread(); i < n; i += grid_threads()) {
+    const i64 r = i / d_state, s = i - r * d_state;
+    B[i] = x_dbl[r * ld + dt_rank + s];
+    C[i] = x_dbl[r * ld + dt_rank + d_state + s];
+  }
+}
+
+// Time-major (the scan's layout): B[b, s, t] = x_dbl[b*seqlen + t, dt_rank + s], C likewise; [batch, d_state, seqlen].
+template <typename T>
+MF_DEVICE void gather_bc_cols_tmajor(T* __restrict__ B, T* __restrict__ C, const T* __restrict__ x_dbl, i64 batch,
+                                     i64 seqlen, i64 dt_rank, i64 d_state) {
+  const i64 ld = dt_rank + 2 * d_state, n = batch * seqlen * d_state;
+  for (i64 i = global_thread(); i < n; i += grid_threads()) {
+    const i64 t = i % seqlen, bs = i / seqlen, s = bs % d_state, b = bs / d_state;
+    const i64 src = (b * seqlen + t) * ld + dt_rank + s;
+    B[i] = x_dbl[src];
+    C[i] = x_dbl[src + d_state];
+  }
+}
+
+// Same result as gather_bc_cols_tmajor through a 32x32 shared-memory transpose, so both the reads (along s)
+// and the writes (along t) are coalesced. Grid: (ceil(seqlen/32), ceil(d_state/32), batch), 256 threads.
+constexpr int TILE = 32;
+template <typename T>
+MF_DEVICE void gather_bc_cols_tmajor_tiled(T* __restrict__ B, T* __restrict__ C, const T* __restrict__ x_dbl,
+                                           i64 batch, i64 seqlen, i64 dt_rank, i64 d_state) {
+  __shared__ float tile[TILE][TILE + 1];  // f32 holds any T exactly; +1 avoids bank conflicts on the transpose
+  const i64 ld = dt_rank + 2 * d_state;
+  const int tx = threadIdx.x % TILE, ty = threadIdx.x / TILE, rows_per_pass = blockDim.x / TILE;
+  const i64 t0 = (i64)blockIdx.x * TILE, s0 = (i64)blockIdx.y * TILE, b = blockIdx.z;
+  if (b >= batch) return;
+  for (int m = 0; m < 2; ++m) {
+    T* dst = m == 0 ? B : C;
+    const i64 col = dt_rank + m * d_state;
+    for (int k = ty; k < TILE; k += rows_per_pass) {
+      const i64 t = t0 + k, s = s0 + tx;
+      if (t < seqlen && s < d_state) tile[k][tx] = to_f32(x_dbl[(b * seqlen + t) * ld + col + s]);
+    }
+    __syncthreads();
+    for (int k = ty; k < TILE; k += rows_per_pass) {
+      const i64 s = s0 + k, t = t0 + tx;
+      if (s < d_state && t < seqlen) dst[(b * d_state + s) * seqlen + t] = from_f32<T>(tile[tx][k]);
+    }
+    __syncthreads();
+  }
+}
+
+// out[b, d] = in[b, seqlen - 1, d]; in [batch, seqlen, dim], out [batch, dim].
+template <typename T>
+MF_DEVICE void gather_last_timestep(T* __restrict__ out, const T* __restrict__ in, i64 batch, i64 seqlen, i64 dim) {
+  const i64 n = batch * dim;
+  for (i64 i = global_thread(); i < n; i += grid_threads()) {
+    const i64 b = i / dim, d = i - b * dim;
+    out[i] = in[(b * seqlen + seqlen - 1) * dim + d];
+  }
+}
+
+// out[r, 0:dim] = a[r, :], out[r, dim:2dim] = b[r, :]; out [rows, 2*dim].
+template <typename T>
+MF_DEVICE void concat_halves(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, i64 rows, i64 dim) {
+  const i64 n = rows * 2 * dim;
+  for (i64 i = global_thread(); i < n; i += grid_threads()) {
+    const i64 r = i / (2 * dim), c = i - r * 2 * dim;
+    out[i] = c < dim ? a[r * dim + c] : b[r * dim + c - dim];
+  }
+}
+
+// x_dbl[r, :] = [dt[r, :] | B[r, :] | C[r, :]]; dt [rows, dt_rank], B, C [rows, d_state] row-major.
+template <typename T>
+MF_DEVICE void pack_xdbl_cols(T* __restrict__ x_dbl, const T* __restrict__ dt, const T* __restrict__ B,
+                              const T* __restrict__ C, i64 rows, i64 dt_rank, i64 d_state) {
+  const i64 ld = dt_rank + 2 * d_state, n = rows * ld;
+  for (i64 i = global_thread(); i < n; i += grid_threads()) {
+    const i64 r = i / ld, c = i - r * ld;
+    x_dbl[i] = c < dt_rank ? dt[r * dt_rank + c]
+             : c < dt_rank + d_state ? B[r * d_state + c - dt_rank]
+                                     : C[r * d_state + c - dt_rank - d_state];
+  }
+}
+
+}  // namespace mf
+
+#define MF_KERNEL extern "C" __global__ void __launch_bounds__(256)
+
+// ---- flat maps ----
+#define MF_GATE_MUL_SILU(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ out, const T* __restrict__ y, const T* __restrict__ z, long long n) { \
+    mf::map2<1, mf::OpGateSilu>(out, y, z, n); \
+  }
+#define MF_GATE_MUL_SILU_V(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ out, const T* __restrict__ y, const T* __restrict__ z, long long n) { \
+    mf::map2<8, mf::OpGateSilu>(out, y, z, n); \
+  }
+#define MF_ELEMENTWISE_MUL(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b, long long n) { \
+    mf::map2<1, mf::OpMul>(c, a, b, n); \
+  }
+#define MF_ELEMENTWISE_MUL_V(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b, long long n) { \
+    mf::map2<8, mf::OpMul>(c, a, b, n); \
+  }
+#define MF_GATING_BACKWARD(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ dy, T* __restrict__ dz, const T* __restrict__ dout, const T* __restrict__ y, \
+                 const T* __restrict__ z, long long n) { \
+    mf::gating_backward<T>(dy, dz, dout, y, z, n); \
+  }
+// residual (in T) += x (in T)
+#define MF_RESIDUAL_ADD(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ residual, const T* __restrict__ x, long long n) { \
+    mf::map2_inplace<8, mf::OpAdd>(residual, x, n); \
+  }
+// f32 residual += x (in T); also vec_add_inplace with T = float
+#define MF_RESIDUAL_ADD_F32(NAME, T) \
+  MF_KERNEL NAME(float* __restrict__ residual, const T* __restrict__ x, long long n) { \
+    mf::map2_inplace<8, mf::OpAdd>(residual, x, n); \
+  }
+#define MF_CAST(NAME, S, D) \
+  MF_KERNEL NAME(D* __restrict__ out, const S* __restrict__ in, long long n) { \
+    mf::map1<8, mf::OpIdentity>(out, in, n); \
+  }
+// out (f32) = x (in T, widened) + z (f32)
+#define MF_VEC_CAST_ZPLUS(NAME, T) \
+  MF_KERNEL NAME(float* __restrict__ out, const T* __restrict__ x, const float* __restrict__ z, long long n) { \
+    mf::map2<8, mf::OpAdd>(out, x, z, n); \
+  }
+#define MF_EXP_NEGATE(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ A, const T* __restrict__ A_log, long long n) { \
+    mf::map1<8, mf::OpExpNegate>(A, A_log, n); \
+  }
+#define MF_EXP_NEGATE2(NAME) \
+  MF_KERNEL NAME(float* __restrict__ A, float* __restrict__ A_log2e, const float* __restrict__ A_log, long long n) { \
+    mf::exp_negate2(A, A_log2e, A_log, n); \
+  }
+#define MF_BIAS_BROADCAST(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ y, const float* __restrict__ bias, long long rows, long long cols) { \
+    mf::bias_broadcast<T>(y, bias, rows, cols); \
+  }
+
+// ---- column sums ----
+#define MF_COLSUM_ACCUMULATE(NAME, T) \
+  MF_KERNEL NAME(float* __restrict__ out, const T* __restrict__ in, long long rows, long long cols) { \
+    mf::colsum<T, true>(out, in, rows, cols); \
+  }
+#define MF_COLSUM(NAME, T) \
+  MF_KERNEL NAME(float* __restrict__ out, const T* __restrict__ in, long long rows, long long cols) { \
+    mf::colsum<T, false>(out, in, rows, cols); \
+  }
+
+// ---- gathers / scatters / packing ----
+#define MF_GATHER_COLS(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ out, const T* __restrict__ in, long long rows, long long ncols, long long ld, \
+                 long long col0) { \
+    mf::gather_cols<T>(out, in, rows, ncols, ld, col0); \
+  }
+#define MF_SCATTER_ADD_COLS(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ dst, const T* __restrict__ src, long long rows, long long ncols, long long ld, \
+                 long long col0) { \
+    mf::scatter_add_cols<T>(dst, src, rows, ncols, ld, col0); \
+  }
+#define MF_GATHER_BC_COLS(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ B, T* __restrict__ C, const T* __restrict__ x_dbl, long long batch, \
+                 long long seqlen, long long dt_rank, long long d_state) { \
+    mf::gather_bc_cols<T>(B, C, x_dbl, batch, seqlen, dt_rank, d_state); \
+  }
+#define MF_GATHER_BC_COLS_TMAJOR(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ B, T* __restrict__ C, const T* __restrict__ x_dbl, long long batch, \
+                 long long seqlen, long long dt_rank, long long d_state) { \
+    mf::gather_bc_cols_tmajor<T>(B, C, x_dbl, batch, seqlen, dt_rank, d_state); \
+  }
+#define MF_GATHER_BC_COLS_TMAJOR_TILED(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ B, T* __restrict__ C, const T* __restrict__ x_dbl, long long batch, \
+                 long long seqlen, long long dt_rank, long long d_state) { \
+    mf::gather_bc_cols_tmajor_tiled<T>(B, C, x_dbl, batch, seqlen, dt_rank, d_state); \
+  }
+#define MF_GATHER_LAST_TIMESTEP(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ out, const T* __restrict__ in, long long batch, long long seqlen, long long dim) { \
+    mf::gather_last_timestep<T>(out, in, batch, seqlen, dim); \
+  }
+#define MF_CONCAT_HALVES(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, long long rows, long long dim) { \
+    mf::concat_halves<T>(out, a, b, rows, dim); \
+  }
+#define MF_PACK_XDBL_COLS(NAME, T) \
+  MF_KERNEL NAME(T* __restrict__ x_dbl, const T* __restrict__ dt, const T* __restrict__ B, const T* __restrict__ C, \
+                 long long rows, long long dt_rank, long long d_state) { \
+    mf::pack_xdbl_cols<T>(x_dbl, dt, B, C, rows, dt_rank, d_state); \
+  }

@@ -1,1 +1,160 @@
-// placeholder: filled by the family's author
+// RMSNorm forward/backward (Mamba-1 convention: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps), weight f32).
+// One 256-thread CTA per row (grid-stride over rows). Thread t owns the 8-element chunks t, t+256, ... of its
+// row and accumulates them in that order; mf::block_sum folds the 256 partials in a fixed order. Nothing in a
+// row's arithmetic depends on the number of rows or on which CTA runs it: batch invariant by construction.
+// The weight gradient is not reduced here: each row writes its own contribution dy*x*rstd to a [rows, dim]
+// f32 scratch, which reduce_sum_axis0 (elementwise.cu) folds over rows in a fixed order. No atomics.
+#include "mf/common.cuh"
+#include "mf/elementwise.cuh"
+
+namespace mf {
+
+constexpr int NORM_BLOCK = 256;
+constexpr int NORM_W = 8;
+
+// Rows are vector-loaded only when every row start stays 16-byte aligned: base aligned and dim % 8 == 0.
+MF_DEVICE bool rows_vec(const void* p, i64 dim) { return aligned16(p) && dim % NORM_W == 0; }
+
+// y[r,:] = x[r,:] * rstd[r] * w, rstd[r] = 1/sqrt(sum(x[r,:]^2)/dim + eps). TX: input, TY: output.
+template <typename TX, typename TY>
+MF_DEVICE void rmsnorm_forward(TY* __restrict__ y, float* __restrict__ rstd, const TX* __restrict__ x,
+                               const float* __restrict__ w, i64 rows, i64 dim, float eps) {
+  __shared__ float scratch[NORM_BLOCK / 32];
+  const bool vx = rows_vec(x, dim), vy = rows_vec(y, dim), vw = rows_vec(w, dim);
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const TX* xr = x + row * dim;
+    TY* yr = y + row * dim;
+    float ss = 0.f;
+#pragma unroll 2  // two chunks' loads in flight per thread before the first is consumed
+    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += (i64)NORM_BLOCK * NORM_W) {
+      float v[NORM_W];
+      load_chunk<NORM_W>(v, xr, i0, dim, vx);
+#pragma unroll
+      for (int k = 0; k < NORM_W; ++k) ss += v[k] * v[k];
+    }
+    ss = block_sum(ss, scratch);
+    const float r = rsqrtf(ss / (float)dim + eps);
+    if (threadIdx.x == 0) rstd[row] = r;
+#pragma unroll 2  // two chunks' loads in flight per thread before the first is consumed
+    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += (i64)NORM_BLOCK * NORM_W) {
+      float v[NORM_W], g[NORM_W];
+      load_chunk<NORM_W>(v, xr, i0, dim, vx);  // second read of the row: served by L1/L2, not HBM
+      load_chunk<NORM_W>(g, w, i0, dim, vw);
+#pragma unroll
+      for (int k = 0; k < NORM_W; ++k) v[k] = (v[k] * r) * g[k];
+      store_chunk<NORM_W>(yr, v, i0, dim, vy);
+    }
+  }
+}
+
+// Fused residual add (residual stream in f32): residual[r,:] += x[r,:], then y = rmsnorm(residual) as above.
+template <typename T>
+MF_DEVICE void rmsnorm_forward_resadd(T* __restrict__ y, float* __restrict__ rstd, float* __restrict__ residual,
+                                      const T* __restrict__ x, const float* __restrict__ w, i64 rows, i64 dim,
+                                      float eps) {
+  __shared__ float scratch[NORM_BLOCK / 32];
+  const bool vx = rows_vec(x, dim), vy = rows_vec(y, dim), vw = rows_vec(w, dim), vr = rows_vec(residual, dim);
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * dim;
+    float* rr = residual + row * dim;
+    T* yr = y + row * dim;
+    float ss = 0.f;
+#pragma unroll 2  // two chunks' loads in flight per thread before the first is consumed
+    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += (i64)NORM_BLOCK * NORM_W) {
+      float h[NORM_W], v[NORM_W];
+      load_chunk<NORM_W>(h, rr, i0, dim, vr);
+      load_chunk<NORM_W>(v, xr, i0, dim, vx);
+#pragma unroll
+      for (int k = 0; k < NORM_W; ++k) {
+        h[k] = h[k] + v[k];
+        ss += h[k] * h[k];
+      }
+      store_chunk<NORM_W>(rr, h, i0, dim, vr);
+    }
+    ss = block_sum(ss, scratch);
+    const float r = rsqrtf(ss / (float)dim + eps);
+    if (threadIdx.x == 0) rstd[row] = r;
+    // Each thread re-reads exactly the chunks it wrote above, so no barrier is needed for them.
+#pragma unroll 2  // two chunks' loads in flight per thread before the first is consumed
+    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += (i64)NORM_BLOCK * NORM_W) {
+      float h[NORM_W], g[NORM_W];
+      load_chunk<NORM_W>(h, rr, i0, dim, vr);
+      load_chunk<NORM_W>(g, w, i0, dim, vw);
+#pragma unroll
+      for (int k = 0; k < NORM_W; ++k) h[k] = (h[k] * r) * g[k];
+      store_chunk<NORM_W>(yr, h, i0, dim, vy);
+    }
+  }
+}
+
+// Backward with the forward's saved rstd r (per row):
+//   s = sum_j dy_j * w_j * x_j;  dx_j = r * w_j * dy_j - x_j * (r^3 * s / dim);  dw_rows[r, j] = dy_j * x_j * r.
+// TX: the forward's input, TG: dy, TDX: dx (f32 when the input was the f32 residual stream).
+template <typename TX, typename TG, typename TDX>
+MF_DEVICE void rmsnorm_backward(TDX* __restrict__ dx, float* __restrict__ dw_rows, const TG* __restrict__ dy,
+                                const TX* __restrict__ x, const float* __restrict__ w, const float* __restrict__ rstd,
+                                i64 rows, i64 dim) {
+  __shared__ float scratch[NORM_BLOCK / 32];
+  const bool vdx = rows_vec(dx, dim), vdw = rows_vec(dw_rows, dim), vdy = rows_vec(dy, dim), vx = rows_vec(x, dim),
+             vw = rows_vec(w, dim);
+  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const TX* xr = x + row * dim;
+    const TG* gr = dy + row * dim;
+    float s = 0.f;
+#pragma unroll 2  // two chunks' loads in flight per thread before the first is consumed
+    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += (i64)NORM_BLOCK * NORM_W) {
+      float v[NORM_W], g[NORM_W], ww[NORM_W];
+      load_chunk<NORM_W>(v, xr, i0, dim, vx);
+      load_chunk<NORM_W>(g, gr, i0, dim, vdy);
+      load_chunk<NORM_W>(ww, w, i0, dim, vw);
+#pragma unroll
+      for (int k = 0; k < NORM_W; ++k) s += (g[k] * ww[k]) * v[k];
+    }
+    s = block_sum(s, scratch);
+    const float r = rstd[row];
+    const float coef = ((r * r) * r) * (s / (float)dim);
+#pragma unroll 2  // two chunks' loads in flight per thread before the first is consumed
+    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += (i64)NORM_BLOCK * NORM_W) {
+      float v[NORM_W], g[NORM_W], ww[NORM_W], d[NORM_W], pw[NORM_W];
+      load_chunk<NORM_W>(v, xr, i0, dim, vx);
+      load_chunk<NORM_W>(g, gr, i0, dim, vdy);
+      load_chunk<NORM_W>(ww, w, i0, dim, vw);
+#pragma unroll
+      for (int k = 0; k < NORM_W; ++k) {
+        d[k] = __fsub_rn(__fmul_rn(r, __fmul_rn(ww[k], g[k])), __fmul_rn(v[k], coef));
+        pw[k] = (g[k] * v[k]) * r;
+      }
+      store_chunk<NORM_W>(dx + row * dim, d, i0, dim, vdx);
+      store_chunk<NORM_W>(dw_rows + row * dim, pw, i0, dim, vdw);
+    }
+  }
+}
+
+}  // namespace mf
+
+#define MF_RMSNORM_FWD_KERNEL(NAME, TX, TY) \
+  extern "C" __global__ void __launch_bounds__(256) \
+  NAME(TY* __restrict__ y, float* __restrict__ rstd, const TX* __restrict__ x, const float* __restrict__ w, \
+       long long rows, long long dim, float eps) { \
+    mf::rmsnorm_forward<TX, TY>(y, rstd, x, w, rows, dim, eps); \
+  }
+// rmsnorm_forward: input and output in T.
+#define MF_RMSNORM_FORWARD(NAME, T) MF_RMSNORM_FWD_KERNEL(NAME, T, T)
+// rmsnorm_forward_f32in_T: f32 residual-stream input, T output.
+#define MF_RMSNORM_FORWARD_F32IN(NAME, T) MF_RMSNORM_FWD_KERNEL(NAME, float, T)
+#define MF_RMSNORM_FORWARD_RESADD(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(256) \
+  NAME(T* __restrict__ y, float* __restrict__ rstd, float* __restrict__ residual, const T* __restrict__ x, \
+       const float* __restrict__ w, long long rows, long long dim, float eps) { \
+    mf::rmsnorm_forward_resadd<T>(y, rstd, residual, x, w, rows, dim, eps); \
+  }
+#define MF_RMSNORM_BWD_KERNEL(NAME, TX, TG, TDX) \
+  extern "C" __global__ void __launch_bounds__(256) \
+  NAME(TDX* __restrict__ dx, float* __restrict__ dw_rows, const TG* __restrict__ dy, const TX* __restrict__ x, \
+       const float* __restrict__ w, const float* __restrict__ rstd, long long rows, long long dim) { \
+    mf::rmsnorm_backward<TX, TG, TDX>(dx, dw_rows, dy, x, w, rstd, rows, dim); \
+  }
+// rmsnorm_backward: x, dy and dx in T.
+#define MF_RMSNORM_BACKWARD(NAME, T) MF_RMSNORM_BWD_KERNEL(NAME, T, T, T)
+// rmsnorm_backward_f32in_T: f32 residual-stream input x, dy in T, dx in f32 (it joins the f32 residual gradient).
+#define MF_RMSNORM_BACKWARD_F32IN(NAME, T) MF_RMSNORM_BWD_KERNEL(NAME, float, T, float)

@@ -1,0 +1,213 @@
+"""Achieved bandwidth of the memory-bound Fixed kernels against a device-to-device copy measured in the same run.
+
+    python benchmarks/bench_memory_bound.py [--reps 25] [--only SUBSTRING] [--no-write]
+
+Each kernel is launched from its catalog spec (mamba_forge.qualify.spec.evaluate: grid, block, parameters) at a
+shape whose tensors are well above the H200's 50 MB L2. Bytes moved = inputs read + outputs written (in/out
+buffers count twice). Baseline: torch's device-to-device copy of half those bytes (a copy reads and writes
+each byte, so it moves the same total). Timing: CUDA events around each launch, warm-up first, median of
+--reps. The ratio is the kernel's GB/s over the copy's GB/s. Rows are appended to
+benchmarks/results/memory_bound.md (date, GPU, kernel, shape, GB/s, ratio).
+Conv1d forward and AdamW kernels, where the catalog has them, run at their own qualification shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+M = 1 << 20
+ROWS = {"rows": 16384, "dim": 4096}  # f32 [rows, dim] = 256 MB
+FLAT = {"n": 64 * M}  # 128 MB in bf16, 256 MB in f32
+BENCH = [
+    ("rmsnorm_forward", ROWS),
+    ("rmsnorm_forward_f32in_bf16", ROWS),
+    ("rmsnorm_forward_resadd_f32in_bf16", ROWS),
+    ("gate_mul_silu_v_bf16", FLAT),
+    ("gate_mul_silu_v_f32", FLAT),
+    ("elementwise_mul_v_bf16", FLAT),
+    ("elementwise_mul_v_f32", FLAT),
+    ("cast_f32_to_bf16", FLAT),
+    ("cast_bf16_to_f32", FLAT),
+    ("residual_add_bf16", FLAT),
+    ("residual_add_f32", FLAT),
+    ("residual_add_f32_bf16", FLAT),
+]
+SCALAR_NP = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64, "f32": np.float32, "f64": np.float64}
+
+
+def device_fill(count: int, dtype: str, positive: bool):
+    """Device values of `dtype` drawn on the GPU (bf16 as uint16 bit patterns), without host traffic."""
+    import cupy as cp
+
+    x = cp.random.standard_normal(count, dtype=cp.float32)
+    if positive:
+        x = cp.abs(x) + 0.5
+    if dtype == "f32":
+        return x
+    if dtype == "f16":
+        return x.astype(cp.float16)
+    if dtype == "bf16":
+        return (x.view(cp.uint32) >> 16).astype(cp.uint16)  # truncation to bf16: a valid bf16 value
+    if dtype in ("i32", "i64"):
+        return cp.zeros(count, dtype=cp.int32 if dtype == "i32" else cp.int64)
+    raise ValueError(f"no device fill for {dtype}")
+
+
+MIN_BYTES = 256 * M  # well above the 50 MB L2
+SCALABLE = ("n", "batch", "rows")  # dims along which work is independent: grown to reach MIN_BYTES
+
+
+def catalog_extras(fixed) -> list[tuple[str, dict[str, int]]]:
+    """Conv1d forward and AdamW symbols the catalog declares by now, at their qualification dims with the
+    batch-like dim grown until the buffers total at least MIN_BYTES (qualification shapes fit in L2)."""
+    from mamba_forge.qualify import spec as S
+
+    out = []
+    for sym in fixed.symbols:
+        fam = fixed.family(sym.family)
+        if fam.qualify.skip or fam.qualify.prepare or not fam.params:
+            continue
+        n = sym.name
+        if not ((n.startswith("conv1d") and "forward" in n and "step" not in n) or n.startswith("adamw")):
+            continue
+        dims = dict(fam.qualify.dims)
+        total = S.evaluate(sym, fam, dims).total_bytes
+        grow = next((d for d in SCALABLE if d in dims), None)
+        if grow is not None and total < MIN_BYTES:
+            dims[grow] *= -(-MIN_BYTES // total)
+        out.append((n, dims))
+    return out
+
+
+def time_events(fn, reps: int) -> float:
+    """Median seconds of fn() over reps launches, each bracketed by CUDA events (after 3 warm-up calls)."""
+    import cupy as cp
+
+    for _ in range(3):
+        fn()
+    cp.cuda.runtime.deviceSynchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) * 1e-3)
+    return statistics.median(times)
+
+
+def copy_seconds(nbytes: int, reps: int) -> float:
+    """torch device-to-device copy of nbytes (moves 2 * nbytes), timed with CUDA events on the same stream."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
+def bench_one(k, fixed, name: str, dims: dict[str, int], reps: int) -> dict:
+    from mamba_forge.qualify import spec as S
+
+    sym = next(s for s in fixed.symbols if s.name == name)
+    spec = S.evaluate(sym, fixed.family(sym.family), dims)
+    dev, moved = {}, 0
+    for b in spec.buffers:
+        positive = b.fill is not None and b.fill.kind == "positive"
+        dev[b.name] = device_fill(b.count, b.dtype, positive)
+        moved += b.nbytes * (2 if b.role == "inout" else 1)
+    args: list = [None] * (len(spec.buffers) + len(spec.scalars))
+    for b in spec.buffers:
+        args[b.index] = dev[b.name]
+    for s in spec.scalars:
+        args[s.index] = SCALAR_NP[s.type](s.value)
+    fn = k.fn(name)
+    if spec.dynamic_smem > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = spec.dynamic_smem
+
+    def launch():
+        fn(spec.grid, spec.block, tuple(args), shared_mem=spec.dynamic_smem)
+
+    t = time_events(launch, reps)
+    dev.clear()
+    tc = copy_seconds(moved // 2, reps)
+    shape = " ".join(f"{k_}={v}" for k_, v in dims.items())
+    return {"kernel": name, "shape": shape, "bytes": moved, "us": t * 1e6, "gbs": moved / t / 1e9,
+            "copy_gbs": moved / tc / 1e9, "ratio": tc / t}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
+    ap.add_argument("--only", default="", help="run only kernels whose name contains this")
+    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/memory_bound.md")
+    a = ap.parse_args(argv)
+    if a.reps < 20:
+        ap.error("--reps must be at least 20")
+
+    import cupy as cp
+    from gpu_support import kernels
+
+    from mamba_forge.catalog import default_catalog_path, load_catalog
+
+    fixed = load_catalog(default_catalog_path()).module("Fixed")
+    k = kernels()
+    gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    ours = {n for n, _ in BENCH}
+    todo = [(n, d) for n, d in BENCH + catalog_extras(fixed) if a.only in n]
+    rows = []
+    print(f"{'kernel':40} {'shape':28} {'MB':>8} {'us':>9} {'GB/s':>8} {'copy GB/s':>10} {'ratio':>6}")
+    for name, dims in todo:
+        try:
+            r = bench_one(k, fixed, name, dims, a.reps)
+        except Exception as exc:  # noqa: BLE001 - another family's kernel must not stop this table
+            if name in ours:
+                raise
+            print(f"{name:40} skipped: {type(exc).__name__}: {exc}")
+            continue
+        rows.append(r)
+        print(f"{r['kernel']:40} {r['shape']:28} {r['bytes'] / 1e6:8.1f} {r['us']:9.1f} {r['gbs']:8.0f} "
+              f"{r['copy_gbs']:10.0f} {r['ratio']:6.2f}")
+    if not a.no_write:
+        out = ROOT / "benchmarks" / "results" / "memory_bound.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        new = not out.exists()
+        date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
+        with out.open("a", encoding="utf-8") as f:
+            if new:
+                f.write("# Memory-bound Fixed kernels vs device-to-device copy (same run)\n\n"
+                        "Written by benchmarks/bench_memory_bound.py. Bytes = inputs read + outputs written; "
+                        "ratio = kernel GB/s / copy GB/s.\n\n"
+                        "| date | GPU | kernel | shape | MB moved | us | GB/s | copy GB/s | ratio |\n"
+                        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+            for r in rows:
+                f.write(f"| {date} | {gpu} | {r['kernel']} | {r['shape']} | {r['bytes'] / 1e6:.1f} | {r['us']:.1f} | "
+                        f"{r['gbs']:.0f} | {r['copy_gbs']:.0f} | {r['ratio']:.2f} |\n")
+        print(f"appended {len(rows)} rows to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
