@@ -1,1 +1,381 @@
-// placeholder: filled by the family's author
+// Causal depthwise conv1d as in Mamba-1 (causal-conv1d): tiled forward (saving the pre-activation or not),
+// tiled backward, the serial reference backward and the decode step. Catalog: kernels/fixed/conv1d.toml.
+//
+// Layouts: x, out, pre, dout, dx: [batch, d, L] contiguous (channel-major, as causal-conv1d); weight [d, width]
+// and bias [d] in f32 (master weights); conv_state [batch, d, width-1] of the activation dtype, oldest first.
+// width is a runtime argument in 1..4 (anything else: the kernel returns without writing).
+//
+// Per-output summation order (every kernel here, and the host walk in mamba_forge/references/conv1d.py):
+//   acc = (double)bias; for k = 0..width-1: acc = acc + (double)w[k] * (double)x[t - (width-1) + k]
+//   pre[t] = (float)acc                                                          (x < 0 reads as 0)
+// in f64: the products of two f32 are exact, each sum is rounded once, so a serial walk reproduces the tiled
+// result bit for bit whatever the tiling, and the result is within about one f32 rounding of the exact sum
+// (f32 accumulation would leave ~1e-6 absolute errors where the sum cancels). Padded positions enter as
+// products with 0, like the padded convolution.
+#include "mf/common.cuh"
+
+namespace mf {
+
+constexpr int CONV_MAX_WIDTH = 4;
+constexpr int CONV_HALO = CONV_MAX_WIDTH - 1;  // inputs before a chunk that its outputs read
+constexpr int CONV_BLOCK = 128;                // threads per block of the tiled kernels
+constexpr int CONV_TILE_L = 2048;              // timesteps per block tile (a multiple of CONV_BLOCK * 8)
+constexpr int CONV_STEP_BLOCK = 256;
+
+// The one per-output formula. xs: W consecutive inputs, oldest first. Callers convert each input to f64 once
+// (f32 -> f64 is exact; conversions run at a quarter of the f64 arithmetic rate, so not once per use).
+template <int W> MF_DEVICE float conv_dot(const double* w, const double* xs, double bias) {
+  double acc = bias;
+#pragma unroll
+  for (int k = 0; k < W; ++k) acc = __dadd_rn(acc, __dmul_rn(w[k], xs[k]));
+  return (float)acc;
+}
+
+// dpre = g * d silu(z)/dz = g * s * (1 + z * (1 - s)), s = sigmoid(z), in f64: dweight sums thousands of these
+// with cancellation, so f32 rounding here would show in the result. Explicit roundings: the tiled and the
+// serial backward agree bit for bit.
+MF_DEVICE double conv_dpre(float g, float z) {
+  const double zd = z;
+  const double s = __ddiv_rn(1.0, __dadd_rn(1.0, exp(-zd)));
+  return __dmul_rn((double)g, __dmul_rn(s, __dadd_rn(1.0, __dmul_rn(zd, __dsub_rn(1.0, s)))));
+}
+
+// dx[s] = sum_k w[k] * dpre[s + (W-1) - k], k ascending, in f64. dps: dpre[s .. s+W-1].
+template <int W> MF_DEVICE float conv_dx(const double* w, const double* dps) {
+  double acc = __dmul_rn(w[0], dps[W - 1]);
+#pragma unroll
+  for (int k = 1; k < W; ++k) acc = __dadd_rn(acc, __dmul_rn(w[k], dps[W - 1 - k]));
+  return (float)acc;
+}
+
+// N consecutive elements of a row starting at s0 as f32; positions >= L read as 0. `vec`: the row and s0 are
+// 16-byte aligned and L is a multiple of N, so a chunk is either whole (one 16-byte load) or past the end.
+template <typename T> MF_DEVICE void conv_load(float* dst, const T* row, i64 s0, i64 L, bool vec) {
+  constexpr int N = Vec<T>::N;
+  if (vec && s0 + N <= L) {
+    const Vec<T> r = load_vec(row + s0);
+#pragma unroll
+    for (int j = 0; j < N; ++j) dst[j] = to_f32(r.v[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) dst[j] = s0 + j < L ? to_f32(row[s0 + j]) : 0.f;
+  }
+}
+
+template <typename T> MF_DEVICE void conv_store(T* row, const float* src, i64 s0, i64 L, bool vec) {
+  constexpr int N = Vec<T>::N;
+  if (vec && s0 + N <= L) {
+    Vec<T> r;
+#pragma unroll
+    for (int j = 0; j < N; ++j) r.v[j] = from_f32<T>(src[j]);
+    store_vec(row + s0, r);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      if (s0 + j < L) row[s0 + j] = from_f32<T>(src[j]);
+  }
+}
+
+// ---- tiled forward: one block per (row, tile of CONV_TILE_L timesteps); each thread owns VPT 16-byte chunks
+// (chunk vi = v * CONV_BLOCK + tid, coalesced per v). Every input is read once from DRAM: a chunk's 3-element
+// halo comes from its left neighbour through shared memory, and only the tile's first chunk reads it again. ----
+template <typename T, int W, bool SAVE>
+MF_DEVICE void conv1d_fwd_tiled_w(T* __restrict__ out, T* __restrict__ pre, const T* __restrict__ x,
+                                  const float* __restrict__ weight, const float* __restrict__ bias, i64 batch,
+                                  i64 d, i64 L, float4* halo) {
+  constexpr int N = Vec<T>::N;
+  constexpr int VPT = CONV_TILE_L / (CONV_BLOCK * N);
+  const int tid = threadIdx.x;
+  const i64 tiles = (L + CONV_TILE_L - 1) / CONV_TILE_L;
+  const i64 jobs = batch * d * tiles;
+  const bool vec = L % N == 0 && aligned16(x) && aligned16(out) && (!SAVE || aligned16(pre));
+  for (i64 job = blockIdx.x; job < jobs; job += gridDim.x) {
+    const i64 row = job / tiles, t0 = (job % tiles) * CONV_TILE_L;
+    const i64 c = row % d;
+    double w[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) w[k] = weight[c * W + k];
+    const double b = bias[c];
+    const T* xr = x + row * L;
+    float xv[VPT][N];
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) conv_load<T>(xv[v], xr, t0 + (i64)(v * CONV_BLOCK + tid) * N, L, vec);
+    __syncthreads();  // the previous job's readers of `halo` are done
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) halo[v * CONV_BLOCK + tid] = make_float4(xv[v][N - 3], xv[v][N - 2], xv[v][N - 1], 0.f);
+    __syncthreads();
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) {
+      const int vi = v * CONV_BLOCK + tid;
+      const i64 s0 = t0 + (i64)vi * N;
+      if (s0 >= L) continue;
+      double win[CONV_HALO + N];  // x[s0-3 .. s0+N-1]
+      if (vi == 0) {
+#pragma unroll
+        for (int j = 0; j < CONV_HALO; ++j) {
+          const i64 p = s0 - CONV_HALO + j;
+          win[j] = p >= 0 ? to_f32(xr[p]) : 0.f;
+        }
+      } else {
+        const float4 h = halo[vi - 1];
+        win[0] = h.x, win[1] = h.y, win[2] = h.z;
+      }
+#pragma unroll
+      for (int j = 0; j < N; ++j) win[CONV_HALO + j] = xv[v][j];
+      float y[N], z[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        z[j] = conv_dot<W>(w, &win[j + CONV_MAX_WIDTH - W], b);
+        y[j] = silu(z[j]);
+      }
+      conv_store<T>(out + row * L, y, s0, L, vec);
+      if (SAVE) conv_store<T>(pre + row * L, z, s0, L, vec);
+    }
+  }
+}
+
+template <typename T, bool SAVE>
+MF_DEVICE void conv1d_fwd_tiled(T* out, T* pre, const T* x, const float* weight, const float* bias, i64 batch, i64 d,
+                                i64 L, int width) {
+  __shared__ float4 halo[CONV_TILE_L / Vec<T>::N];  // last 3 inputs of each chunk of the tile
+  switch (width) {
+    case 1: conv1d_fwd_tiled_w<T, 1, SAVE>(out, pre, x, weight, bias, batch, d, L, halo); break;
+    case 2: conv1d_fwd_tiled_w<T, 2, SAVE>(out, pre, x, weight, bias, batch, d, L, halo); break;
+    case 3: conv1d_fwd_tiled_w<T, 3, SAVE>(out, pre, x, weight, bias, batch, d, L, halo); break;
+    case 4: conv1d_fwd_tiled_w<T, 4, SAVE>(out, pre, x, weight, bias, batch, d, L, halo); break;
+    default: break;
+  }
+}
+
+// ---- tiled backward: one block per channel (grid-stride), walking (batch, tile of CONV_BLOCK chunks) in order;
+// thread tid owns chunk tid of each tile. dx per output in the fixed conv_dx order; dweight/dbias: per-thread
+// f64 partials in walk order, then mf::block_sum (a fixed order for the fixed block of CONV_BLOCK threads),
+// written by thread 0. No atomics. A chunk's left x halo and right dpre halo come from its neighbours through
+// shared memory; only the tile's edge chunks read them again from global memory. ----
+template <typename T, int W>
+MF_DEVICE void conv1d_bwd_tiled_w(T* __restrict__ dx, float* __restrict__ dweight, float* __restrict__ dbias,
+                                  const T* __restrict__ x, const float* __restrict__ weight, const T* __restrict__ pre,
+                                  const T* __restrict__ dout, i64 batch, i64 d, i64 L, float4* xhalo, double* dhead,
+                                  double* scratch) {
+  constexpr int N = Vec<T>::N;
+  constexpr int TILE = CONV_BLOCK * N;
+  const int tid = threadIdx.x;
+  const i64 tiles = (L + TILE - 1) / TILE;
+  const bool vec = L % N == 0 && aligned16(x) && aligned16(pre) && aligned16(dout) && aligned16(dx);
+  for (i64 c = blockIdx.x; c < d; c += gridDim.x) {
+    double w[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) w[k] = weight[c * W + k];
+    double dw[W], db = 0.0;
+#pragma unroll
+    for (int k = 0; k < W; ++k) dw[k] = 0.0;
+    for (i64 b = 0; b < batch; ++b) {
+      const i64 off = (b * d + c) * L;
+      const T *xr = x + off, *pr = pre + off, *gr = dout + off;
+      for (i64 tile = 0; tile < tiles; ++tile) {
+        const i64 s0 = tile * TILE + (i64)tid * N;
+        float xw[CONV_HALO + N];  // x[s0-3 .. s0+N-1]
+        double dq[N + CONV_HALO];  // dpre[s0 .. s0+N+2]; 0 past L
+        {
+          float zv[N], gv[N];
+          conv_load<T>(&xw[CONV_HALO], xr, s0, L, vec);
+          conv_load<T>(zv, pr, s0, L, vec);
+          conv_load<T>(gv, gr, s0, L, vec);
+#pragma unroll
+          for (int j = 0; j < N; ++j) dq[j] = s0 + j < L ? conv_dpre(gv[j], zv[j]) : 0.0;
+        }
+        __syncthreads();  // the previous tile's readers of xhalo/dhead are done
+        xhalo[tid] = make_float4(xw[CONV_HALO + N - 3], xw[CONV_HALO + N - 2], xw[CONV_HALO + N - 1], 0.f);
+#pragma unroll
+        for (int j = 0; j < CONV_HALO; ++j) dhead[tid * CONV_HALO + j] = dq[j];
+        __syncthreads();
+        if (s0 >= L) continue;
+        if (tid == 0) {
+#pragma unroll
+          for (int j = 0; j < CONV_HALO; ++j) {
+            const i64 p = s0 - CONV_HALO + j;
+            xw[j] = p >= 0 ? to_f32(xr[p]) : 0.f;
+          }
+        } else {
+          const float4 h = xhalo[tid - 1];
+          xw[0] = h.x, xw[1] = h.y, xw[2] = h.z;
+        }
+        if (tid == CONV_BLOCK - 1) {
+#pragma unroll
+          for (int j = 0; j < CONV_HALO; ++j) {
+            const i64 p = s0 + N + j;
+            dq[N + j] = p < L ? conv_dpre(to_f32(gr[p]), to_f32(pr[p])) : 0.0;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < CONV_HALO; ++j) dq[N + j] = dhead[(tid + 1) * CONV_HALO + j];
+        }
+        double xd[CONV_HALO + N];  // each input converted once
+#pragma unroll
+        for (int j = 0; j < CONV_HALO + N; ++j) xd[j] = xw[j];
+        float gx[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          gx[j] = conv_dx<W>(w, &dq[j]);
+          if (s0 + j < L) {
+            db += dq[j];
+#pragma unroll
+            for (int k = 0; k < W; ++k) dw[k] += dq[j] * xd[j + CONV_MAX_WIDTH - W + k];
+          }
+        }
+        conv_store<T>(dx + off, gx, s0, L, vec);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const double s = block_sum(dw[k], scratch);
+      if (tid == 0) dweight[c * W + k] = (float)s;
+    }
+    const double s = block_sum(db, scratch);
+    if (tid == 0) dbias[c] = (float)s;
+  }
+}
+
+template <typename T>
+MF_DEVICE void conv1d_bwd_tiled(T* dx, float* dweight, float* dbias, const T* x, const float* weight, const T* pre,
+                                const T* dout, i64 batch, i64 d, i64 L, int width) {
+  __shared__ float4 xhalo[CONV_BLOCK];               // last 3 inputs of each thread's chunk
+  __shared__ double dhead[CONV_BLOCK * CONV_HALO];   // first 3 dpre of each thread's chunk
+  __shared__ double scratch[CONV_BLOCK / 32];
+  if (blockDim.x != CONV_BLOCK) return;  // the reduction order is defined for this block size only
+  switch (width) {
+    case 1: conv1d_bwd_tiled_w<T, 1>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, xhalo, dhead, scratch); break;
+    case 2: conv1d_bwd_tiled_w<T, 2>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, xhalo, dhead, scratch); break;
+    case 3: conv1d_bwd_tiled_w<T, 3>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, xhalo, dhead, scratch); break;
+    case 4: conv1d_bwd_tiled_w<T, 4>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, xhalo, dhead, scratch); break;
+    default: break;
+  }
+}
+
+// ---- serial reference backward: one thread per channel walks batch then time in order, keeping a window of
+// the last W inputs and the next W dpre values. Slow by design (uncoalesced); it is the oracle the tiled
+// backward is checked against. ----
+template <typename T, int W>
+MF_DEVICE void conv1d_bwd_serial_w(T* __restrict__ dx, float* __restrict__ dweight, float* __restrict__ dbias,
+                                   const T* __restrict__ x, const float* __restrict__ weight, const T* __restrict__ pre,
+                                   const T* __restrict__ dout, i64 batch, i64 d, i64 L) {
+  for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < d; c += (i64)gridDim.x * blockDim.x) {
+    double w[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) w[k] = weight[c * W + k];
+    double dw[W], db = 0.0;
+#pragma unroll
+    for (int k = 0; k < W; ++k) dw[k] = 0.0;
+    for (i64 b = 0; b < batch; ++b) {
+      const i64 off = (b * d + c) * L;
+      float xw[W];   // x[s-(W-1) .. s]
+      double dq[W];  // dpre[s .. s+W-1]
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        xw[k] = 0.f;
+        dq[k] = k < W - 1 && k < L ? conv_dpre(to_f32(dout[off + k]), to_f32(pre[off + k])) : 0.0;
+      }
+#pragma unroll 1
+      for (i64 s = 0; s < L; ++s) {
+#pragma unroll
+        for (int k = 0; k + 1 < W; ++k) xw[k] = xw[k + 1];
+        xw[W - 1] = to_f32(x[off + s]);
+        const i64 p = s + W - 1;
+        dq[W - 1] = p < L ? conv_dpre(to_f32(dout[off + p]), to_f32(pre[off + p])) : 0.0;
+        dx[off + s] = from_f32<T>(conv_dx<W>(w, dq));
+        db += dq[0];
+#pragma unroll
+        for (int k = 0; k < W; ++k) dw[k] += dq[0] * (double)xw[k];
+#pragma unroll
+        for (int k = 0; k + 1 < W; ++k) dq[k] = dq[k + 1];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) dweight[c * W + k] = (float)dw[k];
+    dbias[c] = (float)db;
+  }
+}
+
+template <typename T>
+MF_DEVICE void conv1d_bwd_serial(T* dx, float* dweight, float* dbias, const T* x, const float* weight, const T* pre,
+                                 const T* dout, i64 batch, i64 d, i64 L, int width) {
+  switch (width) {
+    case 1: conv1d_bwd_serial_w<T, 1>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L); break;
+    case 2: conv1d_bwd_serial_w<T, 2>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L); break;
+    case 3: conv1d_bwd_serial_w<T, 3>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L); break;
+    case 4: conv1d_bwd_serial_w<T, 4>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L); break;
+    default: break;
+  }
+}
+
+// ---- decode step: one thread per (batch, channel). The window [state..., x] is summed in the forward's
+// order, so stepping token by token from a zero state reproduces the tiled forward bit for bit. Then the
+// state shifts left by one and takes x; out = silu(pre). ----
+template <typename T, int W>
+MF_DEVICE void conv1d_step_w(T* __restrict__ out, T* __restrict__ state, const T* __restrict__ x,
+                             const float* __restrict__ weight, const float* __restrict__ bias, i64 batch, i64 d) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < batch * d; i += (i64)gridDim.x * blockDim.x) {
+    const i64 c = i % d;
+    double win[W], w[W];
+#pragma unroll
+    for (int k = 0; k < W; ++k) w[k] = weight[c * W + k];
+    T* st = state + i * (W - 1);
+#pragma unroll
+    for (int k = 0; k + 1 < W; ++k) win[k] = to_f32(st[k]);
+    const T xt = x[i];
+    win[W - 1] = to_f32(xt);
+    out[i] = from_f32<T>(silu(conv_dot<W>(w, win, (double)bias[c])));
+#pragma unroll
+    for (int k = 0; k + 2 < W; ++k) st[k] = st[k + 1];
+    if (W > 1) st[W - 2] = xt;
+  }
+}
+
+template <typename T>
+MF_DEVICE void conv1d_step(T* out, T* state, const T* x, const float* weight, const float* bias, i64 batch, i64 d,
+                           int width) {
+  switch (width) {
+    case 1: conv1d_step_w<T, 1>(out, state, x, weight, bias, batch, d); break;
+    case 2: conv1d_step_w<T, 2>(out, state, x, weight, bias, batch, d); break;
+    case 3: conv1d_step_w<T, 3>(out, state, x, weight, bias, batch, d); break;
+    case 4: conv1d_step_w<T, 4>(out, state, x, weight, bias, batch, d); break;
+    default: break;
+  }
+}
+
+}  // namespace mf
+
+#define MF_CONV1D_FORWARD_TILED(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(mf::CONV_BLOCK) NAME(T* __restrict__ out, T* __restrict__ pre, \
+      const T* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ bias, long long batch, \
+      long long d, long long L, int width) { \
+    mf::conv1d_fwd_tiled<T, true>(out, pre, x, weight, bias, batch, d, L, width); \
+  }
+
+#define MF_CONV1D_FORWARD_NOSAVE_TILED(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(mf::CONV_BLOCK) NAME(T* __restrict__ out, const T* __restrict__ x, \
+      const float* __restrict__ weight, const float* __restrict__ bias, long long batch, long long d, long long L, \
+      int width) { \
+    mf::conv1d_fwd_tiled<T, false>(out, nullptr, x, weight, bias, batch, d, L, width); \
+  }
+
+#define MF_CONV1D_BWD_TILED(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(mf::CONV_BLOCK) NAME(T* __restrict__ dx, float* __restrict__ dweight, \
+      float* __restrict__ dbias, const T* __restrict__ x, const float* __restrict__ weight, \
+      const T* __restrict__ pre, const T* __restrict__ dout, long long batch, long long d, long long L, int width) { \
+    mf::conv1d_bwd_tiled<T>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, width); \
+  }
+
+#define MF_CONV1D_BWD_SERIAL(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(128) NAME(T* __restrict__ dx, float* __restrict__ dweight, \
+      float* __restrict__ dbias, const T* __restrict__ x, const float* __restrict__ weight, \
+      const T* __restrict__ pre, const T* __restrict__ dout, long long batch, long long d, long long L, int width) { \
+    mf::conv1d_bwd_serial<T>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, width); \
+  }
+
+#define MF_CONV1D_STEP_SILU(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(mf::CONV_STEP_BLOCK) NAME(T* __restrict__ out, \
+      T* __restrict__ conv_state, const T* __restrict__ x, const float* __restrict__ weight, \
+      const float* __restrict__ bias, long long batch, long long d, int width) { \
+    mf::conv1d_step<T>(out, conv_state, x, weight, bias, batch, d, width); \
+  }

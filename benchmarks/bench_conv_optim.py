@@ -1,0 +1,245 @@
+"""Achieved bandwidth of the conv1d forward/backward and training-step kernels (AdamW, gradient norm) against a
+torch device-to-device copy of the same bytes, measured in the same run.
+
+    python benchmarks/bench_conv_optim.py [--reps 25] [--only SUBSTRING] [--params 200] [--no-write]
+
+Shapes: conv1d at B4 D4096 L4096 (Mamba-1 2.8B's d_inner at a 4k context; 128 MB per bf16 tensor), width 4;
+AdamW and the gradient norm over --params million parameters (default 200M). Bytes moved = every buffer read
+plus every buffer written (in/out buffers count twice; the tiny weight/bias/descriptor arrays are counted too).
+Baseline: torch's copy of half those bytes (a copy reads and writes each byte, so it moves the same total).
+Timing: CUDA events around each launch, 3 warm-up launches, median of --reps (at least 20). Ratio = kernel
+GB/s / copy GB/s. Prints a table and appends rows to benchmarks/results/conv_optim.md (date, GPU, kernel,
+shape, GB/s, copy GB/s, ratio). The goal is a ratio >= 0.85 for the conv1d forwards and AdamW.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+SIZES = {"f32": 4, "bf16": 2, "f16": 2}
+CONV = {"batch": 4, "d": 4096, "L": 4096, "width": 4}
+
+
+def device_values(count: int, dtype: str, lo: float = -1.0, hi: float = 1.0):
+    """Uniform values of `dtype` generated on the GPU (bf16 as uint16 bit patterns)."""
+    import cupy as cp
+
+    x = cp.random.uniform(lo, hi, count, dtype=cp.float32)
+    if dtype == "f32":
+        return x
+    if dtype == "f16":
+        return x.astype(cp.float16)
+    return (x.view(cp.uint32) >> 16).astype(cp.uint16)  # truncation: a valid bf16 value
+
+
+def time_events(fn, reps: int) -> float:
+    """Median seconds of fn() over reps launches, each bracketed by CUDA events, after 3 warm-up calls."""
+    import cupy as cp
+
+    for _ in range(3):
+        fn()
+    cp.cuda.runtime.deviceSynchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) * 1e-3)
+    return statistics.median(times)
+
+
+def copy_seconds(nbytes: int, reps: int) -> float:
+    """torch device-to-device copy of nbytes (moving 2 * nbytes), CUDA events, median of reps."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
+# ---- cases: (kernel, shape text, bytes moved, setup() -> launch callable) ----------------------------------
+
+
+def conv_cases(k):
+    B, D, L, W = CONV["batch"], CONV["d"], CONV["L"], CONV["width"]
+    n = B * D * L
+    shape = f"B{B} D{D} L{L} w{W}"
+    small = D * W * 4 + D * 4
+    cases = []
+    for dt in ("bf16", "f16", "f32"):
+        t = SIZES[dt]
+
+        def fwd_nosave(dt=dt):
+            x, out = device_values(n, dt), device_values(n, dt)
+            w, b = device_values(D * W, "f32"), device_values(D, "f32")
+            grid, f = (B * D * -(-L // 2048),), k.fn(f"conv1d_burnin_forward_nosave_tiled_{dt}")
+            args = (out, x, w, b, np.int64(B), np.int64(D), np.int64(L), np.int32(W))
+            return lambda: f(grid, (128,), args)
+
+        def fwd_save(dt=dt):
+            x, out, pre = device_values(n, dt), device_values(n, dt), device_values(n, dt)
+            w, b = device_values(D * W, "f32"), device_values(D, "f32")
+            grid, f = (B * D * -(-L // 2048),), k.fn(f"conv1d_burnin_forward_tiled_{dt}")
+            args = (out, pre, x, w, b, np.int64(B), np.int64(D), np.int64(L), np.int32(W))
+            return lambda: f(grid, (128,), args)
+
+        def bwd(dt=dt):
+            x, pre, dout, dx = (device_values(n, dt) for _ in range(4))
+            w = device_values(D * W, "f32")
+            dw, db = device_values(D * W, "f32"), device_values(D, "f32")
+            f = k.fn(f"conv1d_bwd_tiled_{dt}")
+            args = (dx, dw, db, x, w, pre, dout, np.int64(B), np.int64(D), np.int64(L), np.int32(W))
+            return lambda: f((D,), (128,), args)
+
+        cases += [
+            (f"conv1d_burnin_forward_nosave_tiled_{dt}", shape, 2 * n * t + small, fwd_nosave),
+            (f"conv1d_burnin_forward_tiled_{dt}", shape, 3 * n * t + small, fwd_save),
+            (f"conv1d_bwd_tiled_{dt}", shape, 4 * n * t + small + D * W * 4 + D * 4, bwd),
+        ]
+    return cases
+
+
+def optim_cases(k, millions: int):
+    import cupy as cp
+
+    n = millions * 1_000_000
+    shape = f"{millions}M params"
+    grid = (min(-(-n // 1024), 8192),)
+    cases = []
+
+    def adamw():
+        p, g, m = device_values(n, "f32"), device_values(n, "f32"), device_values(n, "f32", -0.1, 0.1)
+        v = device_values(n, "f32", 1e-6, 1e-2)
+        f = k.fn("adamw_step_f32")
+        args = (p, g, m, v, np.int64(n), np.float32(1e-3), np.float32(0.9), np.float32(0.999), np.float32(1e-8),
+                np.float32(0.1), np.int32(10))
+        return lambda: f(grid, (256,), args)
+
+    def adamw_capturable():
+        p, g, m = device_values(n, "f32"), device_values(n, "f32"), device_values(n, "f32", -0.1, 0.1)
+        v = device_values(n, "f32", 1e-6, 1e-2)
+        lr, step, arrivals = cp.full(1, 1e-3, cp.float32), cp.zeros(1, cp.int32), cp.zeros(1, cp.uint32)
+        f = k.fn("adamw_step_f32_capturable")
+        args = (p, g, m, v, np.int64(n), lr, step, arrivals, np.float32(0.9), np.float32(0.999), np.float32(1e-8),
+                np.float32(0.1))
+        return lambda: f(grid, (256,), args)
+
+    def multi(dt):
+        def setup():
+            # a Mamba-like spread of tensor sizes: many mid-sized matrices plus small vectors
+            sizes, left, i = [], n, 0
+            while left > 0:
+                s = min(left, [4_194_304, 2_097_152, 4096, 1_048_576 + 17][i % 4])
+                sizes.append(s)
+                left -= s
+                i += 1
+            keep, desc = [], np.zeros(len(sizes), np.dtype([("param", "<u8"), ("grad", "<u8"), ("exp_avg", "<u8"),
+                                                            ("exp_avg_sq", "<u8"), ("numel", "<i8"),
+                                                            ("weight_decay", "<f4"), ("reserved", "<u4")]))
+            for j, s in enumerate(sizes):
+                t = (device_values(s, dt), device_values(s, dt), device_values(s, "f32", -0.1, 0.1),
+                     device_values(s, "f32", 1e-6, 1e-2))
+                keep.append(t)
+                desc[j] = (t[0].data.ptr, t[1].data.ptr, t[2].data.ptr, t[3].data.ptr, s, 0.1 if j % 4 else 0.0, 0)
+            dd = cp.asarray(desc.view(np.uint8))
+            f = k.fn(f"adamw_step_multi_{dt}")
+            args = (dd, np.int32(len(sizes)), np.float32(1e-3), np.float32(0.9), np.float32(0.999), np.float32(1e-8),
+                    np.int32(10))
+            keep.append(dd)
+
+            def launch():
+                f((1056,), (256,), args)
+
+            launch.keep = keep  # the tensors live as long as the launch closure
+            return launch
+
+        return setup
+
+    def sumsq():
+        g, parts = device_values(n, "f32"), cp.zeros(1024, cp.float64)
+        f = k.fn("grad_sumsq_partial_f32")
+        return lambda: f((1024,), (256,), (parts, g, np.int64(n)))
+
+    cases += [
+        ("adamw_step_f32", shape, 28 * n, adamw),
+        ("adamw_step_f32_capturable", shape, 28 * n, adamw_capturable),
+        ("adamw_step_multi_bf16", shape, 22 * n, multi("bf16")),
+        ("adamw_step_multi_f32", shape, 28 * n, multi("f32")),
+        ("grad_sumsq_partial_f32", shape, 4 * n + 8 * 1024, sumsq),
+    ]
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
+    ap.add_argument("--only", default="", help="run only kernels whose name contains this")
+    ap.add_argument("--params", type=int, default=200, help="millions of parameters for AdamW and the norm")
+    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/conv_optim.md")
+    a = ap.parse_args(argv)
+    if a.reps < 20:
+        ap.error("--reps must be at least 20")
+
+    import cupy as cp
+    from gpu_support import kernels
+
+    k = kernels()
+    gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    rows = []
+    print(f"{'kernel':42} {'shape':22} {'MB':>9} {'us':>9} {'GB/s':>7} {'copy GB/s':>10} {'ratio':>6}")
+    for name, shape, moved, setup in conv_cases(k) + optim_cases(k, a.params):
+        if a.only not in name:
+            continue
+        launch = setup()
+        t = time_events(launch, a.reps)
+        del launch
+        cp.get_default_memory_pool().free_all_blocks()
+        tc = copy_seconds(moved // 2, a.reps)
+        r = {"kernel": name, "shape": shape, "mb": moved / 1e6, "us": t * 1e6, "gbs": moved / t / 1e9,
+             "copy_gbs": moved / tc / 1e9, "ratio": tc / t}
+        rows.append(r)
+        print(f"{name:42} {shape:22} {r['mb']:9.1f} {r['us']:9.1f} {r['gbs']:7.0f} {r['copy_gbs']:10.0f} "
+              f"{r['ratio']:6.2f}")
+    if not a.no_write and rows:
+        out = ROOT / "benchmarks" / "results" / "conv_optim.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        new = not out.exists()
+        date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
+        with out.open("a", encoding="utf-8") as f:
+            if new:
+                f.write("# conv1d and training-step kernels vs device-to-device copy (same run)\n\n"
+                        "| date | GPU | kernel | shape | GB/s | copy GB/s | ratio |\n"
+                        "| --- | --- | --- | --- | --- | --- | --- |\n")
+            for r in rows:
+                f.write(f"| {date} | {gpu} | {r['kernel']} | {r['shape']} | {r['gbs']:.0f} | {r['copy_gbs']:.0f} | "
+                        f"{r['ratio']:.2f} |\n")
+        print(f"appended {len(rows)} rows to {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

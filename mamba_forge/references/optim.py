@@ -1,0 +1,151 @@
+"""float64 references for the training-step kernels (kernels/fixed/optim.{cu,toml}): inf/nan detection, gradient
+(un)scaling, deterministic gradient-norm clipping and AdamW as torch.optim.AdamW.
+
+Host f32 scalars (lr, betas, scale, ...) are rounded to float32 first: that is the value the kernel receives.
+The partial sums of squares follow the kernels' fixed assignment of elements to partials exactly (the order
+inside a partial differs, which float64 absorbs). Entry points named by the catalog take ``(args, dims)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GRAD_PARTIALS = 1024  # the fixed grid of partial sums (kernels/fixed/optim.cu: GRAD_PARTIALS)
+GRAD_BLOCK = 256  # threads per partial
+CHUNK = 4  # elements per thread per step
+
+
+def f32(v) -> float:
+    return float(np.float32(v))
+
+
+# ---- building blocks ----
+
+
+def any_nonfinite(x: np.ndarray) -> bool:
+    return not bool(np.all(np.isfinite(np.asarray(x, dtype=np.float64))))
+
+
+def sumsq_partials(g: np.ndarray) -> np.ndarray:
+    """partials[p] = sum of squares of the elements the kernel deals to virtual block p: chunk c (elements
+    [4c, 4c+4)) belongs to p = (c // GRAD_BLOCK) % GRAD_PARTIALS."""
+    g = np.asarray(g, dtype=np.float64).ravel()
+    chunks = -(-g.size // CHUNK)
+    padded = np.zeros(chunks * CHUNK)
+    padded[: g.size] = g
+    with np.errstate(over="ignore", invalid="ignore"):
+        sq = (padded * padded).reshape(chunks, CHUNK).sum(axis=1)
+    owner = (np.arange(chunks) // GRAD_BLOCK) % GRAD_PARTIALS
+    return np.bincount(owner, weights=sq, minlength=GRAD_PARTIALS)
+
+
+def region_bounds(offsets, lengths, n: int) -> list[tuple[int, int]]:
+    """Each region [off, off + len) clamped to [0, n), as the kernels clamp it."""
+    out = []
+    for off, ln in zip(np.asarray(offsets).ravel(), np.asarray(lengths).ravel(), strict=True):
+        lo = min(max(int(off), 0), n)
+        hi = min(max(int(off) + int(ln), lo), n)
+        out.append((lo, hi))
+    return out
+
+
+def region_sumsq_partials(g, offsets, lengths) -> np.ndarray:
+    g = np.asarray(g, dtype=np.float64).ravel()
+    total = np.zeros(GRAD_PARTIALS)
+    for lo, hi in region_bounds(offsets, lengths, g.size):
+        if hi > lo:
+            total = total + sumsq_partials(g[lo:hi])
+    return total
+
+
+def clip_coef(partials: np.ndarray, max_norm: float, eps: float) -> tuple[float, float]:
+    """(coef, norm): norm = sqrt(sum(partials)), coef = min(1, max_norm / (norm + eps)); NaN propagates."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        norm = float(np.sqrt(np.sum(np.asarray(partials, dtype=np.float64))))
+        c = f32(max_norm) / (norm + f32(eps))
+    return (1.0 if c > 1.0 else c), norm
+
+
+def adamw(p, g, m, v, *, lr, beta1, beta2, eps, weight_decay, step):
+    """One torch.optim.AdamW step (amsgrad off, maximize off) in float64; step is the 1-based count of this
+    update. Returns new (p, m, v)."""
+    lr, beta1, beta2, eps, weight_decay = (f32(a) for a in (lr, beta1, beta2, eps, weight_decay))
+    p, g, m, v = (np.asarray(a, dtype=np.float64) for a in (p, g, m, v))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        p = p * (1.0 - lr * weight_decay)
+        m = m + (1.0 - beta1) * (g - m)
+        v = v * beta2 + (1.0 - beta2) * (g * g)
+        step_size = lr / (1.0 - beta1**step)
+        bc2_sqrt = np.sqrt(1.0 - beta2**step)
+        p = p - step_size * (m / (np.sqrt(v) / bc2_sqrt + eps))
+    return p, m, v
+
+
+# ---- catalog entry points ----
+
+
+def check_inf_nan(args, dims):
+    found = np.asarray(args["found"]).copy()
+    if any_nonfinite(args["x"]):
+        found[0] = 1
+    return {"found": found}
+
+
+def scale_grads(args, dims):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return {"g": np.asarray(args["g"], dtype=np.float64) * f32(args["scale"])}
+
+
+def scale_grads_dev(args, dims):
+    with np.errstate(over="ignore", invalid="ignore"):
+        return {"g": np.asarray(args["g"], dtype=np.float64) * float(np.asarray(args["scale"]).ravel()[0])}
+
+
+def scale_grads_skip(args, dims):
+    if int(np.asarray(args["found"]).ravel()[0]) != 0:
+        return {"g": np.asarray(args["g"], dtype=np.float64).copy()}
+    return scale_grads_dev(args, dims)
+
+
+def grad_sumsq_partial(args, dims):
+    g = np.asarray(args["g"], dtype=np.float64)[: int(args["n"])]
+    return {"partials": sumsq_partials(g)}
+
+
+def grad_region_sumsq_partial(args, dims):
+    n, r = int(args["n"]), int(args["num_regions"])
+    g = np.asarray(args["g"], dtype=np.float64)[:n]
+    return {"partials": region_sumsq_partials(g, np.asarray(args["offsets"])[:r], np.asarray(args["lengths"])[:r])}
+
+
+def grad_clip_coef(args, dims):
+    partials = np.asarray(args["partials"], dtype=np.float64)[: int(args["num_partials"])]
+    coef, norm = clip_coef(partials, args["max_norm"], args["eps"])
+    return {"coef": np.array([coef]), "norm": np.array([norm])}
+
+
+def grad_region_scale_dev(args, dims):
+    n, r = int(args["n"]), int(args["num_regions"])
+    g = np.asarray(args["g"], dtype=np.float64).copy()
+    c = float(np.asarray(args["coef"]).ravel()[0])
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo, hi in region_bounds(np.asarray(args["offsets"])[:r], np.asarray(args["lengths"])[:r], n):
+            g[lo:hi] = g[lo:hi] * c
+    return {"g": g}
+
+
+def _adamw_args(args, step):
+    return adamw(args["p"], args["g"], args["m"], args["v"], lr=args["lr"], beta1=args["beta1"],
+                 beta2=args["beta2"], eps=args["eps"], weight_decay=args["weight_decay"], step=step)
+
+
+def adamw_step(args, dims):
+    p, m, v = _adamw_args(args, int(args["step"]))
+    return {"p": p, "m": m, "v": v}
+
+
+def adamw_step_capturable(args, dims):
+    step = int(np.asarray(args["step"]).ravel()[0]) + 1
+    lr = float(np.asarray(args["lr"]).ravel()[0])
+    p, m, v = _adamw_args({**args, "lr": lr}, step)
+    return {"p": p, "m": m, "v": v, "step": np.array([step]), "arrivals": np.array([0])}
