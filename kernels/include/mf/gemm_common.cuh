@@ -64,7 +64,7 @@ struct ExactF32 {
     float4 r = make_float4(neg_zero(), neg_zero(), neg_zero(), neg_zero());
     if (v >= A_VECS) return r;
     float* e = reinterpret_cast<float*>(&r);
-    if (L == TN) {  // A [K, M]: tile rows are k, 4 consecutive m
+    if (L == mf::gemm::TN) {  // A [K, M]: tile rows are k, 4 consecutive m
       const int kr = v / (BM / 4), mq = (v % (BM / 4)) * 4;
       const int k = k0 + kr, m = m0 + mq;
       if (k >= K) return r;
@@ -95,7 +95,7 @@ struct ExactF32 {
   static MF_DEVICE void store_a(float* As, int v, float4 r) {
     if (v >= A_VECS) return;
     const float* e = reinterpret_cast<const float*>(&r);
-    if (L == TN) {
+    if (L == mf::gemm::TN) {
       const int kr = v / (BM / 4), mq = (v % (BM / 4)) * 4;
       *reinterpret_cast<float4*>(As + kr * AS + mq) = r;
     } else {
@@ -158,7 +158,7 @@ struct ExactF32 {
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     if (m0 >= M || n0 >= N) return;  // uniform per CTA
     // vector loads when the contiguous dimension keeps every float4 inside one row and 16-byte aligned
-    const int a_contig = L == TN ? M : K, b_contig = L == NT ? K : N;
+    const int a_contig = L == mf::gemm::TN ? M : K, b_contig = L == NT ? K : N;
     const bool a_vec = (a_contig % 4 == 0) && aligned16(A);
     const bool b_vec = (b_contig % 4 == 0) && aligned16(B);
 
