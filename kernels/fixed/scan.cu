@@ -1,1 +1,562 @@
-// placeholder: filled by the family's author
+// Mamba-1 selective scan (selective_scan_ref of state-spaces/mamba): decode step, sequential burn-in forward,
+// chunked parallel forward/backward and the fixed-order reductions of the backward's partials.
+// Layouts: u, delta, z, y, du, ddelta, dz: [batch, d_inner, L] (T); B, C: [batch, d_state, L] (T);
+// A_log: [d_inner, d_state] f32 (A = -exp(A_log)); D, delta_bias: [d_inner] f32; states: f32.
+// Deterministic by construction: no atomics; every sum has one order fixed by lane/warp/chunk ids, and one
+// warp owns one (batch, channel) row, so a row's result never depends on how many rows were launched.
+// Contracts: kernels/fixed/scan.toml; float64 references: mamba_forge/references/scan.py.
+#include "mf/common.cuh"
+#include "mf/scan.cuh"
+
+namespace mf {
+
+// ---------------------------------------------------------------------------------------------------------
+// Decode step: 4 lanes per (b, d) channel, each lane owns states n = 16*s + 4*q + j (slices of 16, j < 4);
+// the C.h sum is a fixed butterfly over the 4 lanes. State [batch, d_inner, d_state] f32 updated in place.
+// FUSED: dt' = softplus(dt + dt_bias); B, C gathered from the x_dbl row ([dt_rank | B | C]); out = y * silu(z).
+// Plain: delta is dt' itself, B and C are [batch, d_state] f32 rows, no gate.
+template <typename T, bool FUSED>
+MF_DEVICE void ssm_step(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u, const T* __restrict__ dt,
+                        const float* __restrict__ dt_bias, const float* __restrict__ A_log, const T* __restrict__ Bm,
+                        const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, int batch,
+                        int d_inner, int d_state, int bc_offset, int bc_stride) {
+  const long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long ch = gid >> 2;
+  const int q = (int)(gid & 3);
+  const bool valid = ch < (long long)batch * d_inner && d_state <= MF_STATE_CAP;
+  const long long b = valid ? ch / d_inner : 0;
+  const int d = valid ? (int)(ch % d_inner) : 0;
+  float dtv = 0.f, uv = 0.f;
+  if (valid) {
+    uv = to_f32(u[ch]);
+    dtv = FUSED ? softplus(to_f32(dt[ch]) + dt_bias[d]) : to_f32(dt[ch]);
+  }
+  const float dtu = dtv * uv;
+  // FUSED: B at row b, columns [bc_offset, bc_offset + d_state), C right after; plain: bc_offset = 0.
+  const T* Brow = Bm + b * bc_stride + bc_offset;
+  const T* Crow = Cm + b * bc_stride + bc_offset + (FUSED ? d_state : 0);
+  float* srow = state + ch * d_state;
+  float acc = 0.f;
+  const int nslices = (d_state + 15) >> 4;
+  for (int s = 0; s < nslices; ++s) {
+    const int n0 = 16 * s + 4 * q;
+    float h[4];
+    const bool vec = valid && n0 + 4 <= d_state && aligned16(srow + n0);
+    if (vec) {
+      const float4 v = *reinterpret_cast<const float4*>(srow + n0);
+      h[0] = v.x; h[1] = v.y; h[2] = v.z; h[3] = v.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) h[j] = (valid && n0 + j < d_state) ? srow[n0 + j] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int n = n0 + j;
+      if (valid && n < d_state) {
+        const float a2 = -expf(A_log[(long long)d * d_state + n]) * kLog2e;
+        h[j] = scan_exp2(dtv * a2) * h[j] + dtu * to_f32(Brow[n]);
+        acc += to_f32(Crow[n]) * h[j];
+      }
+    }
+    if (vec) {
+      *reinterpret_cast<float4*>(srow + n0) = make_float4(h[0], h[1], h[2], h[3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (valid && n0 + j < d_state) srow[n0 + j] = h[j];
+    }
+  }
+  // Fixed butterfly over the channel's 4 lanes (a + b == b + a bitwise, so all 4 lanes agree).
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  if (valid && q == 0) {
+    float y = acc + Dp[d] * uv;
+    if (FUSED) y *= silu(to_f32(z[ch]));
+    out[ch] = from_f32<T>(y);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Sequential (burn-in) forward: one warp per (b, d) channel, lane owns states n = lane + 32*k (k < KS), the
+// per-timestep C.h sum is warp_sum (fixed butterfly). `state` holds h0 on entry and the final state on exit.
+// SAVE: saved[b, d, c, n] = the state before timestep c*256 (c < ceil(L/256)), what the backward recomputes from.
+template <typename T, bool SAVE>
+MF_DEVICE void ssm_burnin(T* __restrict__ out, float* __restrict__ state, float* __restrict__ saved, const T* __restrict__ u,
+                          const T* __restrict__ delta, const float* __restrict__ A_log, const T* __restrict__ Bm,
+                          const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z,
+                          const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L,
+                          int softplus_flag) {
+  constexpr int KS = (MF_STATE_CAP + 31) / 32;
+  const int lane = threadIdx.x & 31;
+  const long long ch = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (ch >= (long long)batch * d_inner || d_state > MF_STATE_CAP) return;  // whole warp
+  const long long b = ch / d_inner;
+  const int d = (int)(ch % d_inner);
+  const long long row = ch * L, bc = b * d_state * L;
+  const long long nsaved = (L + kScanSaveChunk - 1) / kScanSaveChunk;
+  const float bias = delta_bias ? delta_bias[d] : 0.f;
+  const float Dd = Dp ? Dp[d] : 0.f;
+  float h[KS], a2[KS];
+#pragma unroll
+  for (int k = 0; k < KS; ++k) {
+    const int n = lane + 32 * k;
+    h[k] = n < d_state ? state[ch * d_state + n] : 0.f;
+    a2[k] = n < d_state ? -expf(A_log[(long long)d * d_state + n]) * kLog2e : 0.f;
+  }
+  for (long long l0 = 0; l0 < L; l0 += 32) {
+    const long long t = l0 + lane;
+    const float ut = t < L ? to_f32(u[row + t]) : 0.f;
+    const float dt = t < L ? to_f32(delta[row + t]) : 0.f;
+    const int steps = (int)min(32LL, L - l0);
+    float yv = 0.f;
+    for (int j = 0; j < steps; ++j) {
+      const long long l = l0 + j;
+      if (SAVE && l % kScanSaveChunk == 0) {
+#pragma unroll
+        for (int k = 0; k < KS; ++k)
+          if (lane + 32 * k < d_state) saved[(ch * nsaved + l / kScanSaveChunk) * d_state + lane + 32 * k] = h[k];
+      }
+      const float uj = __shfl_sync(0xffffffffu, ut, j);
+      const float dj = scan_delta(__shfl_sync(0xffffffffu, dt, j), bias, softplus_flag);
+      const float dju = dj * uj;
+      float acc = 0.f;
+#pragma unroll
+      for (int k = 0; k < KS; ++k) {
+        const int n = lane + 32 * k;
+        if (n < d_state) {
+          h[k] = scan_exp2(dj * a2[k]) * h[k] + dju * to_f32(Bm[bc + n * L + l]);
+          acc += to_f32(Cm[bc + n * L + l]) * h[k];
+        }
+      }
+      const float y = warp_sum(acc) + Dd * uj;
+      if (lane == j) yv = y;
+    }
+    if (t < L) {
+      if (z) yv *= silu(to_f32(z[row + t]));
+      out[row + t] = from_f32<T>(yv);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < KS; ++k)
+    if (lane + 32 * k < d_state) state[ch * d_state + lane + 32 * k] = h[k];
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Chunked parallel forward: one warp per (b, d) channel; a chunk of 32*NI timesteps, NI consecutive per lane.
+// For each state n (outer loop, so no per-state registers): a_i = exp(delta'_i A_n), b_i = delta'_i u_i B_n,i;
+// each lane folds its NI affine maps, a warp scan (fixed order) gives every lane its incoming state, the lane
+// replays its items, y_i += C_n,i h_i. The chunk carry per n lives in shared memory (one row per warp).
+// SAVE (NI = 8, chunk = 256): saved[b, d, c, n] = the state before chunk c. last_state[b, d, n]: final state.
+template <typename T, int NI, bool SAVE>
+MF_DEVICE void ssm_parallel_fwd(T* __restrict__ out, float* __restrict__ last_state, float* __restrict__ saved,
+                                const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log,
+                                const T* __restrict__ Bm, const T* __restrict__ Cm, const float* __restrict__ Dp,
+                                const T* __restrict__ z, const float* __restrict__ delta_bias, int batch, int d_inner,
+                                int d_state, long long L, int softplus_flag, float* __restrict__ carry) {
+  static_assert(!SAVE || 32 * NI == kScanSaveChunk, "the save variant's chunk is the saved-state stride");
+  constexpr int CH = 32 * NI;
+  const int lane = threadIdx.x & 31;
+  const long long ch = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (ch >= (long long)batch * d_inner || d_state > MF_STATE_CAP) return;  // whole warp
+  const long long b = ch / d_inner;
+  const int d = (int)(ch % d_inner);
+  const long long row = ch * L, bc = b * d_state * L;
+  const long long nchunks = (L + CH - 1) / CH;
+  const float bias = delta_bias ? delta_bias[d] : 0.f;
+  const float Dd = Dp ? Dp[d] : 0.f;
+  for (int n = lane; n < d_state; n += 32) carry[n] = 0.f;
+  __syncwarp();
+  for (long long c = 0; c < nchunks; ++c) {
+    const long long l0 = c * CH + (long long)lane * NI;
+    float dl[NI], dlu[NI], y[NI];
+    load_items<T, NI>(delta + row, l0, L, dl);
+    load_items<T, NI>(u + row, l0, L, dlu);
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+      // Past L: delta' = 0 makes (a, b) = (1, 0), the identity, so padding never moves the state.
+      const float dv = l0 + i < L ? scan_delta(dl[i], bias, softplus_flag) : 0.f;
+      y[i] = Dd * dlu[i];
+      dl[i] = dv;
+      dlu[i] = dv * dlu[i];
+    }
+    for (int n = 0; n < d_state; ++n) {
+      const float a2 = -expf(A_log[(long long)d * d_state + n]) * kLog2e;
+      float bv[NI], a[NI];
+      load_items<T, NI>(Bm + bc + n * L, l0, L, bv);
+      float pa = 1.f, hb = 0.f;
+#pragma unroll
+      for (int i = 0; i < NI; ++i) {
+        a[i] = scan_exp2(dl[i] * a2);
+        bv[i] = dlu[i] * bv[i];
+        hb = a[i] * hb + bv[i];
+        pa = pa * a[i];
+      }
+      warp_scan_affine_fwd(pa, hb, lane);
+      const float hstart = carry[n];
+      float ea = __shfl_up_sync(0xffffffffu, pa, 1), eb = __shfl_up_sync(0xffffffffu, hb, 1);
+      if (lane == 0) { ea = 1.f; eb = 0.f; }
+      const float next = __shfl_sync(0xffffffffu, pa, 31) * hstart + __shfl_sync(0xffffffffu, hb, 31);
+      if (SAVE && lane == 0) saved[(ch * nchunks + c) * d_state + n] = hstart;
+      float h = ea * hstart + eb;
+      float cv[NI];
+      load_items<T, NI>(Cm + bc + n * L, l0, L, cv);
+#pragma unroll
+      for (int i = 0; i < NI; ++i) {
+        h = a[i] * h + bv[i];
+        y[i] += cv[i] * h;
+      }
+      __syncwarp();
+      if (lane == 0) carry[n] = next;
+      __syncwarp();
+    }
+    if (z) {
+      float zv[NI];
+      load_items<T, NI>(z + row, l0, L, zv);
+#pragma unroll
+      for (int i = 0; i < NI; ++i) y[i] *= silu(zv[i]);
+    }
+    store_items<T, NI>(out + row, l0, L, y);
+  }
+  __syncwarp();
+  if (last_state)
+    for (int n = lane; n < d_state; n += 32) last_state[ch * d_state + n] = carry[n];
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Chunked backward: W warps per block, one (b, d) channel per warp, W consecutive channels of one batch element
+// (d_inner % W == 0). Chunks of 256 timesteps (8 per lane) run last to first; per chunk and state n the warp
+// recomputes the forward from saved[b, d, c, n], then runs the reverse recurrence q_i = a_i (C_i dy_i + q_{i+1})
+// (g_i = C_i dy_i + q_{i+1} = dL/dh_i) as a suffix warp scan. Per-d contributions to dB/dC go through shared
+// memory and are folded over the W warps in warp order: dB_part/dC_part[b, d / W, n, l].
+// dA_part[b, d, n] (w.r.t. A), dD_part[b, d], dbias_part[b, d] (w.r.t. delta_bias): fixed-order per-channel sums.
+// LOCAL: the chunk of a longer sequence: dh_last[b, d, n] is dL/dh at the last timestep's output state,
+// dh0[b, d, n] receives dL/dh0 (h0 = saved[b, d, 0, :]).
+template <typename T, int W, bool LOCAL>
+MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __restrict__ dz, float* __restrict__ dB_part,
+                            float* __restrict__ dC_part, float* __restrict__ dA_part, float* __restrict__ dD_part,
+                            float* __restrict__ dbias_part, float* __restrict__ dh0, const T* __restrict__ dout,
+                            const float* __restrict__ saved, const float* __restrict__ dh_last, const T* __restrict__ u,
+                            const T* __restrict__ delta, const float* __restrict__ A_log, const T* __restrict__ Bm,
+                            const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z,
+                            const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L,
+                            int softplus_flag) {
+  constexpr int NI = 8, CH = 32 * NI;
+  static_assert(CH == kScanSaveChunk, "the backward's chunk is the saved-state stride");
+  __shared__ float qcarry[W][MF_STATE_CAP];
+  __shared__ float contrib[W][2][CH];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  // Block-uniform exits only (the block synchronizes below).
+  if (d_state > MF_STATE_CAP || d_inner % W != 0 || (long long)blockIdx.x * W >= (long long)batch * d_inner) return;
+  const long long ch = (long long)blockIdx.x * W + w;
+  const long long b = ch / d_inner;
+  const int d = (int)(ch % d_inner);
+  const long long groups = d_inner / W, g = d / W;
+  const long long row = ch * L, bc = b * d_state * L;
+  const long long nchunks = (L + CH - 1) / CH;
+  const float bias = delta_bias ? delta_bias[d] : 0.f;
+  const float Dd = Dp ? Dp[d] : 0.f;
+  for (int n = lane; n < d_state; n += 32) qcarry[w][n] = LOCAL ? dh_last[ch * d_state + n] : 0.f;
+  __syncwarp();
+  float dD_acc = 0.f, dbias_acc = 0.f;
+  for (long long c = nchunks - 1; c >= 0; --c) {
+    const long long l0 = c * CH + (long long)lane * NI;
+    float uv[NI], dl[NI], dy[NI], zv[NI], y[NI], dsum_u[NI], ddl[NI], raw[NI];
+    load_items<T, NI>(u + row, l0, L, uv);
+    load_items<T, NI>(delta + row, l0, L, raw);
+    load_items<T, NI>(dout + row, l0, L, dy);
+    if (z) load_items<T, NI>(z + row, l0, L, zv);
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+      dl[i] = l0 + i < L ? scan_delta(raw[i], bias, softplus_flag) : 0.f;
+      if (z) dy[i] *= silu(zv[i]);  // dL/dy; zero past L (dout loads as 0 there)
+      y[i] = Dd * uv[i];
+      dsum_u[i] = Dd * dy[i];
+      ddl[i] = 0.f;
+    }
+    for (int n = 0; n < d_state; ++n) {
+      const float an = -expf(A_log[(long long)d * d_state + n]);
+      const float a2 = an * kLog2e;
+      float bv[NI], cv[NI], a[NI], bb[NI], h[NI];
+      load_items<T, NI>(Bm + bc + n * L, l0, L, bv);
+      load_items<T, NI>(Cm + bc + n * L, l0, L, cv);
+      // Forward replay inside the chunk (same operations as ssm_parallel_fwd).
+      float pa = 1.f, hb = 0.f;
+#pragma unroll
+      for (int i = 0; i < NI; ++i) {
+        a[i] = scan_exp2(dl[i] * a2);
+        bb[i] = (dl[i] * uv[i]) * bv[i];
+        hb = a[i] * hb + bb[i];
+        pa = pa * a[i];
+      }
+      warp_scan_affine_fwd(pa, hb, lane);
+      const float hstart = saved[(ch * nchunks + c) * d_state + n];
+      float ea = __shfl_up_sync(0xffffffffu, pa, 1), eb = __shfl_up_sync(0xffffffffu, hb, 1);
+      if (lane == 0) { ea = 1.f; eb = 0.f; }
+      const float hin = ea * hstart + eb;
+      float hc = hin;
+#pragma unroll
+      for (int i = 0; i < NI; ++i) {
+        hc = a[i] * hc + bb[i];
+        h[i] = hc;
+        y[i] += cv[i] * hc;
+      }
+      // Reverse recurrence: lane-local suffix maps x -> s + q x, then a suffix warp scan.
+      float sq = 1.f, ss = 0.f;
+#pragma unroll
+      for (int i = NI - 1; i >= 0; --i) {
+        ss = a[i] * (cv[i] * dy[i] + ss);
+        sq = a[i] * sq;
+      }
+      warp_scan_affine_rev(sq, ss, lane);
+      const float qc = qcarry[w][n];
+      float nq = __shfl_down_sync(0xffffffffu, sq, 1), ns = __shfl_down_sync(0xffffffffu, ss, 1);
+      if (lane == 31) { nq = 1.f; ns = 0.f; }
+      const float carry_out = __shfl_sync(0xffffffffu, ss, 0) + __shfl_sync(0xffffffffu, sq, 0) * qc;
+      float qn = ns + nq * qc;  // q at the first item of the next lane
+      float dA_acc = 0.f;
+#pragma unroll
+      for (int i = NI - 1; i >= 0; --i) {
+        const float gi = cv[i] * dy[i] + qn;  // dL/dh_i
+        const float hp = i > 0 ? h[i - 1] : hin;
+        const float gd = gi * dl[i];
+        dsum_u[i] += gd * bv[i];
+        ddl[i] += gi * (an * a[i] * hp + bv[i] * uv[i]);
+        dA_acc += gd * a[i] * hp;
+        contrib[w][0][lane * NI + i] = gd * uv[i];
+        contrib[w][1][lane * NI + i] = dy[i] * h[i];
+        qn = a[i] * gi;
+      }
+      const float dA_sum = warp_sum(dA_acc);
+      if (lane == 0) {
+        const long long k = ch * d_state + n;
+        dA_part[k] = (c == nchunks - 1 ? 0.f : dA_part[k]) + dA_sum;
+      }
+      __syncwarp();
+      if (lane == 0) qcarry[w][n] = carry_out;
+      __syncthreads();
+      // Fold the W channels' dB/dC contributions in warp order.
+      for (int t = threadIdx.x; t < CH; t += 32 * W) {
+        const long long l = c * CH + t;
+        if (l < L) {
+          float sb = 0.f, sc = 0.f;
+#pragma unroll
+          for (int ww = 0; ww < W; ++ww) {
+            sb += contrib[ww][0][t];
+            sc += contrib[ww][1][t];
+          }
+          const long long k = ((b * groups + g) * d_state + n) * L + l;
+          dB_part[k] = sb;
+          dC_part[k] = sc;
+        }
+      }
+      __syncthreads();
+    }
+    float dzv[NI], ddv[NI];
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+      const bool in = l0 + i < L;
+      ddv[i] = in ? ddl[i] * scan_delta_grad(raw[i], bias, softplus_flag) : 0.f;
+      dD_acc += dy[i] * uv[i];
+      dbias_acc += ddv[i];
+      dzv[i] = 0.f;
+    }
+    if (z && dz) {
+      float dov[NI];
+      load_items<T, NI>(dout + row, l0, L, dov);
+#pragma unroll
+      for (int i = 0; i < NI; ++i) {
+        const float s = sigmoid(zv[i]);
+        dzv[i] = dov[i] * y[i] * (s * (1.f + zv[i] * (1.f - s)));
+      }
+      store_items<T, NI>(dz + row, l0, L, dzv);
+    }
+    store_items<T, NI>(du + row, l0, L, dsum_u);
+    store_items<T, NI>(ddelta + row, l0, L, ddv);
+  }
+  const float dD_sum = warp_sum(dD_acc), dbias_sum = warp_sum(dbias_acc);
+  if (lane == 0) {
+    dD_part[ch] = dD_sum;
+    dbias_part[ch] = dbias_sum;
+  }
+  __syncwarp();
+  if (LOCAL)
+    for (int n = lane; n < d_state; n += 32) dh0[ch * d_state + n] = qcarry[w][n];
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Reductions of the backward's partials, each in one fixed order.
+// out[b, n, l] = sum_{g = 0..G-1} part[b, g, n, l] (ascending g).
+template <typename T>
+MF_DEVICE void ssm_reduce_bc(T* __restrict__ out, const float* __restrict__ part, int batch, int groups, long long nl) {
+  const long long total = (long long)batch * nl, stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const long long b = i / nl, r = i % nl;
+    const float* p = part + b * groups * nl + r;
+    float s = 0.f;
+    for (int g = 0; g < groups; ++g) s += p[g * nl];
+    out[i] = from_f32<T>(s);
+  }
+}
+
+// out[b, l, n] = sum_g part[b, g, n, l]: 32x32 tiles through shared memory (coalesced reads and writes).
+// Block (32, 8); grid (ceil(L/32), ceil(N/32), batch).
+template <typename T>
+MF_DEVICE void ssm_reduce_bc_tmajor(T* __restrict__ out, const float* __restrict__ part, int batch, int groups, int d_state,
+                                    long long L, float (*tile)[33]) {
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const long long l0 = (long long)blockIdx.x * 32;
+  const int n0 = blockIdx.y * 32;
+  const long long b = blockIdx.z;
+  if (b >= batch) return;
+  const long long nl = (long long)d_state * L;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int n = n0 + ty + 8 * k;
+    const long long l = l0 + tx;
+    float s = 0.f;
+    if (n < d_state && l < L) {
+      const float* p = part + b * groups * nl + (long long)n * L + l;
+      for (int g = 0; g < groups; ++g) s += p[g * nl];
+    }
+    tile[ty + 8 * k][tx] = s;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const long long l = l0 + ty + 8 * k;
+    const int n = n0 + tx;
+    if (n < d_state && l < L) out[(b * L + l) * d_state + n] = from_f32<T>(tile[tx][ty + 8 * k]);
+  }
+}
+
+// out[i] = sum_{r = 0..rows-1} part[r * width + i] (ascending r), then times -exp(A_log[i]) when A_log is given.
+MF_DEVICE void ssm_reduce_rows(float* __restrict__ out, const float* __restrict__ part, const float* __restrict__ A_log,
+                               long long rows, long long width) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < width; i += stride) {
+    float s = 0.f;
+    for (long long r = 0; r < rows; ++r) s += part[r * width + i];
+    out[i] = A_log ? -expf(A_log[i]) * s : s;
+  }
+}
+
+}  // namespace mf
+
+// ---- instantiation macros (one per family; see kernels/fixed/scan.toml) ----
+
+#define MF_SSM_STEP_FORWARD(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(128, 1) NAME(T* __restrict__ y, float* __restrict__ state, \
+      const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, const T* __restrict__ Bm, \
+      const T* __restrict__ Cm, const float* __restrict__ Dp, int batch, int d_inner, int d_state) { \
+    mf::ssm_step<T, false>(y, state, u, delta, nullptr, A_log, Bm, Cm, Dp, nullptr, batch, d_inner, d_state, 0, d_state); \
+  }
+
+#define MF_SSM_STEP_FORWARD_FUSED(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(128, 1) NAME(T* __restrict__ out, float* __restrict__ state, \
+      const T* __restrict__ u, const T* __restrict__ dt, const float* __restrict__ dt_bias, const float* __restrict__ A_log, \
+      const T* __restrict__ x_dbl, const float* __restrict__ Dp, const T* __restrict__ z, int batch, int d_inner, \
+      int d_state, int dt_rank, int x_dbl_stride) { \
+    mf::ssm_step<T, true>(out, state, u, dt, dt_bias, A_log, x_dbl, x_dbl, Dp, z, batch, d_inner, d_state, dt_rank, \
+                          x_dbl_stride); \
+  }
+
+#define MF_SSM_BURNIN(NAME, T, SAVE) \
+  extern "C" __global__ void __launch_bounds__(128, 1) NAME(T* __restrict__ out, float* __restrict__ state, \
+      float* __restrict__ saved, const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, \
+      const T* __restrict__ Bm, const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, \
+      const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L, int delta_softplus) { \
+    mf::ssm_burnin<T, SAVE>(out, state, saved, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, L, \
+                            delta_softplus); \
+  }
+#define MF_SSM_BURNIN_FORWARD(NAME, T) MF_SSM_BURNIN(NAME, T, true)
+#define MF_SSM_BURNIN_FORWARD_NOSAVE(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(128, 1) NAME(T* __restrict__ out, float* __restrict__ state, \
+      const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, const T* __restrict__ Bm, \
+      const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, \
+      const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L, int delta_softplus) { \
+    mf::ssm_burnin<T, false>(out, state, nullptr, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, \
+                             L, delta_softplus); \
+  }
+
+#define MF_SSM_PARALLEL_FWD(NAME, T, NI, SAVE) \
+  extern "C" __global__ void __launch_bounds__(128, 1) NAME(T* __restrict__ out, float* __restrict__ last_state, \
+      float* __restrict__ saved, const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, \
+      const T* __restrict__ Bm, const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, \
+      const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L, int delta_softplus) { \
+    __shared__ float carry[4][MF_STATE_CAP]; \
+    mf::ssm_parallel_fwd<T, NI, SAVE>(out, last_state, saved, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, \
+                                      d_inner, d_state, L, delta_softplus, carry[threadIdx.x >> 5]); \
+  }
+#define MF_SSM_PARALLEL_SCAN_FWD(NAME, T) MF_SSM_PARALLEL_FWD(NAME, T, 8, true)
+// 4 blocks (16 warps) per SM: caps registers at 128, enough to hold the 16-item tiles without spilling.
+#define MF_SSM_PARALLEL_SCAN_FWD_NOSAVE(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(128, 4) NAME(T* __restrict__ out, float* __restrict__ last_state, \
+      const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, const T* __restrict__ Bm, \
+      const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, \
+      const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L, int delta_softplus) { \
+    __shared__ float carry[4][MF_STATE_CAP]; \
+    mf::ssm_parallel_fwd<T, 16, false>(out, last_state, nullptr, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, \
+                                       d_inner, d_state, L, delta_softplus, carry[threadIdx.x >> 5]); \
+  }
+
+#define MF_SSM_BWD_SIG(T) \
+  T* __restrict__ du, T* __restrict__ ddelta, T* __restrict__ dz, float* __restrict__ dB_part, \
+      float* __restrict__ dC_part, float* __restrict__ dA_part, float* __restrict__ dD_part, \
+      float* __restrict__ dbias_part
+
+#define MF_SSM_BWD_IN(T) \
+  const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, const T* __restrict__ Bm, \
+      const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, \
+      const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L, int delta_softplus
+
+#define MF_SSM_PARALLEL_BWD(NAME, T, W) \
+  extern "C" __global__ void __launch_bounds__(32 * W) NAME(MF_SSM_BWD_SIG(T), const T* __restrict__ dout, \
+      const float* __restrict__ saved, MF_SSM_BWD_IN(T)) { \
+    mf::ssm_scan_bwd<T, W, false>(du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part, nullptr, dout, saved, \
+                                  nullptr, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, L, \
+                                  delta_softplus); \
+  }
+#define MF_SSM_PARALLEL_SCAN_BWD(NAME, T) MF_SSM_PARALLEL_BWD(NAME, T, 4)
+#define MF_SSM_PARALLEL_SCAN_BWD_FOLD(NAME, T) MF_SSM_PARALLEL_BWD(NAME, T, 8)
+
+#define MF_SSM_BACKWARD_LOCAL(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(128, 1) NAME(MF_SSM_BWD_SIG(T), float* __restrict__ dh0, \
+      const T* __restrict__ dout, const float* __restrict__ saved, const float* __restrict__ dh_last, MF_SSM_BWD_IN(T)) { \
+    mf::ssm_scan_bwd<T, 4, true>(du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part, dh0, dout, saved, \
+                                 dh_last, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, L, \
+                                 delta_softplus); \
+  }
+
+#define MF_SSM_REDUCE_D_BC(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ out, const float* __restrict__ part, int batch, \
+      int groups, long long nl) { \
+    mf::ssm_reduce_bc<T>(out, part, batch, groups, nl); \
+  }
+
+#define MF_SSM_REDUCE_D_BC_TMAJOR(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ out, const float* __restrict__ part, int batch, \
+      int groups, int d_state, long long L) { \
+    __shared__ float tile[32][33]; \
+    mf::ssm_reduce_bc_tmajor<T>(out, part, batch, groups, d_state, L, tile); \
+  }
+
+// dD[d] = sum_b part[b, d] (also used for d delta_bias).
+#define MF_SSM_REDUCE_D_D(NAME) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(float* __restrict__ out, const float* __restrict__ part, \
+      int batch, int d_inner) { \
+    mf::ssm_reduce_rows(out, part, nullptr, batch, d_inner); \
+  }
+
+// dA_log[d, n] = -exp(A_log[d, n]) * sum_b part[b, d, n].
+#define MF_SSM_REDUCE_D_A_LOG(NAME) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(float* __restrict__ out, const float* __restrict__ part, \
+      const float* __restrict__ A_log, int batch, long long dn) { \
+    mf::ssm_reduce_rows(out, part, A_log, batch, dn); \
+  }
+
+// dA_log[d, n] = -exp(A_log[d, n]) * sum_{k, b} part[k, b, d, n] (k = training chunk, ascending; then b).
+#define MF_SSM_REDUCE_D_A_LOG_CHUNKS(NAME) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(float* __restrict__ out, const float* __restrict__ part, \
+      const float* __restrict__ A_log, int nchunks, int batch, long long dn) { \
+    mf::ssm_reduce_rows(out, part, A_log, (long long)nchunks * batch, dn); \
+  }

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Build the peer mamba-ssm 2.3.2.post1 (selective_scan_cuda extension) for sm_90 only, on the GPU machine
+# (no network: the PyPI sdist is carried in the repo-ignored .peers/ folder). About 2.5 minutes with 16 cores.
+#   bash benchmarks/peers/build_mamba_ssm.sh            # -> /tmp/peers/mamba_ssm-2.3.2.post1 (built in place)
+# Then benchmarks/peers/mamba_peer.py imports selective_scan_cuda from there, and the Triton
+# selective_state_update by file path (no compiled extension needed for that one).
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+SDIST="$ROOT/.peers/mamba_ssm-2.3.2.post1.tar.gz"
+DEST="${MAMBA_PEER_DIR:-/tmp/peers}"
+SRC="$DEST/mamba_ssm-2.3.2.post1"
+[ -f "$SDIST" ] || { echo "missing $SDIST (download it on a networked machine; see the scan report)" >&2; exit 2; }
+if ls "$SRC"/selective_scan_cuda*.so >/dev/null 2>&1; then echo "already built: $SRC"; exit 0; fi
+mkdir -p "$DEST"
+rm -rf "$SRC"
+tar xzf "$SDIST" -C "$DEST"
+cd "$SRC"
+# gencode list: sm_90 only (the H200); every other -gencode pair goes.
+python3 - <<'PY'
+import re
+p = "setup.py"
+s = open(p).read()
+s, n = re.subn(r'cc_flag\.append\("-gencode"\)\n\s*cc_flag\.append\("arch=compute_(?!90,)\d+,code=sm_\d+"\)\n', "", s)
+assert 'arch=compute_90,code=sm_90' in s and "compute_80" not in s, "gencode edit failed"
+# setup.py imports wheel.bdist_wheel; newer setuptools carries it when the wheel package is absent
+try:
+    import wheel.bdist_wheel  # noqa: F401
+except ImportError:
+    s = s.replace("from wheel.bdist_wheel import bdist_wheel as _bdist_wheel",
+                  "from setuptools.command.bdist_wheel import bdist_wheel as _bdist_wheel")
+open(p, "w").write(s)
+print(f"setup.py: removed {n} gencode pairs; kept compute_90/sm_90")
+PY
+grep -n 'arch=compute' setup.py
+export MAMBA_FORCE_BUILD=TRUE MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="9.0"
+time python3 setup.py build_ext --inplace 2>&1 | tail -20
+ls -la "$SRC"/selective_scan_cuda*.so

@@ -1,0 +1,570 @@
+"""CPU tests of the selective-scan references (mamba_forge/references/scan.py) and the scan family's declarations.
+
+The references are checked against a literal scalar recurrence, the kernels' chunked algorithm (lane folds, affine
+warp scan, chunk carries, suffix scan of the backward) is modelled in float64 and checked against them, and the
+analytic backward is checked against central finite differences. All shapes are tiny (2-core CI).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mamba_forge import expr
+from mamba_forge.catalog import default_catalog_path, load_catalog
+from mamba_forge.errors import ForgeError
+from mamba_forge.references import scan as ref
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPECTED = (
+    ["ssm_step_forward"] + [f"ssm_step_forward_fused_{t}" for t in ("f32", "bf16", "f16")]
+    + ["ssm_burnin_forward", "ssm_burnin_forward_bf16", "ssm_burnin_forward_f16"]
+    + ["ssm_burnin_forward_nosave"] + [f"ssm_burnin_forward_nosave_{t}" for t in ("f32", "bf16", "f16")]
+    + ["ssm_backward_local"] + [f"ssm_backward_local_{t}" for t in ("f32", "bf16", "f16")]
+    + [f"ssm_reduce_d_BC_{t}" for t in ("f32", "bf16", "f16")]
+    + [f"ssm_reduce_d_BC_tmajor_{t}" for t in ("f32", "bf16", "f16")]
+    + ["ssm_reduce_d_D", "ssm_reduce_d_a_log", "ssm_reduce_d_a_log_chunks"]
+    + ["ssm_parallel_scan_fwd", "ssm_parallel_scan_fwd_bf16", "ssm_parallel_scan_fwd_f16"]
+    + ["ssm_parallel_scan_fwd_nosave", "ssm_parallel_scan_fwd_nosave_bf16", "ssm_parallel_scan_fwd_nosave_f16"]
+    + [f"ssm_parallel_scan_bwd_{t}" for t in ("f32", "bf16", "f16")]
+    + [f"ssm_parallel_scan_bwd_fold_{t}" for t in ("f32", "bf16", "f16")]
+)
+
+
+def _inputs(rng, b=2, d=4, n=3, L=7, scale=1.0):
+    return dict(
+        u=rng.uniform(-1, 1, (b, d, L)) * scale, delta=rng.uniform(-2, 0.5, (b, d, L)),
+        A_log=rng.uniform(-1, 1, (d, n)), B=rng.uniform(-1, 1, (b, n, L)), C=rng.uniform(-1, 1, (b, n, L)),
+        D=rng.uniform(-1, 1, d), z=rng.uniform(-2, 2, (b, d, L)), delta_bias=rng.uniform(-1, 1, d),
+    )
+
+
+def _literal(x, softplus=True, h0=None):
+    """selective_scan_ref written one scalar at a time."""
+    u, delta, A_log, B, C, D, z, bias = (x[k] for k in ("u", "delta", "A_log", "B", "C", "D", "z", "delta_bias"))
+    b_, d_, L = u.shape
+    n_ = A_log.shape[1]
+    out = np.zeros_like(u)
+    last = np.zeros((b_, d_, n_))
+    for b in range(b_):
+        for d in range(d_):
+            h = [0.0 if h0 is None else h0[b, d, n] for n in range(n_)]
+            for t in range(L):
+                v = delta[b, d, t] + bias[d]
+                if softplus:
+                    v = v if v > 20 else math.log1p(math.exp(v))
+                y = 0.0
+                for n in range(n_):
+                    h[n] = math.exp(v * -math.exp(A_log[d, n])) * h[n] + v * B[b, n, t] * u[b, d, t]
+                    y += C[b, n, t] * h[n]
+                y += D[d] * u[b, d, t]
+                out[b, d, t] = y * z[b, d, t] / (1 + math.exp(-z[b, d, t]))
+            last[b, d] = h
+    return out, last
+
+
+@pytest.mark.parametrize("softplus", [True, False])
+def test_forward_matches_literal_recurrence(softplus):
+    rng = np.random.default_rng(1)
+    x = _inputs(rng)
+    if not softplus:
+        x["delta"] = rng.uniform(0.05, 1.0, x["u"].shape)
+        x["delta_bias"] = np.zeros(4)
+    h0 = rng.uniform(-1, 1, (2, 4, 3))
+    out, _, last = ref.scan_forward(**x, softplus=softplus, h0=h0)
+    lo, ll = _literal(x, softplus, h0)
+    np.testing.assert_allclose(out, lo, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(last, ll, rtol=1e-12, atol=1e-12)
+    # negative control: a wrong h0 is seen
+    lo2, _ = _literal(x, softplus, None)
+    assert not np.allclose(out, lo2)
+
+
+def _chunked_model(x, lanes, items, h0=None):
+    """The kernels' forward algorithm in float64: per chunk of lanes*items steps and per state n, each lane folds
+    its items into one affine map, an inclusive scan over lanes gives each lane its incoming state, the lane
+    replays its items; padding past L is the identity (delta' = 0); the carry crosses chunks."""
+    u, A_log, B, C, D, z = (x[k] for k in ("u", "A_log", "B", "C", "D", "z"))
+    dl = ref._delta(x["delta"], x["delta_bias"], True)
+    b_, d_, L = u.shape
+    n_ = A_log.shape[1]
+    A = -np.exp(A_log)
+    CH = lanes * items
+    nc = -(-L // CH)
+    out = np.zeros_like(u)
+    saved = np.zeros((b_, d_, nc, n_))
+    for b in range(b_):
+        for d in range(d_):
+            carry = np.zeros(n_) if h0 is None else h0[b, d].copy()
+            for c in range(nc):
+                y = np.zeros(CH)
+                for n in range(n_):
+                    saved[b, d, c, n] = carry[n]
+                    a = np.ones(CH)
+                    bb = np.zeros(CH)
+                    for k in range(CH):
+                        t = c * CH + k
+                        if t < L:
+                            a[k] = math.exp(dl[b, d, t] * A[d, n])
+                            bb[k] = dl[b, d, t] * u[b, d, t] * B[b, n, t]
+                    fold = []
+                    for ln in range(lanes):  # lane folds
+                        pa, hb = 1.0, 0.0
+                        for i in range(items):
+                            k = ln * items + i
+                            hb = a[k] * hb + bb[k]
+                            pa *= a[k]
+                        fold.append((pa, hb))
+                    incl = list(fold)  # Hillis-Steele inclusive scan, as warp_scan_affine_fwd
+                    o = 1
+                    while o < lanes:
+                        nxt = list(incl)
+                        for ln in range(o, lanes):
+                            pa0, hb0 = incl[ln - o]
+                            pa1, hb1 = incl[ln]
+                            nxt[ln] = (pa0 * pa1, pa1 * hb0 + hb1)
+                        incl = nxt
+                        o <<= 1
+                    for ln in range(lanes):
+                        ea, eb = (1.0, 0.0) if ln == 0 else incl[ln - 1]
+                        h = ea * carry[n] + eb
+                        for i in range(items):
+                            k = ln * items + i
+                            h = a[k] * h + bb[k]
+                            y[k] += C[b, n, c * CH + k] * h if c * CH + k < L else 0.0
+                    carry[n] = incl[-1][0] * carry[n] + incl[-1][1]
+                for k in range(CH):
+                    t = c * CH + k
+                    if t < L:
+                        out[b, d, t] = (y[k] + D[d] * u[b, d, t]) * z[b, d, t] / (1 + math.exp(-z[b, d, t]))
+    return out, saved
+
+
+@pytest.mark.parametrize("lanes,items,L", [(4, 3, 29), (8, 2, 16), (2, 1, 5)])
+def test_chunked_formulation_equals_sequential(lanes, items, L):
+    rng = np.random.default_rng(2)
+    x = _inputs(rng, b=1, d=2, n=2, L=L)
+    out, states, _ = ref.scan_forward(**x)
+    mo, msaved = _chunked_model(x, lanes, items)
+    np.testing.assert_allclose(mo, out, rtol=1e-11, atol=1e-12)
+    # the saved states at the model's chunk starts are the sequential states there
+    CH = lanes * items
+    for c in range(msaved.shape[2]):
+        want = np.zeros((1, 2, 2)) if c == 0 else states[:, :, :, c * CH - 1]
+        np.testing.assert_allclose(msaved[:, :, c], want, rtol=1e-11, atol=1e-12)
+
+
+def test_saved_replay_is_the_identity_on_true_states():
+    rng = np.random.default_rng(3)
+    x = _inputs(rng, b=1, d=2, n=2, L=600)
+    h0 = rng.uniform(-1, 1, (1, 2, 2))
+    out, states, last = ref.scan_forward(**x, h0=h0)
+    saved = ref.saved_states(states, h0)
+    assert saved.shape == (1, 2, 3, 2)
+    out2, _, last2 = ref.scan_forward(**x, saved=saved)
+    np.testing.assert_allclose(out2, out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(last2, last, rtol=1e-12, atol=1e-12)
+    # negative: perturbing the middle saved state changes the later outputs only
+    bad = saved.copy()
+    bad[:, :, 1] += 1.0
+    out3, _, _ = ref.scan_forward(**x, saved=bad)
+    np.testing.assert_allclose(out3[..., :256], out[..., :256], rtol=1e-12, atol=1e-12)
+    assert not np.allclose(out3[..., 256:512], out[..., 256:512])
+
+
+def _loss(x, dout, h0, dh_last):
+    out, _, last = ref.scan_forward(**x, h0=h0)
+    return float((dout * out).sum() + (dh_last * last).sum())
+
+
+def test_backward_matches_finite_differences():
+    rng = np.random.default_rng(4)
+    x = _inputs(rng, b=2, d=4, n=3, L=6)
+    h0 = rng.uniform(-1, 1, (2, 4, 3))
+    dh_last = rng.uniform(-1, 1, (2, 4, 3))
+    dout = rng.uniform(-1, 1, (2, 4, 6))
+    gr = ref.scan_backward(dout, **x, saved=ref.saved_states(np.zeros((2, 4, 3, 6)), h0), dh_last=dh_last)
+    A = -np.exp(x["A_log"])
+    analytic = {
+        "u": gr["du"], "delta": gr["ddelta"], "z": gr["dz"], "B": gr["dB_bd"].sum(axis=1), "C": gr["dC_bd"].sum(axis=1),
+        "A_log": gr["dA"].sum(axis=0) * A, "D": gr["dD"].sum(axis=0), "delta_bias": gr["dbias"].sum(axis=0),
+    }
+    eps = 1e-6
+    for name, want in analytic.items():
+        arr = x[name]
+        fd = np.zeros_like(arr)
+        for idx in np.ndindex(arr.shape):
+            keep = arr[idx]
+            arr[idx] = keep + eps
+            lp = _loss(x, dout, h0, dh_last)
+            arr[idx] = keep - eps
+            lm = _loss(x, dout, h0, dh_last)
+            arr[idx] = keep
+            fd[idx] = (lp - lm) / (2 * eps)
+        np.testing.assert_allclose(want, fd, rtol=1e-6, atol=1e-7, err_msg=name)
+    fd = np.zeros_like(h0)
+    for idx in np.ndindex(h0.shape):
+        hp, hm = h0.copy(), h0.copy()
+        hp[idx] += eps
+        hm[idx] -= eps
+        fd[idx] = (_loss(x, dout, hp, dh_last) - _loss(x, dout, hm, dh_last)) / (2 * eps)
+    np.testing.assert_allclose(gr["dh0"], fd, rtol=1e-6, atol=1e-7)
+    # negative control: a wrong gradient (dropping the dh_last term) is caught by the same comparison
+    wrong = ref.scan_backward(dout, **x, saved=ref.saved_states(np.zeros((2, 4, 3, 6)), h0))
+    assert not np.allclose(wrong["du"], analytic["u"], rtol=1e-6, atol=1e-7)
+
+
+def test_suffix_scan_model_equals_reverse_recurrence():
+    """The backward kernel's reverse recurrence q_i = a_i (beta_i + q_{i+1}) as lane suffix maps + a suffix scan."""
+    rng = np.random.default_rng(5)
+    lanes, items = 8, 3
+    a = rng.uniform(0.3, 1.0, lanes * items)
+    beta = rng.uniform(-1, 1, lanes * items)
+    qc = 0.7
+    q = qc
+    g_seq = np.zeros_like(a)
+    for i in range(len(a) - 1, -1, -1):
+        g_seq[i] = beta[i] + q
+        q = a[i] * g_seq[i]
+    maps = []
+    for ln in range(lanes):
+        sq, ss = 1.0, 0.0
+        for i in range(items - 1, -1, -1):
+            k = ln * items + i
+            ss = a[k] * (beta[k] + ss)
+            sq = a[k] * sq
+        maps.append((sq, ss))
+    incl = list(maps)  # as warp_scan_affine_rev
+    o = 1
+    while o < lanes:
+        nxt = list(incl)
+        for ln in range(lanes - o):
+            q0, s0 = incl[ln]
+            q1, s1 = incl[ln + o]
+            nxt[ln] = (q0 * q1, s0 + q0 * s1)
+        incl = nxt
+        o <<= 1
+    g = np.zeros_like(a)
+    for ln in range(lanes):
+        nq, ns = (1.0, 0.0) if ln == lanes - 1 else incl[ln + 1]
+        qn = ns + nq * qc
+        for i in range(items - 1, -1, -1):
+            k = ln * items + i
+            g[k] = beta[k] + qn
+            qn = a[k] * g[k]
+    np.testing.assert_allclose(g, g_seq, rtol=1e-12)
+    np.testing.assert_allclose(incl[0][1] + incl[0][0] * qc, q, rtol=1e-12)  # the carry to the previous chunk
+
+
+def test_reductions_match_loops():
+    rng = np.random.default_rng(6)
+    b, g, n, L = 2, 3, 4, 5
+    part = rng.uniform(-1, 1, (b, g, n, L))
+    dims = {"batch": b, "groups": g, "d_state": n, "L": L}
+    out = ref.ssm_reduce_d_BC({"part": part.ravel()}, dims)["out"].reshape(b, n, L)
+    tm = ref.ssm_reduce_d_BC_tmajor({"part": part.ravel()}, dims)["out"].reshape(b, L, n)
+    for bi, ni, li in np.ndindex(b, n, L):
+        s = sum(part[bi, gi, ni, li] for gi in range(g))
+        assert out[bi, ni, li] == pytest.approx(s, rel=1e-12)
+        assert tm[bi, li, ni] == pytest.approx(s, rel=1e-12)
+    A_log = rng.uniform(-1, 1, 6)
+    p3 = rng.uniform(-1, 1, (2, 3, 6))
+    got = ref.ssm_reduce_d_a_log_chunks({"part": p3.ravel(), "A_log": A_log}, {"nchunks": 2, "batch": 3, "dn": 6})["out"]
+    np.testing.assert_allclose(got, -np.exp(A_log) * p3.sum(axis=(0, 1)), rtol=1e-12)
+    got = ref.ssm_reduce_d_a_log({"part": p3[0].ravel(), "A_log": A_log}, {"batch": 3, "dn": 6})["out"]
+    np.testing.assert_allclose(got, -np.exp(A_log) * p3[0].sum(axis=0), rtol=1e-12)
+    got = ref.ssm_reduce_d_D({"part": p3[0].ravel()}, {"batch": 3, "d_inner": 6})["out"]
+    np.testing.assert_allclose(got, p3[0].sum(axis=0), rtol=1e-12)
+
+
+def test_step_references_match_one_step_of_the_scan():
+    rng = np.random.default_rng(7)
+    b, d, n, r = 2, 3, 4, 2
+    h0 = rng.uniform(-1, 1, (b, d, n))
+    x = _inputs(rng, b=b, d=d, n=n, L=1)
+    xd = np.concatenate([rng.uniform(-1, 1, (b, r)), x["B"][:, :, 0], x["C"][:, :, 0]], axis=1)
+    args = {"state": h0.ravel(), "u": x["u"].ravel(), "dt": x["delta"].ravel(), "dt_bias": x["delta_bias"],
+            "A_log": x["A_log"].ravel(), "x_dbl": xd.ravel(), "Dp": x["D"], "z": x["z"].ravel()}
+    got = ref.ssm_step_forward_fused(args, {"batch": b, "d_inner": d, "d_state": n, "dt_rank": r})
+    out, _, last = ref.scan_forward(**x, h0=h0)
+    np.testing.assert_allclose(got["out"], out.ravel(), rtol=1e-12)
+    np.testing.assert_allclose(got["state"], last.ravel(), rtol=1e-12)
+
+
+def test_check_launch_refuses_before_launch():
+    ref.check_launch("ssm_parallel_scan_fwd", {"batch": 1, "d_inner": 8, "d_state": 64, "L": 10}, 64)
+    with pytest.raises(ForgeError, match="above the built state capacity 64"):
+        ref.check_launch("ssm_parallel_scan_fwd", {"batch": 1, "d_inner": 8, "d_state": 65, "L": 10}, 64)
+    with pytest.raises(ForgeError, match="above the built state capacity 16"):
+        ref.check_launch("ssm_step_forward_fused", {"batch": 1, "d_inner": 8, "d_state": 17}, 16)
+    with pytest.raises(ForgeError, match="multiple of the channel group 8"):
+        ref.check_launch("ssm_parallel_scan_bwd_fold", {"batch": 1, "d_inner": 12, "d_state": 16, "L": 10}, 64)
+    ref.check_launch("ssm_parallel_scan_bwd", {"batch": 1, "d_inner": 12, "d_state": 16, "L": 10}, 64)
+    with pytest.raises(ForgeError, match="d_state must be at least 1"):
+        ref.check_launch("ssm_burnin_forward", {"batch": 1, "d_inner": 8, "d_state": 0, "L": 10}, 64)
+
+
+def _catalog_scan_families():
+    cat = load_catalog(default_catalog_path())
+    fixed = cat.module("Fixed")
+    return [f for f in fixed.families if f.name.startswith("ssm_")], cat
+
+
+def test_every_listed_symbol_is_declared_once_and_instantiated():
+    fams, cat = _catalog_scan_families()
+    names = sorted(s for s in cat.symbols if s.startswith("ssm_"))
+    assert names == sorted(EXPECTED)
+    src = (ROOT / "kernels/fixed/scan.cu").read_text()
+    for f in fams:
+        assert re.search(rf"#define {f.instantiate}\(NAME", src), f.instantiate
+        assert f.contract and f.qualify.reference == f"mamba_forge.references.scan:{f.name}"
+        assert callable(getattr(ref, f.name))
+
+
+def test_references_write_every_declared_output_with_its_shape():
+    """Each family's reference, fed inputs shaped by the catalog's params at its qualification dims, returns
+    exactly the declared outputs with the declared sizes (the contract the qualifier relies on)."""
+    fams, _ = _catalog_scan_families()
+    rng = np.random.default_rng(8)
+    for f in fams:
+        dims = dict(f.qualify.dims)
+        if "L" in dims:  # keep the CPU cost small; shapes stay exercised
+            dims["L"] = 300
+        if "d_inner" in dims and "L" in dims:
+            dims["d_inner"] = 8
+        args, outs = {}, {}
+        for p in f.params:
+            if p.type == "ptr":
+                size = 1
+                for e in p.shape:
+                    size *= int(expr.evaluate(e, dims))
+                if p.role == "out":
+                    outs[p.name] = size
+                else:
+                    if p.role == "inout":
+                        outs[p.name] = size
+                    args[p.name] = rng.uniform(-1, 0.5, size)
+            else:
+                args[p.name] = expr.evaluate(p.value, dims) if isinstance(p.value, str) else p.value
+        got = getattr(ref, f.name)(args, dims)
+        expected_outs = set(outs)
+        if f.name.startswith("ssm_parallel_scan_bwd") or f.name == "ssm_backward_local":
+            assert set(got) == expected_outs, f.name
+        else:
+            assert set(got) <= expected_outs and got, f.name
+        for k, v in got.items():
+            assert np.asarray(v).size == outs[k], (f.name, k)
+            assert np.all(np.isfinite(v)), (f.name, k)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Host emulation of the f32 kernels: kernels/fixed/scan.cu compiled by g++ against a mock of the CUDA subset it
+# uses (one std::thread per CUDA thread, std::barrier for shuffles and block barriers), launched from the
+# catalog specs and compared with the float64 references. It checks the kernels' indexing, chunking, scans and
+# reductions on the CPU (not bf16/f16 conversions, timing or the real warp hardware). Skips without g++ -std=c++20.
+
+_MOCK_COMMON = r"""// Host emulation of the CUDA subset the scan kernels use: one block at a time, one std::thread per CUDA thread,
+// std::barrier for warp shuffles / __syncwarp / __syncthreads. f32 only.
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <algorithm>
+#include <memory>
+using std::min; using std::max;
+struct dim3_ { unsigned x = 1, y = 1, z = 1; };
+inline thread_local dim3_ threadIdx, blockIdx;
+inline dim3_ blockDim, gridDim;
+struct WarpCtx { std::barrier<>* bar; float vals[32]; };
+inline WarpCtx* g_warps = nullptr;
+inline std::barrier<>* g_block_bar = nullptr;
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__
+#define __shared__ static
+struct uint4 { unsigned x, y, z, w; };
+struct float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline int tid_linear() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+inline WarpCtx& my_warp() { return g_warps[tid_linear() >> 5]; }
+inline float shfl_impl(float v, int src) {
+  WarpCtx& w = my_warp(); int lane = tid_linear() & 31;
+  w.bar->arrive_and_wait(); w.vals[lane] = v; w.bar->arrive_and_wait();
+  float r = (src >= 0 && src < 32) ? w.vals[src] : v; w.bar->arrive_and_wait(); return r;
+}
+inline float __shfl_sync(unsigned, float v, int src) { return shfl_impl(v, src); }
+inline float __shfl_up_sync(unsigned, float v, int o) { int l = tid_linear() & 31; return shfl_impl(v, l - o >= 0 ? l - o : l); }
+inline float __shfl_down_sync(unsigned, float v, int o) { int l = tid_linear() & 31; return shfl_impl(v, l + o < 32 ? l + o : l); }
+inline float __shfl_xor_sync(unsigned, float v, int o) { int l = tid_linear() & 31; return shfl_impl(v, l ^ o); }
+inline double __shfl_xor_sync(unsigned, double v, int o) { return v; }  // unused
+inline void __syncwarp() { my_warp().bar->arrive_and_wait(); }
+inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+#define MF_DEVICE inline
+namespace mf {
+typedef long long i64; typedef unsigned long long u64; typedef unsigned int u32;
+MF_DEVICE float to_f32(float x) { return x; }
+template <typename T> MF_DEVICE T from_f32(float x);
+template <> MF_DEVICE float from_f32<float>(float x) { return x; }
+template <typename T> struct Vec { static constexpr int N = 16 / sizeof(T); union { uint4 raw; T v[16 / sizeof(T)]; }; };
+template <typename T> MF_DEVICE Vec<T> load_vec(const T* p) { Vec<T> r; std::memcpy(&r.raw, p, 16); return r; }
+template <typename T> MF_DEVICE void store_vec(T* p, const Vec<T>& r) { std::memcpy(p, &r.raw, 16); }
+MF_DEVICE bool aligned16(const void* p) { return (reinterpret_cast<u64>(p) & 15ull) == 0; }
+MF_DEVICE float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+MF_DEVICE float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+MF_DEVICE float silu(float x) { return x * sigmoid(x); }
+MF_DEVICE float warp_sum(float v) { for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o); return v; }
+}  // namespace mf
+"""
+
+_EMU_CPP = r"""#include <thread>
+#include <vector>
+#include <utility>
+#include <cstring>
+#include SCAN_CU
+#define F float
+MF_SSM_STEP_FORWARD(ssm_step_forward, F)
+MF_SSM_STEP_FORWARD_FUSED(ssm_step_forward_fused_f32, F)
+MF_SSM_BURNIN_FORWARD(ssm_burnin_forward, F)
+MF_SSM_BURNIN_FORWARD_NOSAVE(ssm_burnin_forward_nosave, F)
+MF_SSM_PARALLEL_SCAN_FWD(ssm_parallel_scan_fwd, F)
+MF_SSM_PARALLEL_SCAN_FWD_NOSAVE(ssm_parallel_scan_fwd_nosave, F)
+MF_SSM_PARALLEL_SCAN_BWD(ssm_parallel_scan_bwd_f32, F)
+MF_SSM_PARALLEL_SCAN_BWD_FOLD(ssm_parallel_scan_bwd_fold_f32, F)
+MF_SSM_BACKWARD_LOCAL(ssm_backward_local, F)
+MF_SSM_REDUCE_D_BC(ssm_reduce_d_BC_f32, F)
+MF_SSM_REDUCE_D_BC_TMAJOR(ssm_reduce_d_BC_tmajor_f32, F)
+MF_SSM_REDUCE_D_D(ssm_reduce_d_D)
+MF_SSM_REDUCE_D_A_LOG(ssm_reduce_d_a_log)
+MF_SSM_REDUCE_D_A_LOG_CHUNKS(ssm_reduce_d_a_log_chunks)
+
+template <class... A, size_t... I> void call_(void (*k)(A...), void** args, std::index_sequence<I...>) {
+  k(*reinterpret_cast<A*>(args[I])...);
+}
+template <class... A> void launch(void (*k)(A...), const int* g, const int* b, void** args) {
+  gridDim = {unsigned(g[0]), unsigned(g[1]), unsigned(g[2])};
+  blockDim = {unsigned(b[0]), unsigned(b[1]), unsigned(b[2])};
+  int nt = b[0] * b[1] * b[2], nw = (nt + 31) / 32;
+  for (int bz = 0; bz < g[2]; ++bz) for (int by = 0; by < g[1]; ++by) for (int bx = 0; bx < g[0]; ++bx) {
+    std::vector<std::unique_ptr<std::barrier<>>> bars;
+    std::vector<WarpCtx> warps(nw);
+    for (int w = 0; w < nw; ++w) { bars.emplace_back(new std::barrier<>(32)); warps[w].bar = bars.back().get(); }
+    std::barrier<> block_bar(nt);
+    g_warps = warps.data(); g_block_bar = &block_bar;
+    std::vector<std::thread> th;
+    for (int t = 0; t < nt; ++t) th.emplace_back([&, t] {
+      threadIdx = {unsigned(t % b[0]), unsigned((t / b[0]) % b[1]), unsigned(t / (b[0] * b[1]))};
+      blockIdx = {unsigned(bx), unsigned(by), unsigned(bz)};
+      call_(k, args, std::index_sequence_for<A...>{});
+      // a thread that returned early must keep serving its warp's and block's barriers: drop out of them
+      my_warp().bar->arrive_and_drop();
+      g_block_bar->arrive_and_drop();
+    });
+    for (auto& x : th) x.join();
+  }
+}
+#define ENTRY(N) if (!std::strcmp(name, #N)) { launch(N, g, b, args); return 0; }
+extern "C" int run(const char* name, const int* g, const int* b, void** args) {
+  ENTRY(ssm_step_forward) ENTRY(ssm_step_forward_fused_f32) ENTRY(ssm_burnin_forward) ENTRY(ssm_burnin_forward_nosave)
+  ENTRY(ssm_parallel_scan_fwd) ENTRY(ssm_parallel_scan_fwd_nosave) ENTRY(ssm_parallel_scan_bwd_f32)
+  ENTRY(ssm_parallel_scan_bwd_fold_f32) ENTRY(ssm_backward_local) ENTRY(ssm_reduce_d_BC_f32)
+  ENTRY(ssm_reduce_d_BC_tmajor_f32) ENTRY(ssm_reduce_d_D) ENTRY(ssm_reduce_d_a_log) ENTRY(ssm_reduce_d_a_log_chunks)
+  return 1;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    import ctypes
+    import shutil
+    import subprocess
+
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++ for the host emulation")
+    d = tmp_path_factory.mktemp("scan-emu")
+    (d / "mock" / "mf").mkdir(parents=True)
+    (d / "mock" / "mf" / "common.cuh").write_text(_MOCK_COMMON)
+    (d / "emu.cpp").write_text(_EMU_CPP)
+    cmd = [gxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", f"-I{d / 'mock'}", f"-I{ROOT / 'kernels/include'}",
+           f'-DSCAN_CU="{ROOT / "kernels/fixed/scan.cu"}"', "-DMF_STATE_CAP=64", "-o", str(d / "emu.so"), str(d / "emu.cpp")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        if "barrier" in r.stderr and "No such file" in r.stderr:
+            pytest.skip("g++ without C++20 <barrier>")
+        raise AssertionError(r.stderr[-4000:])
+    return ctypes.CDLL(str(d / "emu.so"))
+
+
+def _emulate(lib, name, dims, rng, ref_override=None):
+    import ctypes
+
+    from mamba_forge.qualify import spec as S
+
+    fixed = load_catalog(default_catalog_path()).module("Fixed")
+    sym = next(s for s in fixed.symbols if s.name == name)
+    sp = S.evaluate(sym, fixed.family(sym.family), dims)
+    host = {b.name: S.make_input(b, "uniform", rng).astype(np.float32) for b in sp.buffers if b.needs_fill}
+    bufs, keep = {}, []
+    args = (ctypes.c_void_p * (len(sp.buffers) + len(sp.scalars)))()
+    for b in sp.buffers:
+        bufs[b.name] = host[b.name].copy() if b.name in host else np.full(b.count, np.nan, np.float32)
+        ptr = ctypes.c_void_p(bufs[b.name].ctypes.data)
+        keep.append(ptr)
+        args[b.index] = ctypes.cast(ctypes.pointer(ptr), ctypes.c_void_p)
+    ctype = {"i32": ctypes.c_int32, "i64": ctypes.c_int64}
+    for s in sp.scalars:
+        v = ctype[s.type](s.value)
+        keep.append(v)
+        args[s.index] = ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
+    rc = lib.run(name.encode(), (ctypes.c_int * 3)(*sp.grid), (ctypes.c_int * 3)(*sp.block), args)
+    assert rc == 0, f"{name} is not in the emulator"
+    ref_args = {b.name: host[b.name].astype(np.float64) for b in sp.buffers if b.name in host}
+    want = getattr(ref, sp.family)(ref_args | {s.name: s.value for s in sp.scalars} | (ref_override or {}), sp.dims)
+    errs = {}
+    for b in sp.outputs:
+        got = bufs[b.name].astype(np.float64)
+        assert np.all(np.isfinite(got)), f"{name}: {b.name} not fully written"
+        w = want[b.name]
+        errs[b.name] = float(np.max(np.abs(got - w)) / max(float(np.max(np.abs(w))), 1e-30))
+    return errs
+
+
+EMULATED = [
+    ("ssm_step_forward", {"batch": 3, "d_inner": 40, "d_state": 35}),
+    ("ssm_step_forward_fused_f32", {"batch": 3, "d_inner": 40, "d_state": 35, "dt_rank": 13}),
+    ("ssm_burnin_forward", {"batch": 1, "d_inner": 2, "d_state": 35, "L": 263}),
+    ("ssm_burnin_forward_nosave", {"batch": 1, "d_inner": 2, "d_state": 5, "L": 70}),
+    ("ssm_parallel_scan_fwd", {"batch": 1, "d_inner": 4, "d_state": 7, "L": 523}),
+    ("ssm_parallel_scan_fwd_nosave", {"batch": 2, "d_inner": 2, "d_state": 5, "L": 1100}),
+    ("ssm_parallel_scan_bwd_f32", {"batch": 2, "d_inner": 4, "d_state": 3, "L": 300}),
+    ("ssm_parallel_scan_bwd_fold_f32", {"batch": 1, "d_inner": 8, "d_state": 3, "L": 300}),
+    ("ssm_backward_local", {"batch": 1, "d_inner": 4, "d_state": 4, "L": 600}),
+    ("ssm_reduce_d_BC_f32", {"batch": 2, "groups": 3, "d_state": 35, "L": 77}),
+    ("ssm_reduce_d_BC_tmajor_f32", {"batch": 2, "groups": 3, "d_state": 35, "L": 77}),
+    ("ssm_reduce_d_D", {"batch": 5, "d_inner": 333}),
+    ("ssm_reduce_d_a_log", {"batch": 5, "dn": 1001}),
+    ("ssm_reduce_d_a_log_chunks", {"nchunks": 3, "batch": 2, "dn": 1001}),
+]
+
+
+@pytest.mark.parametrize("name,dims", EMULATED, ids=[n for n, _ in EMULATED])
+def test_f32_kernels_in_host_emulation_match_the_references(emulator, name, dims):
+    errs = _emulate(emulator, name, dims, np.random.default_rng(9))
+    bad = {k: v for k, v in errs.items() if v > 2e-6}
+    assert not bad, f"{name}: normwise errors {bad}"
+
+
+def test_host_emulation_comparison_catches_a_wrong_contract(emulator):
+    """Negative control: the same launch against the reference of another contract (without the D skip) fails."""
+    dims = {"batch": 1, "d_inner": 2, "d_state": 5, "L": 300}
+    ok = _emulate(emulator, "ssm_parallel_scan_fwd_nosave", dims, np.random.default_rng(10))
+    bad = _emulate(emulator, "ssm_parallel_scan_fwd_nosave", dims, np.random.default_rng(10), {"Dp": np.zeros(2)})
+    assert max(ok.values()) <= 2e-6 < max(bad.values())
