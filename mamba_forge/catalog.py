@@ -157,6 +157,8 @@ class QualifySpec(_Model):
         default_factory=lambda: ["uniform", "logu", "special"]
     )
     skip: str | None = None  # why this family is not launched by the generic harness (then it must say)
+    nonfinite: bool = False  # the "special" corpus may also hold inf/nan (the family's math propagates them)
+    timeout_s: float | None = None  # per-launch time limit override for the qualifier (default: the run's)
     # "pkg.mod:function" building by-value "bytes" params (e.g. TMA tensor maps) from the device pointers:
     # prepare(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]
     prepare: str | None = None

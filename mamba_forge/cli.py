@@ -119,13 +119,42 @@ def build(
 
 @app.command()
 def report(
-    manifest: Annotated[Path, typer.Argument(help="A manifest.toml (build or qualified).")],
+    manifest: Annotated[Path, typer.Argument(help="A manifest.toml (build or qualified), or an index.")],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    diff_with: Annotated[
+        Path | None, typer.Option("--diff", help="`report --diff A B`: what changed from manifest A to MANIFEST (B).")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="text or markdown (release notes).")] = "text",
 ) -> None:
-    """Render a manifest: a summary per module kind, every rejected symbol with its reason."""
+    """Render a manifest: a summary per module kind, every rejected symbol with its reason; or a diff of two."""
+    from . import report as rpt
+    from .diff import diff, read_body
+
+    if fmt not in ("text", "markdown"):
+        raise ForgeError(f"unknown --format {fmt!r}", hint="use text or markdown")
+    body = read_body(manifest)
+    if diff_with is not None:
+        d = diff(read_body(diff_with), body)
+        if as_json:
+            sys.stdout.write(json.dumps(d, indent=1) + "\n")
+        else:
+            rpt.render_diff(d, out, str(diff_with), str(manifest))
+        return
+    if body["kind"] != "build":
+        if as_json:
+            data = rpt.qualified_report(body) if body["kind"] == "qualified" else body
+            sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
+        elif fmt == "markdown":
+            sys.stdout.write(rpt.qualified_markdown(body))
+        elif body["kind"] == "qualified":
+            rpt.render_qualified(body, out)
+        else:
+            rpt.render_index(body, out)
+        return
+    if fmt == "markdown":
+        raise ForgeError("--format markdown renders qualified manifests and indexes", hint="drop it for a build manifest")
     from .manifest import read
     from .records import BuildManifest
-    from .report import build_summary, render_build
 
     m = read(manifest, BuildManifest)
     if as_json:
@@ -134,9 +163,151 @@ def report(
             for mod, s in m.symbols()
             if s.verdict.status == "rejected"
         ]
-        sys.stdout.write(json.dumps({"summary": build_summary(m), "rejected": rejected}, indent=1) + "\n")
+        sys.stdout.write(json.dumps({"summary": rpt.build_summary(m), "rejected": rejected}, indent=1) + "\n")
     else:
-        render_build(m, out)
+        rpt.render_build(m, out)
+
+
+KeyOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--key", help="Trusted public key file or folder of *.pub (besides manifests/keys and your trust folder)."),
+]
+
+
+@app.command()
+def verify(
+    target: Annotated[Path, typer.Argument(help="A signed manifest, a bundle (.tar.gz or folder) or a release index.")],
+    key: KeyOpt = None,
+    build_dir: Annotated[Path | None, typer.Option("--build", help="Where a bare manifest's artifacts are (default: its folder).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Check the signature, every artifact's size and sha256, and completeness. Exit 0 when all hold, else 1."""
+    from .runtime.errors import LoadError
+    from .runtime.verify import open_verified, trusted_keys
+
+    try:
+        v = open_verified(target, keys=trusted_keys(key or None), build=build_dir)
+    except LoadError as exc:
+        if as_json:
+            sys.stdout.write(json.dumps({"ok": False, "path": str(target), "reason": str(exc)}) + "\n")
+            raise typer.Exit(1) from None
+        from .errors import ManifestError
+
+        raise ManifestError(str(exc)) from None
+    if v.kind == "index":
+        what = f"index of {len(v.entries)} manifest(s): " + ", ".join(e.body["device"]["name"] for e in v.entries)
+    else:
+        n = sum(1 for s in v.body.get("symbols", []) if s["status"] == "admitted")
+        what = f"{len(v.body['artifacts'])} artifact(s), {n} admitted symbol(s) for {v.body['device']['name']}"
+    dev = " (development key)" if v.signature.development_key else ""
+    if as_json:
+        sys.stdout.write(json.dumps({"ok": True, "path": str(target), "kind": v.kind, "key_id": v.signature.key_id,
+                                     "development_key": v.signature.development_key}) + "\n")
+    else:
+        out.print(f"ok: {target}: signature by key {v.signature.key_id[:16]}…{dev}; {what}", markup=False, highlight=False,
+                  soft_wrap=True)
+
+
+@app.command()
+def merge(
+    manifests: Annotated[list[Path], typer.Argument(help="Per-device signed manifests (or .tar.gz bundles).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The signed index to write (beside the manifests).")],
+    sign_key: Annotated[
+        Path | None, typer.Option("--sign-key", help="PEM private key (default: $MAMBA_FORGE_SIGNING_KEY).")
+    ] = None,
+    key: KeyOpt = None,
+    development_key: Annotated[bool, typer.Option("--development-key", help="Mark the index as signed by a development key.")] = False,
+) -> None:
+    """Write one signed release index over verified per-device manifests; the loader picks the device's entry."""
+    from .bundle import signing_key, write_index
+    from .runtime.verify import trusted_keys
+
+    private = signing_key(sign_key)
+    path = write_index(manifests, output, private, keys=trusted_keys(key or None), development_key=development_key)
+    out.print(f"wrote {path}: {len(manifests)} manifest(s)", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def bundle(
+    manifest: Annotated[Path, typer.Argument(help="A signed qualified manifest.")],
+    build_dir: Annotated[Path, typer.Option("--build", help="The build folder holding its artifacts.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="OUT.tar.gz (reproducible bytes) or a new folder.")],
+    key: KeyOpt = None,
+) -> None:
+    """Pack a verified manifest with exactly the artifacts it names; the loader and `verify` accept the result."""
+    from .bundle import write_bundle
+    from .runtime.verify import trusted_keys
+
+    path = write_bundle(manifest, output, keys=trusted_keys(key or None), build=build_dir)
+    out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _parse_devices(text: str) -> list[int] | None:
+    """'0', '0,1' or 'all' (None: every GPU of the host)."""
+    if text.strip() == "all":
+        return None
+    try:
+        devs = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ForgeError(f"--device {text!r} is not an ordinal, a list or 'all'", hint="e.g. --device 0 or --device all") from None
+    if not devs or any(d < 0 for d in devs):
+        raise ForgeError(f"--device {text!r} names no GPU", hint="e.g. --device 0")
+    return devs
+
+
+@app.command()
+def qualify(
+    device: Annotated[str, typer.Option("--device", help="GPU ordinal, a list (0,1) or 'all'.")] = "0",
+    build_dir: Annotated[Path | None, typer.Option("--build", help="A build folder (manifest.toml); default: build now.")] = None,
+    catalog: Annotated[Path | None, typer.Option("--catalog", help="Catalog TOML (default: the built-in one).")] = None,
+    level: Annotated[str, typer.Option("--level", help="quick (5 repeats) or full (50 repeats).")] = "quick",
+    sanitize: Annotated[bool, typer.Option("--sanitize", help="Also run small launches under compute-sanitizer.")] = False,
+    sign_key: Annotated[Path | None, typer.Option("--sign-key", help="Ed25519 private key (PEM).")] = None,
+    out_path: Annotated[Path | None, typer.Option("--out", help="Signed manifest path (default manifests/<GPU>-<level>.toml).")] = None,
+    module: Annotated[list[str] | None, typer.Option("--module", help="Only these module kinds (repeatable).")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds a launch may take before it counts as hung.")] = 20.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Base seed of the random inputs (default: fresh).")] = None,
+    state_cap: Annotated[int, typer.Option("--state-cap", help="d_state capacity when building here.")] = 64,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Concurrent workers per GPU.")] = 4,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or tables.")] = False,
+) -> None:
+    """Qualify every symbol that targets the attached GPU(s) and write a signed qualified manifest."""
+    from .qualify import runner
+
+    if level not in ("quick", "full"):
+        raise ForgeError(f"--level {level!r} is neither quick nor full")
+    req, info = runner.prepare_request(
+        _parse_devices(device), build_dir, catalog, level=level, sanitize=sanitize, timeout_s=timeout, seed=seed,
+        modules=module, state_cap=state_cap, say=lambda m: err.print(m, markup=False, highlight=False), jobs=jobs,
+    )
+    key = runner.resolve_key(sign_key)
+    if key.development:
+        err.print(f"note: no --sign-key and no $MAMBA_FORGE_SIGNING_KEY: signing with the {key.source}; "
+                  "the manifest is marked development_key = true", markup=False, highlight=False)
+    result = runner.qualify_with_progress(req, None if quiet else err, cc=info.cc)
+    for n in result.notes:
+        err.print(f"note: {n}", markup=False, highlight=False)
+    dest = out_path or Path("manifests") / f"{info.name.replace(' ', '-')}-{level}.toml"
+    path, pub = runner.write_signed(result.manifest, key, dest)
+    if not quiet:
+        runner.render_summary(result.manifest, out)
+        out.print(f"signed manifest -> {path} (public key {pub}); qualified in {result.manifest.qualification_seconds:.1f} s",
+                  markup=False, highlight=False)
+
+
+@app.command()
+def keygen(
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for <name>.key (mode 0600) and <name>.pub.")] = Path("keys"),
+    name: Annotated[str, typer.Option("--name", help="File name stem.")] = "mamba-forge",
+) -> None:
+    """Write an Ed25519 key pair for signing qualified manifests."""
+    from .signing import write_keypair
+
+    try:
+        priv, pub, kid = write_keypair(out_dir, name)
+    except FileExistsError as exc:
+        raise ForgeError(str(exc), hint="choose another --name or --out") from None
+    out.print(f"private key {priv} (mode 0600), public key {pub}, key id {kid}", markup=False, highlight=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,390 @@
+"""The qualification checks: live admission (attributes, dynamic smem, occupancy, ABI census), correctness
+against the float64 reference over the corpora, and determinism under perturbation (repeat, batch, another
+stream, a noisy neighbour, another address, graph replay). Comparison helpers are pure NumPy (CPU-tested);
+the launch machinery uses :mod:`mamba_forge.driver`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import driver as cu
+from ..catalog import Family, Symbol
+from . import spec as S
+
+POISON = 0xFF  # outputs are filled with 0xFF bytes first: NaN for floats, so unwritten elements show
+NEIGHBOUR_SOURCE = r"""
+// The qualifier's noisy neighbour: streams a large buffer through an FMA chain, occupying memory bandwidth
+// and ALUs on a second stream while the symbol under test runs.
+extern "C" __global__ void __launch_bounds__(256) mf_noisy_neighbour(float* buf, long long n, int iters) {
+  const long long stride = (long long)gridDim.x * blockDim.x;
+  for (int it = 0; it < iters; ++it) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+      float v = buf[i];
+#pragma unroll 8
+      for (int k = 0; k < 32; ++k) v = fmaf(v, 0.9990234375f, 0.0009765625f);
+      buf[i] = v;
+    }
+  }
+}
+"""
+NEIGHBOUR_FLOATS = 64 << 20  # 256 MiB: larger than L2, so it competes for HBM bandwidth
+NEIGHBOUR_ITERS = 12
+
+
+class Hang(Exception):
+    """A launch did not finish within its time limit."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        super().__init__(f"timed out after {seconds:g} s")
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    digest: str = ""
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "passed": self.passed, "digest": self.digest, "detail": self.detail}
+
+
+# ---- pure comparisons -----------------------------------------------------------------------------------
+
+
+def digest(outputs: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(outputs):
+        h.update(outputs[name])
+    return h.hexdigest()
+
+
+def unwritten_mask(raw: bytes, dtype: str) -> np.ndarray:
+    """Elements whose bytes are all still the poison pattern."""
+    size = S.DTYPES_SIZE[dtype]
+    b = np.frombuffer(raw, dtype=np.uint8).reshape(-1, size)
+    return np.all(b == POISON, axis=1)
+
+
+def compare(got: np.ndarray, ref: np.ndarray, dtype: str, rtol: float, atol: float, exact: bool) -> tuple[bool, str]:
+    """Elementwise |got - ref| <= atol + rtol |ref|, NaN where and only where the reference is NaN, infinities
+    equal. `exact`: got must equal the reference rounded to the dtype, bit for bit (NaNs by position)."""
+    g = np.asarray(got, dtype=np.float64).reshape(-1)
+    r = np.asarray(ref, dtype=np.float64).reshape(-1)
+    if g.shape != r.shape:
+        return False, f"reference has {r.size} elements, the output {g.size}"
+    if exact:
+        rr = r.astype(S.NP_DTYPES[dtype]).astype(np.float64) if dtype in S.FLOAT_DTYPES else r
+        same = (g == rr) | (np.isnan(g) & np.isnan(rr))
+        same &= np.signbit(g) == np.signbit(rr)
+        bad = ~same
+        if bad.any():
+            i = int(np.argmax(bad))
+            return False, f"{int(bad.sum())} of {g.size} elements differ from the exact reference; first at {i}: {g[i]!r} != {rr[i]!r}"
+        return True, f"{g.size} elements exact"
+    gn, rn = np.isnan(g), np.isnan(r)
+    if (gn != rn).any():
+        i = int(np.argmax(gn != rn))
+        return False, f"NaN mismatch at {i}: got {g[i]!r}, reference {r[i]!r} ({int((gn != rn).sum())} elements)"
+    gi, ri = np.isinf(g), np.isinf(r)
+    if (gi != ri).any() or (g[ri] != r[ri]).any():
+        bad = (gi != ri) | (ri & (g != r))
+        i = int(np.argmax(bad))
+        return False, f"infinity mismatch at {i}: got {g[i]!r}, reference {r[i]!r}"
+    fin = ~(rn | ri)
+    err = np.abs(g[fin] - r[fin])
+    lim = atol + rtol * np.abs(r[fin])
+    bad = err > lim
+    if bad.any():
+        idx = np.flatnonzero(fin)[bad]
+        worst = int(np.argmax(err - lim))
+        wi = int(np.flatnonzero(fin)[worst])
+        return False, (
+            f"{idx.size} of {g.size} elements outside rtol {rtol:g} atol {atol:g}; worst at {wi}: "
+            f"got {g[wi]!r}, reference {r[wi]!r}"
+        )
+    rel = float(np.max(err / np.maximum(np.abs(r[fin]), atol / max(rtol, 1e-300)))) if err.size else 0.0
+    return True, f"{g.size} elements, max scaled error {rel:.2e}"
+
+
+def load_callable(path: str) -> Callable:
+    """'package.module:function' -> the function (references and prepare hooks)."""
+    mod, _, fn = path.partition(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+# ---- device side ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    """What a worker holds for the whole run on one device."""
+
+    device: cu.Device
+    info: cu.DeviceInfo
+    timeout_s: float = 20.0
+    stream: cu.Stream | None = None
+    other: cu.Stream | None = None
+    neighbour_fn: cu.Function | None = None
+    neighbour_buf: cu.DeviceBuffer | None = None
+    _neighbour_module: cu.Module | None = field(default=None, repr=False)
+
+    def open(self) -> None:
+        self.device.make_current()
+        self.stream = cu.Stream()
+        self.other = cu.Stream()
+
+    def wait(self, stream: cu.Stream, timeout_s: float | None = None) -> None:
+        """Synchronize with a deadline: poll, so a hanging kernel becomes a Hang instead of a stuck worker."""
+        limit = timeout_s or self.timeout_s
+        t0 = time.monotonic()
+        pause = 20e-6
+        while not stream.query_done():
+            if time.monotonic() - t0 > limit:
+                raise Hang(limit)
+            time.sleep(pause)
+            pause = min(pause * 2, 2e-3)
+
+    def neighbour(self) -> tuple[cu.Function, cu.DeviceBuffer]:
+        if self.neighbour_fn is None:
+            from .. import nvrtc
+
+            major, minor = self.info.cc
+            res = nvrtc.compile_program(
+                NEIGHBOUR_SOURCE, "mamba_forge_qualify_neighbour.cu",
+                ["-std=c++17", f"-arch=sm_{major}{minor}"], {}, want_ptx=False,
+            )
+            if not res.ok:
+                raise RuntimeError(f"the noisy-neighbour kernel failed to compile: {res.log[:300]}")
+            self._neighbour_module = cu.Module(res.cubin)
+            self.neighbour_fn = self._neighbour_module.function("mf_noisy_neighbour")
+            self.neighbour_buf = cu.DeviceBuffer(NEIGHBOUR_FLOATS * 4)
+            cu.memset_d8(self.neighbour_buf.ptr, 0, NEIGHBOUR_FLOATS * 4)
+            cu.context_synchronize()
+        assert self.neighbour_buf is not None
+        return self.neighbour_fn, self.neighbour_buf
+
+    def launch_neighbour(self, stream: cu.Stream) -> None:
+        fn, buf = self.neighbour()
+        params = cu.PackedParams([("ptr", buf.ptr), ("i64", NEIGHBOUR_FLOATS), ("i32", NEIGHBOUR_ITERS)])
+        cu.launch(fn, (self.info.sm_count * 8,), (256,), params, stream=stream)
+
+
+class Instance:
+    """Device buffers for one concrete launch, with pristine copies of inputs that the kernel overwrites.
+
+    `offset` shifts every buffer's start by that many bytes (a multiple of 256) for the address check."""
+
+    def __init__(self, ctx: Context, spec: S.LaunchSpec, fn: cu.Function, inputs: dict[str, np.ndarray],
+                 prepare: Callable | None = None, offset: int = 0):
+        self.ctx, self.spec, self.fn = ctx, spec, fn
+        self._owned: list[cu.DeviceBuffer] = []
+        self.ptrs: dict[str, int] = {}
+        self.pristine: dict[str, int] = {}
+        self.graph: cu.Graph | None = None
+        try:
+            for b in spec.buffers:
+                buf = cu.DeviceBuffer(b.nbytes + offset)
+                self._owned.append(buf)
+                ptr = buf.ptr + offset
+                self.ptrs[b.name] = ptr
+                if b.needs_fill:
+                    data = np.ascontiguousarray(inputs[b.name]).tobytes()
+                    if b.role == "in":
+                        cu.memcpy_htod(ptr, data)
+                    else:  # restored before every launch
+                        pb = cu.DeviceBuffer(b.nbytes)
+                        self._owned.append(pb)
+                        cu.memcpy_htod(pb.ptr, data)
+                        self.pristine[b.name] = pb.ptr
+            blobs: dict[str, bytes] = {}
+            if spec.blobs:
+                assert prepare is not None
+                blobs = prepare(dict(self.ptrs), {s.name: s.value for s in spec.scalars}, dict(spec.dims))
+            values: list[tuple[str, object]] = [("ptr", 0)] * len(spec.param_types)
+            aligns = [0] * len(spec.param_types)
+            for b in spec.buffers:
+                values[b.index] = ("ptr", self.ptrs[b.name])
+            for s in spec.scalars:
+                values[s.index] = (s.type, s.value)
+            for bl in spec.blobs:
+                data = blobs[bl.name]
+                if len(data) != bl.size:
+                    raise S.SpecError(f"prepare returned {len(data)} bytes for {bl.name!r}, declared {bl.size}")
+                values[bl.index] = ("bytes", data)
+                aligns[bl.index] = bl.align
+            self.params = cu.PackedParams(values, aligns)
+            # host-to-device copies from pageable memory may still be in flight on the legacy stream, which the
+            # non-blocking streams the launches use do not wait for
+            cu.context_synchronize()
+        except BaseException:
+            self.free()
+            raise
+
+    def enqueue(self, stream: cu.Stream) -> None:
+        """Reset outputs (poison) and overwritten inputs (pristine copy), then launch: all on `stream`."""
+        for b in self.spec.buffers:
+            if b.name in self.pristine:
+                cu.memcpy_dtod(self.ptrs[b.name], self.pristine[b.name], b.nbytes, stream)
+            elif not b.needs_fill:
+                cu.memset_d8(self.ptrs[b.name], POISON, b.nbytes, stream)
+        cu.launch(self.fn, self.spec.grid, self.spec.block, self.params, smem=self.spec.dynamic_smem, stream=stream)
+
+    def run(self, stream: cu.Stream | None = None) -> dict[str, bytes]:
+        st = stream or self.ctx.stream
+        assert st is not None
+        self.enqueue(st)
+        self.ctx.wait(st)
+        return self.outputs()
+
+    def outputs(self) -> dict[str, bytes]:
+        return {b.name: cu.memcpy_dtoh(self.ptrs[b.name], b.nbytes) for b in self.spec.outputs}
+
+    def free(self) -> None:
+        if self.graph is not None:
+            self.graph.destroy()
+            self.graph = None
+        for buf in self._owned:
+            buf.free()
+        self._owned = []
+
+
+# ---- live admission -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Admission:
+    ok: bool
+    check: str = ""
+    reason: str = ""
+    resources: dict = field(default_factory=dict)
+    layout: list[list[int]] = field(default_factory=list)
+    layout_source: str = ""
+
+
+def census(actual: list[tuple[int, int]], expected: list[tuple[int, int]], names: list[str]) -> str:
+    """'' when the ABI matches; else one sentence naming the first differing parameter."""
+    if len(actual) != len(expected):
+        return f"the kernel takes {len(actual)} parameters, the catalog declares {len(expected)}"
+    for i, ((ao, asz), (eo, esz)) in enumerate(zip(actual, expected, strict=True)):
+        if (ao, asz) != (eo, esz):
+            return (f"parameter {i} ({names[i]}) is at offset {ao} with {asz} bytes, "
+                    f"the catalog declares offset {eo} with {esz} bytes")
+    return ""
+
+
+def live_admit(ctx: Context, fn: cu.Function, sym: Symbol, fam: Family, build_layout: list[list[int]] | None) -> Admission:
+    who = f"{sym.name} on {ctx.info.name}"
+    attrs = fn.attributes()
+    threads = sym.threads
+    res = {"registers": attrs.registers, "static_smem": attrs.static_smem, "local_bytes": attrs.local_bytes,
+           "max_threads": attrs.max_threads, "blocks_per_sm": 0}
+
+    def no(check: str, reason: str) -> Admission:
+        return Admission(False, check, f"{who}: {reason}", res)
+
+    if threads > attrs.max_threads:
+        return no("block", f"block of {threads} threads > MAX_THREADS_PER_BLOCK {attrs.max_threads}")
+    if attrs.registers > sym.policy.max_regs:
+        return no("registers", f"{attrs.registers} registers per thread > cap {sym.policy.max_regs}")
+    if attrs.local_bytes > sym.policy.max_stack:
+        return no("stack", f"{attrs.local_bytes} bytes of local memory per thread > allowed {sym.policy.max_stack}")
+    if attrs.static_smem + sym.dynamic_smem > ctx.info.optin_smem:
+        return no("smem", f"{attrs.static_smem} static + {sym.dynamic_smem} dynamic bytes of shared memory "
+                          f"> the device's opt-in limit {ctx.info.optin_smem}")
+    if sym.dynamic_smem > 0:
+        try:
+            fn.set_max_dynamic_smem(sym.dynamic_smem)
+        except cu.CudaError as exc:
+            return no("smem", f"the driver refuses {sym.dynamic_smem} bytes of dynamic shared memory ({exc.result})")
+    occ = fn.occupancy(threads, sym.dynamic_smem)
+    res["blocks_per_sm"] = occ
+    if occ < max(1, sym.policy.min_blocks_per_sm):
+        return no("occupancy", f"{occ} resident blocks per SM at {threads} threads and {sym.dynamic_smem} bytes "
+                               f"dynamic shared memory < required {max(1, sym.policy.min_blocks_per_sm)}")
+    layout = fn.param_layout()
+    source = "cuFuncGetParamInfo"
+    if layout is None:
+        layout = [tuple(x) for x in (build_layout or [])]  # type: ignore[misc]
+        source = "cubin parameter info"
+    expected = S.expected_abi(list(fam.params))
+    problem = census(list(layout), expected, [p.name for p in fam.params])
+    adm = Admission(True, resources=res, layout=[list(x) for x in layout], layout_source=source)
+    if problem:
+        return Admission(False, "abi", f"{who}: ABI census ({source}): {problem}", res, adm.layout, source)
+    return adm
+
+
+# ---- correctness and determinism ------------------------------------------------------------------------
+
+
+def reference_outputs(fam: Family, spec: S.LaunchSpec, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    if not fam.qualify.reference:
+        return None
+    fn = load_callable(fam.qualify.reference)
+    args: dict[str, object] = {}
+    for b in spec.buffers:
+        if b.name in inputs:
+            args[b.name] = S.as_f64(inputs[b.name], b.dtype)
+        else:
+            args[b.name] = np.full(b.count, np.nan) if b.dtype in S.FLOAT_DTYPES else np.zeros(b.count, np.int64)
+    for s in spec.scalars:
+        args[s.name] = s.value
+    return fn(args, dict(spec.dims))
+
+
+def make_inputs(spec: S.LaunchSpec, corpus: str, rng: np.random.Generator, nonfinite: bool) -> dict[str, np.ndarray]:
+    return {b.name: S.make_input(b, corpus, rng, nonfinite=nonfinite) for b in spec.buffers if b.needs_fill}
+
+
+def check_outputs(spec: S.LaunchSpec, outs: dict[str, bytes], ref: dict[str, np.ndarray] | None) -> tuple[bool, str]:
+    notes = []
+    for b in spec.outputs:
+        raw = outs[b.name]
+        got = S.from_bytes(raw, b.dtype)
+        unw = unwritten_mask(raw, b.dtype)
+        expected = None if ref is None else ref.get(b.name)
+        if expected is not None:
+            e = np.asarray(expected, dtype=np.float64).reshape(-1)
+            if e.size == unw.size:
+                # an element the reference expects to be NaN (floats) or all-ones (integers: -1, max) may
+                # legitimately hold the poison pattern
+                poison_value = float(S.from_bytes(bytes([POISON]) * S.DTYPES_SIZE[b.dtype], b.dtype)[0])
+                unw &= ~(np.isnan(e) | (e == poison_value))
+        if unw.any():
+            return False, f"{b.name}: {int(unw.sum())} of {b.count} elements not written (first at {int(np.argmax(unw))})"
+        if expected is None:
+            notes.append(f"{b.name}: written")
+            continue
+        rtol, atol = spec.tolerance[b.name]
+        ok, detail = compare(got.astype(np.float64) if b.dtype in S.FLOAT_DTYPES else got, expected, b.dtype,
+                             rtol, atol, spec.exact)
+        if not ok:
+            return False, f"{b.name}: {detail}"
+        notes.append(f"{b.name}: {detail}")
+    return True, "; ".join(notes)
+
+
+def first_difference(a: dict[str, bytes], b: dict[str, bytes]) -> str:
+    for name in sorted(a):
+        x, y = a[name], b.get(name, b"")
+        if x != y:
+            xa, ya = np.frombuffer(x, np.uint8), np.frombuffer(y, np.uint8)
+            if xa.size != ya.size:
+                return f"{name}: sizes differ"
+            return f"{name}: {int((xa != ya).sum())} bytes differ, first at byte {int(np.argmax(xa != ya))}"
+    return ""
+
+
+__all__ = [
+    "Admission", "CheckResult", "Context", "Hang", "Instance", "census", "check_outputs", "compare", "digest",
+    "first_difference", "live_admit", "load_callable", "make_inputs", "reference_outputs", "unwritten_mask",
+]

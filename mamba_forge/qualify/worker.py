@@ -1,0 +1,295 @@
+"""The qualification worker: a subprocess that qualifies groups of symbols on one device and streams one JSON
+object per line on stdout. The parent (runner.py) isolates it: a fault kills the context, so the worker reports
+the CUresult and exits; a hang is reported by the worker's own deadline (or the parent's) and the process dies.
+
+    python -m mamba_forge.qualify.worker --job JOB.json
+
+Events: hello (device), module (loaded), module_error, start (symbol), result, fault, timeout, done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from .. import driver as cu
+from ..catalog import Catalog, load_catalog
+from . import checks as C
+from . import spec as S
+
+REPEATS = {"quick": 5, "full": 50}
+SANITIZE_BATCH = 97  # small launches under compute-sanitizer: the batch dim shrinks to this (odd) size
+EXIT_FAULT, EXIT_TIMEOUT = 3, 4
+
+
+def emit(event: str, **fields) -> None:
+    sys.stdout.write(json.dumps({"event": event, **fields}, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def symbol_seed(base: int, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{base}:{name}".encode()).digest()[:6], "little")
+
+
+class SymbolRun:
+    """Qualifies one symbol; collects check records; raises CudaError/Hang for the worker to handle."""
+
+    def __init__(self, ctx: C.Context, catalog: Catalog, module: cu.Module, job: dict, entry: dict, group: dict):
+        self.ctx, self.job, self.entry, self.group = ctx, job, entry, group
+        self.name = entry["name"]
+        self.sym = catalog.symbols[self.name]
+        self.fam = catalog.module(self.sym.module).family(self.sym.family)
+        self.module = module
+        self.checks: list[dict] = []
+        self.seed = symbol_seed(job["seed"], self.name)
+        self.out: dict = {"symbol": self.name, "module": group["module"], "target": group["target"], "seed": self.seed,
+                          "block": list(self.sym.block), "dynamic_smem": self.sym.dynamic_smem}
+
+    def reject(self, check: str, reason: str) -> dict:
+        return {**self.out, "status": "rejected", "check": check, "reason": reason, "checks": self.checks}
+
+    def add(self, name: str, passed: bool, digest: str = "", detail: str = "") -> None:
+        self.checks.append({"name": name, "passed": passed, "digest": digest, "detail": detail})
+        emit("check", symbol=self.name, name=name, passed=passed)  # also tells the parent the worker is alive
+
+    def run(self) -> dict:
+        timeout = self.fam.qualify.timeout_s
+        if timeout:
+            self.ctx.timeout_s = timeout * (20 if self.job.get("sanitize") else 1)
+        try:
+            fn = self.module.function(self.name)
+        except cu.CudaError as exc:
+            return self.reject("exports", f"{self.name}: not found in the loaded module ({exc.result})")
+        adm = C.live_admit(self.ctx, fn, self.sym, self.fam, self.entry.get("build_layout"))
+        self.out["resources"] = adm.resources
+        self.out["params"] = adm.layout
+        if not adm.ok:
+            return self.reject(adm.check, adm.reason)
+        self.add("admission", True, detail=f"live attributes read; ABI census from {adm.layout_source}")
+        dims = None
+        q = self.fam.qualify
+        if self.job.get("sanitize") and q.batch_dim and q.dims.get(q.batch_dim, 0) > SANITIZE_BATCH:
+            dims = {**q.dims, q.batch_dim: SANITIZE_BATCH}
+        try:
+            spec = S.evaluate(self.sym, self.fam, dims)
+        except S.SpecError as exc:
+            if q.skip:
+                return self.reject("untested", f"{self.name}: not launched by the qualifier: {q.skip}")
+            return self.reject("spec", str(exc))
+        prepare = C.load_callable(q.prepare) if q.prepare else None
+        rng = np.random.default_rng(self.seed)
+        corpora = ["uniform"] if self.job.get("sanitize") else spec.corpora
+        base_inst, base_inputs, base_outs = None, None, None
+        try:
+            for corpus in corpora:
+                inputs = C.make_inputs(spec, corpus, rng, q.nonfinite)
+                inst = C.Instance(self.ctx, spec, fn, inputs, prepare)
+                try:
+                    outs = inst.run()
+                finally:
+                    if corpus != corpora[0]:
+                        inst.free()
+                if corpus == corpora[0]:
+                    base_inst, base_inputs, base_outs = inst, inputs, outs
+                try:
+                    ref = C.reference_outputs(self.fam, spec, inputs)
+                except Exception as exc:  # noqa: BLE001 - a broken reference is a verdict, not a crash
+                    return self.reject("reference", f"{self.name}: reference {q.reference} failed: {type(exc).__name__}: {exc}")
+                ok, detail = C.check_outputs(spec, outs, ref)
+                self.add("correctness", ok, C.digest(outs), f"corpus {corpus}: {detail}" + ("" if ref is not None else " (no reference)"))
+                if not ok:
+                    return self.reject("correctness", f"{self.name}: corpus {corpus}: {detail}")
+            assert base_inst is not None and base_outs is not None and base_inputs is not None
+            if self.sym.deterministic and not self.job.get("sanitize"):
+                verdict = self.determinism(spec, fn, base_inst, base_inputs, base_outs, prepare)
+                if verdict is not None:
+                    return verdict
+        finally:
+            if base_inst is not None:
+                base_inst.free()
+        return {**self.out, "status": "admitted", "check": "", "reason": "", "checks": self.checks}
+
+    def determinism(self, spec, fn, inst: C.Instance, inputs, base: dict[str, bytes], prepare) -> dict | None:
+        ctx = self.ctx
+        want = C.digest(base)
+
+        def same(name: str, outs: dict[str, bytes], detail: str) -> dict | None:
+            d = C.digest(outs)
+            if d != want:
+                diff = C.first_difference(base, outs)
+                self.add(name, False, d, f"{detail}: {diff}")
+                return self.reject(name, f"{self.name}: {detail} differs from the first run ({diff})")
+            self.add(name, True, d, detail)
+            return None
+
+        r = REPEATS[self.job.get("level", "quick")]
+        for i in range(r):
+            outs = inst.run()
+            if C.digest(outs) != want:
+                diff = C.first_difference(base, outs)
+                self.add("repeat", False, C.digest(outs), f"run {i + 2} of {r + 1}: {diff}")
+                return self.reject("repeat", f"{self.name}: run {i + 2} of {r + 1} is not bitwise equal to run 1 ({diff})")
+        self.add("repeat", True, want, f"{r} more runs bitwise equal")
+
+        q = self.fam.qualify
+        if q.batch_dim:
+            full = spec.dims[q.batch_dim]
+            for small in S.batch_sizes(full):
+                sdims = {**spec.dims, q.batch_dim: small}
+                try:
+                    sspec = S.evaluate(self.sym, self.fam, sdims)
+                    sin = {}
+                    fb = {b.name: b for b in spec.buffers}
+                    for b in sspec.buffers:
+                        if b.needs_fill:
+                            sin[b.name] = S.leading_rows(inputs[b.name], fb[b.name], b)
+                    expect = {b.name: S.leading_rows(S.from_bytes(base[b.name], b.dtype), fb[b.name], b).tobytes()
+                              for b in sspec.outputs}
+                except S.SpecError as exc:
+                    self.add("batch", False, "", f"{q.batch_dim}={small}: {exc}")
+                    return self.reject("batch", f"{self.name}: batch check at {q.batch_dim}={small}: {exc}")
+                sinst = C.Instance(ctx, sspec, fn, sin, prepare)
+                try:
+                    souts = sinst.run()
+                finally:
+                    sinst.free()
+                if souts != expect:
+                    diff = C.first_difference(expect, souts)
+                    self.add("batch", False, C.digest(souts), f"{q.batch_dim}={small} of {full}: {diff}")
+                    return self.reject("batch", f"{self.name}: the leading rows at {q.batch_dim}={small} differ from "
+                                                f"those at {q.batch_dim}={full} ({diff})")
+            self.add("batch", True, want, f"{q.batch_dim} in {S.batch_sizes(full)} vs {full}: leading rows bitwise equal")
+
+        v = same("stream", inst.run(ctx.other), "on another stream")
+        if v:
+            return v
+
+        ctx.launch_neighbour(ctx.other)
+        inst.enqueue(ctx.stream)
+        ctx.wait(ctx.stream)
+        ctx.wait(ctx.other, max(ctx.timeout_s, 60.0))
+        v = same("neighbour", inst.outputs(), "under a concurrent memory- and ALU-heavy kernel on a second stream")
+        if v:
+            return v
+
+        moved = C.Instance(ctx, spec, fn, inputs, prepare, offset=256)
+        try:
+            v = same("address", moved.run(), "with every buffer 256 bytes further")
+        finally:
+            moved.free()
+        if v:
+            return v
+
+        graph = cu.Graph.capture(ctx.stream, lambda: inst.enqueue(ctx.stream))
+        try:
+            graph.launch(ctx.stream)
+            ctx.wait(ctx.stream)
+            outs = inst.outputs()
+        finally:
+            graph.destroy()
+        return same("graph", outs, "replayed from a captured CUDA graph")
+
+
+def load_group(ctx: C.Context, build_dir: Path, group: dict) -> tuple[cu.Module | None, str]:
+    """Load a group's cubin; PTX only when the driver supports its ISA version. Returns (module, note)."""
+    drv = ctx.info.driver_version
+    cubin = group.get("cubin")
+    if cubin:
+        data = (build_dir / cubin).read_bytes()
+        return cu.Module(data), "cubin"
+    ptx = group.get("ptx")
+    if ptx:
+        text = (build_dir / ptx).read_bytes()
+        isa = _ptx_isa(text)
+        # the driver accepts PTX of ISA <= its own CUDA version (CUDA 13.0 -> PTX 9.0)
+        max_isa = (drv // 1000 - 4, (drv % 1000) // 10)
+        if isa is not None and isa > max_isa:
+            return None, (f"PTX ISA {isa[0]}.{isa[1]} is newer than the driver ({drv}) supports "
+                          f"({max_isa[0]}.{max_isa[1]}): not loaded")
+        return cu.Module(text, ptx=True), "ptx"
+    return None, "no cubin or PTX artifact"
+
+
+def _ptx_isa(text: bytes) -> tuple[int, int] | None:
+    for line in text.splitlines()[:50]:
+        if line.startswith(b".version"):
+            try:
+                a, b = line.split()[1].decode().split(".")
+                return int(a), int(b)
+            except (ValueError, IndexError):
+                return None
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mamba_forge.qualify.worker")
+    ap.add_argument("--job", required=True)
+    args = ap.parse_args(argv)
+    job = json.loads(Path(args.job).read_text())
+    catalog = load_catalog(job["catalog"])
+    # a user catalog may ship its references beside itself ("refs:function" then imports refs.py from there)
+    sys.path.append(str(Path(job["catalog"]).resolve().parent))
+    build_dir = Path(job["build_dir"])
+    try:
+        dev = cu.Device(int(job["device"]))
+        ctx = C.Context(dev, dev.info(), timeout_s=float(job.get("timeout_s", 20.0)))
+        ctx.open()
+    except cu.CudaError as exc:
+        emit("fatal", result=exc.result, reason=str(exc))
+        return 2
+    i = ctx.info
+    emit("hello", pid=os.getpid(), device={"name": i.name, "cc": i.cc_text, "sm_count": i.sm_count,
+                                          "driver_version": i.driver_version, "optin_smem": i.optin_smem,
+                                          "uuid": i.uuid, "ordinal": i.ordinal})
+    base_timeout = ctx.timeout_s
+    for group in job["groups"]:
+        try:
+            module, note = load_group(ctx, build_dir, group)
+        except cu.CudaError as exc:
+            emit("module_error", module=group["module"], target=group["target"], result=exc.result,
+                 reason=f"{group['module']} ({group['target']}): module load failed with {exc.result}")
+            if exc.result in cu.STICKY_RESULTS:
+                return EXIT_FAULT
+            continue
+        if module is None:
+            emit("module_error", module=group["module"], target=group["target"], result="", reason=note)
+            continue
+        emit("module", module=group["module"], target=group["target"], load=note)
+        for entry in group["symbols"]:
+            name = entry["name"]
+            emit("start", symbol=name, module=group["module"], target=group["target"])
+            t0 = time.perf_counter()
+            ctx.timeout_s = base_timeout
+            try:
+                rec = SymbolRun(ctx, catalog, module, job, entry, group).run()
+            except C.Hang as exc:
+                emit("timeout", symbol=name, seconds=exc.seconds, reason=f"{name}: timed out after {exc.seconds:g} s")
+                sys.stdout.flush()
+                os._exit(EXIT_TIMEOUT)  # the hung kernel holds the context: only process exit frees it
+            except cu.CudaError as exc:
+                emit("fault", symbol=name, result=exc.result, reason=f"{name}: {exc}")
+                if exc.result in cu.STICKY_RESULTS:
+                    sys.stdout.flush()
+                    os._exit(EXIT_FAULT)
+                continue
+            except Exception as exc:  # noqa: BLE001 - any other failure is this symbol's verdict
+                tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
+                emit("result", symbol=name, module=group["module"], target=group["target"], status="rejected",
+                     check="harness", reason=f"{name}: the qualifier failed: {type(exc).__name__}: {exc} [{tb}]", checks=[])
+                continue
+            rec["seconds"] = round(time.perf_counter() - t0, 3)
+            emit("result", **rec)
+    emit("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

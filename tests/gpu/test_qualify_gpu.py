@@ -1,0 +1,191 @@
+"""The live qualifier on the H200: the negative-control catalog (each control rejected by the right check, the
+correct controls admitted, through the CLI with --sanitize and a signed manifest), live admission and the driver
+wrappers directly, and the real catalog's Fixed module at quick level.
+
+    python -m pytest -q -m gpu tests/gpu/test_qualify_gpu.py
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mamba_forge import driver as cu
+from mamba_forge import signing
+from mamba_forge.build import BuildRequest, build
+from mamba_forge.catalog import default_catalog_path, load_catalog
+from mamba_forge.manifest import write
+from mamba_forge.qualified import body_bytes, read_verified
+from mamba_forge.qualify import checks as C
+from mamba_forge.qualify import runner
+from mamba_forge.targets import get_target
+
+pytestmark = pytest.mark.gpu
+
+NEGATIVE = Path(__file__).resolve().parent.parent / "fixtures" / "qualify_negative" / "catalog.toml"
+DETERMINISM = ["repeat", "batch", "stream", "neighbour", "address", "graph"]
+# (symbol, acceptable deciding checks, text the reason must contain)
+EXPECTED = [
+    ("nondet_sum", {"repeat"}, "not bitwise equal"),
+    ("racy_row_sum", {"sanitize", "correctness", "repeat", "batch", "stream", "neighbour", "address", "graph"}, ""),
+    ("batch_variant_row_sum", {"batch"}, "leading rows"),
+    ("oob_write", {"fault"}, "CUDA_ERROR_ILLEGAL_ADDRESS"),
+    ("spin_forever", {"timeout"}, "timed out after"),
+    ("smem_over", {"smem"}, "232448"),
+    ("abi_mismatch", {"abi"}, "parameter 1"),
+    ("wrong_scale", {"correctness"}, "outside rtol"),
+    ("misses_tail", {"correctness"}, "not written"),
+    ("address_variant", {"address"}, "256 bytes further"),
+]
+CONTROLS = ["control_row_sum", "control_smem_reverse"]
+
+
+def _target() -> str:
+    info = cu.Device(0).info()
+    return sorted(runner.device_targets(info.cc), key=lambda t: not t.endswith("a"))[0]
+
+
+@pytest.fixture(scope="module")
+def negative_build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qneg-build")
+    bm = build(BuildRequest(load_catalog(NEGATIVE), [get_target(_target())], out, cache_location=None))
+    write(out / "manifest.toml", bm)
+    return out
+
+
+@pytest.fixture(scope="module")
+def negative_manifest(negative_build, tmp_path_factory):
+    from mamba_forge.cli import main
+
+    tmp = tmp_path_factory.mktemp("qneg-out")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_CONFIG_HOME", str(tmp / "cfg"))
+    mp.delenv(signing.KEY_ENV, raising=False)
+    try:
+        out = tmp / "manifests" / "negative.toml"
+        rc = main(["qualify", "--device", "0", "--build", str(negative_build), "--catalog", str(NEGATIVE),
+                   "--sanitize", "--timeout", "10", "--out", str(out)])
+    finally:
+        mp.undo()
+    assert rc == 0
+    pubs = list(out.parent.glob("*.pub"))
+    assert len(pubs) == 1
+    return read_verified(out, signing.load_trusted(pubs))
+
+
+@pytest.mark.parametrize(("name", "checks", "text"), EXPECTED, ids=[e[0] for e in EXPECTED])
+def test_negative_control_rejected_by_the_right_check(negative_manifest, name, checks, text):
+    s = negative_manifest.symbol(name)
+    assert s.status == "rejected", f"{name} was admitted: {[c.model_dump() for c in s.checks]}"
+    assert s.check in checks, f"{name}: rejected by {s.check}: {s.reason}"
+    assert text in s.reason, s.reason
+
+
+@pytest.mark.parametrize("name", CONTROLS)
+def test_controls_admitted_with_every_check(negative_manifest, name):
+    s = negative_manifest.symbol(name)
+    assert s.status == "admitted", f"{name}: [{s.check}] {s.reason}"
+    names = [c.name for c in s.checks]
+    for want in ["admission", "correctness", *DETERMINISM, "sanitize"]:
+        assert want in names, f"{name} lacks the {want} check: {names}"
+    assert all(c.passed for c in s.checks)
+    assert names.count("sanitize") == 4  # memcheck, racecheck, synccheck, initcheck
+    digests = {c.digest for c in s.checks if c.name in DETERMINISM}
+    assert len(digests) == 1 and len(digests.pop()) == 64
+    assert s.resources is not None and s.resources.blocks_per_sm >= 1 and s.seed is not None
+    assert s.params == [[0, 8], [8, 8], [16, 4], [20, 4]]
+
+
+def test_negative_manifest_layout(negative_manifest):
+    m = negative_manifest
+    assert m.device.cc == "9.0" and m.device.sm_count > 0 and m.device.driver_version >= 13000
+    assert m.development_key and m.qualification_seconds > 0
+    assert [a.code for a in m.artifacts] == ["cubin", "ptx"]
+
+
+def test_live_admission_refuses_dynamic_smem_over_the_device_limit(negative_build):
+    cat = load_catalog(NEGATIVE)
+    dev = cu.Device(0)
+    ctx = C.Context(dev, dev.info())
+    ctx.open()
+    mod = cu.Module((negative_build / f"{_target()}/QualifyNegative.cubin").read_bytes())
+    fn = mod.function("control_smem_reverse")
+    sym = cat.symbols["control_smem_reverse"]
+    fam = cat.modules[0].family("control_smem_reverse")
+    ok = C.live_admit(ctx, fn, sym, fam, None)
+    assert ok.ok and ok.layout_source == "cuFuncGetParamInfo" and ok.resources["blocks_per_sm"] >= 1
+    over = sym.model_copy(update={"dynamic_smem": ctx.info.optin_smem + 1024})
+    bad = C.live_admit(ctx, fn, over, fam, None)
+    assert not bad.ok and bad.check == "smem" and str(ctx.info.optin_smem) in bad.reason
+    mism = C.live_admit(ctx, mod.function("abi_mismatch"), cat.symbols["abi_mismatch"],
+                        cat.modules[0].family("abi_mismatch"), None)
+    assert not mism.ok and mism.check == "abi"
+    mod.unload()
+
+
+def test_driver_memory_graph_and_param_info():
+    dev = cu.Device(0)
+    dev.make_current()
+    info = dev.info()
+    assert info.name and info.sm_count > 0 and info.optin_smem >= 48 * 1024
+    buf = cu.DeviceBuffer(1024)
+    data = np.arange(256, dtype=np.float32).tobytes()
+    cu.memcpy_htod(buf.ptr, data)
+    assert cu.memcpy_dtoh(buf.ptr, 1024) == data
+    s = cu.Stream()
+    g = cu.Graph.capture(s, lambda: cu.memset_d8(buf.ptr, 0xAB, 1024, s))
+    g.launch(s)
+    s.synchronize()
+    assert cu.memcpy_dtoh(buf.ptr, 1024) == b"\xab" * 1024
+    g.destroy()
+    s.destroy()
+    buf.free()
+    with pytest.raises(cu.CudaError, match="CUDA_ERROR"):
+        cu.Module(b"not a cubin")
+
+
+def test_fixed_module_qualifies_at_quick_level(tmp_path):
+    cat = load_catalog(default_catalog_path())
+    target = _target()
+    bm = build(BuildRequest(cat, [get_target(target)], tmp_path))
+    req = runner.QualifyRequest(build_dir=tmp_path, build=bm, catalog=cat, devices=[0], level="quick",
+                                only_modules={"Fixed"})
+    result = runner.qualify(req)
+    fixed = [s for s in result.manifest.symbols if s.module == "Fixed" and s.target == target]
+    assert fixed
+    harness = [f"{s.name}: {s.reason}" for s in fixed if s.check == "harness"]
+    assert not harness, "qualifier failures:\n" + "\n".join(harness)
+    rejected = [f"{s.name} [{s.check}] {s.reason}" for s in fixed if s.status != "admitted"]
+    print(f"Fixed on {target}: {len(fixed) - len(rejected)} admitted, {len(rejected)} rejected in "
+          f"{result.manifest.qualification_seconds:.1f} s")
+    assert not rejected, "\n".join(rejected)
+    body = tomllib.loads(body_bytes(result.manifest).decode())
+    assert body["kind"] == "qualified" and len(body["symbols"]) == len(result.manifest.symbols)
+
+
+def _gpu_count() -> int:
+    try:
+        return cu.device_count()
+    except cu.CudaError:
+        return 0
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two GPUs of one model")
+def test_two_gpus_compare_digests(negative_build):
+    cat = load_catalog(NEGATIVE)
+    bm_path = negative_build / "manifest.toml"
+    from mamba_forge.manifest import read
+    from mamba_forge.records import BuildManifest
+
+    req = runner.QualifyRequest(build_dir=negative_build, build=read(bm_path, BuildManifest), catalog=cat,
+                                devices=[0, 1], seed=11, timeout_s=10)
+    m = runner.qualify(req).manifest
+    assert m.device.count == 2
+    for name in CONTROLS:
+        s = m.symbol(name)
+        assert s.status == "admitted", s.reason
+        assert s.checks[-1].name == "cross-device" and s.checks[-1].passed
+    assert m.symbol("nondet_sum").status == "rejected"

@@ -1,0 +1,521 @@
+"""The qualifier on CPU: manifest schema round trip, launch-spec evaluation for every family of the real catalog
+(fills, shapes, grid, scalars, corpora), the comparison and census helpers, and worker isolation with a fake
+worker that crashes, hangs, faults or answers (the run goes on with a fresh worker)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mamba_forge import signing
+from mamba_forge.catalog import default_catalog_path, load_catalog
+from mamba_forge.qualified import QualifiedManifest, body_bytes, parse_body, read_verified
+from mamba_forge.qualify import checks as C
+from mamba_forge.qualify import runner
+from mamba_forge.qualify import spec as S
+from mamba_forge.records import (
+    Artifact,
+    BuildManifest,
+    ModuleBuild,
+    Resources,
+    SymbolBuild,
+    Toolchain,
+    Verdict,
+)
+
+NEGATIVE = Path(__file__).parent / "fixtures" / "qualify_negative" / "catalog.toml"
+
+
+@pytest.fixture(scope="module")
+def real_catalog():
+    return load_catalog(default_catalog_path())
+
+
+# ---- launch specs -----------------------------------------------------------------------------------------
+
+
+def _families(cat):
+    for m in cat.modules:
+        for fam in m.families:
+            syms = [s for s in m.symbols if s.family == fam.name]
+            if syms:
+                yield m, fam, syms
+
+
+def test_every_real_family_has_a_consistent_spec_or_a_skip_reason(real_catalog):
+    problems = []
+    for _m, fam, syms in _families(real_catalog):
+        if fam.qualify.skip:
+            assert fam.qualify.skip.strip(), f"{fam.name}: empty skip reason"
+            continue
+        for sym in syms:
+            try:
+                sp = S.evaluate(sym, fam)
+            except S.SpecError as exc:
+                problems.append(str(exc))
+                continue
+            assert len(sp.param_types) == len(fam.params)
+            assert sp.outputs, sym.name
+            assert all(g >= 1 for g in sp.grid) and sp.block == sym.block
+            # ABI: every parameter aligned to its own alignment, in order, without overlap
+            end = 0
+            for (off, size), p in zip(sp.abi, fam.params, strict=True):
+                assert off % p.size_align[1] == 0 and off >= end
+                end = off + size
+            for b in sp.buffers:
+                assert b.count == int(np.prod(b.shape)) and b.nbytes <= S.MAX_BUFFER_BYTES
+            for s in sp.scalars:
+                assert isinstance(s.value, float if s.type in ("f32", "f64") else int)
+            if fam.qualify.batch_dim:
+                for small in S.batch_sizes(sp.dims[fam.qualify.batch_dim]):
+                    sm = S.evaluate(sym, fam, {**sp.dims, fam.qualify.batch_dim: small})
+                    for fb, sb in zip(sp.buffers, sm.buffers, strict=True):
+                        S.batch_axis(fb, sb)  # raises when rows are not a leading slice
+        if fam.qualify.reference:
+            mod, _, fn = fam.qualify.reference.partition(":")
+            if mod.startswith("mamba_forge."):
+                assert callable(getattr(importlib.import_module(mod), fn, None)), f"{fam.name}: {fam.qualify.reference}"
+    assert not problems, "\n".join(problems)
+
+
+def test_corpora_for_one_symbol_per_family(real_catalog):
+    """Inputs of every corpus, drawn on a truncated copy of each buffer (keeps the CPU test fast)."""
+    rng = np.random.default_rng(1)
+    for _, fam, syms in _families(real_catalog):
+        if fam.qualify.skip:
+            continue
+        sp = S.evaluate(syms[0], fam)
+        for corpus in sp.corpora:
+            for b in sp.buffers:
+                if not b.needs_fill:
+                    continue
+                small = dataclasses.replace(b, shape=(min(b.count, 4096),))
+                a = S.make_input(small, corpus, rng, nonfinite=fam.qualify.nonfinite)
+                assert a.dtype == S.NP_DTYPES[b.dtype] and a.size == small.count
+                if b.fill.kind in ("randint", "iota", "const"):
+                    ref = S.make_input(small, "uniform", np.random.default_rng(0))
+                    assert a.dtype == ref.dtype
+                if not fam.qualify.nonfinite and b.dtype in S.FLOAT_DTYPES:
+                    assert np.isfinite(a.astype(np.float64)).all(), (fam.name, b.name, corpus)
+
+
+def test_fill_parsing_and_refusals():
+    assert S.Fill.parse("uniform(-1, 1)") == S.Fill("uniform", (-1.0, 1.0))
+    assert S.Fill.parse("iota").kind == "iota"
+    for bad in ("uniform(1,-1)", "logu(0,1)", "positive(-1,2)", "normal(0,0)", "const()", "zipf(1,2)", "randint(3,3)"):
+        with pytest.raises(S.SpecError):
+            S.Fill.parse(bad)
+
+
+def test_fills_produce_their_distributions():
+    rng = np.random.default_rng(0)
+    f32 = lambda fill, n=20000: S.BufferSpec(0, "x", "f32", "in", (n,), S.Fill.parse(fill))  # noqa: E731
+    u = S.make_input(f32("uniform(-2,3)"), "uniform", rng).astype(np.float64)
+    assert u.min() >= -2 and u.max() <= 3
+    lg = np.abs(S.make_input(f32("logu(1e-3,1e3)"), "uniform", rng).astype(np.float64))
+    assert lg.min() >= 1e-3 * 0.999 and lg.max() <= 1e3 * 1.001 and np.median(lg) < 10  # log-uniform, not uniform
+    pos = S.make_input(f32("positive(1e-2,1)"), "uniform", rng)
+    assert (pos > 0).all()
+    ri = S.make_input(S.BufferSpec(0, "i", "i32", "in", (1000,), S.Fill.parse("randint(0,7)")), "uniform", rng)
+    assert ri.dtype == np.int32 and ri.min() >= 0 and ri.max() <= 6
+    io = S.make_input(S.BufferSpec(0, "i", "i64", "in", (10,), S.Fill.parse("iota")), "special", rng)
+    assert list(io) == list(range(10))  # corpora never perturb indices
+    c = S.make_input(f32("const(0)", 10), "special", rng)
+    assert (c == 0).all()
+
+
+def test_logu_and_special_corpora():
+    rng = np.random.default_rng(0)
+    b = S.BufferSpec(0, "x", "f32", "in", (50000,), S.Fill.parse("uniform(-4,4)"))
+    lg = np.abs(S.make_input(b, "logu", rng).astype(np.float64))
+    assert lg.max() <= 4 and lg.min() < 4e-5  # spans LOGU_DECADES below the bound
+    sp = S.make_input(b, "special", rng).astype(np.float64)
+    assert np.isfinite(sp).all()
+    assert (np.signbit(sp) & (sp == 0)).any()  # -0
+    assert ((np.abs(sp) > 0) & (np.abs(sp) < np.finfo(np.float32).tiny)).any()  # denormals
+    assert (np.abs(sp) == 4).any()  # the bound
+    nf = S.make_input(b, "special", rng, nonfinite=True).astype(np.float64)
+    assert np.isnan(nf).any() and np.isinf(nf).any()
+    dom = S.BufferSpec(0, "x", "f32", "in", (20000,), S.Fill.parse("uniform(-1,5)"))
+    for corpus in ("logu", "special"):
+        v = S.make_input(dom, corpus, rng, nonfinite=True).astype(np.float64)
+        fin = np.isfinite(v)
+        assert v[fin].min() >= -1 and v[fin].max() <= 5  # the declared interval holds in every corpus
+    pb = S.BufferSpec(0, "x", "bf16", "in", (5000,), S.Fill.parse("positive(1e-3,1)"))
+    ps = S.make_input(pb, "special", rng).astype(np.float64)
+    assert (ps > 0).all()
+
+
+def _neg():
+    cat = load_catalog(NEGATIVE)
+    mod = cat.modules[0]
+    return cat, mod
+
+
+def test_spec_shapes_grid_scalars_and_abi():
+    cat, mod = _neg()
+    sym = cat.symbols["control_row_sum"]
+    sp = S.evaluate(sym, mod.family("control_row_sum"))
+    assert [b.shape for b in sp.buffers] == [(512,), (512, 1024)]
+    assert sp.grid == (4, 1, 1) and sp.block == (128, 1, 1)
+    assert [(s.name, s.value) for s in sp.scalars] == [("rows", 512), ("cols", 1024)]
+    assert sp.abi == [(0, 8), (8, 8), (16, 4), (20, 4)]
+    assert sp.tolerance["out"] == (1e-4, 1e-3)
+    small = S.evaluate(sym, mod.family("control_row_sum"), {"rows": 5, "cols": 1024})
+    assert small.grid == (1, 1, 1)
+    x = np.arange(512 * 1024, dtype=np.float32)
+    lead = S.leading_rows(x, sp.buffers[1], small.buffers[1])
+    assert np.array_equal(lead, x[: 5 * 1024])
+    assert S.batch_sizes(512) == [1, 171] and S.batch_sizes(1) == []
+
+
+def test_expected_abi_aligns_each_parameter():
+    from mamba_forge.catalog import Param
+
+    ps = [Param(name="n", type="i32", value=1), Param(name="p", type="ptr", dtype="f32", shape=[1]),
+          Param(name="m", type="bytes", size=128, align=64), Param(name="f", type="f32", value=1.0)]
+    assert S.expected_abi(ps) == [(0, 4), (8, 8), (64, 128), (192, 4)]
+
+
+def test_spec_refusals():
+    from mamba_forge.catalog import Family
+
+    cat, mod = _neg()
+    sym = cat.symbols["control_row_sum"]
+    fam = mod.family("control_row_sum")
+
+    def variant(**upd):
+        return Family.model_validate({**fam.model_dump(exclude_none=True), **upd})
+
+    params = [p.model_dump(exclude_none=True) for p in fam.params]
+    no_fill = [dict(params[0]), {k: v for k, v in params[1].items() if k != "fill"}, params[2], params[3]]
+    with pytest.raises(S.SpecError, match="needs a fill"):
+        S.evaluate(sym, variant(params=no_fill))
+    no_out = [dict(params[0], role="in", fill="uniform(0,1)"), params[1], params[2], params[3]]
+    with pytest.raises(S.SpecError, match="no output"):
+        S.evaluate(sym, variant(params=no_out))
+    with pytest.raises(S.SpecError, match="batch_dim"):
+        S.evaluate(sym, variant(qualify={**fam.qualify.model_dump(exclude_none=True), "batch_dim": "nope"}))
+    with pytest.raises(S.SpecError, match="unknown name"):
+        S.evaluate(sym, variant(qualify={**fam.qualify.model_dump(exclude_none=True), "dims": {"rows": 4}}))
+    with pytest.raises(S.SpecError, match="skipped: needs a tensor map"):
+        S.evaluate(sym, variant(qualify={"skip": "needs a tensor map"}))
+    blob = params + [{"name": "tmap", "type": "bytes", "size": 128, "align": 64}]
+    with pytest.raises(S.SpecError, match="prepare"):
+        S.evaluate(sym, variant(params=blob))
+    huge = {**fam.qualify.model_dump(exclude_none=True), "dims": {"rows": 1 << 20, "cols": 1 << 12}}
+    with pytest.raises(S.SpecError, match="shrink"):
+        S.evaluate(sym, variant(qualify=huge))
+
+
+# ---- comparisons and census -------------------------------------------------------------------------------
+
+
+def test_compare_tolerances_nan_inf_exact():
+    r = np.array([1.0, -2.0, 0.0, np.inf, np.nan])
+    ok, _ = C.compare(r * (1 + 5e-6), r, "f32", 1e-5, 1e-6, False)
+    assert ok
+    bad, why = C.compare(r * (1 + 5e-4), r, "f32", 1e-5, 1e-6, False)
+    assert not bad and "outside rtol" in why
+    g = r.copy()
+    g[4] = 1.0
+    assert "NaN mismatch" in C.compare(g, r, "f32", 1e-5, 1e-6, False)[1]
+    g = r.copy()
+    g[3] = -np.inf
+    assert "infinity mismatch" in C.compare(g, r, "f32", 1e-5, 1e-6, False)[1]
+    assert C.compare(np.array([0.1], np.float32).astype(np.float64), np.array([0.1]), "f32", 0, 0, True)[0]
+    assert not C.compare(np.array([0.1]), np.array([0.1 + 1e-7]), "f32", 0, 0, True)[0]
+    assert not C.compare(np.array([-0.0]), np.array([0.0]), "f32", 0, 0, True)[0]
+
+
+def test_unwritten_and_check_outputs():
+    cat, mod = _neg()
+    sp = S.evaluate(cat.symbols["wrong_scale"], mod.family("wrong_scale"))
+    x = np.linspace(-1, 1, 4096).astype(np.float32)
+    good = {"y": (2 * x).tobytes()}
+    ref = {"y": 2 * x.astype(np.float64)}
+    assert C.check_outputs(sp, good, ref)[0]
+    assert "elements outside" in C.check_outputs(sp, {"y": (3 * x).tobytes()}, ref)[1]
+    partial = bytearray(good["y"])
+    partial[-4:] = b"\xff" * 4
+    ok, why = C.check_outputs(sp, {"y": bytes(partial)}, ref)
+    assert not ok and "1 of 4096 elements not written" in why
+    assert C.check_outputs(sp, good, None) == (True, "y: written")
+    assert C.unwritten_mask(b"\xff\xff\x00\xff", "bf16").tolist() == [True, False]
+
+
+def test_census_names_the_first_mismatch():
+    assert C.census([(0, 8), (8, 8), (16, 8)], [(0, 8), (8, 8), (16, 8)], ["y", "x", "n"]) == ""
+    msg = C.census([(0, 8), (8, 4), (16, 8)], [(0, 8), (8, 8), (16, 8)], ["y", "x", "n"])
+    assert "parameter 1 (x) is at offset 8 with 4 bytes" in msg and "offset 8 with 8 bytes" in msg
+    assert "takes 2 parameters" in C.census([(0, 8), (8, 8)], [(0, 8), (8, 8), (16, 8)], ["y", "x", "n"])
+
+
+def test_digest_and_first_difference():
+    a = {"y": b"\x00\x01", "z": b"\x02"}
+    assert C.digest(a) == C.digest(dict(reversed(a.items())))
+    assert C.first_difference(a, {"y": b"\x00\x03", "z": b"\x02"}) == "y: 1 bytes differ, first at byte 1"
+    assert C.first_difference(a, a) == ""
+
+
+# ---- isolation with a fake worker ---------------------------------------------------------------------------
+
+FAKE_WORKER = textwrap.dedent(
+    '''
+    import json, os, signal, sys, time
+    job = json.load(open(sys.argv[sys.argv.index("--job") + 1]))
+    def emit(**e):
+        print(json.dumps(e), flush=True)
+    emit(event="hello", device={"name": "Fake GPU", "cc": "9.0", "sm_count": 2, "driver_version": 13000})
+    for g in job["groups"]:
+        emit(event="module", module=g["module"], target=g["target"], load="cubin")
+        for s in g["symbols"]:
+            n = s["name"]
+            emit(event="start", symbol=n, module=g["module"], target=g["target"])
+            if n.startswith("crash"):
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if n.startswith("hang"):
+                time.sleep(3600)
+            if n.startswith("fault"):
+                emit(event="fault", symbol=n, result="CUDA_ERROR_ILLEGAL_ADDRESS",
+                     reason=n + ": cuStreamSynchronize failed with CUDA_ERROR_ILLEGAL_ADDRESS")
+                sys.exit(3)
+            if n.startswith("racy"):
+                print("========= Race reported between Write access at racy_kernel+0x10", flush=True)
+            emit(event="result", symbol=n, module=g["module"], target=g["target"], status="admitted", check="",
+                 reason="", seed=7, checks=[{"name": "repeat", "passed": True, "digest": os.environ.get("FAKE_DIGEST", "d0"),
+                 "detail": "5 runs"}], resources={"registers": 8, "static_smem": 0, "local_bytes": 0,
+                 "max_threads": 256, "blocks_per_sm": 8}, params=[[0, 8]])
+    emit(event="done")
+    if os.environ.get("FAKE_SUMMARY"):
+        print("========= ERROR SUMMARY: 2 errors", flush=True)
+    '''
+)
+
+
+@pytest.fixture()
+def fake_worker(tmp_path):
+    p = tmp_path / "fake_worker.py"
+    p.write_text(FAKE_WORKER)
+    return [sys.executable, str(p)]
+
+
+def _groups(names, module="Fixed", target="sm_90a", role="qualify"):
+    return [runner.Group(module, target, role, f"{target}/{module}.cubin", None,
+                         [{"name": n, "build_layout": [[0, 8]]} for n in names])]
+
+
+def test_crash_hang_fault_are_recorded_and_the_run_continues(tmp_path, fake_worker):
+    names = ["ok1", "crash_a", "ok2", "hang_b", "ok3", "fault_c", "ok4"]
+    ws = runner.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=1.5)
+    events = []
+    out = runner.run_groups(_groups(names), ws, lambda dev, ev: events.append(ev["event"]))
+    r = out.results
+    assert set(r) == set(names)
+    assert all(r[n]["status"] == "admitted" for n in names if n.startswith("ok"))
+    assert r["crash_a"]["check"] == "fault" and "SIGSEGV" in r["crash_a"]["reason"]
+    assert r["hang_b"]["check"] == "timeout" and "timed out after 1.5 s" in r["hang_b"]["reason"]
+    assert r["fault_c"]["check"] == "fault" and "CUDA_ERROR_ILLEGAL_ADDRESS" in r["fault_c"]["reason"]
+    assert out.restarts == 3 and out.device["name"] == "Fake GPU"
+    assert events.count("hello") == 4
+
+
+def test_worker_that_never_starts_rejects_the_rest_with_a_reason(tmp_path):
+    bad = [sys.executable, "-c", "import sys; sys.stderr.write('ImportError: no cuda here\\n'); sys.exit(5)"]
+    ws = runner.WorkerSettings(tmp_path, NEGATIVE, command=bad, idle_s=5)
+    out = runner.run_groups(_groups(["a", "b"]), ws)
+    assert {v["check"] for v in out.results.values()} == {"harness"}
+    assert "exited with code 5" in out.results["a"]["reason"] and "no cuda here" in out.results["a"]["reason"]
+
+
+def test_sanitizer_reports_reject_the_symbol_they_name(tmp_path, fake_worker):
+    ws = runner.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=5)
+    main = runner.run_groups(_groups(["ok1", "racy_k"]), ws)
+    under_tool = runner.run_groups(_groups(["ok1", "racy_k"]), ws, sanitize=True)
+    assert "racy_k" in under_tool.sanitizer and "ok1" not in under_tool.sanitizer
+    runner.apply_sanitizer(main, under_tool, "racecheck")
+    assert main.results["racy_k"]["check"] == "sanitize" and "Race reported" in main.results["racy_k"]["reason"]
+    assert main.results["ok1"]["status"] == "admitted"
+    assert main.results["ok1"]["checks"][-1] == {"name": "sanitize", "passed": True, "digest": "", "detail": "racecheck: no report"}
+
+
+def test_cross_device_digest_mismatch_rejects(tmp_path, fake_worker):
+    outs = {}
+    for dev, digest in ((0, "aa"), (1, "aa"), (2, "bb")):
+        ws = runner.WorkerSettings(tmp_path, NEGATIVE, device=dev, command=fake_worker, idle_s=5,
+                                   env={"FAKE_DIGEST": digest})
+        outs[dev] = runner.run_groups(_groups(["k"]), ws)
+    same = {0: outs[0], 1: outs[1]}
+    runner.cross_device(same)
+    assert outs[0].results["k"]["status"] == "admitted"
+    assert outs[0].results["k"]["checks"][-1]["name"] == "cross-device"
+    runner.cross_device({0: outs[1], 2: outs[2]})
+    assert outs[1].results["k"]["check"] == "cross-device" and "differ between GPU 0 and GPU 2" in outs[1].results["k"]["reason"]
+
+
+# ---- planning, assembly, manifest ---------------------------------------------------------------------------
+
+
+def _build_manifest() -> BuildManifest:
+    res = Resources(registers=8, static_smem=0, stack_frame=0, spill_stores=0, spill_loads=0, max_threads=256,
+                    barriers=0, param_bytes=24, param_layout=[[0, 8], [8, 8], [16, 8]])
+
+    def sym(name, ok=True):
+        v = Verdict(status="admitted") if ok else Verdict(status="rejected", check="smem", reason=f"{name}: too much smem")
+        return SymbolBuild(name=name, family=name, block=[256, 1, 1], dynamic_smem=0, deterministic=True,
+                           resources=res, verdict=v)
+
+    def mod(kind, target, role, syms, built_only=False):
+        return ModuleBuild(kind=kind, target=target, role=role, built_only=built_only, mandatory=False, status="compiled",
+                           options=[], source_sha256="11" * 32, cache_key="k",
+                           artifacts=[Artifact(path=f"{target}/{kind}.cubin", sha256="22" * 32, size=4, code="cubin")],
+                           symbols=syms)
+
+    return BuildManifest(
+        tool_version="0.1.0", catalog="t", catalog_sha256="33" * 32, state_capacity=64,
+        targets=["sm_89", "sm_90a", "sm_100a"],
+        toolchain=Toolchain(nvrtc_version="13.0", library={}, header_sha256={}, base_options=[]),
+        modules=[
+            mod("Fixed", "sm_90a", "qualify", [sym("ok1"), sym("crash_a"), sym("hog", ok=False)]),
+            mod("Fixed", "sm_89", "qualify", [sym("ok1")]),
+            mod("Ada", "sm_90a", "check", [sym("ada_k")]),
+            mod("Bw", "sm_100a", "qualify", [sym("bw_k")], built_only=True),
+        ],
+    )
+
+
+def test_plan_groups_selects_the_devices_targets():
+    groups = runner.plan_groups(_build_manifest(), (9, 0))
+    assert [(g.module, g.target, g.role) for g in groups] == [("Fixed", "sm_90a", "qualify"), ("Ada", "sm_90a", "check")]
+    assert [s["name"] for s in groups[0].symbols] == ["ok1", "crash_a"]  # rejected at build: not launched
+    assert runner.plan_groups(_build_manifest(), (9, 0), {"Ada"})[0].module == "Ada"
+    assert runner.device_targets((9, 0)) == ["sm_90", "sm_90a"]
+    # a build with both sm_90 and sm_90a: one target per module kind, the arch-specific one
+    bm = _build_manifest()
+    dup = bm.modules[0].model_copy(update={"target": "sm_90"})
+    bm = bm.model_copy(update={"modules": [dup, *bm.modules]})
+    assert [(g.module, g.target) for g in runner.plan_groups(bm, (9, 0))] == [("Fixed", "sm_90a"), ("Ada", "sm_90a")]
+
+
+def test_ptx_isa_gate():
+    from mamba_forge.qualify.worker import _ptx_isa
+
+    assert _ptx_isa(b"//\n.version 9.0\n.target sm_90a\n") == (9, 0)
+    assert _ptx_isa(b".target sm_90\n") is None
+
+
+def test_qualify_assembles_a_manifest_that_round_trips_and_verifies(tmp_path, fake_worker, monkeypatch):
+    cat = load_catalog(NEGATIVE)
+    req = runner.QualifyRequest(build_dir=tmp_path, build=_build_manifest(), catalog=cat, devices=[0],
+                                worker_command=fake_worker, timeout_s=0.5)
+    result = runner.qualify(req, cc_hint=(9, 0))
+    m = result.manifest
+    st = {(s.name, s.target): s for s in m.symbols}
+    assert st[("ok1", "sm_90a")].status == "admitted" and st[("ok1", "sm_90a")].resources.registers == 8
+    assert st[("crash_a", "sm_90a")].status == "rejected" and st[("crash_a", "sm_90a")].check == "fault"
+    assert st[("hog", "sm_90a")].check == "smem" and "too much smem" in st[("hog", "sm_90a")].reason
+    assert st[("ada_k", "sm_90a")].status == "checked" and "not qualified to serve" in st[("ada_k", "sm_90a")].reason
+    assert st[("bw_k", "sm_100a")].status == "built-only"
+    assert ("ok1", "sm_89") not in st  # another GPU family's cubin: not in this device's manifest
+    assert {(a.module, a.role) for a in m.artifacts} == {("Fixed", "qualify"), ("Ada", "check")}
+    assert m.device.name == "Fake GPU" and m.level == "quick" and m.qualification_seconds > 0
+    assert m.toolchain.source_sha256.keys() == {"Fixed/sm_90a", "Ada/sm_90a", "Bw/sm_100a"}
+    # schema round trip, and the loader's view (tomllib, plain dicts)
+    body = body_bytes(m)
+    assert parse_body(body) == m
+    plain = tomllib.loads(body.decode())
+    assert plain["kind"] == "qualified" and plain["schema_version"] == 1 and plain["manifest_version"] == 1
+    assert plain["symbols"][0]["checks"][0]["name"] == "repeat"
+    # signed with a development key: verifies with the public key written beside it
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    monkeypatch.delenv(signing.KEY_ENV, raising=False)
+    path, pub = runner.write_signed(m, runner.resolve_key(None), tmp_path / "out" / "m.toml")
+    back = read_verified(path, signing.load_trusted([pub]))
+    assert back.development_key and back.symbols == m.symbols
+
+
+def test_manifest_schema_refuses_unknown_fields_and_statuses():
+    from mamba_forge.errors import ManifestError
+
+    m = QualifiedManifest(created="c", expires="e", tool_version="0", level="full", qualification_seconds=0,
+                          toolchain={"nvrtc_version": "13.0"},
+                          device={"name": "x", "cc": "9.0", "sm_count": 1, "driver_version": 1})
+    assert parse_body(body_bytes(m)) == m
+    with pytest.raises(ManifestError, match="Extra inputs"):
+        parse_body(b'surprise = 1\n' + body_bytes(m))
+    bad = body_bytes(m).decode().replace('level = "full"', 'level = "fast"')
+    with pytest.raises(ManifestError, match="level"):
+        parse_body(bad.encode())
+
+
+def test_cli_qualify_without_gpu_says_so(capsys, monkeypatch):
+    from mamba_forge import driver as cu
+    from mamba_forge.cli import main
+
+    def no_gpu():
+        raise cu.CudaError("cuInit", "CUDA_ERROR_NO_DEVICE")
+
+    monkeypatch.setattr(cu, "device_count", no_gpu)
+    assert main(["qualify", "--device", "0"]) == 2
+    assert "no usable GPU" in capsys.readouterr().err
+    assert main(["qualify", "--device", "x"]) == 2
+    assert main(["qualify", "--level", "slow"]) == 2
+
+
+def test_packed_params_layout():
+    import ctypes
+
+    from mamba_forge import driver as cu
+
+    pp = cu.PackedParams([("ptr", 0x1000), ("i32", -3), ("f32", 1.5), ("bytes", b"\x01" * 128)], [0, 0, 0, 64])
+    arr = (ctypes.c_void_p * 4).from_address(pp.address)
+    assert ctypes.c_uint64.from_address(arr[0]).value == 0x1000
+    assert ctypes.c_int32.from_address(arr[1]).value == -3
+    assert ctypes.c_float.from_address(arr[2]).value == 1.5
+    assert arr[3] % 64 == 0 and ctypes.string_at(arr[3], 128) == b"\x01" * 128
+
+
+def test_job_is_json_serialisable():
+    g = _groups(["a"])[0]
+    assert json.loads(json.dumps(g.job()))["symbols"][0]["name"] == "a"
+
+
+def test_unattributed_sanitizer_summary_rejects_the_run(tmp_path, fake_worker):
+    ws = runner.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=5)
+    main = runner.run_groups(_groups(["ok1", "ok2"]), ws)
+    clean = runner.run_groups(_groups(["ok1", "ok2"]), ws, sanitize=True)
+    runner.apply_sanitizer(main, clean, "memcheck")
+    assert all(r["status"] == "admitted" for r in main.results.values())
+    loud = runner.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=5, env={"FAKE_SUMMARY": "1"})
+    under_tool = runner.run_groups(_groups(["ok1", "ok2"]), loud, sanitize=True)
+    runner.apply_sanitizer(main, under_tool, "memcheck")
+    assert {r["check"] for r in main.results.values()} == {"sanitize"}
+    assert "ERROR SUMMARY: 2 errors" in main.results["ok2"]["reason"]
+
+
+def test_route_table_lists_admitted_gemms_only():
+    from mamba_forge.qualified import QSymbol
+
+    def sym(name, status):
+        return QSymbol(name=name, module="TriadScalar", target="sm_90a", family="f", status=status)
+
+    routes = runner._routes([sym("triad_scalar_nn_f32", "admitted"), sym("triad_scalar_tn_f32", "rejected")])
+    listed = {n for r in routes for n in r.symbols}
+    assert "triad_scalar_nn_f32" in listed and "triad_scalar_tn_f32" not in listed
+    assert {r.layout for r in routes} == {"nn"}
+
+
+def test_shard_spreads_symbols_and_keeps_groups():
+    groups = _groups(["a", "b", "c"]) + _groups(["d"], module="Other")
+    shards = runner.shard(groups, 2)
+    assert [[(g.module, [s["name"] for s in g.symbols]) for g in sh] for sh in shards] == [
+        [("Fixed", ["a", "c"]), ("Other", ["d"])], [("Fixed", ["b"])]]
+    assert runner.shard(groups, 1)[0][0].symbols == groups[0].symbols

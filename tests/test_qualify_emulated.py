@@ -1,0 +1,299 @@
+"""The worker's checks end to end on CPU, against an emulated driver: device memory is host bytearrays and the
+negative-control kernels are NumPy stand-ins with the same misbehaviour (nondeterministic order, batch-variant
+split, address dependence, wrong answer, unwritten tail, fault, hang, ABI and smem refusals). This proves the
+harness logic (poisoning, corpora, reference comparison, repeat, batch slicing, streams, address, graph replay)
+without a GPU; tests/gpu/test_qualify_gpu.py runs the real kernels."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mamba_forge import driver as cu
+from mamba_forge.catalog import load_catalog
+from mamba_forge.qualify import checks as C
+from mamba_forge.qualify import worker as W
+
+FIXTURE = Path(__file__).parent / "fixtures" / "qualify_negative"
+OPTIN = 232448
+
+
+class FakeMemory:
+    def __init__(self):
+        self.blocks: dict[int, bytearray] = {}
+        self.next = 0x7F0000000000
+
+    def alloc(self, n: int) -> int:
+        base = self.next
+        self.blocks[base] = bytearray(max(1, n))
+        self.next += -(-max(1, n) // 512) * 512 + 512
+        return base
+
+    def at(self, ptr: int) -> tuple[bytearray, int]:
+        for base, buf in self.blocks.items():
+            if base <= ptr < base + len(buf):
+                return buf, ptr - base
+        raise cu.CudaError("emulated access", "CUDA_ERROR_ILLEGAL_ADDRESS", hex(ptr))
+
+    def view(self, ptr: int, dtype, count: int) -> np.ndarray:
+        buf, off = self.at(ptr)
+        return np.frombuffer(buf, dtype=dtype, count=count, offset=off)
+
+
+class FakeStream:
+    def __init__(self):
+        self.hung = False
+
+    def query_done(self) -> bool:
+        return not self.hung
+
+    def synchronize(self):
+        pass
+
+    def destroy(self):
+        pass
+
+
+SIGNATURES = {  # emulated kernels: parameter types as the kernel declares them
+    "control_row_sum": ["ptr", "ptr", "i32", "i32"], "batch_variant_row_sum": ["ptr", "ptr", "i32", "i32"],
+    "racy_row_sum": ["ptr", "ptr", "i32", "i32"], "control_smem_reverse": ["ptr", "ptr", "i32", "i32"],
+    "nondet_sum": ["ptr", "ptr", "i64"], "oob_write": ["ptr", "ptr", "i64"], "spin_forever": ["ptr", "ptr", "i64"],
+    "wrong_scale": ["ptr", "ptr", "i64"], "misses_tail": ["ptr", "ptr", "i64"], "address_variant": ["ptr", "ptr", "i64"],
+    "smem_over": ["ptr", "ptr", "i64"], "abi_mismatch": ["ptr", "i32", "ptr"],
+}
+_FMT = {"ptr": "<Q", "i32": "<i", "i64": "<q"}
+
+
+def _layout(types):
+    out, off = [], 0
+    for t in types:
+        size = 4 if t == "i32" else 8
+        off = -(-off // size) * size
+        out.append((off, size))
+        off += size
+    return out
+
+
+class FakeFunction:
+    def __init__(self, name):
+        self.name = name
+
+    def attributes(self):
+        return cu.FunctionAttributes(16, 4096 if self.name == "racy_row_sum" else 0, 0, 1024, 0, 90, 90)
+
+    def set_max_dynamic_smem(self, n):
+        if n > OPTIN:
+            raise cu.CudaError("cuFuncSetAttribute", "CUDA_ERROR_INVALID_VALUE")
+
+    def occupancy(self, threads, smem):
+        return 4
+
+    def param_layout(self):
+        return _layout(SIGNATURES[self.name])
+
+
+class FakeModule:
+    def __init__(self, *a, **k):
+        pass
+
+    def function(self, name):
+        if name not in SIGNATURES:
+            raise cu.CudaError("cuModuleGetFunction", "CUDA_ERROR_NOT_FOUND")
+        return FakeFunction(name)
+
+
+class FakeGraph:
+    def __init__(self, body):
+        self.body = body
+
+    @classmethod
+    def capture(cls, stream, body):
+        return cls(body)  # replay re-issues the captured work
+
+    def launch(self, stream):
+        self.body()
+
+    def destroy(self):
+        pass
+
+
+@pytest.fixture()
+def emulated(monkeypatch):
+    mem = FakeMemory()
+    rng = np.random.default_rng(123)
+    launches: list[str] = []
+
+    def launch(fn, grid, block, params, *, smem=0, stream=None):
+        arr = (ctypes.c_void_p * len(SIGNATURES[fn.name])).from_address(params.address)
+        vals = [struct.unpack(_FMT[t], ctypes.string_at(arr[i], struct.calcsize(_FMT[t])))[0]
+                for i, t in enumerate(SIGNATURES[fn.name])]
+        launches.append(fn.name)
+        run_kernel(fn.name, vals, mem, rng, stream)
+
+    monkeypatch.setattr(cu, "mem_alloc", mem.alloc)
+    monkeypatch.setattr(cu, "mem_free", lambda p: mem.blocks.pop(p))
+    monkeypatch.setattr(cu, "memcpy_htod", lambda dst, src, n=None: _put(mem, dst, bytes(src)))
+    monkeypatch.setattr(cu, "memcpy_dtoh", lambda src, n: bytes(_get(mem, src, n)))
+    monkeypatch.setattr(cu, "memcpy_dtod", lambda dst, src, n, stream=None: _put(mem, dst, bytes(_get(mem, src, n))))
+    monkeypatch.setattr(cu, "memset_d8", lambda dst, v, n, stream=None: _put(mem, dst, bytes([v]) * n))
+    monkeypatch.setattr(cu, "launch", launch)
+    monkeypatch.setattr(cu, "context_synchronize", lambda: None)
+    monkeypatch.setattr(cu, "Graph", FakeGraph)
+    monkeypatch.setattr(C.Context, "launch_neighbour", lambda self, stream: launches.append("neighbour"))
+    monkeypatch.syspath_prepend(str(FIXTURE))
+    info = cu.DeviceInfo(0, "Emulated H200", (9, 0), 132, 13000, OPTIN, 233472, 1 << 37, "")
+    ctx = C.Context(device=None, info=info, timeout_s=0.2)  # type: ignore[arg-type]
+    ctx.stream, ctx.other = FakeStream(), FakeStream()
+    return ctx, launches
+
+
+def _put(mem, dst, data):
+    buf, off = mem.at(dst)
+    if off + len(data) > len(buf):
+        raise cu.CudaError("emulated copy", "CUDA_ERROR_INVALID_VALUE")
+    buf[off : off + len(data)] = data
+
+
+def _get(mem, src, n):
+    buf, off = mem.at(src)
+    return buf[off : off + n]
+
+
+def run_kernel(name, v, mem, rng, stream):
+    f32 = np.float32
+    if name in ("control_row_sum", "batch_variant_row_sum", "racy_row_sum"):
+        out_p, x_p, rows, cols = v
+        x = mem.view(x_p, f32, rows * cols).reshape(rows, cols)
+        out = np.frombuffer(mem.at(out_p)[0], f32, rows, mem.at(out_p)[1])
+        if name == "batch_variant_row_sum" and rows >= 64:
+            parts = [x[:, k::4].astype(f32).sum(axis=1, dtype=f32) for k in range(4)]
+            out[:] = (parts[0] + parts[1]) + (parts[2] + parts[3])
+        else:
+            out[:] = np.cumsum(x, axis=1, dtype=f32)[:, -1]  # sequential column order
+    elif name == "control_smem_reverse":
+        y_p, x_p, rows, cols = v
+        x = mem.view(x_p, f32, rows * cols).reshape(rows, cols)
+        y = np.frombuffer(mem.at(y_p)[0], f32, rows * cols, mem.at(y_p)[1]).reshape(rows, cols)
+        y[:] = x[:, ::-1]
+    elif name == "nondet_sum":
+        out_p, x_p, n = v
+        x = mem.view(x_p, f32, n)
+        out = np.frombuffer(mem.at(out_p)[0], f32, 1, mem.at(out_p)[1])
+        out[0] = out[0] + np.cumsum(x[rng.permutation(n)], dtype=f32)[-1]  # arrival order varies per launch
+    elif name == "oob_write":
+        _put(mem, v[0] + (v[2] << 42), b"\0\0\0\0")
+    elif name == "spin_forever":
+        stream.hung = True
+    else:  # elementwise y = f(x)
+        y_p, x_p, n = (v[0], v[2], v[1]) if name == "abi_mismatch" else v
+        x = mem.view(x_p, f32, n)
+        y = np.frombuffer(mem.at(y_p)[0], f32, n, mem.at(y_p)[1])
+        if name == "wrong_scale":
+            y[:] = 3 * x
+        elif name == "misses_tail":
+            y[: n - 1] = 2 * x[: n - 1]
+        elif name == "address_variant":
+            y[:] = 2 * x * (f32(1) + f32((x_p >> 8) & 63) * f32(2.0**-22))
+        else:
+            y[:] = x
+
+
+def _run(ctx, name, level="quick"):
+    cat = load_catalog(FIXTURE / "catalog.toml")
+    job = {"seed": 5, "level": level}
+    group = {"module": "QualifyNegative", "target": "sm_90a"}
+    return W.SymbolRun(ctx, cat, FakeModule(), job, {"name": name, "build_layout": []}, group).run()
+
+
+def test_controls_pass_every_check(emulated):
+    ctx, launches = emulated
+    for name in ("control_row_sum", "control_smem_reverse"):
+        r = _run(ctx, name)
+        assert r["status"] == "admitted", r["reason"]
+        names = [c["name"] for c in r["checks"]]
+        assert names == ["admission", "correctness", "correctness", "correctness", "repeat", "batch", "stream",
+                         "neighbour", "address", "graph"]
+        digests = {c["digest"] for c in r["checks"] if c["name"] not in ("admission", "correctness")}
+        assert len(digests) == 1
+    assert "neighbour" in launches
+
+
+@pytest.mark.parametrize(("name", "check", "text"), [
+    ("nondet_sum", "repeat", "not bitwise equal to run 1"),
+    ("batch_variant_row_sum", "batch", "leading rows at rows=1 differ"),
+    ("wrong_scale", "correctness", "outside rtol"),
+    ("misses_tail", "correctness", "1 of 4097 elements not written"),
+    ("address_variant", "address", "256 bytes further"),
+    ("abi_mismatch", "abi", "parameter 1 (x) is at offset 8 with 4 bytes"),
+    ("smem_over", "smem", "opt-in limit 232448"),
+])
+def test_negative_controls_rejected_by_their_check(emulated, name, check, text):
+    ctx, launches = emulated
+    r = _run(ctx, name)
+    assert (r["status"], r["check"]) == ("rejected", check), r["reason"]
+    assert text in r["reason"]
+    if check in ("abi", "smem"):
+        assert name not in launches  # refused before any launch
+
+
+def test_fault_and_hang_surface_to_the_worker(emulated, monkeypatch):
+    ctx, _ = emulated
+    with pytest.raises(cu.CudaError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+        _run(ctx, "oob_write")
+    clock = itertools.count(0.0, 1.0)  # every poll advances a second: the family's 5 s limit passes at once
+    monkeypatch.setattr(C.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(C.time, "sleep", lambda s: None)
+    with pytest.raises(C.Hang, match="timed out after 5 s"):
+        _run(ctx, "spin_forever")
+
+
+def test_full_level_repeats_fifty_times(emulated):
+    ctx, launches = emulated
+    r = _run(ctx, "control_row_sum", level="full")
+    assert r["status"] == "admitted"
+    assert next(c for c in r["checks"] if c["name"] == "repeat")["detail"] == "50 more runs bitwise equal"
+
+
+def test_worker_main_streams_events(emulated, monkeypatch, tmp_path, capsys):
+    """The worker's entry point end to end: hello, module, start/check/result per symbol, done."""
+    import json
+
+    ctx, _ = emulated
+
+    class FakeDevice:
+        def __init__(self, ordinal):
+            self.ordinal = ordinal
+
+        def info(self):
+            return ctx.info
+
+        def make_current(self):
+            pass
+
+    monkeypatch.setattr(cu, "Device", FakeDevice)
+    monkeypatch.setattr(cu, "Stream", FakeStream)
+    monkeypatch.setattr(cu, "Module", FakeModule)
+    (tmp_path / "sm_90a").mkdir()
+    (tmp_path / "sm_90a" / "QualifyNegative.cubin").write_bytes(b"\x7fELF")
+    job = {"device": 0, "level": "quick", "seed": 1, "timeout_s": 1.0, "sanitize": False,
+           "catalog": str(FIXTURE / "catalog.toml"), "build_dir": str(tmp_path),
+           "groups": [{"module": "QualifyNegative", "target": "sm_90a", "role": "qualify",
+                       "cubin": "sm_90a/QualifyNegative.cubin", "ptx": None,
+                       "symbols": [{"name": "control_row_sum", "build_layout": []},
+                                   {"name": "wrong_scale", "build_layout": []}]}]}
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(job))
+    assert W.main(["--job", str(path)]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "hello" and kinds[1] == "module" and kinds[-1] == "done"
+    results = {e["symbol"]: e for e in events if e["event"] == "result"}
+    assert results["control_row_sum"]["status"] == "admitted"
+    assert results["wrong_scale"]["check"] == "correctness"
+    assert results["control_row_sum"]["resources"]["blocks_per_sm"] == 4
+    assert sum(1 for e in events if e["event"] == "check" and e["symbol"] == "control_row_sum") == 10
