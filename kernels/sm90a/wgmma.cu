@@ -1,1 +1,249 @@
-// placeholder: filled by the family's author
+// Hopper batch-invariant GEMM: TMA (128-byte swizzle) into a STAGES-deep shared-memory ring guarded by full/empty
+// mbarriers, one producer warpgroup (one elected thread issues the TMA boxes, registers given back with
+// setmaxnreg.dec) and NC consumer warpgroups issuing wgmma.mma_async m64nBNk16 with f32 accumulators.
+// Persistent grid: CTA b takes tiles b, b + gridDim.x, ... in a grouped order (GROUP_M row tiles share B in L2).
+//
+// Batch invariance by construction: one tile shape per symbol; every C tile is reduced over the whole K range in
+// one CTA, k-tiles in ascending order, four k16 steps per k-tile in ascending order, the same wgmma instruction
+// sequence whatever M, N or the CTA that runs it. No split-K, no atomics. TMA zero-fills rows/columns outside the
+// matrices, so ragged M, N and K need no different code path (zeros add exactly).
+//
+// Layouts (all matrices row-major, 16-bit elements; C = op(A) * op(B), C is M x N with row stride N):
+//   NN: A is M x K, B is K x N      (forward: Y = X W)
+//   NT: A is M x K, B is N x K      (dX = dY W^T)
+//   TN: A is K x M, B is K x N      (dW = X^T dY)
+// Every tensor map (mamba_forge/tma.py) describes one row-major matrix with a 64 x 64 box and 128-byte swizzle.
+// Alignment the TMA needs (global row strides are multiples of 16 bytes): the contiguous extent of A and B and
+// N (C's rows are stored as 4-byte pairs) must be multiples of 8: NN needs K % 8 == 0 and N % 8 == 0; NT needs
+// K % 8 and N % 8; TN needs M % 8 and N % 8. The host (mamba_forge/tma.py) refuses anything else.
+#include "mf/common.cuh"
+#include "mf/tma.cuh"
+#include "mf/wgmma.cuh"
+
+namespace mf {
+
+constexpr int WG_BK = 64;         // k elements per stage: one 128-byte swizzle row of 16-bit elements
+constexpr int WG_BOX = 64;        // every TMA box is 64 x 64 elements = 8 KB
+constexpr int WG_GROUP_M = 8;     // grouped tile order: 8 row tiles walk the N tiles together (L2 reuse)
+
+enum GemmLayout { LAYOUT_NN = 0, LAYOUT_NT = 1, LAYOUT_TN = 2 };
+
+template <int BM, int BN, int STAGES, int TMASTORE>
+struct WgSmem {
+  static constexpr int A_BYTES = BM * WG_BK * 2;
+  static constexpr int B_BYTES = BN * WG_BK * 2;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr int C_OFFSET = STAGES * STAGE_BYTES;       // TMASTORE: the C tile staged as 64x64 swizzled boxes
+  static constexpr int C_BYTES = TMASTORE ? BM * BN * 2 : 0;
+  static constexpr int BAR_OFFSET = C_OFFSET + C_BYTES;
+  // dynamic smem asked for: ring + C staging + 2*STAGES 8-byte barriers + 1024 bytes to align the base to 1024.
+  static constexpr int TOTAL = BAR_OFFSET + 2 * STAGES * 8 + 1024;
+};
+
+// Tile t of the grouped order -> (row tile, column tile). Depends only on t and the matrix shape.
+MF_DEVICE void wg_tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int per_group = WG_GROUP_M * tiles_n;
+  const int group = t / per_group;
+  const int first_m = group * WG_GROUP_M;
+  const int rows_in_group = min(tiles_m - first_m, WG_GROUP_M);
+  const int r = t - group * per_group;
+  tm = first_m + r % rows_in_group;
+  tn = r / rows_in_group;
+}
+
+template <typename T> MF_DEVICE u32 pack2(float a, float b);
+template <> MF_DEVICE u32 pack2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<u32*>(&v);
+}
+template <> MF_DEVICE u32 pack2<__half>(float a, float b) {
+  __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<u32*>(&v);
+}
+
+#if defined(MF_HAS_WGMMA)
+
+template <typename T, int BM, int BN, int NC, int STAGES, int LAYOUT, int TMASTORE>
+MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDesc* tmC, T* __restrict__ C, int M,
+                             int N, int K) {
+  using S = WgSmem<BM, BN, STAGES, TMASTORE>;
+  constexpr int MB = BM / (64 * NC);  // m64 blocks per consumer warpgroup
+  static_assert(MB >= 1 && MB * 64 * NC == BM, "BM must be 64 * NC * MB");
+  static_assert(BN == 128 || BN == 256, "wgmma N is 128 or 256 here");
+  static_assert(BM % WG_BOX == 0 && BN % WG_BOX == 0, "tiles are whole TMA boxes");
+  constexpr int TA = LAYOUT == LAYOUT_TN ? 1 : 0;  // A is M-major (transposed) in TN
+  constexpr int TB = LAYOUT == LAYOUT_NT ? 0 : 1;  // B is N-major in NN and TN, K-major in NT
+  constexpr u32 BOX_BYTES = WG_BOX * WG_BOX * 2;
+
+  extern __shared__ unsigned char wg_smem_raw[];
+  const u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;  // 128-byte swizzle atoms need 1024 alignment
+  const u32 full_bar = base + S::BAR_OFFSET;                     // STAGES barriers: "stage loaded"
+  const u32 empty_bar = full_bar + STAGES * 8;                   // STAGES barriers: "stage consumed"
+
+  const int wg = threadIdx.x / 128;
+  const int tid_in_wg = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    tma_prefetch_desc(tmA);
+    tma_prefetch_desc(tmB);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar + 8 * s, 1);            // the producer's expect_tx arrival (+ the TMA bytes)
+      mbar_init(empty_bar + 8 * s, NC * 4);      // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int tiles_m = (M + BM - 1) / BM;
+  const int tiles_n = (N + BN - 1) / BN;
+  const int num_tiles = tiles_m * tiles_n;
+  const int k_tiles = (K + WG_BK - 1) / WG_BK;
+
+  if (wg == 0) {
+    // ---- producer warpgroup: one thread streams A and B boxes into the ring ----
+    if constexpr (NC >= 2) setmaxnreg_dec<40>();  // 384 threads launch at <= 168 registers: give 128 back
+    if (tid_in_wg == 0) {
+      int stage = 0;
+      u32 phase = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        int tm, tn;
+        wg_tile_coords(t, tiles_m, tiles_n, tm, tn);
+        const int m0 = tm * BM, n0 = tn * BN;
+        for (int kt = 0; kt < k_tiles; ++kt) {
+          const int k0 = kt * WG_BK;
+          mbar_wait(empty_bar + 8 * stage, phase ^ 1u);
+          const u32 fb = full_bar + 8 * stage;
+          mbar_expect_tx(fb, (u32)S::STAGE_BYTES);
+          const u32 sa = base + stage * S::STAGE_BYTES;
+          const u32 sb = sa + S::A_BYTES;
+#pragma unroll
+          for (int j = 0; j < BM / WG_BOX; ++j) {
+            if (LAYOUT == LAYOUT_TN) tma_load_2d(sa + j * BOX_BYTES, tmA, fb, m0 + j * WG_BOX, k0);  // A is K x M
+            else tma_load_2d(sa + j * BOX_BYTES, tmA, fb, k0, m0 + j * WG_BOX);                      // A is M x K
+          }
+#pragma unroll
+          for (int j = 0; j < BN / WG_BOX; ++j) {
+            if (LAYOUT == LAYOUT_NT) tma_load_2d(sb + j * BOX_BYTES, tmB, fb, k0, n0 + j * WG_BOX);  // B is N x K
+            else tma_load_2d(sb + j * BOX_BYTES, tmB, fb, n0 + j * WG_BOX, k0);                      // B is K x N
+          }
+          if (++stage == STAGES) { stage = 0; phase ^= 1u; }
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups: wgmma over the ring, then the epilogue straight from registers ----
+  if constexpr (NC >= 2) setmaxnreg_inc<232>();  // 128 accumulators per thread plus addressing
+  const int c = wg - 1;  // consumer index: rows [c*MB*64, (c+1)*MB*64) of the tile
+  const int warp = tid_in_wg / 32, lane = tid_in_wg % 32;
+  float acc[MB][BN / 2];
+  int stage = 0, prev_stage = 0;
+  u32 phase = 0;
+  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    int tm, tn;
+    wg_tile_coords(t, tiles_m, tiles_n, tm, tn);
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[mb][i] = 0.f;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      mbar_wait(full_bar + 8 * stage, phase);
+      const u32 sa = base + stage * S::STAGE_BYTES;
+      const u32 sb = sa + S::A_BYTES;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < WG_BK / 16; ++kk) {
+        // B: NT is K-major (rows of 128 B over n, step 32 B per k16); NN/TN are N-major (64-column chunks 8 KB
+        // apart, step 16 rows = 2048 B per k16).
+        const u64 db = TB ? wgmma_desc_sw128(sb + kk * 2048, BOX_BYTES, 1024) : wgmma_desc_sw128(sb + kk * 32, 16, 1024);
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) {
+          const u32 a_blk = sa + (c * MB + mb) * BOX_BYTES;  // 64 rows of the tile = one 8 KB box in both majors
+          const u64 da = TA ? wgmma_desc_sw128(a_blk + kk * 2048, BOX_BYTES, 1024) : wgmma_desc_sw128(a_blk + kk * 32, 16, 1024);
+          Wgmma<T, BN, TA, TB>::run(acc[mb], da, db);
+        }
+      }
+      wgmma_commit();
+      // Keep this k-tile's batch in flight; the previous one has finished reading its stage: release it.
+      wgmma_wait<1>();
+      if (kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
+      prev_stage = stage;
+      if (++stage == STAGES) { stage = 0; phase ^= 1u; }
+    }
+    wgmma_wait<0>();
+    if (k_tiles > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
+
+    // Epilogue: fragment register i of an m64nBN accumulator holds row warp*16 + lane/4 + 8*((i/2)%2) and
+    // column (i/4)*8 + (lane%4)*2 + i%2; pairs (i, i+1) are adjacent columns, written as one 4-byte word.
+    const int n0 = tn * BN;
+    if constexpr (TMASTORE) {
+      // Stage the tile in shared memory as 64x64 boxes in the 128-byte swizzled layout (16-byte chunk index XOR
+      // row % 8: a warp's eight rows land in distinct banks), then one thread stores the boxes with TMA, which
+      // clips rows >= M and columns >= N. The staging area is reused only after the previous stores read it.
+      if (tid_in_wg == 0) bulk_wait_read_all();
+      named_bar_sync(1 + c, 128);
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; i += 2) {
+          const int r = warp * 16 + lane / 4 + 8 * ((i / 2) % 2);  // row within the 64-row block
+          const int col = (i / 4) * 8 + (lane % 4) * 2;           // column within the tile
+          const int box = (c * MB + mb) * (BN / WG_BOX) + col / WG_BOX;
+          const int cc = col % WG_BOX;
+          const u32 addr = base + S::C_OFFSET + box * BOX_BYTES + r * 128 + ((((cc * 2) / 16) ^ (r % 8)) * 16) + (cc * 2) % 16;
+          asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pack2<T>(acc[mb][i], acc[mb][i + 1])) : "memory");
+        }
+      }
+      fence_proxy_async_smem();  // the generic-proxy stores above are read by the TMA (async proxy) next
+      named_bar_sync(1 + c, 128);
+      if (tid_in_wg == 0) {
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+          for (int j = 0; j < BN / WG_BOX; ++j)
+            tma_store_2d(tmC, base + S::C_OFFSET + ((c * MB + mb) * (BN / WG_BOX) + j) * BOX_BYTES, n0 + j * WG_BOX,
+                         tm * BM + (c * MB + mb) * 64);
+        bulk_commit();
+      }
+    } else {
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb) {
+        const int row_base = tm * BM + (c * MB + mb) * 64 + warp * 16 + lane / 4;
+#pragma unroll
+        for (int i = 0; i < BN / 2; i += 2) {
+          const int row = row_base + 8 * ((i / 2) % 2);
+          const int col = n0 + (i / 4) * 8 + (lane % 4) * 2;
+          if (row < M && col < N) {  // N % 8 == 0 (host-checked), so col < N implies col + 1 < N
+            *reinterpret_cast<u32*>(C + (long long)row * N + col) = pack2<T>(acc[mb][i], acc[mb][i + 1]);
+          }
+        }
+      }
+    }
+  }
+  if constexpr (TMASTORE) {
+    if (tid_in_wg == 0) bulk_wait_all();  // the last tile's stores finish before the CTA (and its smem) retires
+  }
+}
+
+#endif  // MF_HAS_WGMMA
+
+}  // namespace mf
+
+// One symbol per (layout, tile, dtype). Threads: 128 per consumer warpgroup + one producer warpgroup; one CTA per
+// SM (setmaxnreg requires __launch_bounds__(threads, 1)). TMASTORE = 1 symbols take a third tensor map, for C.
+#define MF_GEMM_WGMMA(NAME, T, LAYOUT, BM, BN, NC, STAGES) \
+  extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) NAME( \
+      const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, T* __restrict__ C, \
+      const T* __restrict__ A, const T* __restrict__ B, int M, int N, int K) { \
+    (void)A; (void)B; /* the tensor maps address A and B; the pointers are in the ABI for the qualifier */ \
+    mf::gemm_wgmma_ws<T, BM, BN, NC, STAGES, LAYOUT, 0>(&tmA, &tmB, nullptr, C, M, N, K); \
+  }
+#define MF_GEMM_WGMMA_TMASTORE(NAME, T, LAYOUT, BM, BN, NC, STAGES) \
+  extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) NAME( \
+      const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, \
+      const __grid_constant__ mf::TmaDesc tmC, T* __restrict__ C, const T* __restrict__ A, const T* __restrict__ B, \
+      int M, int N, int K) { \
+    (void)A; (void)B; (void)C; /* written and read through the tensor maps; pointers kept for the qualifier */ \
+    mf::gemm_wgmma_ws<T, BM, BN, NC, STAGES, LAYOUT, 1>(&tmA, &tmB, &tmC, C, M, N, K); \
+  }

@@ -1,0 +1,145 @@
+"""Hopper wgmma GEMM benchmark: every TriadSm90a rung against torch.matmul (cuBLAS) in the same run, bf16 and f16.
+
+CUDA-event timing, warm-up first, median of --iters (>= 20) launches on random data; prints a table and appends
+rows (date, GPU, symbol, shape, TFLOP/s, ratio to cuBLAS) to benchmarks/results/gemm_sm90a.md. Not a test.
+
+    python benchmarks/bench_gemm_sm90a.py [--iters 30] [--dtype bf16] [--shapes 4096x4096x4096,8192x8192x8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import statistics
+import tempfile
+from pathlib import Path
+
+from mamba_forge import tma
+from mamba_forge.build import BuildRequest, build
+from mamba_forge.catalog import Catalog, default_catalog_path, load_catalog
+from mamba_forge.targets import get_target
+
+RESULTS = Path(__file__).parent / "results" / "gemm_sm90a.md"
+HEADER = ("| date | GPU | symbol | layout | M | N | K | ms | TFLOP/s | cuBLAS TFLOP/s | ratio |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+DEFAULT_SHAPES = "4096x4096x4096,8192x8192x8192,16384x4096x2048"
+
+
+def layout_of(name: str) -> str:
+    return name.split("_")[2]  # gemm_bi_<layout>_sm90a_...
+
+
+def build_module():
+    cat = load_catalog(default_catalog_path())
+    sub = Catalog(path=cat.path, name=cat.name, modules=(cat.module("TriadSm90a"),))
+    out = Path(tempfile.mkdtemp(prefix="mf-bench-sm90a-"))
+    man = build(BuildRequest(sub, [get_target("sm_90a")], out))
+    (mod,) = [m for m in man.modules if m.target == "sm_90a"]
+    if mod.status != "compiled":
+        raise SystemExit(f"TriadSm90a failed to compile:\n{mod.log_head}")
+    cubin = out / next(a for a in mod.artifacts if a.code == "cubin").path
+    admitted = [s.name for s in mod.symbols if s.verdict.status == "admitted"]
+    return cat, cubin, admitted
+
+
+def time_ms(torch, fn, iters: int, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--dtype", choices=["bf16", "f16", "both"], default="bf16")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
+    ap.add_argument("--symbols", default="", help="comma-separated substrings: only matching symbols")
+    args = ap.parse_args()
+    if args.iters < 20:
+        raise SystemExit("--iters must be at least 20")
+    import torch
+
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    props = torch.cuda.get_device_properties(0)
+    gpu, sms = props.name, props.multi_processor_count
+    cat, cubin, admitted = build_module()
+    dtypes = ["bf16", "f16"] if args.dtype == "both" else [args.dtype]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    wanted = [w for w in args.symbols.split(",") if w]
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    rows = []
+    stream = torch.cuda.current_stream().cuda_stream
+    for dt in dtypes:
+        tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dt]
+        names = [n for n in admitted if n.endswith("_" + dt) and (not wanted or any(w in n for w in wanted))]
+        for M, N, K in shapes:
+            g = torch.Generator(device="cuda").manual_seed(0)
+            flops = 2.0 * M * N * K
+            cublas = {}
+            for lay in sorted({layout_of(n) for n in names}):
+                a_shape = (M, K) if lay in ("nn", "nt") else (K, M)
+                b_shape = (K, N) if lay in ("nn", "tn") else (N, K)
+                A = torch.randn(a_shape, generator=g, device="cuda").to(tdt)
+                B = torch.randn(b_shape, generator=g, device="cuda").to(tdt)
+                a_op = A if lay != "tn" else A.t()
+                b_op = B if lay != "nt" else B.t()
+                ms_ref = time_ms(torch, lambda a_op=a_op, b_op=b_op: torch.matmul(a_op, b_op), args.iters)
+                cublas[lay] = (ms_ref, A, B)
+            for name in names:
+                lay = layout_of(name)
+                ms_ref, A, B = cublas[lay]
+                try:
+                    tma.check_gemm(lay, M, N, K)
+                except tma.TmaError as exc:
+                    print(f"skip {name} {M}x{N}x{K}: {exc}")
+                    continue
+                sym = cat.symbols[name]
+                fn = tma.load_function(str(cubin), name)
+                C = torch.empty((M, N), dtype=tdt, device="cuda")
+                if sym.params_env["TMASTORE"]:
+                    maps = tma.gemm_tensor_maps_with_c(lay, A.data_ptr(), B.data_ptr(), C.data_ptr(), M, N, K)
+                    blobs = [maps["tmA"], maps["tmB"], maps["tmC"]]
+                else:
+                    maps = tma.gemm_tensor_maps(lay, A.data_ptr(), B.data_ptr(), M, N, K)
+                    blobs = [maps["tmA"], maps["tmB"]]
+                kargs = tma.KernelArgs(blobs + [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr()),
+                                                ("i32", M), ("i32", N), ("i32", K)])
+                bm, bn = sym.params_env["BM"], sym.params_env["BN"]
+                grid = (min(math.ceil(M / bm) * math.ceil(N / bn), sms),)
+
+                def run(fn=fn, grid=grid, sym=sym, kargs=kargs):
+                    tma.launch(fn, grid, sym.block, kargs, smem=sym.dynamic_smem, stream=stream)
+
+                ms = time_ms(torch, run, args.iters)
+                # a sanity check of the result so a fast wrong kernel cannot post a number
+                ref = torch.matmul(A if lay != "tn" else A.t(), B if lay != "nt" else B.t())
+                rel = float((C.float() - ref.float()).norm() / ref.float().norm())
+                ok = "" if rel < 1e-2 else f" WRONG (rel err {rel:.2e})"
+                row = (date, gpu, name, lay, M, N, K, ms, flops / ms / 1e9, flops / ms_ref / 1e9, ms_ref / ms)
+                rows.append(row)
+                print(f"{name:48s} {lay} {M:6d} {N:6d} {K:6d}  {ms:8.3f} ms  {row[8]:7.1f} TFLOP/s  "
+                      f"cuBLAS {row[9]:7.1f}  ratio {row[10]:.3f}{ok}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    new = not RESULTS.exists()
+    with RESULTS.open("a") as fh:
+        if new:
+            fh.write("# Hopper wgmma GEMM vs torch.matmul (cuBLAS), same run\n\n" + HEADER)
+        for r in rows:
+            fh.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.3f} | {r[8]:.1f} | "
+                     f"{r[9]:.1f} | {r[10]:.3f} |\n")
+    print(f"wrote {len(rows)} rows to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""Host side of the TMA GEMM kernels: CUtensorMap descriptors (cuTensorMapEncodeTiled) and a raw launcher.
+
+Every wgmma GEMM symbol (kernels/sm90a/wgmma.cu) reads A and B through 2-D tiled tensor maps, one per matrix,
+all of one format: a row-major matrix of 16-bit elements (bf16 or f16: the copy does not look at the values, and
+out-of-bounds elements are filled with zero bits = +0.0 in both), a 64 x 64 element box, 128-byte swizzle. The
+kernel receives each map by value as a 128-byte, 64-aligned parameter (``const __grid_constant__ mf::TmaDesc``).
+
+What the TMA path supports, and what is refused here before the driver is asked:
+* any M, N, K >= 1 with the matrices' contiguous extents a multiple of 8 elements (global row strides must be
+  multiples of 16 bytes): NN (A: M x K, B: K x N) needs K % 8 == 0 and N % 8 == 0; NT (A: M x K, B: N x K) needs
+  K % 8 == 0 and N % 8 == 0 (C's rows are stored in 4-byte pairs); TN (A: K x M, B: K x N) needs M % 8 == 0 and
+  N % 8 == 0. Ragged edges inside those rules (M, N not multiples of the tile, K not a multiple of 64) are
+  handled by the hardware's zero fill;
+* base addresses 16-byte aligned; dimensions below 2**31 (the kernel's coordinates are 32-bit signed).
+
+Standard library + cuda-bindings only (the runtime loader imports this module).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Sequence
+
+TMA_DESC_BYTES = 128
+TMA_DESC_ALIGN = 64
+BOX = 64  # elements per box side: 64 16-bit elements = one 128-byte swizzle row
+ELEMENT_BYTES = 2
+MAX_DIM = 2**31 - 1
+LAYOUTS = ("nn", "nt", "tn")
+
+
+class TmaError(ValueError):
+    """A matrix or GEMM shape the TMA path cannot describe; the message names the rule."""
+
+
+def _check_int(name: str, v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TmaError(f"{name} must be an integer, got {v!r}")
+    return v
+
+
+def check_matrix(ptr: int, rows: int, cols: int, name: str = "matrix") -> None:
+    """Refuse a row-major 16-bit matrix a tensor map cannot describe."""
+    ptr, rows, cols = _check_int(f"{name} address", ptr), _check_int(f"{name} rows", rows), _check_int(f"{name} cols", cols)
+    if ptr <= 0 or ptr % 16:
+        raise TmaError(f"{name}: base address {ptr:#x} is not a 16-byte aligned device address")
+    if not (1 <= rows <= MAX_DIM and 1 <= cols <= MAX_DIM):
+        raise TmaError(f"{name}: shape {rows} x {cols} out of range (each dimension 1..{MAX_DIM})")
+    if (cols * ELEMENT_BYTES) % 16:
+        raise TmaError(
+            f"{name}: row stride {cols} elements x {ELEMENT_BYTES} bytes is not a multiple of 16 bytes "
+            f"(the contiguous extent must be a multiple of 8)"
+        )
+
+
+def operand_shapes(layout: str, M: int, N: int, K: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(rows, cols) of A and B as stored, row-major, for a layout of C[M,N] = op(A) op(B)."""
+    if layout not in LAYOUTS:
+        raise TmaError(f"unknown GEMM layout {layout!r} (known: {', '.join(LAYOUTS)})")
+    a = (M, K) if layout in ("nn", "nt") else (K, M)
+    b = (K, N) if layout in ("nn", "tn") else (N, K)
+    return a, b
+
+
+def check_gemm(layout: str, M: int, N: int, K: int) -> None:
+    """Refuse a GEMM shape the TMA kernels do not support (see the module docstring)."""
+    for n, v in (("M", M), ("N", N), ("K", K)):
+        if _check_int(n, v) < 1 or v > MAX_DIM:
+            raise TmaError(f"{n} = {v} out of range (1..{MAX_DIM}); an empty GEMM needs no launch")
+    if N % 8:
+        raise TmaError(f"N = {N} is not a multiple of 8 (C's rows are written as 4-byte pairs, B's rows by TMA)")
+    (_, a_cols), (_, b_cols) = operand_shapes(layout, M, N, K)
+    if a_cols % 8:
+        which = "K" if layout in ("nn", "nt") else "M"
+        raise TmaError(f"{layout.upper()}: {which} = {a_cols} is not a multiple of 8 (A's row stride must be 16-byte aligned)")
+    if b_cols % 8:
+        raise TmaError(f"{layout.upper()}: K = {b_cols} is not a multiple of 8 (B's row stride must be 16-byte aligned)")
+
+
+def encode_2d(ptr: int, rows: int, cols: int, name: str = "matrix") -> bytes:
+    """The 128 bytes of a CUtensorMap for a row-major rows x cols 16-bit matrix, 64x64 box, 128-byte swizzle."""
+    check_matrix(ptr, rows, cols, name)
+    from cuda.bindings import driver as drv
+
+    err, tmap = drv.cuTensorMapEncodeTiled(
+        drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        2,
+        ptr,
+        [drv.cuuint64_t(cols), drv.cuuint64_t(rows)],  # innermost dimension first
+        [drv.cuuint64_t(cols * ELEMENT_BYTES)],  # stride of dimension 1 in bytes (dimension 0 is packed)
+        [drv.cuuint32_t(BOX), drv.cuuint32_t(BOX)],
+        [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # NONE = zero fill
+    )
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise TmaError(f"{name}: cuTensorMapEncodeTiled failed with {err!r} for {rows} x {cols} at {ptr:#x}")
+    raw = struct.pack("<16Q", *(int(v) for v in tmap.opaque))
+    assert len(raw) == TMA_DESC_BYTES
+    return raw
+
+
+def gemm_tensor_maps(layout: str, a_ptr: int, b_ptr: int, M: int, N: int, K: int) -> dict[str, bytes]:
+    """{"tmA": ..., "tmB": ...} for a wgmma GEMM launch; refuses unsupported shapes first."""
+    check_gemm(layout, M, N, K)
+    (ar, ac), (br, bc) = operand_shapes(layout, M, N, K)
+    return {"tmA": encode_2d(a_ptr, ar, ac, "A"), "tmB": encode_2d(b_ptr, br, bc, "B")}
+
+
+def gemm_tensor_maps_with_c(layout: str, a_ptr: int, b_ptr: int, c_ptr: int, M: int, N: int, K: int) -> dict[str, bytes]:
+    """As gemm_tensor_maps, plus "tmC" for the symbols that store C through TMA (C: M x N row-major)."""
+    maps = gemm_tensor_maps(layout, a_ptr, b_ptr, M, N, K)
+    maps["tmC"] = encode_2d(c_ptr, M, N, "C")
+    return maps
+
+
+# QualifySpec.prepare hooks: prepare(pointers, scalars, dims) -> {param name: bytes}.
+def prepare_gemm_nn(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
+    return gemm_tensor_maps("nn", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"])
+
+
+def prepare_gemm_nt(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
+    return gemm_tensor_maps("nt", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"])
+
+
+def prepare_gemm_tn(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
+    return gemm_tensor_maps("tn", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"])
+
+
+# ---- a raw launcher: kernel parameters as (ctypes value | 128-byte blob), for tests and benchmarks ----
+class KernelArgs:
+    """Holds each argument's bytes alive and exposes the void** array cuLaunchKernel wants.
+
+    Items: bytes (a by-value blob, e.g. a tensor map), ("ptr", int), ("i32", int), ("i64", int), ("f32", float).
+    """
+
+    _CTYPES = {"ptr": ctypes.c_uint64, "i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64,
+               "u64": ctypes.c_uint64, "f32": ctypes.c_float, "f64": ctypes.c_double}
+
+    def __init__(self, items: Sequence[bytes | tuple[str, int | float]]):
+        self._keep: list[ctypes.Array | ctypes._SimpleCData] = []
+        self._addrs: list[int] = []
+        for it in items:
+            if isinstance(it, (bytes, bytearray)):
+                # 64-byte alignment for the copy source is not required by the driver, but costs nothing.
+                buf = (ctypes.c_uint8 * (len(it) + TMA_DESC_ALIGN))()
+                off = (-ctypes.addressof(buf)) % TMA_DESC_ALIGN
+                ctypes.memmove(ctypes.addressof(buf) + off, bytes(it), len(it))
+                self._keep.append(buf)
+                self._addrs.append(ctypes.addressof(buf) + off)
+            else:
+                kind, value = it
+                if kind not in self._CTYPES:
+                    raise TmaError(f"unknown argument kind {kind!r}")
+                v = self._CTYPES[kind](value)
+                self._keep.append(v)
+                self._addrs.append(ctypes.addressof(v))
+        self._array = (ctypes.c_void_p * max(1, len(self._addrs)))(*self._addrs)
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self._array)
+
+
+def launch(function, grid: Sequence[int], block: Sequence[int], args: KernelArgs, smem: int = 0, stream: int = 0) -> None:
+    """cuLaunchKernel with a KernelArgs array; sets MAX_DYNAMIC_SHARED_SIZE_BYTES above 48 KB."""
+    from cuda.bindings import driver as drv
+
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    b = tuple(block) + (1,) * (3 - len(block))
+    if smem > 48 * 1024:
+        (err,) = drv.cuFuncSetAttribute(
+            function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem
+        )
+        if err != drv.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={smem}) failed: {err!r}")
+    (err,) = drv.cuLaunchKernel(function, *g, *b, smem, drv.CUstream(stream), args.address, 0)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
+
+
+_MODULES: dict[str, object] = {}
+
+
+def load_function(cubin_path: str, name: str):
+    """The CUfunction `name` from a cubin file, loaded once per path into the current context.
+
+    Call after the CUDA context exists (e.g. torch.cuda.init() or any CuPy allocation): the module is loaded into
+    whatever context is current on this thread.
+    """
+    from cuda.bindings import driver as drv
+
+    mod = _MODULES.get(cubin_path)
+    if mod is None:
+        with open(cubin_path, "rb") as fh:
+            image = fh.read()
+        err, mod = drv.cuModuleLoadData(image)
+        if err != drv.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuModuleLoadData({cubin_path}) failed: {err!r}")
+        _MODULES[cubin_path] = mod
+    err, fn = drv.cuModuleGetFunction(mod, name.encode())
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{name} not found in {cubin_path}: {err!r}")
+    return fn
+
+
+def prepare_gemm_nn_tmastore(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
+    return gemm_tensor_maps_with_c("nn", pointers["A"], pointers["B"], pointers["C"], dims["M"], dims["N"], dims["K"])
+
+
+def prepare_gemm_nt_tmastore(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
+    return gemm_tensor_maps_with_c("nt", pointers["A"], pointers["B"], pointers["C"], dims["M"], dims["N"], dims["K"])
+
+
+def prepare_gemm_tn_tmastore(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
+    return gemm_tensor_maps_with_c("tn", pointers["A"], pointers["B"], pointers["C"], dims["M"], dims["N"], dims["K"])

@@ -1,0 +1,242 @@
+"""CPU checks of the architecture-specific GEMM families (TriadSm90a, TriadSm89*, Sm120, Sm100) and of
+mamba_forge/tma.py: the reference names are declared where they belong, each module compiles for its target
+(and sm_90a for check roles) with every symbol admitted, the wgmma rungs really use wgmma/TMA/setmaxnreg, and the
+TMA host side refuses what the kernels cannot take. Builds go through the private cache into a tmp folder, one
+module x one target per test.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+import numpy as np
+import pytest
+
+from mamba_forge import tma
+from mamba_forge.build import BuildRequest, build
+from mamba_forge.catalog import Catalog, default_catalog_path, load_catalog
+from mamba_forge.references import gemm_arch
+from mamba_forge.targets import get_target
+
+# The reference library's names this work owns, by module kind.
+REFERENCE_NAMES = {
+    "TriadSm90a": ["gemm_bi_nn_sm90a_wgmma_wg1_bf16", "gemm_bi_nn_sm90a_wgmma_wg1_f16"],
+    "TriadSm89Half": [
+        "gemm_bi_nn_fixed_sm89_m128n64_bk64_s2_v1_f16", "gemm_bi_nn_fixed_sm89_m64n64_bk64_s3_v1_f16",
+        "gemm_bi_nn_fixed_sm89_tc128_pipeline_v1_bf16", "gemm_bi_nn_fixed_sm89_tc128_pipeline_v1_f16",
+        "gemm_bi_nn_fixed_sm89_tc128_s3_v1_bf16", "gemm_bi_nn_fixed_sm89_tc128_s3_v1_f16",
+        "gemm_bi_nn_fixed_sm89_tc128_swizzle_v1_bf16", "gemm_bi_nn_fixed_sm89_tc128_swizzle_v1_f16",
+    ],
+    "TriadSm89ExactF32": ["gemm_bi_nn_fixed_sm89_f32_n64_copyplan_v1"],
+    "TriadSm89Tf32Joint": ["gemm_bi_nn_fixed_sm89_rna_tf32_v1_m128n96_bk32_s3"],
+    "Sm100": ["gemm_bi_nn_sm100_tcgen_c4_bf16", "gemm_bi_nn_sm100_tcgen_c4_f16"],
+    "Sm120": [
+        "gemm_bi_nn_fixed_sm120_f32_n64_copyplan_m128n64_t256_v1", "gemm_bi_nn_fixed_sm120_f32_n64_copyplan_t256_v1",
+        "gemm_bi_nn_fixed_sm120_f32_n64_copyplan_v1", "gemm_bi_nn_fixed_sm120_f32_n64_sliced_v1",
+        *[f"gemm_bi_nn_sm120_tma_{t}_{o}{d}" for t in ("128x128_bk32_s2", "128x128_bk32_s3", "128x64_bk32_s3",
+                                                    "64x128_bk64_s2", "64x64_bk64_s2")
+          for o in ("", "f32out_") for d in ("bf16", "f16")],
+        "gemm_bi_nn_sm120_tma_fma_v1_fixed_nobias_m128n64_t256_bk16_s2",
+        "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias_m128n64_bk16_s2",
+        "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias_m128n64_bk16_s2_k4",
+        "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias_m128n64_t256_bk16_s2",
+        "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias_m128n96_bk16_s2",
+        "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias_m64n128_bk16_s2",
+        *[f"gemm_bi_nn_sm120_tma_tf32_v1_{t}" for t in ("m128n64_bk32_s2", "m128n64_bk32_s3", "m64n128_bk32_s2",
+                                                        "m64n128_bk32_s3", "m64n64_bk32_s2",
+                                                        "m64n64_bk32_s2_pair_store", "m64n64_bk32_s2_producer_warp")],
+    ],
+}
+MODULES = tuple(REFERENCE_NAMES)
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog(default_catalog_path())
+
+
+def test_reference_names_declared_in_their_modules(catalog):
+    assert sum(len(v) for v in REFERENCE_NAMES.values()) == 51
+    for kind, names in REFERENCE_NAMES.items():
+        declared = {s.name for s in catalog.module(kind).symbols}
+        missing = sorted(set(names) - declared)
+        assert not missing, f"{kind} lacks {missing}"
+
+
+def test_every_symbol_has_contract_params_and_reference(catalog):
+    for kind in MODULES:
+        mod = catalog.module(kind)
+        for fam in mod.families:
+            assert fam.contract and len(fam.contract) > 40, fam.name
+            assert [p.name for p in fam.params if p.role == "out"] == ["C"], fam.name
+            ref = fam.qualify.reference
+            assert ref and ref.startswith("mamba_forge.references.gemm_arch:"), fam.name
+            mod_name, fn = ref.split(":")
+            assert callable(getattr(importlib.import_module(mod_name), fn))
+            if fam.qualify.prepare:
+                pm, pf = fam.qualify.prepare.split(":")
+                assert callable(getattr(importlib.import_module(pm), pf))
+
+
+def test_module_gates_and_roles(catalog):
+    t = {n: get_target(n) for n in ("sm_80", "sm_89", "sm_90a", "sm_100a", "sm_120a")}
+    roles = lambda kind: {tt.name: r for tt, r in catalog.module(kind).targets(list(t.values()))}  # noqa: E731
+    assert roles("TriadSm90a") == {"sm_90a": "qualify"}
+    for kind in ("TriadSm89Half", "TriadSm89ExactF32", "TriadSm89Tf32Joint"):
+        assert roles(kind) == {"sm_89": "qualify", "sm_90a": "check"}
+    assert roles("Sm120") == {"sm_120a": "qualify", "sm_90a": "check"}
+    assert roles("Sm100") == {"sm_100a": "qualify"}
+    assert catalog.module("Sm100").built_only(t["sm_100a"])
+
+
+def test_wgmma_tensor_map_params(catalog):
+    for fam in catalog.module("TriadSm90a").families:
+        blobs = [(p.name, p.size, p.align) for p in fam.params if p.type == "bytes"]
+        maps = [("tmA", 128, 64), ("tmB", 128, 64)]
+        if "tmastore" in fam.name:
+            assert blobs == maps + [("tmC", 128, 64)] and fam.qualify.prepare.endswith("_tmastore")
+        else:
+            assert blobs == maps and not fam.qualify.prepare.endswith("_tmastore")
+        assert fam.qualify.prepare.startswith("mamba_forge.tma:prepare_gemm_")
+    for s in catalog.module("TriadSm90a").symbols:
+        e = s.params_env
+        ring, staging = e["STAGES"] * (e["BM"] + e["BN"]) * 128, e["TMASTORE"] * e["BM"] * e["BN"] * 2
+        assert s.dynamic_smem == ring + staging + 16 * e["STAGES"] + 1024
+        assert s.dynamic_smem <= 227 * 1024 - 1024  # the system reserves 1 KB per block on sm_90
+        assert s.threads == 128 * (e["NC"] + 1)
+
+
+def _build_one(catalog: Catalog, kind: str, target: str, tmp_path):
+    sub = Catalog(path=catalog.path, name=catalog.name, modules=(catalog.module(kind),))
+    man = build(BuildRequest(sub, [get_target(target)], tmp_path, jobs=1))
+    (mod,) = [m for m in man.modules if m.kind == kind and m.target == target]
+    return mod
+
+
+BUILDS = [("TriadSm90a", "sm_90a"), ("TriadSm89Half", "sm_89"), ("TriadSm89Half", "sm_90a"),
+          ("TriadSm89ExactF32", "sm_89"), ("TriadSm89ExactF32", "sm_90a"), ("TriadSm89Tf32Joint", "sm_89"),
+          ("TriadSm89Tf32Joint", "sm_90a"), ("Sm100", "sm_100a"), ("Sm120", "sm_120a"),
+          pytest.param("Sm120", "sm_90a", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("kind,target", BUILDS)
+def test_module_compiles_and_every_symbol_admitted(catalog, kind, target, tmp_path):
+    mod = _build_one(catalog, kind, target, tmp_path)
+    assert mod.status == "compiled", mod.log_head
+    rejected = [(s.name, s.verdict.reason) for s in mod.symbols if s.verdict.status != "admitted"]
+    assert not rejected, rejected
+    declared = {s.name for s in catalog.module(kind).symbols}
+    assert {s.name for s in mod.symbols} == declared
+    for s in mod.symbols:
+        assert s.resources.spill_stores == 0 and s.resources.stack_frame == 0, s.name
+
+
+def test_wgmma_module_uses_hopper_instructions(catalog, tmp_path):
+    mod = _build_one(catalog, "TriadSm90a", "sm_90a", tmp_path)
+    ptx = next(a for a in mod.artifacts if a.code == "ptx")
+    text = (tmp_path / ptx.path).read_text()
+    for token in ("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16",
+                  "cp.async.bulk.tensor.2d.shared::cluster.global", "cp.async.bulk.tensor.2d.global.shared::cta",
+                  "setmaxnreg.inc.sync.aligned.u32", "mbarrier.try_wait.parity", "fence.proxy.async.shared::cta"):
+        assert token in text, token
+    # deterministic: no atomics or reductions to memory, no local memory (instruction mnemonics at line starts)
+    for pattern in (r"^\s*(@!?%p\d+\s+)?(atom|red)\.", r"\.local\b"):
+        assert not re.search(pattern, text, re.M), pattern
+    assert re.search(r"^\s*atom\.", "  atom.global.add.f32 [x], 1.0;", re.M)  # the pattern does find one
+
+
+def test_sm100_module_uses_tcgen05(catalog, tmp_path):
+    mod = _build_one(catalog, "Sm100", "sm_100a", tmp_path)
+    text = (tmp_path / next(a for a in mod.artifacts if a.code == "ptx").path).read_text()
+    for token in ("tcgen05.mma.cta_group::1.kind::f16", "tcgen05.alloc", "tcgen05.ld.sync.aligned.32x32b.x32",
+                  "tcgen05.commit", "tcgen05.dealloc", "cp.async.bulk.tensor.2d"):
+        assert token in text, token
+    assert not re.search(r"^\s*(@!?%p\d+\s+)?(atom|red)\.", text, re.M)
+
+
+# ---- mamba_forge/tma.py: what is checked before the driver is asked ----
+def test_check_gemm_accepts_supported_shapes():
+    tma.check_gemm("nn", 1, 8, 8)
+    tma.check_gemm("nn", 1003, 4096, 2048)
+    tma.check_gemm("nt", 17, 392, 328)
+    tma.check_gemm("tn", 520, 392, 331)  # TN: K is a row count, any value
+
+
+@pytest.mark.parametrize("layout,M,N,K,match", [
+    ("nn", 64, 64, 100, "K = 100"),
+    ("nt", 64, 64, 12, "K = 12"),
+    ("nn", 64, 60, 64, "N = 60"),
+    ("tn", 63, 64, 64, "M = 63"),
+    ("nn", 0, 64, 64, "M = 0"),
+    ("nn", 64, 64, 0, "K = 0"),
+    ("nn", 2**31, 64, 64, "out of range"),
+    ("xx", 64, 64, 64, "unknown GEMM layout"),
+])
+def test_check_gemm_refuses(layout, M, N, K, match):
+    with pytest.raises(tma.TmaError, match=match):
+        tma.check_gemm(layout, M, N, K)
+
+
+def test_check_gemm_refuses_non_integers():
+    with pytest.raises(tma.TmaError, match="integer"):
+        tma.check_gemm("nn", 64.0, 64, 64)
+    with pytest.raises(tma.TmaError, match="integer"):
+        tma.check_gemm("nn", True, 64, 64)
+
+
+def test_operand_shapes():
+    assert tma.operand_shapes("nn", 3, 5, 7) == ((3, 7), (7, 5))
+    assert tma.operand_shapes("nt", 3, 5, 7) == ((3, 7), (5, 7))
+    assert tma.operand_shapes("tn", 3, 5, 7) == ((7, 3), (7, 5))
+
+
+@pytest.mark.parametrize("ptr,rows,cols,match", [
+    (0x1008, 64, 64, "16-byte aligned"),
+    (0, 64, 64, "16-byte aligned"),
+    (0x1000, 0, 64, "out of range"),
+    (0x1000, 64, 12, "multiple of 16 bytes"),
+])
+def test_encode_refuses_before_the_driver(ptr, rows, cols, match):
+    with pytest.raises(tma.TmaError, match=match):
+        tma.encode_2d(ptr, rows, cols)
+
+
+def test_prepare_hooks_refuse_bad_shapes_first():
+    with pytest.raises(tma.TmaError, match="N = 12"):
+        tma.prepare_gemm_nt_tmastore({"A": 0x1000, "B": 0x2000, "C": 0x3000}, {}, {"M": 8, "N": 12, "K": 8})
+    with pytest.raises(tma.TmaError, match="K = 100"):
+        tma.prepare_gemm_nn({"A": 0x1000, "B": 0x2000, "C": 0x3000}, {}, {"M": 8, "N": 8, "K": 100})
+    with pytest.raises(tma.TmaError, match="M = 9"):
+        tma.prepare_gemm_tn({"A": 0x1000, "B": 0x2000, "C": 0x3000}, {}, {"M": 9, "N": 8, "K": 8})
+
+
+def test_kernel_args_layout():
+    import ctypes
+
+    blob = bytes(range(128))
+    args = tma.KernelArgs([blob, ("ptr", 0xDEADBEEF000), ("i32", -3), ("f32", 1.5)])
+    ptrs = (ctypes.c_void_p * 4).from_address(args.address)
+    assert ctypes.string_at(ptrs[0], 128) == blob and ptrs[0] % 64 == 0
+    assert ctypes.c_uint64.from_address(ptrs[1]).value == 0xDEADBEEF000
+    assert ctypes.c_int32.from_address(ptrs[2]).value == -3
+    assert ctypes.c_float.from_address(ptrs[3]).value == 1.5
+    with pytest.raises(tma.TmaError, match="unknown argument kind"):
+        tma.KernelArgs([("i128", 1)])
+
+
+# ---- the float64 references ----
+def test_references_match_explicit_sums():
+    rng = np.random.default_rng(0)
+    M, N, K = 3, 4, 5
+    a, b, bias = rng.standard_normal((M, K)), rng.standard_normal((K, N)), rng.standard_normal(N)
+    want = np.array([[sum(a[i, k] * b[k, j] for k in range(K)) for j in range(N)] for i in range(M)])
+    dims = {"M": M, "N": N, "K": K}
+    np.testing.assert_allclose(gemm_arch.gemm_nn({"A": a.ravel(), "B": b.ravel()}, dims)["C"], want.ravel(), rtol=1e-13)
+    np.testing.assert_allclose(gemm_arch.gemm_nt({"A": a.ravel(), "B": b.T.ravel()}, dims)["C"], want.ravel(), rtol=1e-13)
+    np.testing.assert_allclose(gemm_arch.gemm_tn({"A": a.T.ravel(), "B": b.ravel()}, dims)["C"], want.ravel(), rtol=1e-13)
+    with_bias = gemm_arch.gemm_nn({"A": a.ravel(), "B": b.ravel(), "bias": bias}, dims)["C"]
+    np.testing.assert_allclose(with_bias, (want + bias[None, :]).ravel(), rtol=1e-13)
+    # a wrong layout gives a different answer (the references are not layout-blind)
+    wrong = gemm_arch.gemm_nt({"A": a.ravel(), "B": b.ravel()}, dims)["C"]
+    assert not np.allclose(wrong, want.ravel())
