@@ -256,11 +256,13 @@ def _seq_case(o: Ours, ssc, shape_t, bw, sms):
     peer_f = peer_fb = None
     if ssc is not None:
         A = -torch.exp(x["A_log"])
-        peer_f = time_ms(lambda: ssc.fwd(x["u"], x["delta"], A, x["B"], x["C"], x["D"], x["z"], x["delta_bias"], True))
+        # the extension takes B and C as (batch, groups, dstate, seqlen), as selective_scan_fn rearranges them
+        Bg, Cg = x["B"].unsqueeze(1), x["C"].unsqueeze(1)
+        peer_f = time_ms(lambda: ssc.fwd(x["u"], x["delta"], A, Bg, Cg, x["D"], x["z"], x["delta_bias"], True))
 
         def peer_fwd_bwd():
-            out, xs, *rest = ssc.fwd(x["u"], x["delta"], A, x["B"], x["C"], x["D"], x["z"], x["delta_bias"], True)
-            ssc.bwd(x["u"], x["delta"], A, x["B"], x["C"], x["D"], x["z"], x["delta_bias"], x["dout"], xs, out, None, True, False)
+            out, xs, *rest = ssc.fwd(x["u"], x["delta"], A, Bg, Cg, x["D"], x["z"], x["delta_bias"], True)
+            ssc.bwd(x["u"], x["delta"], A, Bg, Cg, x["D"], x["z"], x["delta_bias"], x["dout"], xs, out, None, True, False)
 
         peer_fb = time_ms(peer_fwd_bwd)
     shape = f"B{b} D{d} L{L} N{n}"
