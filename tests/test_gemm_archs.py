@@ -16,7 +16,7 @@ import pytest
 from mamba_forge import tma
 from mamba_forge.build import BuildRequest, build
 from mamba_forge.catalog import Catalog, default_catalog_path, load_catalog
-from mamba_forge.references import gemm_arch
+from mamba_forge.references import gemm as gemm_ref
 from mamba_forge.targets import get_target
 
 # The reference library's names this work owns, by module kind.
@@ -71,7 +71,7 @@ def test_every_symbol_has_contract_params_and_reference(catalog):
             assert fam.contract and len(fam.contract) > 40, fam.name
             assert [p.name for p in fam.params if p.role == "out"] == ["C"], fam.name
             ref = fam.qualify.reference
-            assert ref and ref.startswith("mamba_forge.references.gemm_arch:"), fam.name
+            assert ref and ref.startswith("mamba_forge.references.gemm:"), fam.name
             mod_name, fn = ref.split(":")
             assert callable(getattr(importlib.import_module(mod_name), fn))
             if fam.qualify.prepare:
@@ -232,11 +232,11 @@ def test_references_match_explicit_sums():
     a, b, bias = rng.standard_normal((M, K)), rng.standard_normal((K, N)), rng.standard_normal(N)
     want = np.array([[sum(a[i, k] * b[k, j] for k in range(K)) for j in range(N)] for i in range(M)])
     dims = {"M": M, "N": N, "K": K}
-    np.testing.assert_allclose(gemm_arch.gemm_nn({"A": a.ravel(), "B": b.ravel()}, dims)["C"], want.ravel(), rtol=1e-13)
-    np.testing.assert_allclose(gemm_arch.gemm_nt({"A": a.ravel(), "B": b.T.ravel()}, dims)["C"], want.ravel(), rtol=1e-13)
-    np.testing.assert_allclose(gemm_arch.gemm_tn({"A": a.T.ravel(), "B": b.ravel()}, dims)["C"], want.ravel(), rtol=1e-13)
-    with_bias = gemm_arch.gemm_nn({"A": a.ravel(), "B": b.ravel(), "bias": bias}, dims)["C"]
+    np.testing.assert_allclose(gemm_ref.gemm_nn({"A": a.ravel(), "B": b.ravel()}, dims)["C"], want.ravel(), rtol=1e-13)
+    np.testing.assert_allclose(gemm_ref.gemm_nt({"A": a.ravel(), "B": b.T.ravel()}, dims)["C"], want.ravel(), rtol=1e-13)
+    np.testing.assert_allclose(gemm_ref.gemm_tn({"A": a.T.ravel(), "B": b.ravel()}, dims)["C"], want.ravel(), rtol=1e-13)
+    with_bias = gemm_ref.gemm_nn({"A": a.ravel(), "B": b.ravel(), "bias": bias}, dims)["C"]
     np.testing.assert_allclose(with_bias, (want + bias[None, :]).ravel(), rtol=1e-13)
     # a wrong layout gives a different answer (the references are not layout-blind)
-    wrong = gemm_arch.gemm_nt({"A": a.ravel(), "B": b.ravel()}, dims)["C"]
+    wrong = gemm_ref.gemm_nt({"A": a.ravel(), "B": b.ravel()}, dims)["C"]
     assert not np.allclose(wrong, want.ravel())
