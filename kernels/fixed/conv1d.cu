@@ -24,11 +24,42 @@ constexpr int CONV_STEP_BLOCK = 256;
 
 // The one per-output formula. xs: W consecutive inputs, oldest first. Callers convert each input to f64 once
 // (f32 -> f64 is exact; conversions run at a quarter of the f64 arithmetic rate, so not once per use).
+// fma(w, x, acc) == acc + w*x rounded once == __dadd_rn(acc, __dmul_rn(w, x)) bit for bit: w and x are f32
+// values, so their product is exact in f64 (48 significant bits, exponent in [-298, 256]); one DFMA instead of
+// DMUL + DADD halves the f64 work without changing a bit (the host walk, which rounds the sum, checks it).
 template <int W> MF_DEVICE float conv_dot(const double* w, const double* xs, double bias) {
   double acc = bias;
 #pragma unroll
-  for (int k = 0; k < W; ++k) acc = __dadd_rn(acc, __dmul_rn(w[k], xs[k]));
+  for (int k = 0; k < W; ++k) acc = __fma_rn(w[k], xs[k], acc);
   return (float)acc;
+}
+
+// mf::silu of N values, bit for bit, without a branch per value. mf::sigmoid's 1.f / y (y = 1 + expf(-z)) is
+// rcp.rn.f32, which ptxas expands to MUFU.RCP + one FMA Newton step when y's exponent is in range and to a
+// slow-path call otherwise; per value that branch (with its convergence barrier) costs more than the arithmetic.
+// Here: y < 2^126 (true for every y >= 1 in the fast range; false for inf/NaN and huge y) for all N values ->
+// the same fast-path sequence inline; else the library expression for all N. conv1d_step keeps mf::silu, so
+// the GPU test step == forward checks this equality.
+template <int N> MF_DEVICE void silu_n(float* out, const float* z) {
+  float y[N];
+  bool fast = true;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    y[j] = 1.f + expf(-z[j]);
+    fast = fast && y[j] < 0x1p126f;
+  }
+  if (fast) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      float r;
+      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y[j]));
+      const float t = __fmaf_rn(y[j], r, -1.f);  // exact: y*r is within 2^-22 of 1
+      out[j] = z[j] * __fmaf_rn(r, -t, r);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = silu(z[j]);
+  }
 }
 
 // dpre = g * d silu(z)/dz = g * s * (1 + z * (1 - s)), s = sigmoid(z), in f64: dweight sums thousands of these
@@ -77,57 +108,56 @@ template <typename T> MF_DEVICE void conv_store(T* row, const float* src, i64 s0
 }
 
 // ---- tiled forward: one block per (row, tile of CONV_TILE_L timesteps); each thread owns VPT 16-byte chunks
-// (chunk vi = v * CONV_BLOCK + tid, coalesced per v). Every input is read once from DRAM: a chunk's 3-element
-// halo comes from its left neighbour through shared memory, and only the tile's first chunk reads it again. ----
+// (chunk vi = v * CONV_BLOCK + tid, coalesced per v). All of a thread's loads are issued before any arithmetic.
+// A chunk's 3-input halo is the tail of chunk vi-1, which lane - 1 of the same warp holds already converted to
+// f64: it comes by warp shuffle (no shared memory, no block barrier, each input converted to f64 once). Lane 0
+// reads its halo from global memory (3 elements, L1/L2 hits: the neighbour warp loads the same lines). ----
 template <typename T, int W, bool SAVE>
 MF_DEVICE void conv1d_fwd_tiled_w(T* __restrict__ out, T* __restrict__ pre, const T* __restrict__ x,
                                   const float* __restrict__ weight, const float* __restrict__ bias, i64 batch,
-                                  i64 d, i64 L, float4* halo) {
+                                  i64 d, i64 L) {
   constexpr int N = Vec<T>::N;
   constexpr int VPT = CONV_TILE_L / (CONV_BLOCK * N);
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31;
   const i64 tiles = (L + CONV_TILE_L - 1) / CONV_TILE_L;
   const i64 jobs = batch * d * tiles;
   const bool vec = L % N == 0 && aligned16(x) && aligned16(out) && (!SAVE || aligned16(pre));
   for (i64 job = blockIdx.x; job < jobs; job += gridDim.x) {
     const i64 row = job / tiles, t0 = (job % tiles) * CONV_TILE_L;
     const i64 c = row % d;
+    const T* xr = x + row * L;
+    float xv[VPT][N];
+    float hv[VPT][CONV_HALO];  // lane 0 only: x[s0-3 .. s0-1] of each of its chunks (0 before the row)
+#pragma unroll
+    for (int v = 0; v < VPT; ++v) {
+      const i64 s0 = t0 + (i64)(v * CONV_BLOCK + tid) * N;
+      conv_load<T>(xv[v], xr, s0, L, vec);
+#pragma unroll
+      for (int j = 0; j < CONV_HALO; ++j) {
+        const i64 p = s0 - CONV_HALO + j;
+        hv[v][j] = lane == 0 && p >= 0 && p < L ? to_f32(xr[p]) : 0.f;
+      }
+    }
     double w[W];
 #pragma unroll
     for (int k = 0; k < W; ++k) w[k] = weight[c * W + k];
     const double b = bias[c];
-    const T* xr = x + row * L;
-    float xv[VPT][N];
-#pragma unroll
-    for (int v = 0; v < VPT; ++v) conv_load<T>(xv[v], xr, t0 + (i64)(v * CONV_BLOCK + tid) * N, L, vec);
-    __syncthreads();  // the previous job's readers of `halo` are done
-#pragma unroll
-    for (int v = 0; v < VPT; ++v) halo[v * CONV_BLOCK + tid] = make_float4(xv[v][N - 3], xv[v][N - 2], xv[v][N - 1], 0.f);
-    __syncthreads();
 #pragma unroll
     for (int v = 0; v < VPT; ++v) {
-      const int vi = v * CONV_BLOCK + tid;
-      const i64 s0 = t0 + (i64)vi * N;
-      if (s0 >= L) continue;
+      const i64 s0 = t0 + (i64)(v * CONV_BLOCK + tid) * N;
       double win[CONV_HALO + N];  // x[s0-3 .. s0+N-1]
-      if (vi == 0) {
-#pragma unroll
-        for (int j = 0; j < CONV_HALO; ++j) {
-          const i64 p = s0 - CONV_HALO + j;
-          win[j] = p >= 0 ? to_f32(xr[p]) : 0.f;
-        }
-      } else {
-        const float4 h = halo[vi - 1];
-        win[0] = h.x, win[1] = h.y, win[2] = h.z;
-      }
 #pragma unroll
       for (int j = 0; j < N; ++j) win[CONV_HALO + j] = xv[v][j];
-      float y[N], z[N];
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        z[j] = conv_dot<W>(w, &win[j + CONV_MAX_WIDTH - W], b);
-        y[j] = silu(z[j]);
+      for (int j = 0; j < CONV_HALO; ++j) {  // every lane shuffles (full mask); lane 0 keeps its own halo
+        const double h = __shfl_up_sync(0xffffffffu, win[N + j], 1);
+        win[j] = lane == 0 ? (double)hv[v][j] : h;
       }
+      if (s0 >= L) continue;
+      float z[N], y[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) z[j] = conv_dot<W>(w, &win[j + CONV_MAX_WIDTH - W], b);
+      silu_n<N>(y, z);
       conv_store<T>(out + row * L, y, s0, L, vec);
       if (SAVE) conv_store<T>(pre + row * L, z, s0, L, vec);
     }
@@ -137,12 +167,12 @@ MF_DEVICE void conv1d_fwd_tiled_w(T* __restrict__ out, T* __restrict__ pre, cons
 template <typename T, bool SAVE>
 MF_DEVICE void conv1d_fwd_tiled(T* out, T* pre, const T* x, const float* weight, const float* bias, i64 batch, i64 d,
                                 i64 L, int width) {
-  __shared__ float4 halo[CONV_TILE_L / Vec<T>::N];  // last 3 inputs of each chunk of the tile
+  if (blockDim.x != CONV_BLOCK) return;  // the chunk mapping and the full-warp shuffles assume this block
   switch (width) {
-    case 1: conv1d_fwd_tiled_w<T, 1, SAVE>(out, pre, x, weight, bias, batch, d, L, halo); break;
-    case 2: conv1d_fwd_tiled_w<T, 2, SAVE>(out, pre, x, weight, bias, batch, d, L, halo); break;
-    case 3: conv1d_fwd_tiled_w<T, 3, SAVE>(out, pre, x, weight, bias, batch, d, L, halo); break;
-    case 4: conv1d_fwd_tiled_w<T, 4, SAVE>(out, pre, x, weight, bias, batch, d, L, halo); break;
+    case 1: conv1d_fwd_tiled_w<T, 1, SAVE>(out, pre, x, weight, bias, batch, d, L); break;
+    case 2: conv1d_fwd_tiled_w<T, 2, SAVE>(out, pre, x, weight, bias, batch, d, L); break;
+    case 3: conv1d_fwd_tiled_w<T, 3, SAVE>(out, pre, x, weight, bias, batch, d, L); break;
+    case 4: conv1d_fwd_tiled_w<T, 4, SAVE>(out, pre, x, weight, bias, batch, d, L); break;
     default: break;
   }
 }
@@ -152,6 +182,20 @@ MF_DEVICE void conv1d_fwd_tiled(T* out, T* pre, const T* x, const float* weight,
 // f64 partials in walk order, then mf::block_sum (a fixed order for the fixed block of CONV_BLOCK threads),
 // written by thread 0. No atomics. A chunk's left x halo and right dpre halo come from its neighbours through
 // shared memory; only the tile's edge chunks read them again from global memory. ----
+// N consecutive elements as raw T (positions >= L hold 0): the backward keeps the next tile's chunks in this
+// form (4 registers each) while it computes the current tile.
+template <typename T> MF_DEVICE Vec<T> conv_load_raw(const T* row, i64 s0, i64 L, bool vec) {
+  constexpr int N = Vec<T>::N;
+  Vec<T> r;
+  if (vec && s0 + N <= L) {
+    r = load_vec(row + s0);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) r.v[j] = s0 + j < L ? row[s0 + j] : from_f32<T>(0.f);
+  }
+  return r;
+}
+
 template <typename T, int W>
 MF_DEVICE void conv1d_bwd_tiled_w(T* __restrict__ dx, float* __restrict__ dweight, float* __restrict__ dbias,
                                   const T* __restrict__ x, const float* __restrict__ weight, const T* __restrict__ pre,
@@ -161,6 +205,7 @@ MF_DEVICE void conv1d_bwd_tiled_w(T* __restrict__ dx, float* __restrict__ dweigh
   constexpr int TILE = CONV_BLOCK * N;
   const int tid = threadIdx.x;
   const i64 tiles = (L + TILE - 1) / TILE;
+  const i64 steps = batch * tiles;  // (batch, tile) in walk order
   const bool vec = L % N == 0 && aligned16(x) && aligned16(pre) && aligned16(dout) && aligned16(dx);
   for (i64 c = blockIdx.x; c < d; c += gridDim.x) {
     double w[W];
@@ -169,20 +214,40 @@ MF_DEVICE void conv1d_bwd_tiled_w(T* __restrict__ dx, float* __restrict__ dweigh
     double dw[W], db = 0.0;
 #pragma unroll
     for (int k = 0; k < W; ++k) dw[k] = 0.0;
-    for (i64 b = 0; b < batch; ++b) {
+    // software pipeline: step i+1's loads are in flight while step i computes (the walk order is unchanged)
+    // (16-bit types only: for f32, ptxas spills around the f64 slow-path calls with the extra live registers)
+    constexpr bool PREFETCH = sizeof(T) == 2;
+    Vec<T> nx, np, ng;
+    if (PREFETCH && steps > 0) {
+      const i64 off = c * L, s0 = (i64)tid * N;
+      nx = conv_load_raw<T>(x + off, s0, L, vec);
+      np = conv_load_raw<T>(pre + off, s0, L, vec);
+      ng = conv_load_raw<T>(dout + off, s0, L, vec);
+    }
+    for (i64 step = 0; step < steps; ++step) {
+      const i64 b = step / tiles, tile = step % tiles;
       const i64 off = (b * d + c) * L;
       const T *xr = x + off, *pr = pre + off, *gr = dout + off;
-      for (i64 tile = 0; tile < tiles; ++tile) {
-        const i64 s0 = tile * TILE + (i64)tid * N;
-        float xw[CONV_HALO + N];  // x[s0-3 .. s0+N-1]
+      const i64 s0 = tile * TILE + (i64)tid * N;
+      Vec<T> cx = nx, cp = np, cg = ng;
+      if (!PREFETCH) {
+        cx = conv_load_raw<T>(xr, s0, L, vec);
+        cp = conv_load_raw<T>(pr, s0, L, vec);
+        cg = conv_load_raw<T>(gr, s0, L, vec);
+      } else if (step + 1 < steps) {
+        const i64 b1 = (step + 1) / tiles, t1 = (step + 1) % tiles;
+        const i64 off1 = (b1 * d + c) * L, s1 = t1 * TILE + (i64)tid * N;
+        nx = conv_load_raw<T>(x + off1, s1, L, vec);
+        np = conv_load_raw<T>(pre + off1, s1, L, vec);
+        ng = conv_load_raw<T>(dout + off1, s1, L, vec);
+      }
+      {
+        float xw[CONV_HALO + N];   // x[s0-3 .. s0+N-1]
         double dq[N + CONV_HALO];  // dpre[s0 .. s0+N+2]; 0 past L
-        {
-          float zv[N], gv[N];
-          conv_load<T>(&xw[CONV_HALO], xr, s0, L, vec);
-          conv_load<T>(zv, pr, s0, L, vec);
-          conv_load<T>(gv, gr, s0, L, vec);
 #pragma unroll
-          for (int j = 0; j < N; ++j) dq[j] = s0 + j < L ? conv_dpre(gv[j], zv[j]) : 0.0;
+        for (int j = 0; j < N; ++j) {
+          xw[CONV_HALO + j] = to_f32(cx.v[j]);
+          dq[j] = s0 + j < L ? conv_dpre(to_f32(cg.v[j]), to_f32(cp.v[j])) : 0.0;
         }
         __syncthreads();  // the previous tile's readers of xhalo/dhead are done
         xhalo[tid] = make_float4(xw[CONV_HALO + N - 3], xw[CONV_HALO + N - 2], xw[CONV_HALO + N - 1], 0.f);
