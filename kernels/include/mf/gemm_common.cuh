@@ -45,122 +45,186 @@ MF_DEVICE float neg_zero() { return __int_as_float(0x80000000); }
 // bit-identical results: the tile shape only decides which thread runs the chain, never its order.
 //
 // Tiles: BM x BN per CTA, BK deep; each thread owns TM x TN outputs (TM, TN in {4, 8}) split into 4-wide
-// groups spaced so that shared-memory reads are conflict-free float4s. Shared memory holds As[k][m] and
-// Bs[k][n] (row stride padded by 4 floats so transposed stores do not conflict). NBUF = 1: single buffer;
-// NBUF = 2: register-staged double buffering (next tile's global loads in flight during the FFMAs).
+// groups spaced TY*4 rows / TX*4 columns apart (64 for a 128-wide tile), so every fragment is one float4 read.
+// Shared memory holds As[k][m] (A transposed, k-major) and Bs[k][n], row stride padded by 4 floats so the
+// transposed scalar stores do not conflict (BK = 8; 2-way at BK = 16). Warps are 8 (n) x 4 (m) threads: per k a warp reads 4 distinct
+// float4 of A (64 B) and 8 of B (128 B), one shared-memory wavefront each.
+// NBUF = 1: single buffer (two barriers per K tile); NBUF = 2: double buffer with the next tile's global loads
+// in registers while the FFMAs run (one barrier per K tile). Global loads are predicated float4s when both
+// operands allow 16-byte vectors (contiguous dimension % 4 == 0 and 16-byte aligned base); otherwise a scalar
+// path (picked by a uniform branch inside the one main loop) loads exactly the same values. Padding outside the problem: A = -0, B = +0, and
+// fma(-0, +0, acc) == acc for every acc (+0, -0, Inf, NaN), so K-tail steps leave the chain unchanged.
 template <int L, int BM, int BN, int BK, int TM, int TN, int NBUF>
 struct ExactF32 {
   static constexpr int TX = BN / TN, TY = BM / TM, THREADS = TX * TY;
   static constexpr int AS = BM + 4, BS = BN + 4;  // shared row strides (floats)
-  static constexpr int A_VECS = BM * BK / 4, B_VECS = BK * BN / 4;
-  static constexpr int A_LOADS = (A_VECS + THREADS - 1) / THREADS, B_LOADS = (B_VECS + THREADS - 1) / THREADS;
+  static constexpr bool WARP_8X4 = (TX % 8 == 0) && (TY % 4 == 0);
   static_assert(TM == 4 || TM == 8, "TM must be 4 or 8");
   static_assert(TN == 4 || TN == 8, "TN must be 4 or 8");
   static_assert(BM % TM == 0 && BN % TN == 0 && BK % 4 == 0, "tile must divide");
+  static_assert(BM % 4 == 0 && BN % 4 == 0 && THREADS % 32 == 0, "whole float4s and whole warps");
   static_assert(NBUF == 1 || NBUF == 2, "NBUF is 1 or 2");
+  static_assert(NBUF * BK * (BM + BN + 8) * 4 <= 48 * 1024, "static shared memory is limited to 48 KB");
 
-  // One float4 of the A tile: slot v of A_VECS, read from global (or padding) into registers.
-  static MF_DEVICE float4 load_a(const float* __restrict__ A, int v, int m0, int k0, int M, int K, bool vec) {
-    float4 r = make_float4(neg_zero(), neg_zero(), neg_zero(), neg_zero());
-    if (v >= A_VECS) return r;
-    float* e = reinterpret_cast<float*>(&r);
-    if (L == mf::gemm::TN) {  // A [K, M]: tile rows are k, 4 consecutive m
-      const int kr = v / (BM / 4), mq = (v % (BM / 4)) * 4;
-      const int k = k0 + kr, m = m0 + mq;
-      if (k >= K) return r;
-      const float* p = A + (i64)k * M + m;
-      if (vec) {
-        if (m < M) r = *reinterpret_cast<const float4*>(p);
-      } else {
+  // One operand tile (EXT x BK floats: EXT = BM for A, BN for B) moved global -> registers -> shared as
+  // float4 slots. KMAJOR: global rows are k, each holding EXT contiguous floats of the tile (row length M or N);
+  // stored as one float4. Otherwise global rows are m (or n), each holding BK contiguous k (row length
+  // K); stored transposed as 4 scalars. Pointers advance by one K tile per call to next().
+  template <bool KMAJOR, int EXT>
+  struct Tile {
+    static constexpr int VECS = EXT * BK / 4, LOADS = (VECS + THREADS - 1) / THREADS;
+    static constexpr int PER_ROW = KMAJOR ? EXT / 4 : BK / 4;  // float4 slots per global row of the tile
+    const float* p[LOADS];
+    int kpos[LOADS];  // k of the slot (KMAJOR) or of its first element, relative to the tile's k0
+    int soff[LOADS];  // shared-memory offset of the slot's first element
+    bool live[LOADS];  // slot exists and its row (KMAJOR: its column group) lies inside the problem
+    int ext_left[LOADS];  // elements of the float4 inside the problem along the contiguous dimension (KMAJOR)
+    i64 step;  // floats to advance per K tile
+    bool vec;  // 16-byte loads (uniform per launch)
+
+    MF_DEVICE Tile(const float* __restrict__ base, int tid, int e0, int ext_n, int K, int stride, bool vec_)
+        : vec(vec_) {
+      // e0: the tile's first m (or n); ext_n: M (or N); stride: the global row length (KMAJOR: ext_n, else K)
+      step = KMAJOR ? (i64)BK * stride : (i64)BK;
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (m + j < M) e[j] = p[j];
-      }
-    } else {  // A [M, K]: tile rows are m, 4 consecutive k
-      const int mr = v / (BK / 4), kq = (v % (BK / 4)) * 4;
-      const int m = m0 + mr, k = k0 + kq;
-      if (m >= M) return r;
-      const float* p = A + (i64)m * K + k;
-      if (vec) {
-        if (k < K) r = *reinterpret_cast<const float4*>(p);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (k + j < K) e[j] = p[j];
+      for (int i = 0; i < LOADS; ++i) {
+        const int v = tid + i * THREADS;
+        const int r = v / PER_ROW, q = (v % PER_ROW) * 4;
+        if (KMAJOR) {  // r = k in the tile, q = first of 4 consecutive m (or n)
+          const int e = e0 + q;
+          live[i] = v < VECS && e < ext_n;
+          ext_left[i] = ext_n - e;
+          kpos[i] = r;
+          soff[i] = r * (EXT + 4) + q;
+          p[i] = base + (live[i] ? (i64)r * stride + e : 0);
+        } else {  // r = m (or n) in the tile, q = first of 4 consecutive k
+          const int e = e0 + r;
+          live[i] = v < VECS && e < ext_n;
+          ext_left[i] = 4;
+          kpos[i] = q;
+          soff[i] = q * (EXT + 4) + r;
+          p[i] = base + (live[i] ? (i64)e * stride + q : 0);
+        }
       }
     }
-    return r;
+
+    // Registers for the K tile starting at k0 (pad outside the problem). No memory access when k0 >= K.
+    MF_DEVICE void load(float4 (&reg)[LOADS], int k0, int K, float pad) const {
+#pragma unroll
+      for (int i = 0; i < LOADS; ++i) {
+        float4 r = make_float4(pad, pad, pad, pad);
+        const int k = k0 + kpos[i];
+        if (vec) {  // KMAJOR: the 4 floats share k and lie all inside or all outside (ext_n % 4 == 0);
+                    // otherwise they share a row and K % 4 == 0 puts them all inside or all outside
+          if (live[i] && k < K) r = __ldg(reinterpret_cast<const float4*>(p[i]));
+        } else {
+          float* e = reinterpret_cast<float*>(&r);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const bool in = KMAJOR ? (live[i] && k < K && j < ext_left[i]) : (live[i] && k + j < K);
+            if (in) e[j] = __ldg(p[i] + j);
+          }
+        }
+        reg[i] = r;
+      }
+    }
+
+    MF_DEVICE void next() {
+#pragma unroll
+      for (int i = 0; i < LOADS; ++i) p[i] += step;
+    }
+
+    MF_DEVICE void store(float* s, const float4 (&reg)[LOADS]) const {
+#pragma unroll
+      for (int i = 0; i < LOADS; ++i) {
+        if (LOADS * THREADS > VECS && threadIdx.x + i * THREADS >= VECS) continue;  // only when VECS is not a multiple of THREADS
+        if (KMAJOR) {
+          *reinterpret_cast<float4*>(s + soff[i]) = reg[i];
+        } else {
+          s[soff[i]] = reg[i].x;
+          s[soff[i] + (EXT + 4)] = reg[i].y;
+          s[soff[i] + 2 * (EXT + 4)] = reg[i].z;
+          s[soff[i] + 3 * (EXT + 4)] = reg[i].w;
+        }
+      }
+    }
+  };
+
+  // BK steps of the outer-product update from one shared buffer; k ascending, so each chain stays in order.
+  static MF_DEVICE void mma_tile(float (&acc)[TM][TN], const float* as, const float* bs) {
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+      float a[TM], b[TN];
+#pragma unroll
+      for (int g = 0; g < TM / 4; ++g)
+        *reinterpret_cast<float4*>(&a[g * 4]) = *reinterpret_cast<const float4*>(as + kk * AS + g * TY * 4);
+#pragma unroll
+      for (int g = 0; g < TN / 4; ++g)
+        *reinterpret_cast<float4*>(&b[g * 4]) = *reinterpret_cast<const float4*>(bs + kk * BS + g * TX * 4);
+#pragma unroll
+      for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
   }
 
-  static MF_DEVICE void store_a(float* As, int v, float4 r) {
-    if (v >= A_VECS) return;
-    const float* e = reinterpret_cast<const float*>(&r);
-    if (L == mf::gemm::TN) {
-      const int kr = v / (BM / 4), mq = (v % (BM / 4)) * 4;
-      *reinterpret_cast<float4*>(As + kr * AS + mq) = r;
+  // Shared memory per buffer: As [BK][AS] then Bs [BK][BS].
+  static constexpr int STAGE = BK * (AS + BS);
+
+  static MF_DEVICE void mainloop(float (&acc)[TM][TN], float* smem, const float* __restrict__ A,
+                                 const float* __restrict__ B, int M, int N, int K, int m0, int n0, int tx, int ty, bool vec) {
+    const int tid = threadIdx.x;
+    Tile<L == mf::gemm::TN, BM> ta(A, tid, m0, M, K, L == mf::gemm::TN ? M : K, vec);
+    Tile<L != NT, BN> tb(B, tid, n0, N, K, L == NT ? K : N, vec);
+    float4 ra[decltype(ta)::LOADS], rb[decltype(tb)::LOADS];
+    ta.load(ra, 0, K, neg_zero());
+    tb.load(rb, 0, K, 0.f);
+    ta.store(smem, ra);
+    tb.store(smem + BK * AS, rb);
+    __syncthreads();
+    int cur = 0;  // offset of the buffer being read (floats)
+    for (int k0 = 0; k0 < K; k0 += BK) {
+      const int nxt = NBUF == 2 ? STAGE - cur : 0;
+      // the next tile's global loads are in flight during the FFMAs (predicated off past K: the last
+      // iteration reads nothing and fills a buffer nobody reads, keeping the loop free of branches)
+      ta.next();
+      tb.next();
+      ta.load(ra, k0 + BK, K, neg_zero());
+      tb.load(rb, k0 + BK, K, 0.f);
+      mma_tile(acc, smem + cur + ty * 4, smem + cur + BK * AS + tx * 4);
+      if (NBUF == 1) __syncthreads();  // single buffer: everyone has finished reading it
+      ta.store(smem + nxt, ra);
+      tb.store(smem + nxt + BK * AS, rb);
+      __syncthreads();
+      cur = nxt;
+    }
+  }
+
+  // This thread's fragment coordinates: warps of 8 (n) x 4 (m) threads tiled over the CTA.
+  static MF_DEVICE void thread_xy(int tid, int& tx, int& ty) {
+    if (WARP_8X4) {
+      const int w = tid / 32, lane = tid % 32;
+      tx = (w % (TX / 8)) * 8 + lane % 8;
+      ty = (w / (TX / 8)) * 4 + lane / 8;
     } else {
-      const int mr = v / (BK / 4), kq = (v % (BK / 4)) * 4;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) As[(kq + j) * AS + mr] = e[j];
+      tx = tid % TX;
+      ty = tid / TX;
     }
   }
 
-  static MF_DEVICE float4 load_b(const float* __restrict__ B, int v, int n0, int k0, int N, int K, bool vec) {
-    float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (v >= B_VECS) return r;
-    float* e = reinterpret_cast<float*>(&r);
-    if (L == NT) {  // B [N, K]: tile rows are n, 4 consecutive k
-      const int nr = v / (BK / 4), kq = (v % (BK / 4)) * 4;
-      const int n = n0 + nr, k = k0 + kq;
-      if (n >= N) return r;
-      const float* p = B + (i64)n * K + k;
-      if (vec) {
-        if (k < K) r = *reinterpret_cast<const float4*>(p);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (k + j < K) e[j] = p[j];
-      }
-    } else {  // B [K, N]: tile rows are k, 4 consecutive n
-      const int kr = v / (BN / 4), nq = (v % (BN / 4)) * 4;
-      const int k = k0 + kr, n = n0 + nq;
-      if (k >= K) return r;
-      const float* p = B + (i64)k * N + n;
-      if (vec) {
-        if (n < N) r = *reinterpret_cast<const float4*>(p);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (n + j < N) e[j] = p[j];
-      }
-    }
-    return r;
-  }
-
-  static MF_DEVICE void store_b(float* Bs, int v, float4 r) {
-    if (v >= B_VECS) return;
-    const float* e = reinterpret_cast<const float*>(&r);
-    if (L == NT) {
-      const int nr = v / (BK / 4), kq = (v % (BK / 4)) * 4;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) Bs[(kq + j) * BS + nr] = e[j];
-    } else {
-      const int kr = v / (BN / 4), nq = (v % (BN / 4)) * 4;
-      *reinterpret_cast<float4*>(Bs + kr * BS + nq) = r;
-    }
-  }
+  // Special registers read anew (volatile): the epilogue recomputes its indices instead of keeping them live
+  // across the main loop, which leaves the registers to the accumulators and fragments.
+  static MF_DEVICE int sreg_tid() { int r; asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r)); return r; }
+  static MF_DEVICE int sreg_ctaid_x() { int r; asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(r)); return r; }
+  static MF_DEVICE int sreg_ctaid_y() { int r; asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(r)); return r; }
 
   static MF_DEVICE void run(float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B,
                             const float* __restrict__ bias, int M, int N, int K) {
-    __shared__ __align__(16) float As[NBUF][BK * AS];
-    __shared__ __align__(16) float Bs[NBUF][BK * BS];
-    const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
-    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-    if (m0 >= M || n0 >= N) return;  // uniform per CTA
+    __shared__ __align__(16) float smem[NBUF * STAGE];
+    if ((int)blockIdx.y * BM >= M || (int)blockIdx.x * BN >= N) return;  // uniform per CTA
     // vector loads when the contiguous dimension keeps every float4 inside one row and 16-byte aligned
     const int a_contig = L == mf::gemm::TN ? M : K, b_contig = L == NT ? K : N;
-    const bool a_vec = (a_contig % 4 == 0) && aligned16(A);
-    const bool b_vec = (b_contig % 4 == 0) && aligned16(B);
+    const bool vec = (a_contig % 4 == 0) && aligned16(A) && (b_contig % 4 == 0) && aligned16(B);
 
     float acc[TM][TN];
 #pragma unroll
@@ -168,55 +232,16 @@ struct ExactF32 {
 #pragma unroll
       for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
 
-    float4 ra[A_LOADS], rb[B_LOADS];
-    const int ntiles = (K + BK - 1) / BK;
-#pragma unroll
-    for (int i = 0; i < A_LOADS; ++i) ra[i] = load_a(A, tid + i * THREADS, m0, 0, M, K, a_vec);
-#pragma unroll
-    for (int i = 0; i < B_LOADS; ++i) rb[i] = load_b(B, tid + i * THREADS, n0, 0, N, K, b_vec);
-#pragma unroll
-    for (int i = 0; i < A_LOADS; ++i) store_a(As[0], tid + i * THREADS, ra[i]);
-#pragma unroll
-    for (int i = 0; i < B_LOADS; ++i) store_b(Bs[0], tid + i * THREADS, rb[i]);
-    __syncthreads();
-
-    for (int t = 0; t < ntiles; ++t) {
-      const int buf = NBUF == 2 ? (t & 1) : 0;
-      const bool more = t + 1 < ntiles;
-      if (more) {  // next tile's global loads overlap this tile's FFMAs
-        const int k1 = (t + 1) * BK;
-#pragma unroll
-        for (int i = 0; i < A_LOADS; ++i) ra[i] = load_a(A, tid + i * THREADS, m0, k1, M, K, a_vec);
-#pragma unroll
-        for (int i = 0; i < B_LOADS; ++i) rb[i] = load_b(B, tid + i * THREADS, n0, k1, N, K, b_vec);
-      }
-      const float* as = As[buf];
-      const float* bs = Bs[buf];
-#pragma unroll
-      for (int kk = 0; kk < BK; ++kk) {
-        float a[TM], b[TN];
-#pragma unroll
-        for (int g = 0; g < TM / 4; ++g)
-          *reinterpret_cast<float4*>(&a[g * 4]) = *reinterpret_cast<const float4*>(as + kk * AS + g * TY * 4 + ty * 4);
-#pragma unroll
-        for (int g = 0; g < TN / 4; ++g)
-          *reinterpret_cast<float4*>(&b[g * 4]) = *reinterpret_cast<const float4*>(bs + kk * BS + g * TX * 4 + tx * 4);
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-          for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-      }
-      if (more) {
-        const int nb = NBUF == 2 ? ((t + 1) & 1) : 0;
-        if (NBUF == 1) __syncthreads();  // single buffer: everyone has finished reading it
-#pragma unroll
-        for (int i = 0; i < A_LOADS; ++i) store_a(As[nb], tid + i * THREADS, ra[i]);
-#pragma unroll
-        for (int i = 0; i < B_LOADS; ++i) store_b(Bs[nb], tid + i * THREADS, rb[i]);
-        __syncthreads();
-      }
+    {
+      int tx, ty;
+      thread_xy(threadIdx.x, tx, ty);
+      const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+      mainloop(acc, smem, A, B, M, N, K, m0, n0, tx, ty, vec);
     }
 
+    int tx, ty;
+    thread_xy(sreg_tid(), tx, ty);
+    const int m0 = sreg_ctaid_y() * BM, n0 = sreg_ctaid_x() * BN;
     const bool c_vec = (N % 4 == 0) && aligned16(C);
 #pragma unroll
     for (int gi = 0; gi < TM / 4; ++gi)
@@ -250,8 +275,9 @@ struct ExactF32 {
 }  // namespace mf
 
 // extern "C" exact f32 GEMM entry point: C [M,N] = op(A) op(B) (+ bias), layout L (mf::gemm::NN/TN/NT).
+// 8x8 outputs per thread need <= 128 registers for two 256-thread CTAs per SM (latency hiding across barriers).
 #define MF_GEMM_EXACT_F32_KERNEL(NAME, L, BM, BN, BK, TM, TN, NBUF)                                               \
-  extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN))                                            \
+  extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), (TM) * (TN) >= 64 ? 2 : 1)                 \
       NAME(float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B,                    \
            const float* __restrict__ bias, int M, int N, int K) {                                                \
     mf::gemm::ExactF32<L, BM, BN, BK, TM, TN, NBUF>::run(C, A, B, bias, M, N, K);                              \
