@@ -1,6 +1,6 @@
 // Activation kernels: softplus forward/backward and the softplus copy. One typed implementation per family,
 // instantiated per dtype by the catalog (kernels/fixed/activation.toml). All three are elementwise over a flat
-// n, computed in f32, 16-byte vectorized with a scalar tail (mf/elementwise.cuh).
+// n, computed in f32, 16-byte vectorized with a scalar tail, 2-4 chunks per thread per tile (mf/elementwise.cuh).
 #include "mf/common.cuh"
 #include "mf/elementwise.cuh"
 
@@ -11,29 +11,46 @@ MF_DEVICE float softplus_grad(float x) { return x > 20.f ? 1.f : sigmoid(x); }
 
 // y[i] = softplus(x[i]) (threshold 20), elementwise over n.
 template <typename T> MF_DEVICE void softplus_forward(T* __restrict__ y, const T* __restrict__ x, i64 n) {
-  constexpr int W = 8;
+  constexpr int W = 8, U = flat_chunks<W>(W * (int)sizeof(T));
   const bool vec = aligned16(y) && aligned16(x);
-  for (i64 i0 = global_thread() * W; i0 < n; i0 += grid_threads() * W) {
-    float v[W];
-    load_chunk<W>(v, x, i0, n, vec);
+  const i64 span = tile_span<W>();
+  for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) {
+    const i64 i0 = tile_thread_start<W>(t0);
+    float v[U][W];
+    if (group_whole<U, W>(vec, i0, span, n)) {
+      load_whole(v, x, i0, span);
+    } else {
+      load_each(v, x, i0, span, n, vec);
+    }
 #pragma unroll
-    for (int k = 0; k < W; ++k) v[k] = softplus(v[k]);
-    store_chunk<W>(y, v, i0, n, vec);
+    for (int j = 0; j < U; ++j)
+#pragma unroll
+      for (int k = 0; k < W; ++k) v[j][k] = softplus(v[j][k]);
+    store_each(y, v, i0, span, n, vec);
   }
 }
 
 // dx[i] = dy[i] * softplus'(x[i]).
 template <typename T>
 MF_DEVICE void softplus_backward(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x, i64 n) {
-  constexpr int W = 8;
+  constexpr int W = 8, U = flat_chunks<W>(2 * W * (int)sizeof(T));
   const bool vec = aligned16(dx) && aligned16(dy) && aligned16(x);
-  for (i64 i0 = global_thread() * W; i0 < n; i0 += grid_threads() * W) {
-    float g[W], v[W];
-    load_chunk<W>(g, dy, i0, n, vec);
-    load_chunk<W>(v, x, i0, n, vec);
+  const i64 span = tile_span<W>();
+  for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) {
+    const i64 i0 = tile_thread_start<W>(t0);
+    float g[U][W], v[U][W];
+    if (group_whole<U, W>(vec, i0, span, n)) {
+      load_whole(g, dy, i0, span);
+      load_whole(v, x, i0, span);
+    } else {
+      load_each(g, dy, i0, span, n, vec);
+      load_each(v, x, i0, span, n, vec);
+    }
 #pragma unroll
-    for (int k = 0; k < W; ++k) g[k] = g[k] * softplus_grad(v[k]);
-    store_chunk<W>(dx, g, i0, n, vec);
+    for (int j = 0; j < U; ++j)
+#pragma unroll
+      for (int k = 0; k < W; ++k) g[j][k] = g[j][k] * softplus_grad(v[j][k]);
+    store_each(dx, g, i0, span, n, vec);
   }
 }
 
@@ -41,15 +58,24 @@ MF_DEVICE void softplus_backward(T* __restrict__ dx, const T* __restrict__ dy, c
 // backward without a second read of x.
 template <typename T>
 MF_DEVICE void softplus_copy(T* __restrict__ y, T* __restrict__ x_saved, const T* __restrict__ x, i64 n) {
-  constexpr int W = 8;
+  // Sized as if it loaded two arrays: the chunks and their softplus are both live (4 chunks of bf16 need 80 registers).
+  constexpr int W = 8, U = flat_chunks<W>(2 * W * (int)sizeof(T));
   const bool vec = aligned16(y) && aligned16(x_saved) && aligned16(x);
-  for (i64 i0 = global_thread() * W; i0 < n; i0 += grid_threads() * W) {
-    float v[W], s[W];
-    load_chunk<W>(v, x, i0, n, vec);
+  const i64 span = tile_span<W>();
+  for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) {
+    const i64 i0 = tile_thread_start<W>(t0);
+    float v[U][W], s[U][W];
+    if (group_whole<U, W>(vec, i0, span, n)) {
+      load_whole(v, x, i0, span);
+    } else {
+      load_each(v, x, i0, span, n, vec);
+    }
 #pragma unroll
-    for (int k = 0; k < W; ++k) s[k] = softplus(v[k]);
-    store_chunk<W>(x_saved, v, i0, n, vec);  // exact: a T value round-trips through f32 unchanged
-    store_chunk<W>(y, s, i0, n, vec);
+    for (int j = 0; j < U; ++j)
+#pragma unroll
+      for (int k = 0; k < W; ++k) s[j][k] = softplus(v[j][k]);
+    store_each(x_saved, v, i0, span, n, vec);  // exact: a T value round-trips through f32 unchanged
+    store_each(y, s, i0, span, n, vec);
   }
 }
 

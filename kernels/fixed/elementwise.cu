@@ -1,8 +1,9 @@
 // Elementwise, gather/scatter and column-reduction kernels of the Mamba-1 block. Contracts live in
 // kernels/fixed/elementwise.toml. Everything computes in f32 and is deterministic by construction: every output
 // element is written by exactly one thread, and the column sums fold rows in one fixed order (no atomics).
-// Flat maps use 8-element chunks (16-byte vectors when aligned, scalar tail; mf/elementwise.cuh); W = 1 marks
-// the plain scalar forms (symbols without _v where a _v sibling exists).
+// Flat maps use 8-element chunks (16-byte vectors when aligned, scalar tail; mf/elementwise.cuh), 2-4 chunks per
+// thread per tile so several loads are in flight; W = 1 marks the plain scalar forms (symbols without _v where a
+// _v sibling exists).
 #include "mf/common.cuh"
 #include "mf/elementwise.cuh"
 
@@ -20,41 +21,70 @@ constexpr float LOG2E = 1.4426950408889634f;
 // out[i] = Op(a[i]) over a flat n.
 template <int W, typename Op, typename TO, typename TA>
 MF_DEVICE void map1(TO* __restrict__ out, const TA* __restrict__ a, i64 n) {
+  constexpr int U = flat_chunks<W>(W * (int)sizeof(TA));
   const bool vec = W > 1 && aligned16(out) && aligned16(a);
-  for (i64 i0 = global_thread() * W; i0 < n; i0 += grid_threads() * W) {
-    float u[W];
-    load_chunk<W>(u, a, i0, n, vec);
+  const i64 span = tile_span<W>();
+  for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) {
+    const i64 i0 = tile_thread_start<W>(t0);
+    float u[U][W];
+    if (group_whole<U, W>(vec, i0, span, n)) {
+      load_whole(u, a, i0, span);
+    } else {
+      load_each(u, a, i0, span, n, vec);
+    }
 #pragma unroll
-    for (int k = 0; k < W; ++k) u[k] = Op::f(u[k]);
-    store_chunk<W>(out, u, i0, n, vec);
+    for (int j = 0; j < U; ++j)
+#pragma unroll
+      for (int k = 0; k < W; ++k) u[j][k] = Op::f(u[j][k]);
+    store_each(out, u, i0, span, n, vec);
   }
 }
 
 // out[i] = Op(a[i], b[i]) over a flat n.
 template <int W, typename Op, typename TO, typename TA, typename TB>
 MF_DEVICE void map2(TO* __restrict__ out, const TA* __restrict__ a, const TB* __restrict__ b, i64 n) {
+  constexpr int U = flat_chunks<W>(W * (int)(sizeof(TA) + sizeof(TB)));
   const bool vec = W > 1 && aligned16(out) && aligned16(a) && aligned16(b);
-  for (i64 i0 = global_thread() * W; i0 < n; i0 += grid_threads() * W) {
-    float u[W], v[W];
-    load_chunk<W>(u, a, i0, n, vec);
-    load_chunk<W>(v, b, i0, n, vec);
+  const i64 span = tile_span<W>();
+  for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) {
+    const i64 i0 = tile_thread_start<W>(t0);
+    float u[U][W], v[U][W];
+    if (group_whole<U, W>(vec, i0, span, n)) {
+      load_whole(u, a, i0, span);
+      load_whole(v, b, i0, span);
+    } else {
+      load_each(u, a, i0, span, n, vec);
+      load_each(v, b, i0, span, n, vec);
+    }
 #pragma unroll
-    for (int k = 0; k < W; ++k) u[k] = Op::f(u[k], v[k]);
-    store_chunk<W>(out, u, i0, n, vec);
+    for (int j = 0; j < U; ++j)
+#pragma unroll
+      for (int k = 0; k < W; ++k) u[j][k] = Op::f(u[j][k], v[j][k]);
+    store_each(out, u, i0, span, n, vec);
   }
 }
 
-// io[i] = Op(io[i], b[i]) in place over a flat n.
+// io[i] = Op(io[i], b[i]) in place over a flat n. Each element is read and then written by the same thread.
 template <int W, typename Op, typename TO, typename TB>
 MF_DEVICE void map2_inplace(TO* __restrict__ io, const TB* __restrict__ b, i64 n) {
+  constexpr int U = flat_chunks<W>(W * (int)(sizeof(TO) + sizeof(TB)));
   const bool vec = W > 1 && aligned16(io) && aligned16(b);
-  for (i64 i0 = global_thread() * W; i0 < n; i0 += grid_threads() * W) {
-    float u[W], v[W];
-    load_chunk<W>(u, io, i0, n, vec);
-    load_chunk<W>(v, b, i0, n, vec);
+  const i64 span = tile_span<W>();
+  for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) {
+    const i64 i0 = tile_thread_start<W>(t0);
+    float u[U][W], v[U][W];
+    if (group_whole<U, W>(vec, i0, span, n)) {
+      load_whole(u, io, i0, span);
+      load_whole(v, b, i0, span);
+    } else {
+      load_each(u, io, i0, span, n, vec);
+      load_each(v, b, i0, span, n, vec);
+    }
 #pragma unroll
-    for (int k = 0; k < W; ++k) u[k] = Op::f(u[k], v[k]);
-    store_chunk<W>(io, u, i0, n, vec);
+    for (int j = 0; j < U; ++j)
+#pragma unroll
+      for (int k = 0; k < W; ++k) u[j][k] = Op::f(u[j][k], v[j][k]);
+    store_each(io, u, i0, span, n, vec);
   }
 }
 

@@ -11,6 +11,11 @@ namespace mf {
 
 constexpr int NORM_BLOCK = 256;
 constexpr int NORM_W = 8;
+constexpr i64 NORM_SPAN = (i64)NORM_BLOCK * NORM_W;  // elements between a thread's consecutive chunks of a row
+// A thread takes its chunks NORM_C at a time and issues all their loads before the first use (load_whole), so
+// several 16-byte loads per array are in flight; a loop that consumes each chunk before loading the next waits
+// on memory once per chunk. Partials still accumulate chunk by chunk in row order: the same sums as before.
+constexpr int NORM_C = 2;
 
 // Rows are vector-loaded only when every row start stays 16-byte aligned: base aligned and dim % 8 == 0.
 MF_DEVICE bool rows_vec(const void* p, i64 dim) { return aligned16(p) && dim % NORM_W == 0; }
@@ -25,24 +30,36 @@ MF_DEVICE void rmsnorm_forward(TY* __restrict__ y, float* __restrict__ rstd, con
     const TX* xr = x + row * dim;
     TY* yr = y + row * dim;
     float ss = 0.f;
-#pragma unroll 2  // two chunks' loads in flight per thread before the first is consumed
-    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += (i64)NORM_BLOCK * NORM_W) {
-      float v[NORM_W];
-      load_chunk<NORM_W>(v, xr, i0, dim, vx);
+    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
+      float v[NORM_C][NORM_W];
+      if (group_whole<NORM_C, NORM_W>(vx, i0, NORM_SPAN, dim)) {
+        load_whole(v, xr, i0, NORM_SPAN);
+      } else {
+        load_each(v, xr, i0, NORM_SPAN, dim, vx);
+      }
 #pragma unroll
-      for (int k = 0; k < NORM_W; ++k) ss += v[k] * v[k];
+      for (int c = 0; c < NORM_C; ++c)
+        if (i0 + c * NORM_SPAN < dim)  // chunks past the row add nothing
+#pragma unroll
+          for (int k = 0; k < NORM_W; ++k) ss += v[c][k] * v[c][k];
     }
     ss = block_sum(ss, scratch);
     const float r = rsqrtf(ss / (float)dim + eps);
     if (threadIdx.x == 0) rstd[row] = r;
-#pragma unroll 2  // two chunks' loads in flight per thread before the first is consumed
-    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += (i64)NORM_BLOCK * NORM_W) {
-      float v[NORM_W], g[NORM_W];
-      load_chunk<NORM_W>(v, xr, i0, dim, vx);  // second read of the row: served by L1/L2, not HBM
-      load_chunk<NORM_W>(g, w, i0, dim, vw);
+    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
+      float v[NORM_C][NORM_W], g[NORM_C][NORM_W];
+      if (group_whole<NORM_C, NORM_W>(vx && vw, i0, NORM_SPAN, dim)) {
+        load_whole(v, xr, i0, NORM_SPAN);  // second read of the row: served by L2, not HBM
+        load_whole(g, w, i0, NORM_SPAN);
+      } else {
+        load_each(v, xr, i0, NORM_SPAN, dim, vx);
+        load_each(g, w, i0, NORM_SPAN, dim, vw);
+      }
 #pragma unroll
-      for (int k = 0; k < NORM_W; ++k) v[k] = (v[k] * r) * g[k];
-      store_chunk<NORM_W>(yr, v, i0, dim, vy);
+      for (int c = 0; c < NORM_C; ++c)
+#pragma unroll
+        for (int k = 0; k < NORM_W; ++k) v[c][k] = (v[c][k] * r) * g[c][k];
+      store_each(yr, v, i0, NORM_SPAN, dim, vy);
     }
   }
 }
@@ -59,30 +76,44 @@ MF_DEVICE void rmsnorm_forward_resadd(T* __restrict__ y, float* __restrict__ rst
     float* rr = residual + row * dim;
     T* yr = y + row * dim;
     float ss = 0.f;
-#pragma unroll 2  // two chunks' loads in flight per thread before the first is consumed
-    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += (i64)NORM_BLOCK * NORM_W) {
-      float h[NORM_W], v[NORM_W];
-      load_chunk<NORM_W>(h, rr, i0, dim, vr);
-      load_chunk<NORM_W>(v, xr, i0, dim, vx);
-#pragma unroll
-      for (int k = 0; k < NORM_W; ++k) {
-        h[k] = h[k] + v[k];
-        ss += h[k] * h[k];
+    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
+      float h[NORM_C][NORM_W], v[NORM_C][NORM_W];
+      if (group_whole<NORM_C, NORM_W>(vr && vx, i0, NORM_SPAN, dim)) {
+        load_whole(h, rr, i0, NORM_SPAN);
+        load_whole(v, xr, i0, NORM_SPAN);
+      } else {
+        load_each(h, rr, i0, NORM_SPAN, dim, vr);
+        load_each(v, xr, i0, NORM_SPAN, dim, vx);
       }
-      store_chunk<NORM_W>(rr, h, i0, dim, vr);
+#pragma unroll
+      for (int c = 0; c < NORM_C; ++c)
+#pragma unroll
+        for (int k = 0; k < NORM_W; ++k) h[c][k] = h[c][k] + v[c][k];
+#pragma unroll
+      for (int c = 0; c < NORM_C; ++c)
+        if (i0 + c * NORM_SPAN < dim)  // chunks past the row add nothing
+#pragma unroll
+          for (int k = 0; k < NORM_W; ++k) ss += h[c][k] * h[c][k];
+      store_each(rr, h, i0, NORM_SPAN, dim, vr);  // writes nothing past the row
     }
     ss = block_sum(ss, scratch);
     const float r = rsqrtf(ss / (float)dim + eps);
     if (threadIdx.x == 0) rstd[row] = r;
-    // Each thread re-reads exactly the chunks it wrote above, so no barrier is needed for them.
-#pragma unroll 2  // two chunks' loads in flight per thread before the first is consumed
-    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += (i64)NORM_BLOCK * NORM_W) {
-      float h[NORM_W], g[NORM_W];
-      load_chunk<NORM_W>(h, rr, i0, dim, vr);
-      load_chunk<NORM_W>(g, w, i0, dim, vw);
+    // Each thread re-reads exactly the chunks it wrote above (same i0, span and path), so no barrier is needed.
+    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
+      float h[NORM_C][NORM_W], g[NORM_C][NORM_W];
+      if (group_whole<NORM_C, NORM_W>(vr && vw, i0, NORM_SPAN, dim)) {
+        load_whole(h, rr, i0, NORM_SPAN);
+        load_whole(g, w, i0, NORM_SPAN);
+      } else {
+        load_each(h, rr, i0, NORM_SPAN, dim, vr);
+        load_each(g, w, i0, NORM_SPAN, dim, vw);
+      }
 #pragma unroll
-      for (int k = 0; k < NORM_W; ++k) h[k] = (h[k] * r) * g[k];
-      store_chunk<NORM_W>(yr, h, i0, dim, vy);
+      for (int c = 0; c < NORM_C; ++c)
+#pragma unroll
+        for (int k = 0; k < NORM_W; ++k) h[c][k] = (h[c][k] * r) * g[c][k];
+      store_each(yr, h, i0, NORM_SPAN, dim, vy);
     }
   }
 }
@@ -101,31 +132,47 @@ MF_DEVICE void rmsnorm_backward(TDX* __restrict__ dx, float* __restrict__ dw_row
     const TX* xr = x + row * dim;
     const TG* gr = dy + row * dim;
     float s = 0.f;
-#pragma unroll 2  // two chunks' loads in flight per thread before the first is consumed
-    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += (i64)NORM_BLOCK * NORM_W) {
-      float v[NORM_W], g[NORM_W], ww[NORM_W];
-      load_chunk<NORM_W>(v, xr, i0, dim, vx);
-      load_chunk<NORM_W>(g, gr, i0, dim, vdy);
-      load_chunk<NORM_W>(ww, w, i0, dim, vw);
+    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
+      float v[NORM_C][NORM_W], g[NORM_C][NORM_W], ww[NORM_C][NORM_W];
+      if (group_whole<NORM_C, NORM_W>(vx && vdy && vw, i0, NORM_SPAN, dim)) {
+        load_whole(v, xr, i0, NORM_SPAN);
+        load_whole(g, gr, i0, NORM_SPAN);
+        load_whole(ww, w, i0, NORM_SPAN);
+      } else {
+        load_each(v, xr, i0, NORM_SPAN, dim, vx);
+        load_each(g, gr, i0, NORM_SPAN, dim, vdy);
+        load_each(ww, w, i0, NORM_SPAN, dim, vw);
+      }
 #pragma unroll
-      for (int k = 0; k < NORM_W; ++k) s += (g[k] * ww[k]) * v[k];
+      for (int c = 0; c < NORM_C; ++c)
+        if (i0 + c * NORM_SPAN < dim)  // chunks past the row add nothing
+#pragma unroll
+          for (int k = 0; k < NORM_W; ++k) s += (g[c][k] * ww[c][k]) * v[c][k];
     }
     s = block_sum(s, scratch);
     const float r = rstd[row];
     const float coef = ((r * r) * r) * (s / (float)dim);
-#pragma unroll 2  // two chunks' loads in flight per thread before the first is consumed
-    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += (i64)NORM_BLOCK * NORM_W) {
-      float v[NORM_W], g[NORM_W], ww[NORM_W], d[NORM_W], pw[NORM_W];
-      load_chunk<NORM_W>(v, xr, i0, dim, vx);
-      load_chunk<NORM_W>(g, gr, i0, dim, vdy);
-      load_chunk<NORM_W>(ww, w, i0, dim, vw);
-#pragma unroll
-      for (int k = 0; k < NORM_W; ++k) {
-        d[k] = __fsub_rn(__fmul_rn(r, __fmul_rn(ww[k], g[k])), __fmul_rn(v[k], coef));
-        pw[k] = (g[k] * v[k]) * r;
+    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
+      float v[NORM_C][NORM_W], g[NORM_C][NORM_W], ww[NORM_C][NORM_W];
+      if (group_whole<NORM_C, NORM_W>(vx && vdy && vw, i0, NORM_SPAN, dim)) {
+        load_whole(v, xr, i0, NORM_SPAN);
+        load_whole(g, gr, i0, NORM_SPAN);
+        load_whole(ww, w, i0, NORM_SPAN);
+      } else {
+        load_each(v, xr, i0, NORM_SPAN, dim, vx);
+        load_each(g, gr, i0, NORM_SPAN, dim, vdy);
+        load_each(ww, w, i0, NORM_SPAN, dim, vw);
       }
-      store_chunk<NORM_W>(dx + row * dim, d, i0, dim, vdx);
-      store_chunk<NORM_W>(dw_rows + row * dim, pw, i0, dim, vdw);
+      float d[NORM_C][NORM_W], pw[NORM_C][NORM_W];
+#pragma unroll
+      for (int c = 0; c < NORM_C; ++c)
+#pragma unroll
+        for (int k = 0; k < NORM_W; ++k) {
+          d[c][k] = __fsub_rn(__fmul_rn(r, __fmul_rn(ww[c][k], g[c][k])), __fmul_rn(v[c][k], coef));
+          pw[c][k] = (g[c][k] * v[c][k]) * r;
+        }
+      store_each(dx + row * dim, d, i0, NORM_SPAN, dim, vdx);
+      store_each(dw_rows + row * dim, pw, i0, NORM_SPAN, dim, vdw);
     }
   }
 }
