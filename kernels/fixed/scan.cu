@@ -26,21 +26,29 @@ MF_DEVICE void ssm_step(T* __restrict__ out, float* __restrict__ state, const T*
   const bool valid = ch < (long long)batch * d_inner && d_state <= MF_STATE_CAP;
   const long long b = valid ? ch / d_inner : 0;
   const int d = valid ? (int)(ch % d_inner) : 0;
-  float dtv = 0.f, uv = 0.f;
+  // Latency-bound at small batch: every load is issued before the first arithmetic that needs a loaded value
+  // (dt' is computed after the slice's loads, z and D are loaded up front), so a step costs one memory round
+  // trip instead of three (dt -> state/A/B/C -> z). The arithmetic and its order are unchanged.
+  float uv = 0.f, dt_raw = 0.f, bias = 0.f, Dd = 0.f, zv = 0.f;
   if (valid) {
     uv = to_f32(u[ch]);
-    dtv = FUSED ? softplus(to_f32(dt[ch]) + dt_bias[d]) : to_f32(dt[ch]);
+    dt_raw = to_f32(dt[ch]);
+    Dd = Dp[d];
+    if (FUSED) {
+      bias = dt_bias[d];
+      zv = to_f32(z[ch]);
+    }
   }
-  const float dtu = dtv * uv;
   // FUSED: B at row b, columns [bc_offset, bc_offset + d_state), C right after; plain: bc_offset = 0.
   const T* Brow = Bm + b * bc_stride + bc_offset;
   const T* Crow = Cm + b * bc_stride + bc_offset + (FUSED ? d_state : 0);
+  const float* arow = A_log + (long long)d * d_state;
   float* srow = state + ch * d_state;
   float acc = 0.f;
   const int nslices = (d_state + 15) >> 4;
   for (int s = 0; s < nslices; ++s) {
     const int n0 = 16 * s + 4 * q;
-    float h[4];
+    float h[4], al[4], bn[4], cn[4];
     const bool vec = valid && n0 + 4 <= d_state && aligned16(srow + n0);
     if (vec) {
       const float4 v = *reinterpret_cast<const float4*>(srow + n0);
@@ -51,11 +59,19 @@ MF_DEVICE void ssm_step(T* __restrict__ out, float* __restrict__ state, const T*
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int n = n0 + j;
-      if (valid && n < d_state) {
-        const float a2 = -expf(A_log[(long long)d * d_state + n]) * kLog2e;
-        h[j] = scan_exp2(dtv * a2) * h[j] + dtu * to_f32(Brow[n]);
-        acc += to_f32(Crow[n]) * h[j];
+      const bool in = valid && n0 + j < d_state;
+      al[j] = in ? arow[n0 + j] : 0.f;
+      bn[j] = in ? to_f32(Brow[n0 + j]) : 0.f;
+      cn[j] = in ? to_f32(Crow[n0 + j]) : 0.f;
+    }
+    const float dtv = FUSED ? softplus(dt_raw + bias) : dt_raw;
+    const float dtu = dtv * uv;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (valid && n0 + j < d_state) {
+        const float a2 = -expf(al[j]) * kLog2e;
+        h[j] = scan_exp2(dtv * a2) * h[j] + dtu * bn[j];
+        acc += cn[j] * h[j];
       }
     }
     if (vec) {
@@ -70,8 +86,8 @@ MF_DEVICE void ssm_step(T* __restrict__ out, float* __restrict__ state, const T*
   acc += __shfl_xor_sync(0xffffffffu, acc, 1);
   acc += __shfl_xor_sync(0xffffffffu, acc, 2);
   if (valid && q == 0) {
-    float y = acc + Dp[d] * uv;
-    if (FUSED) y *= silu(to_f32(z[ch]));
+    float y = acc + Dd * uv;
+    if (FUSED) y *= silu(zv);
     out[ch] = from_f32<T>(y);
   }
 }
@@ -146,14 +162,16 @@ MF_DEVICE void ssm_burnin(T* __restrict__ out, float* __restrict__ state, float*
 // For each state n (outer loop, so no per-state registers): a_i = exp(delta'_i A_n), b_i = delta'_i u_i B_n,i;
 // each lane folds its NI affine maps, a warp scan (fixed order) gives every lane its incoming state, the lane
 // replays its items, y_i += C_n,i h_i. The chunk carry per n lives in shared memory (one row per warp).
-// SAVE (NI = 8, chunk = 256): saved[b, d, c, n] = the state before chunk c. last_state[b, d, n]: final state.
+// SAVE: saved[b, d, s, n] = the state before timestep 256 s, written by the lanes whose items start there (lane 0
+// writes the chunk's incoming carry itself); the chunk may span several 256-step strides. last_state: final state.
 template <typename T, int NI, bool SAVE>
 MF_DEVICE void ssm_parallel_fwd(T* __restrict__ out, float* __restrict__ last_state, float* __restrict__ saved,
                                 const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log,
                                 const T* __restrict__ Bm, const T* __restrict__ Cm, const float* __restrict__ Dp,
                                 const T* __restrict__ z, const float* __restrict__ delta_bias, int batch, int d_inner,
                                 int d_state, long long L, int softplus_flag, float* __restrict__ carry) {
-  static_assert(!SAVE || 32 * NI == kScanSaveChunk, "the save variant's chunk is the saved-state stride");
+  static_assert(!SAVE || (kScanSaveChunk % NI == 0 && (32 * NI) % kScanSaveChunk == 0),
+                "saved-state boundaries must fall on lane starts");
   constexpr int CH = 32 * NI;
   const int lane = threadIdx.x & 31;
   const long long ch = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -162,6 +180,7 @@ MF_DEVICE void ssm_parallel_fwd(T* __restrict__ out, float* __restrict__ last_st
   const int d = (int)(ch % d_inner);
   const long long row = ch * L, bc = b * d_state * L;
   const long long nchunks = (L + CH - 1) / CH;
+  const long long nsaved = (L + kScanSaveChunk - 1) / kScanSaveChunk;
   const float bias = delta_bias ? delta_bias[d] : 0.f;
   const float Dd = Dp ? Dp[d] : 0.f;
   for (int n = lane; n < d_state; n += 32) carry[n] = 0.f;
@@ -196,8 +215,11 @@ MF_DEVICE void ssm_parallel_fwd(T* __restrict__ out, float* __restrict__ last_st
       float ea = __shfl_up_sync(0xffffffffu, pa, 1), eb = __shfl_up_sync(0xffffffffu, hb, 1);
       if (lane == 0) { ea = 1.f; eb = 0.f; }
       const float next = __shfl_sync(0xffffffffu, pa, 31) * hstart + __shfl_sync(0xffffffffu, hb, 31);
-      if (SAVE && lane == 0) saved[(ch * nchunks + c) * d_state + n] = hstart;
-      float h = ea * hstart + eb;
+      float h = ea * hstart + eb;  // the state before this lane's first item
+      if (SAVE && (lane * NI) % kScanSaveChunk == 0) {
+        const long long s_idx = (c * CH + (long long)lane * NI) / kScanSaveChunk;
+        if (s_idx < nsaved) saved[(ch * nsaved + s_idx) * d_state + n] = lane == 0 ? hstart : h;
+      }
       float cv[NI];
       load_items<T, NI>(Cm + bc + n * L, l0, L, cv);
 #pragma unroll
@@ -243,7 +265,13 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
   constexpr int NI = 8, CH = 32 * NI;
   static_assert(CH == kScanSaveChunk, "the backward's chunk is the saved-state stride");
   __shared__ float qcarry[W][MF_STATE_CAP];
-  __shared__ float contrib[W][2][CH];
+  // Double-buffered: state n writes contrib[buf] while the fold of state n-1 may still read contrib[buf ^ 1], so
+  // one block barrier per state suffices (a buffer is rewritten only after the next barrier, which every thread
+  // reaches after finishing its fold of that buffer).
+  // 16-byte aligned: each lane writes its 8 items as two float4 (scalar stores at a 32-byte lane stride were
+  // 8-way bank conflicts).
+  alignas(16) __shared__ float contrib[2][W][2][CH];
+  int buf = 0;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   // Block-uniform exits only (the block synchronizes below).
   if (d_state > MF_STATE_CAP || d_inner % W != 0 || (long long)blockIdx.x * W >= (long long)batch * d_inner) return;
@@ -279,6 +307,10 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
       float bv[NI], cv[NI], a[NI], bb[NI], h[NI];
       load_items<T, NI>(Bm + bc + n * L, l0, L, bv);
       load_items<T, NI>(Cm + bc + n * L, l0, L, cv);
+      // Issued here, used after the scans: their global latency overlaps the arithmetic instead of stalling the
+      // warp (and so the block barrier) at the end of the state's work.
+      const float hstart = saved[(ch * nchunks + c) * d_state + n];
+      const float dA_prev = (lane == 0 && c != nchunks - 1) ? dA_part[ch * d_state + n] : 0.f;
       // Forward replay inside the chunk (same operations as ssm_parallel_fwd).
       float pa = 1.f, hb = 0.f;
 #pragma unroll
@@ -289,7 +321,6 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
         pa = pa * a[i];
       }
       warp_scan_affine_fwd(pa, hb, lane);
-      const float hstart = saved[(ch * nchunks + c) * d_state + n];
       float ea = __shfl_up_sync(0xffffffffu, pa, 1), eb = __shfl_up_sync(0xffffffffu, hb, 1);
       if (lane == 0) { ea = 1.f; eb = 0.f; }
       const float hin = ea * hstart + eb;
@@ -313,7 +344,7 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
       if (lane == 31) { nq = 1.f; ns = 0.f; }
       const float carry_out = __shfl_sync(0xffffffffu, ss, 0) + __shfl_sync(0xffffffffu, sq, 0) * qc;
       float qn = ns + nq * qc;  // q at the first item of the next lane
-      float dA_acc = 0.f;
+      float dA_acc = 0.f, cb[NI], cc[NI];
 #pragma unroll
       for (int i = NI - 1; i >= 0; --i) {
         const float gi = cv[i] * dy[i] + qn;  // dL/dh_i
@@ -322,15 +353,17 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
         dsum_u[i] += gd * bv[i];
         ddl[i] += gi * (an * a[i] * hp + bv[i] * uv[i]);
         dA_acc += gd * a[i] * hp;
-        contrib[w][0][lane * NI + i] = gd * uv[i];
-        contrib[w][1][lane * NI + i] = dy[i] * h[i];
+        cb[i] = gd * uv[i];
+        cc[i] = dy[i] * h[i];
         qn = a[i] * gi;
+        if (i % 4 == 0) {  // items i..i+3 done: store them now (short live ranges)
+          reinterpret_cast<float4*>(&contrib[buf][w][0][lane * NI + i])[0] = make_float4(cb[i], cb[i + 1], cb[i + 2], cb[i + 3]);
+          reinterpret_cast<float4*>(&contrib[buf][w][1][lane * NI + i])[0] = make_float4(cc[i], cc[i + 1], cc[i + 2], cc[i + 3]);
+        }
       }
+      static_assert(NI % 4 == 0, "float4 stores of the contributions");
       const float dA_sum = warp_sum(dA_acc);
-      if (lane == 0) {
-        const long long k = ch * d_state + n;
-        dA_part[k] = (c == nchunks - 1 ? 0.f : dA_part[k]) + dA_sum;
-      }
+      if (lane == 0) dA_part[ch * d_state + n] = dA_prev + dA_sum;  // dA_prev = 0 on the first (last) chunk
       __syncwarp();
       if (lane == 0) qcarry[w][n] = carry_out;
       __syncthreads();
@@ -341,15 +374,15 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
           float sb = 0.f, sc = 0.f;
 #pragma unroll
           for (int ww = 0; ww < W; ++ww) {
-            sb += contrib[ww][0][t];
-            sc += contrib[ww][1][t];
+            sb += contrib[buf][ww][0][t];
+            sc += contrib[buf][ww][1][t];
           }
           const long long k = ((b * groups + g) * d_state + n) * L + l;
           dB_part[k] = sb;
           dC_part[k] = sc;
         }
       }
-      __syncthreads();
+      buf ^= 1;
     }
     float dzv[NI], ddv[NI];
 #pragma unroll
@@ -393,6 +426,9 @@ MF_DEVICE void ssm_reduce_bc(T* __restrict__ out, const float* __restrict__ part
     const long long b = i / nl, r = i % nl;
     const float* p = part + b * groups * nl + r;
     float s = 0.f;
+    // Unrolled so 8 independent loads are in flight per thread (the adds stay in ascending g): the partials are
+    // hundreds of MB and this loop is bound by bytes in flight.
+#pragma unroll 8
     for (int g = 0; g < groups; ++g) s += p[g * nl];
     out[i] = from_f32<T>(s);
   }
@@ -478,8 +514,9 @@ MF_DEVICE void ssm_reduce_rows(float* __restrict__ out, const float* __restrict_
                              L, delta_softplus); \
   }
 
+// 4 blocks (16 warps) per SM: caps registers at 128, enough to hold the 16-item tiles without spilling.
 #define MF_SSM_PARALLEL_FWD(NAME, T, NI, SAVE) \
-  extern "C" __global__ void __launch_bounds__(128, 1) NAME(T* __restrict__ out, float* __restrict__ last_state, \
+  extern "C" __global__ void __launch_bounds__(128, 4) NAME(T* __restrict__ out, float* __restrict__ last_state, \
       float* __restrict__ saved, const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, \
       const T* __restrict__ Bm, const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, \
       const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L, int delta_softplus) { \
@@ -487,8 +524,8 @@ MF_DEVICE void ssm_reduce_rows(float* __restrict__ out, const float* __restrict_
     mf::ssm_parallel_fwd<T, NI, SAVE>(out, last_state, saved, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, \
                                       d_inner, d_state, L, delta_softplus, carry[threadIdx.x >> 5]); \
   }
-#define MF_SSM_PARALLEL_SCAN_FWD(NAME, T) MF_SSM_PARALLEL_FWD(NAME, T, 8, true)
-// 4 blocks (16 warps) per SM: caps registers at 128, enough to hold the 16-item tiles without spilling.
+// 512-step chunks like the nosave variant (half the warp scans per item of 256-step chunks); saves every 256.
+#define MF_SSM_PARALLEL_SCAN_FWD(NAME, T) MF_SSM_PARALLEL_FWD(NAME, T, 16, true)
 #define MF_SSM_PARALLEL_SCAN_FWD_NOSAVE(NAME, T) \
   extern "C" __global__ void __launch_bounds__(128, 4) NAME(T* __restrict__ out, float* __restrict__ last_state, \
       const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, const T* __restrict__ Bm, \
@@ -509,18 +546,26 @@ MF_DEVICE void ssm_reduce_rows(float* __restrict__ out, const float* __restrict_
       const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, \
       const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L, int delta_softplus
 
-#define MF_SSM_PARALLEL_BWD(NAME, T, W) \
-  extern "C" __global__ void __launch_bounds__(32 * W) NAME(MF_SSM_BWD_SIG(T), const T* __restrict__ dout, \
+// MINB blocks per SM. W = 4: 3 blocks (<= 168 registers, 12 warps; 128 registers would spill). W = 8 on sm_90:
+// 2 blocks cap registers at 128 without spilling, 16 warps per SM instead of the 8 that ~166 registers allowed;
+// sm_80's ptxas spills at 128, so there it keeps 1 block.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MF_SSM_BWD_FOLD_MINB 2
+#else
+#define MF_SSM_BWD_FOLD_MINB 1
+#endif
+#define MF_SSM_PARALLEL_BWD(NAME, T, W, MINB) \
+  extern "C" __global__ void __launch_bounds__(32 * W, MINB) NAME(MF_SSM_BWD_SIG(T), const T* __restrict__ dout, \
       const float* __restrict__ saved, MF_SSM_BWD_IN(T)) { \
     mf::ssm_scan_bwd<T, W, false>(du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part, nullptr, dout, saved, \
                                   nullptr, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, L, \
                                   delta_softplus); \
   }
-#define MF_SSM_PARALLEL_SCAN_BWD(NAME, T) MF_SSM_PARALLEL_BWD(NAME, T, 4)
-#define MF_SSM_PARALLEL_SCAN_BWD_FOLD(NAME, T) MF_SSM_PARALLEL_BWD(NAME, T, 8)
+#define MF_SSM_PARALLEL_SCAN_BWD(NAME, T) MF_SSM_PARALLEL_BWD(NAME, T, 4, 3)
+#define MF_SSM_PARALLEL_SCAN_BWD_FOLD(NAME, T) MF_SSM_PARALLEL_BWD(NAME, T, 8, MF_SSM_BWD_FOLD_MINB)
 
 #define MF_SSM_BACKWARD_LOCAL(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(128, 1) NAME(MF_SSM_BWD_SIG(T), float* __restrict__ dh0, \
+  extern "C" __global__ void __launch_bounds__(128, 3) NAME(MF_SSM_BWD_SIG(T), float* __restrict__ dh0, \
       const T* __restrict__ dout, const float* __restrict__ saved, const float* __restrict__ dh_last, MF_SSM_BWD_IN(T)) { \
     mf::ssm_scan_bwd<T, 4, true>(du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part, dh0, dout, saved, \
                                  dh_last, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, L, \
