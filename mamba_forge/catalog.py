@@ -161,7 +161,23 @@ class QualifySpec(_Model):
     timeout_s: float | None = None  # per-launch time limit override for the qualifier (default: the run's)
     # "pkg.mod:function" building by-value "bytes" params (e.g. TMA tensor maps) from the device pointers:
     # prepare(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]
+    # It may also return the initial contents of an input pointer param declared without a fill (e.g. a table
+    # of device pointers into the aux buffers); the harness writes them before every launch.
     prepare: str | None = None
+    # extra device buffers the harness allocates, fills, poisons, checks and digests like pointer params but
+    # never passes to the kernel (it reaches them through a prepared pointer table); pointer Params only
+    aux: list[Param] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_aux(self) -> QualifySpec:
+        seen = set()
+        for a in self.aux:
+            if a.type != "ptr":
+                raise ValueError(f"aux buffer {a.name!r} must have type ptr, not {a.type}")
+            if a.name in seen:
+                raise ValueError(f"aux buffer {a.name!r} is declared twice")
+            seen.add(a.name)
+        return self
 
 
 class Family(_Model):

@@ -183,6 +183,9 @@ def test_expected_abi_aligns_each_parameter():
     ps = [Param(name="n", type="i32", value=1), Param(name="p", type="ptr", dtype="f32", shape=[1]),
           Param(name="m", type="bytes", size=128, align=64), Param(name="f", type="f32", value=1.0)]
     assert S.expected_abi(ps) == [(0, 4), (8, 8), (64, 128), (192, 4)]
+    # on sm_90 the area starts at 0x210 in the bank: a 64-byte-aligned blob lands at offset 48 (seen on the H200)
+    assert S.expected_abi(ps[2:], S.param_bank_base((9, 0))) == [(48, 128), (176, 4)]
+    assert S.expected_abi(ps, S.param_bank_base((9, 0))) == [(0, 4), (8, 8), (48, 128), (176, 4)]
 
 
 def test_spec_refusals():
@@ -519,3 +522,113 @@ def test_shard_spreads_symbols_and_keeps_groups():
     assert [[(g.module, [s["name"] for s in g.symbols]) for g in sh] for sh in shards] == [
         [("Fixed", ["a", "c"]), ("Other", ["d"])], [("Fixed", ["b"])]]
     assert runner.shard(groups, 1)[0][0].symbols == groups[0].symbols
+
+
+# ---- aux buffers and prepared pointer tables (multi-tensor AdamW) -------------------------------------------
+
+
+def _multi(cat, dt="bf16"):
+    sym = cat.symbols[f"adamw_step_multi_{dt}"]
+    return sym, cat.module(sym.module).family(sym.family)
+
+
+def test_multi_adamw_spec_has_aux_pools_and_a_prepared_table(real_catalog):
+    for dt, size in (("f32", 4), ("bf16", 2), ("f16", 2)):
+        sym, fam = _multi(real_catalog, dt)
+        sp = S.evaluate(sym, fam)
+        assert [b.name for b in sp.buffers] == ["descs"] and sp.buffers[0].prepared and not sp.buffers[0].needs_fill
+        assert sp.buffers[0].nbytes == 48 * sp.dims["tensors"]
+        assert [(b.name, b.dtype, b.role, b.index) for b in sp.aux] == [
+            ("param", dt, "inout", -1), ("grad", dt, "in", -1), ("exp_avg", "f32", "inout", -1),
+            ("exp_avg_sq", "f32", "inout", -1)]
+        assert [b.name for b in sp.outputs] == ["param", "exp_avg", "exp_avg_sq"]  # checked and digested
+        assert sp.env["sizeof_T"] == size and len(sp.param_types) == len(fam.params) == 7
+        inputs = C.make_inputs(dataclasses.replace(sp, aux=[dataclasses.replace(b, shape=(64,)) for b in sp.aux]),
+                               "special", np.random.default_rng(0), False)
+        assert sorted(inputs) == ["exp_avg", "exp_avg_sq", "grad", "param"]  # the table is not drawn
+
+
+def test_multi_tensor_split_is_uneven_odd_and_covers_the_pool():
+    from mamba_forge.references import optim as R
+
+    sizes = R.multi_tensor_sizes(2621447, 16)
+    assert sum(sizes) == 2621447 and min(sizes) >= 1 and len(set(sizes)) > 8
+    assert all(s % 2 == 1 for s in sizes[:-1])
+    starts = np.cumsum([0] + sizes[:-1])
+    assert {int(s) * 2 % 16 == 0 for s in starts} == {True, False}  # 16-bit pools: aligned and unaligned starts
+    assert sum(-(-s // 2048) for s in sizes) > 1056  # the round-robin deal wraps around the grid
+    assert R.multi_tensor_sizes(5, 5) == [1, 1, 1, 1, 1]
+    for total, tensors in ((3, 4), (10, 0)):
+        with pytest.raises(ValueError, match="cannot split"):
+            R.multi_tensor_sizes(total, tensors)
+
+
+def test_multi_descriptors_point_into_the_aux_pools():
+    from mamba_forge.references import optim as R
+
+    ptrs = {"descs": 0x1000, "param": 0x10_0000, "grad": 0x20_0000, "exp_avg": 0x30_0000, "exp_avg_sq": 0x40_0000}
+    dims = {"tensors": 6, "total": 1001, "sizeof_T": 2}
+    table = R.adamw_multi_descriptors(ptrs, {"num_tensors": 6}, dims)["descs"]
+    assert len(table) == 6 * R.MULTI_DESC_BYTES
+    start = 0
+    for t, n in enumerate(R.multi_tensor_sizes(1001, 6)):
+        p, g, m, v, numel, wd, reserved = R._MULTI_DESC.unpack_from(table, t * 48)
+        assert (p, g, m, v) == (0x10_0000 + 2 * start, 0x20_0000 + 2 * start, 0x30_0000 + 4 * start, 0x40_0000 + 4 * start)
+        assert numel == n and reserved == 0 and wd == np.float32(0.0 if t == 3 else 0.1)
+        start += n
+    assert start == 1001
+    moved = R.adamw_multi_descriptors({k: v + 256 for k, v in ptrs.items()}, {"num_tensors": 6}, dims)["descs"]
+    assert moved != table and R._MULTI_DESC.unpack_from(moved, 0)[0] == 0x10_0000 + 256
+    with pytest.raises(ValueError, match="num_tensors"):
+        R.adamw_multi_descriptors(ptrs, {"num_tensors": 5}, dims)
+
+
+def test_multi_reference_applies_each_tensors_weight_decay():
+    from mamba_forge.references import optim as R
+
+    rng = np.random.default_rng(3)
+    total, tensors = 999, 5
+    args = {"param": rng.uniform(-1, 1, total), "grad": rng.uniform(-1, 1, total),
+            "exp_avg": rng.uniform(-0.1, 0.1, total), "exp_avg_sq": rng.uniform(1e-6, 1e-1, total),
+            "descs": np.zeros(48 * tensors, np.int64), "num_tensors": tensors, "lr": 1e-3, "beta1": 0.9,
+            "beta2": 0.999, "eps": 1e-8, "step": 10}
+    out = R.adamw_step_multi(args, {"tensors": tensors, "total": total})
+    start = 0
+    for t, n in enumerate(R.multi_tensor_sizes(total, tensors)):
+        s = slice(start, start + n)
+        single = R.adamw_step({"p": args["param"][s], "g": args["grad"][s], "m": args["exp_avg"][s],
+                               "v": args["exp_avg_sq"][s], "lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
+                               "weight_decay": 0.0 if t == 3 else 0.1, "step": 10}, {})
+        assert np.array_equal(out["param"][s], single["p"]) and np.array_equal(out["exp_avg_sq"][s], single["v"])
+        start += n
+    no_wd = R.adamw(args["param"], args["grad"], args["exp_avg"], args["exp_avg_sq"], lr=1e-3, beta1=0.9,
+                    beta2=0.999, eps=1e-8, weight_decay=0.0, step=10)[0]
+    assert not np.array_equal(no_wd, out["param"])  # the decay is really applied somewhere
+
+
+def test_aux_refusals(real_catalog):
+    from mamba_forge.catalog import Family
+
+    sym, fam = _multi(real_catalog)
+    base = fam.model_dump(exclude_none=True)
+    q = base["qualify"]
+
+    def variant(**upd):
+        return Family.model_validate({**base, "qualify": {**q, **upd}})
+
+    with pytest.raises(S.SpecError, match="needs a fill"):  # without prepare, the table is an unfilled input
+        S.evaluate(sym, variant(prepare=None))
+    clash = [dict(q["aux"][0], name="descs")] + q["aux"][1:]
+    with pytest.raises(S.SpecError, match="share a name"):
+        S.evaluate(sym, variant(aux=clash))
+    with pytest.raises(S.SpecError, match="aux buffer 'grad' needs a fill"):
+        S.evaluate(sym, variant(aux=[q["aux"][0], {k: v for k, v in q["aux"][1].items() if k != "fill"}]))
+    filled = dict(base, params=[dict(base["params"][0], fill="randint(0,255)")] + base["params"][1:])
+    with pytest.raises(S.SpecError, match="prepared pointer param"):
+        S.evaluate(sym, Family.model_validate(filled))
+    with pytest.raises(ValueError, match="must have type ptr"):
+        variant(aux=[{"name": "lr2", "type": "f32", "value": 1.0}])
+    with pytest.raises(ValueError, match="declared twice"):
+        variant(aux=[q["aux"][0], q["aux"][0]])
+    with pytest.raises(S.SpecError, match="no output"):  # no aux: the table alone, nothing to check
+        S.evaluate(sym, variant(aux=[]))

@@ -65,14 +65,16 @@ SIGNATURES = {  # emulated kernels: parameter types as the kernel declares them
     "nondet_sum": ["ptr", "ptr", "i64"], "oob_write": ["ptr", "ptr", "i64"], "spin_forever": ["ptr", "ptr", "i64"],
     "wrong_scale": ["ptr", "ptr", "i64"], "misses_tail": ["ptr", "ptr", "i64"], "address_variant": ["ptr", "ptr", "i64"],
     "smem_over": ["ptr", "ptr", "i64"], "abi_mismatch": ["ptr", "i32", "ptr"],
+    # the real catalog's multi-tensor AdamW: descs, num_tensors, lr, beta1, beta2, eps, step
+    **{f"adamw_step_multi_{dt}": ["ptr", "i32", "f32", "f32", "f32", "f32", "i32"] for dt in ("f32", "bf16", "f16")},
 }
-_FMT = {"ptr": "<Q", "i32": "<i", "i64": "<q"}
+_FMT = {"ptr": "<Q", "i32": "<i", "i64": "<q", "f32": "<f"}
 
 
 def _layout(types):
     out, off = [], 0
     for t in types:
-        size = 4 if t == "i32" else 8
+        size = 4 if t in ("i32", "f32") else 8
         off = -(-off // size) * size
         out.append((off, size))
         off += size
@@ -166,7 +168,9 @@ def _get(mem, src, n):
 
 def run_kernel(name, v, mem, rng, stream):
     f32 = np.float32
-    if name in ("control_row_sum", "batch_variant_row_sum", "racy_row_sum"):
+    if name.startswith("adamw_step_multi_"):
+        multi_adamw(name.rsplit("_", 1)[1], v, mem)
+    elif name in ("control_row_sum", "batch_variant_row_sum", "racy_row_sum"):
         out_p, x_p, rows, cols = v
         x = mem.view(x_p, f32, rows * cols).reshape(rows, cols)
         out = np.frombuffer(mem.at(out_p)[0], f32, rows, mem.at(out_p)[1])
@@ -297,3 +301,188 @@ def test_worker_main_streams_events(emulated, monkeypatch, tmp_path, capsys):
     assert results["wrong_scale"]["check"] == "correctness"
     assert results["control_row_sum"]["resources"]["blocks_per_sm"] == 4
     assert sum(1 for e in events if e["event"] == "check" and e["symbol"] == "control_row_sum") == 10
+
+
+# ---- multi-tensor AdamW through aux buffers and a prepared descriptor table -----------------------------------
+
+MULTI_SEEN: list[list[tuple]] = []  # per emulated launch: the descriptors it read
+MULTI_MUTATION = {"drop_decay": False}
+
+
+def multi_adamw(dt, v, mem):
+    """NumPy stand-in for adamw_step_multi_<dt>: walks the descriptor table in emulated device memory."""
+    from mamba_forge.qualify import spec as S
+    from mamba_forge.references import optim as R
+
+    descs_p, num, lr, b1, b2, eps, step = v
+    table = bytes(_get(mem, descs_p, 48 * num))
+    seen = []
+    for t in range(num):
+        p_p, g_p, m_p, v_p, n, wd, _ = R._MULTI_DESC.unpack_from(table, 48 * t)
+        seen.append((p_p, g_p, m_p, v_p, n))
+        p, g = mem.view(p_p, S.NP_DTYPES[dt], n), mem.view(g_p, S.NP_DTYPES[dt], n)
+        m, vv = mem.view(m_p, np.float32, n), mem.view(v_p, np.float32, n)
+        wd = 0.0 if MULTI_MUTATION["drop_decay"] else wd
+        np_, nm, nv = R.adamw(p, g, m, vv, lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, step=step)
+        p[:], m[:], vv[:] = np_.astype(S.NP_DTYPES[dt]), nm.astype(np.float32), nv.astype(np.float32)
+    MULTI_SEEN.append(seen)
+
+
+def stale_table_on_moved(real):
+    """A prepare hook that does not follow moved buffers: instances are built for the three corpora, then the
+    moved one (no batch dim here), which gets the first, still live, instance's table."""
+    tables = []
+
+    def stale(pointers, scalars, dims):
+        tables.append(real(pointers, scalars, dims))
+        return tables[0] if len(tables) == 4 else tables[-1]
+
+    return stale
+
+
+@pytest.fixture()
+def multi(emulated, monkeypatch):
+    """The real catalog's multi AdamW families at a small pool (fast on CPU); returns a runner."""
+    import types
+
+    from mamba_forge.catalog import default_catalog_path
+
+    cat = load_catalog(default_catalog_path())
+    MULTI_SEEN.clear()
+    monkeypatch.setitem(MULTI_MUTATION, "drop_decay", False)
+    ctx, launches = emulated
+
+    def run(dt="bf16", total=20011, tensors=7):
+        name = f"adamw_step_multi_{dt}"
+        sym = cat.symbols[name]
+        fam = cat.module(sym.module).family(sym.family)
+        small = fam.model_copy(update={"qualify": fam.qualify.model_copy(update={"dims": {"tensors": tensors, "total": total}})})
+        shim = types.SimpleNamespace(symbols=cat.symbols, module=lambda kind: types.SimpleNamespace(family=lambda f: small))
+        group = {"module": sym.module, "target": "sm_90a"}
+        return W.SymbolRun(ctx, shim, FakeModule(), {"seed": 5, "level": "quick"}, {"name": name, "build_layout": []},
+                           group).run()
+
+    return run
+
+
+@pytest.mark.parametrize("dt", ["f32", "bf16", "f16"])
+def test_multi_adamw_passes_every_check(multi, dt):
+    r = multi(dt)
+    assert r["status"] == "admitted", r["reason"]
+    names = [c["name"] for c in r["checks"]]
+    assert names == ["admission", "correctness", "correctness", "correctness", "repeat", "stream", "neighbour",
+                     "address", "graph"]
+    corr = [c["detail"] for c in r["checks"] if c["name"] == "correctness"]
+    assert all("param:" in d and "exp_avg:" in d and "exp_avg_sq:" in d for d in corr)  # aux outputs checked
+    digests = {c["digest"] for c in r["checks"] if c["name"] not in ("admission", "correctness")}
+    assert len(digests) == 1
+
+
+def test_multi_adamw_tables_point_at_live_aux_buffers_and_moved_run_rebuilds(multi):
+    from mamba_forge.references import optim as R
+
+    assert multi("bf16")["status"] == "admitted"
+    sizes = R.multi_tensor_sizes(20011, 7)
+    bases = []
+    for seen in MULTI_SEEN:
+        assert [d[4] for d in seen] == sizes
+        p0, g0, m0, v0, _ = seen[0]
+        assert len({p0, g0, m0, v0}) == 4 and all(x % 256 == 0 for x in (p0, g0, m0, v0))  # four pool starts
+        start = 0
+        for (p, g, m, v, n), want in zip(seen, sizes, strict=True):  # contiguous tensors inside each pool
+            assert (p, g, m, v) == (p0 + 2 * start, g0 + 2 * start, m0 + 4 * start, v0 + 4 * start) and n == want
+            start += n
+        bases.append(p0)
+    # three corpora (fresh instances), repeats/stream/neighbour/graph reuse the first, one moved instance
+    moved = [b for b in bases if b % 512 == 256]  # FakeMemory allocates at 512-byte steps: +256 is the moved one
+    assert len(moved) == len([b for b in bases if b == moved[0]]) == 1
+    assert len(set(bases)) == 4 and len(bases) == 3 + 5 + 3 + 1
+
+
+def test_multi_adamw_stale_table_fails_the_address_check(multi, monkeypatch):
+    """A prepare hook that does not follow the moved buffers: the kernel updates the old pools, the moved
+    instance's outputs stay at their inputs, and the address check rejects."""
+    from mamba_forge.references import optim as R
+
+    monkeypatch.setattr(R, "adamw_multi_descriptors", stale_table_on_moved(R.adamw_multi_descriptors))
+
+    r = multi("f32")
+    assert (r["status"], r["check"]) == ("rejected", "address"), r["reason"]
+
+
+def test_multi_adamw_wrong_result_fails_correctness(multi, monkeypatch):
+    monkeypatch.setitem(MULTI_MUTATION, "drop_decay", True)
+    r = multi("f32")
+    assert (r["status"], r["check"]) == ("rejected", "correctness")
+    assert "param:" in r["reason"] and "outside rtol" in r["reason"]
+
+
+@pytest.mark.parametrize(("table", "text"), [
+    (lambda t: {}, "prepare returned nothing for the prepared pointer param 'descs'"),
+    (lambda t: {"descs": t["descs"][:-48]}, "prepare returned 288 bytes for 'descs', its buffer holds 336"),
+])
+def test_multi_adamw_bad_prepare_is_a_spec_error(multi, monkeypatch, table, text):
+    from mamba_forge.qualify import spec as S
+    from mamba_forge.references import optim as R
+
+    real = R.adamw_multi_descriptors
+    monkeypatch.setattr(R, "adamw_multi_descriptors", lambda p, s, d: table(real(p, s, d)))
+    with pytest.raises(S.SpecError, match=text):
+        multi("f32")
+
+
+# ---- the same on the H200: the real kernels through the real worker (skipped without a GPU) ----------------
+
+
+@pytest.fixture(scope="module")
+def live_fixed():
+    """(context, loaded Fixed module for sm_90a, catalog) from the gpu_support build (cached per process)."""
+    from gpu_support import kernels
+
+    from mamba_forge.catalog import default_catalog_path
+
+    k = kernels("sm_90a")
+    mod = next(m for m, s in k.manifest.symbols() if s.name == "adamw_step_multi_f32" and m.target == "sm_90a")
+    cubin = next(a for a in mod.artifacts if a.code == "cubin")
+    dev = cu.Device(0)
+    ctx = C.Context(dev, dev.info(), timeout_s=20.0)
+    ctx.open()
+    return ctx, cu.Module((k.out / cubin.path).read_bytes()), load_catalog(default_catalog_path())
+
+
+def _live_run(live_fixed, dt):
+    ctx, module, cat = live_fixed
+    name = f"adamw_step_multi_{dt}"
+    return W.SymbolRun(ctx, cat, module, {"seed": 7, "level": "quick"}, {"name": name, "build_layout": []},
+                       {"module": "Fixed", "target": "sm_90a"}).run()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dt", ["f32", "bf16", "f16"])
+def test_gpu_multi_adamw_is_qualified(live_fixed, dt):
+    r = _live_run(live_fixed, dt)
+    assert r["status"] == "admitted", r["reason"]
+    assert [c["name"] for c in r["checks"]][-5:] == ["repeat", "stream", "neighbour", "address", "graph"]
+
+
+@pytest.mark.gpu
+def test_gpu_multi_adamw_negative_controls(live_fixed, monkeypatch):
+    """A stale table on the moved instance fails the address check; a reference without weight decay fails
+    correctness: both on the real kernel."""
+    from mamba_forge.references import optim as R
+
+    real = R.adamw_multi_descriptors
+    monkeypatch.setattr(R, "adamw_multi_descriptors", stale_table_on_moved(real))
+    r = _live_run(live_fixed, "f32")
+    assert (r["status"], r["check"]) == ("rejected", "address"), r["reason"]
+    monkeypatch.setattr(R, "adamw_multi_descriptors", real)
+    real_ref = R.adamw_step_multi
+
+    def reference_without_decay(args, dims):  # the kernel's table keeps its decay; only the oracle drops it
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(R, "multi_weight_decay", lambda t: 0.0)
+            return real_ref(args, dims)
+
+    monkeypatch.setattr(R, "adamw_step_multi", reference_without_decay)
+    r = _live_run(live_fixed, "f32")
+    assert (r["status"], r["check"]) == ("rejected", "correctness"), r["reason"]

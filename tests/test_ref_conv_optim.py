@@ -351,7 +351,7 @@ def test_launch_specs_are_complete_and_references_run(our_families):
     their declared sizes, or says why it is skipped. Dims are shrunk so this stays fast."""
     _, _, fams = our_families
     rng = np.random.default_rng(0)
-    small = {"batch": 2, "d": 3, "L": 37, "width": 3, "n": 4099, "regions": 3, "partials": 10, "tensors": 2}
+    small = {"batch": 2, "d": 3, "L": 37, "width": 3, "n": 4099, "regions": 3, "partials": 10, "tensors": 2, "total": 5003}
     for fam in fams:
         q = fam.qualify
         assert q.dims, f"{fam.name}: no qualification dims"
@@ -367,7 +367,7 @@ def test_launch_specs_are_complete_and_references_run(our_families):
         mod, fn = q.reference.split(":")
         ref = getattr(importlib.import_module(mod), fn)
         args, outs = {}, {}
-        for p in fam.params:
+        for p in [*fam.params, *q.aux]:  # aux: buffers the qualifier allocates beside the params
             if p.type != "ptr":
                 assert p.value is not None, f"{fam.name}.{p.name}: scalar without a value"
                 args[p.name] = expr.evaluate(p.value, dims)
@@ -377,7 +377,9 @@ def test_launch_specs_are_complete_and_references_run(our_families):
                 size *= int(expr.evaluate(s, dims))
             dt = "f32" if p.dtype == "T" else p.dtype
             assert dt in DTYPES
-            if p.role in ("in", "inout"):
+            if p.role in ("in", "inout") and not p.fill and q.prepare and p in fam.params:
+                args[p.name] = np.zeros(size)  # built by qualify.prepare from device pointers (e.g. descs)
+            elif p.role in ("in", "inout"):
                 assert p.fill, f"{fam.name}.{p.name}: input without a fill"
                 args[p.name] = _fill(rng, p.fill, size, dt)
             else:

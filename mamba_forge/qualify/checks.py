@@ -189,9 +189,10 @@ class Instance:
         self._owned: list[cu.DeviceBuffer] = []
         self.ptrs: dict[str, int] = {}
         self.pristine: dict[str, int] = {}
+        self.prepared_bytes: dict[str, bytes] = {}  # what prepare built for this instance's addresses
         self.graph: cu.Graph | None = None
         try:
-            for b in spec.buffers:
+            for b in spec.all_buffers:
                 buf = cu.DeviceBuffer(b.nbytes + offset)
                 self._owned.append(buf)
                 ptr = buf.ptr + offset
@@ -206,12 +207,25 @@ class Instance:
                         cu.memcpy_htod(pb.ptr, data)
                         self.pristine[b.name] = pb.ptr
             blobs: dict[str, bytes] = {}
-            if spec.blobs:
+            if spec.blobs or spec.prepared:
                 assert prepare is not None
-                blobs = prepare(dict(self.ptrs), {s.name: s.value for s in spec.scalars}, dict(spec.dims))
+                # dims plus the instance's numeric params and sizeof_<key> (a superset of the dims)
+                blobs = prepare(dict(self.ptrs), {s.name: s.value for s in spec.scalars}, dict(spec.env))
+            for b in spec.prepared:
+                if b.name not in blobs:
+                    raise S.SpecError(f"prepare returned nothing for the prepared pointer param {b.name!r}")
+                data = bytes(blobs[b.name])
+                if len(data) != b.nbytes:
+                    raise S.SpecError(f"prepare returned {len(data)} bytes for {b.name!r}, its buffer holds {b.nbytes}")
+                # kept on the device and copied in on the launch stream before every launch (graph replay too)
+                pb = cu.DeviceBuffer(b.nbytes)
+                self._owned.append(pb)
+                cu.memcpy_htod(pb.ptr, data)
+                self.pristine[b.name] = pb.ptr
+                self.prepared_bytes[b.name] = data
             values: list[tuple[str, object]] = [("ptr", 0)] * len(spec.param_types)
             aligns = [0] * len(spec.param_types)
-            for b in spec.buffers:
+            for b in spec.buffers:  # kernel params only: aux buffers are reached through a prepared table
                 values[b.index] = ("ptr", self.ptrs[b.name])
             for s in spec.scalars:
                 values[s.index] = (s.type, s.value)
@@ -231,7 +245,7 @@ class Instance:
 
     def enqueue(self, stream: cu.Stream) -> None:
         """Reset outputs (poison) and overwritten inputs (pristine copy), then launch: all on `stream`."""
-        for b in self.spec.buffers:
+        for b in self.spec.all_buffers:
             if b.name in self.pristine:
                 cu.memcpy_dtod(self.ptrs[b.name], self.pristine[b.name], b.nbytes, stream)
             elif not b.needs_fill:
@@ -315,7 +329,7 @@ def live_admit(ctx: Context, fn: cu.Function, sym: Symbol, fam: Family, build_la
     if layout is None:
         layout = [tuple(x) for x in (build_layout or [])]  # type: ignore[misc]
         source = "cubin parameter info"
-    expected = S.expected_abi(list(fam.params))
+    expected = S.expected_abi(list(fam.params), S.param_bank_base(ctx.info.cc))
     problem = census(list(layout), expected, [p.name for p in fam.params])
     adm = Admission(True, resources=res, layout=[list(x) for x in layout], layout_source=source)
     if problem:
@@ -331,7 +345,7 @@ def reference_outputs(fam: Family, spec: S.LaunchSpec, inputs: dict[str, np.ndar
         return None
     fn = load_callable(fam.qualify.reference)
     args: dict[str, object] = {}
-    for b in spec.buffers:
+    for b in spec.all_buffers:
         if b.name in inputs:
             args[b.name] = S.as_f64(inputs[b.name], b.dtype)
         else:
@@ -342,7 +356,7 @@ def reference_outputs(fam: Family, spec: S.LaunchSpec, inputs: dict[str, np.ndar
 
 
 def make_inputs(spec: S.LaunchSpec, corpus: str, rng: np.random.Generator, nonfinite: bool) -> dict[str, np.ndarray]:
-    return {b.name: S.make_input(b, corpus, rng, nonfinite=nonfinite) for b in spec.buffers if b.needs_fill}
+    return {b.name: S.make_input(b, corpus, rng, nonfinite=nonfinite) for b in spec.all_buffers if b.needs_fill}
 
 
 def check_outputs(spec: S.LaunchSpec, outs: dict[str, bytes], ref: dict[str, np.ndarray] | None) -> tuple[bool, str]:

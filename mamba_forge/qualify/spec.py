@@ -92,6 +92,8 @@ class BufferSpec:
     role: str  # in|out|inout|scratch
     shape: tuple[int, ...]
     fill: Fill | None
+    aux: bool = False  # a qualify.aux buffer: allocated and checked, never passed to the kernel (index -1)
+    prepared: bool = False  # initial contents come from the family's prepare hook (e.g. a pointer table)
 
     @property
     def count(self) -> int:
@@ -107,6 +109,8 @@ class BufferSpec:
 
     @property
     def needs_fill(self) -> bool:
+        if self.prepared:
+            return False
         return self.role in ("in", "inout") or (self.role == "scratch" and self.fill is not None)
 
 
@@ -143,22 +147,39 @@ class LaunchSpec:
     corpora: list[str]
     tolerance: dict[str, tuple[float, float]] = field(default_factory=dict)  # per output name
     exact: bool = False
+    aux: list[BufferSpec] = field(default_factory=list)  # qualify.aux buffers (not kernel parameters)
+
+    @property
+    def all_buffers(self) -> list[BufferSpec]:
+        """Kernel pointer params, then aux buffers: everything the harness allocates."""
+        return self.buffers + self.aux
+
+    @property
+    def prepared(self) -> list[BufferSpec]:
+        return [b for b in self.buffers if b.prepared]
 
     @property
     def outputs(self) -> list[BufferSpec]:
-        return [b for b in self.buffers if b.is_output]
+        return [b for b in self.all_buffers if b.is_output]
 
     @property
     def total_bytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers)
+        return sum(b.nbytes for b in self.all_buffers)
 
 
-def expected_abi(params: list[Param]) -> list[tuple[int, int]]:
-    """(offset, size) per parameter under the CUDA ABI: each aligned to its alignment, in order."""
+def param_bank_base(cc: tuple[int, int] | None) -> int:
+    """Where the parameters start in constant bank 0 (0x160 before Hopper, 0x210 from sm_90: measured on the
+    H200, whose driver reports a 64-byte-aligned first parameter at offset 48 = 0x240 - 0x210)."""
+    return 0 if cc is None else (0x210 if cc[0] >= 9 else 0x160)
+
+
+def expected_abi(params: list[Param], base: int = 0) -> list[tuple[int, int]]:
+    """(offset, size) per parameter under the CUDA ABI: in order, each aligned to its alignment in the
+    constant bank (offsets are relative to the parameter area, which starts at `base` in the bank)."""
     out, off = [], 0
     for p in params:
         size, align = p.size_align
-        off = -(-off // align) * align
+        off = -(-(base + off) // align) * align - base
         out.append((off, size))
         off += size
     return out
@@ -201,25 +222,31 @@ def evaluate(sym: Symbol, fam: Family, dims: dict[str, int] | None = None) -> La
             raise SpecError(f"{where}: {what} must be an integer, got {v!r}")
         return v
 
+    def pointer(i: int, p: Param, aux: bool) -> BufferSpec:
+        kind = "aux buffer" if aux else "parameter"
+        dt = _dtype_of(p, sym, where)
+        if not p.shape:
+            raise SpecError(f"{where}: pointer {kind} {p.name!r} has no shape")
+        shape = tuple(ev(s, f"shape of {p.name!r}") for s in p.shape)
+        if any(s < 1 for s in shape):
+            raise SpecError(f"{where}: {kind} {p.name!r} has an empty shape {shape}")
+        fill = Fill.parse(p.fill) if p.fill else None
+        # an input pointer param without a fill gets its bytes from the prepare hook (e.g. a pointer table)
+        prepared = not aux and p.role == "in" and fill is None and q.prepare is not None
+        if p.role in ("in", "inout") and fill is None and not prepared:
+            raise SpecError(f"{where}: input {kind} {p.name!r} needs a fill")
+        if fill and fill.kind in ("uniform", "logu", "normal", "positive", "special") and dt not in FLOAT_DTYPES:
+            raise SpecError(f"{where}: {kind} {p.name!r}: fill {p.fill!r} needs a float dtype, not {dt}")
+        b = BufferSpec(i, p.name, dt, p.role, shape, fill, aux=aux, prepared=prepared)
+        if b.nbytes > MAX_BUFFER_BYTES:
+            raise SpecError(f"{where}: {kind} {p.name!r} needs {b.nbytes} bytes (> {MAX_BUFFER_BYTES}): shrink qualify.dims")
+        return b
+
     buffers, scalars, blobs, types = [], [], [], []
     for i, p in enumerate(fam.params):
         types.append(p.type)
         if p.type == "ptr":
-            dt = _dtype_of(p, sym, where)
-            if not p.shape:
-                raise SpecError(f"{where}: pointer parameter {p.name!r} has no shape")
-            shape = tuple(ev(s, f"shape of {p.name!r}") for s in p.shape)
-            if any(s < 1 for s in shape):
-                raise SpecError(f"{where}: parameter {p.name!r} has an empty shape {shape}")
-            fill = Fill.parse(p.fill) if p.fill else None
-            if p.role in ("in", "inout") and fill is None:
-                raise SpecError(f"{where}: input parameter {p.name!r} needs a fill")
-            if fill and fill.kind in ("uniform", "logu", "normal", "positive", "special") and dt not in FLOAT_DTYPES:
-                raise SpecError(f"{where}: parameter {p.name!r}: fill {p.fill!r} needs a float dtype, not {dt}")
-            b = BufferSpec(i, p.name, dt, p.role, shape, fill)
-            if b.nbytes > MAX_BUFFER_BYTES:
-                raise SpecError(f"{where}: parameter {p.name!r} needs {b.nbytes} bytes (> {MAX_BUFFER_BYTES}): shrink qualify.dims")
-            buffers.append(b)
+            buffers.append(pointer(i, p, aux=False))
         elif p.type == "bytes":
             blobs.append(BlobSpec(i, p.name, p.size or 0, p.align or 1))
         else:
@@ -242,7 +269,14 @@ def evaluate(sym: Symbol, fam: Family, dims: dict[str, int] | None = None) -> La
                 if not lo <= val <= hi:
                     raise SpecError(f"{where}: value {val} of {p.name!r} does not fit {p.type}")
             scalars.append(ScalarSpec(i, p.name, p.type, val))
-    if not any(b.is_output for b in buffers):
+    clash = {a.name for a in q.aux} & {p.name for p in fam.params}
+    if clash:
+        raise SpecError(f"{where}: aux buffer(s) {sorted(clash)} share a name with a kernel parameter")
+    aux = [pointer(-1, a, aux=True) for a in q.aux]
+    if aux and not any(b.prepared for b in buffers):
+        raise SpecError(f"{where}: aux buffers need a prepared pointer param (an input without a fill, built by "
+                        "qualify.prepare) through which the kernel reaches them")
+    if not any(b.is_output for b in buffers + aux):
         raise SpecError(f"{where}: no output parameter (role out or inout): nothing to check")
     grid = tuple(ev(g, f"grid[{k}]") for k, g in enumerate(fam.launch.grid)) + (1,) * (3 - len(fam.launch.grid))
     if any(g < 1 for g in grid) or grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
@@ -254,14 +288,14 @@ def evaluate(sym: Symbol, fam: Family, dims: dict[str, int] | None = None) -> La
     if fam.qualify.prepare is None and blobs:
         raise SpecError(f"{where}: by-value 'bytes' parameters need qualify.prepare to build them")
     tol = {}
-    for b in buffers:
+    for b in buffers + aux:
         if b.is_output:
             rt, at = TOLERANCES.get(b.dtype, (0.0, 0.0))
             tol[b.name] = (q.rtol if q.rtol is not None else rt, q.atol if q.atol is not None else at)
     return LaunchSpec(
         symbol=sym.name, family=fam.name, dims=dims, env=env, buffers=buffers, scalars=scalars, blobs=blobs,
         grid=grid, block=tuple(sym.block), dynamic_smem=sym.dynamic_smem, param_types=types,  # type: ignore[arg-type]
-        abi=expected_abi(fam.params), corpora=list(q.corpora), tolerance=tol, exact=q.exact,
+        abi=expected_abi(fam.params), corpora=list(q.corpora), tolerance=tol, exact=q.exact, aux=aux,
     )
 
 

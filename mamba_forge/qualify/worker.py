@@ -147,8 +147,8 @@ class SymbolRun:
                 try:
                     sspec = S.evaluate(self.sym, self.fam, sdims)
                     sin = {}
-                    fb = {b.name: b for b in spec.buffers}
-                    for b in sspec.buffers:
+                    fb = {b.name: b for b in spec.all_buffers}
+                    for b in sspec.all_buffers:
                         if b.needs_fill:
                             sin[b.name] = S.leading_rows(inputs[b.name], fb[b.name], b)
                     expect = {b.name: S.leading_rows(S.from_bytes(base[b.name], b.dtype), fb[b.name], b).tobytes()

@@ -8,6 +8,8 @@ inside a partial differs, which float64 absorbs). Entry points named by the cata
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 GRAD_PARTIALS = 1024  # the fixed grid of partial sums (kernels/fixed/optim.cu: GRAD_PARTIALS)
@@ -149,3 +151,69 @@ def adamw_step_capturable(args, dims):
     lr = float(np.asarray(args["lr"]).ravel()[0])
     p, m, v = _adamw_args({**args, "lr": lr}, step)
     return {"p": p, "m": m, "v": v, "step": np.array([step]), "arrivals": np.array([0])}
+
+
+# ---- multi-tensor AdamW: the qualifier's tensor list (shared by the prepare hook and the reference) ----
+
+MULTI_DESC_BYTES = 48  # AdamWTensorDesc in kernels/fixed/optim.cu
+_MULTI_DESC = struct.Struct("<QQQQqfI")  # param, grad, exp_avg, exp_avg_sq, numel, weight_decay, reserved
+MULTI_WEIGHT_DECAY = 0.1  # every fourth tensor (t % 4 == 3) gets 0, like norms and biases
+
+
+def multi_tensor_sizes(total: int, tensors: int) -> list[int]:
+    """Split `total` elements into `tensors` contiguous tensors of uneven, mostly odd sizes, in order.
+
+    Weights 1..17 from a fixed quadratic rule; each size is made odd (so consecutive starts alternate between
+    16-byte aligned and unaligned, exercising the kernel's vector and scalar paths); the last tensor takes the
+    remainder. Deterministic: the prepare hook and the reference call this with the same dims."""
+    if tensors < 1 or total < tensors:
+        raise ValueError(f"cannot split {total} elements into {tensors} non-empty tensors")
+    weights = [(3 * t * t + 5 * t + 1) % 17 + 1 for t in range(tensors)]
+    wsum = sum(weights)
+    sizes = []
+    for t in range(tensors - 1):
+        s = max(1, total * weights[t] // wsum)
+        if s % 2 == 0:
+            s -= 1
+        sizes.append(s)
+    last = total - sum(sizes)
+    if last < 1:
+        raise ValueError(f"cannot split {total} elements into {tensors} non-empty tensors")
+    sizes.append(last)
+    return sizes
+
+
+def multi_weight_decay(t: int) -> float:
+    return 0.0 if t % 4 == 3 else MULTI_WEIGHT_DECAY
+
+
+def adamw_multi_descriptors(pointers, scalars, dims) -> dict[str, bytes]:
+    """QualifySpec.prepare for adamw_step_multi_*: the `descs` table of 48-byte descriptors pointing into the
+    aux pools param/grad (T) and exp_avg/exp_avg_sq (f32), split by multi_tensor_sizes. `dims` carries
+    sizeof_T (the harness passes the instance environment)."""
+    tensors, total = int(dims["tensors"]), int(dims["total"])
+    tsize = int(dims["sizeof_T"])
+    if int(scalars["num_tensors"]) != tensors:
+        raise ValueError(f"num_tensors {scalars['num_tensors']} != dims.tensors {tensors}")
+    out, start = bytearray(), 0
+    for t, n in enumerate(multi_tensor_sizes(total, tensors)):
+        out += _MULTI_DESC.pack(pointers["param"] + start * tsize, pointers["grad"] + start * tsize,
+                                pointers["exp_avg"] + start * 4, pointers["exp_avg_sq"] + start * 4,
+                                n, multi_weight_decay(t), 0)
+        start += n
+    return {"descs": bytes(out)}
+
+
+def adamw_step_multi(args, dims):
+    """Reference for adamw_step_multi_*: adamw_step over each tensor of the aux pools with its weight decay."""
+    total, tensors = int(dims["total"]), int(args["num_tensors"])
+    pools = {k: np.asarray(args[k], dtype=np.float64)[:total] for k in ("param", "grad", "exp_avg", "exp_avg_sq")}
+    p, m, v = (np.empty(total) for _ in range(3))
+    start = 0
+    for t, n in enumerate(multi_tensor_sizes(total, tensors)):
+        s = slice(start, start + n)
+        p[s], m[s], v[s] = adamw(pools["param"][s], pools["grad"][s], pools["exp_avg"][s], pools["exp_avg_sq"][s],
+                                 lr=args["lr"], beta1=args["beta1"], beta2=args["beta2"], eps=args["eps"],
+                                 weight_decay=multi_weight_decay(t), step=int(args["step"]))
+        start += n
+    return {"param": p, "exp_avg": m, "exp_avg_sq": v}
