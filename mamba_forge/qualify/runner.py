@@ -497,7 +497,10 @@ def assemble(req: QualifyRequest, outcomes: dict[int, Outcome], groups: list[Gro
             continue
         sources[f"{m.kind}/{m.target}"] = m.source_sha256
         if on_device and m.status == "compiled":
-            for a in m.artifacts:
+            # Cubins only: they are what was qualified and what the loader loads. NVRTC's PTX is not
+            # byte-reproducible (NVVM's register numbering varied between two processes for the Fixed module,
+            # while the cubins were identical), so it stays in the build folder and out of the signed manifest.
+            for a in (a for a in m.artifacts if a.code == "cubin"):
                 artifacts.append(QArtifact(module=m.kind, target=m.target, role=m.role, path=a.path, code=a.code,
                                            size=a.size, sha256=a.sha256))
         for s in m.symbols:
