@@ -62,7 +62,7 @@ def bits(buf) -> bytes:
     return buf.get().tobytes()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _build(target: str, state_cap: int):
     from mamba_forge.build import BuildRequest, build
     from mamba_forge.catalog import default_catalog_path, load_catalog
@@ -106,6 +106,6 @@ class Kernels:
             cp.cuda.runtime.deviceSynchronize()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kernels(target: str = "sm_90a", state_cap: int = 64) -> Kernels:
     return Kernels(target, state_cap)
