@@ -379,7 +379,8 @@ def _build_manifest() -> BuildManifest:
     def mod(kind, target, role, syms, built_only=False):
         return ModuleBuild(kind=kind, target=target, role=role, built_only=built_only, mandatory=False, status="compiled",
                            options=[], source_sha256="11" * 32, cache_key="k",
-                           artifacts=[Artifact(path=f"{target}/{kind}.cubin", sha256="22" * 32, size=4, code="cubin")],
+                           artifacts=[Artifact(path=f"{target}/{kind}.cubin", sha256="22" * 32, size=4, code="cubin"),
+                                      Artifact(path=f"{target}/{kind}.ptx", sha256="33" * 32, size=4, code="ptx")],
                            symbols=syms)
 
     return BuildManifest(
@@ -429,6 +430,7 @@ def test_qualify_assembles_a_manifest_that_round_trips_and_verifies(tmp_path, fa
     assert st[("bw_k", "sm_100a")].status == "built-only"
     assert ("ok1", "sm_89") not in st  # another GPU family's cubin: not in this device's manifest
     assert {(a.module, a.role) for a in m.artifacts} == {("Fixed", "qualify"), ("Ada", "check")}
+    assert {a.code for a in m.artifacts} == {"cubin"}  # PTX is not byte-reproducible: never signed
     assert m.device.name == "Fake GPU" and m.level == "quick" and m.qualification_seconds > 0
     assert m.toolchain.source_sha256.keys() == {"Fixed/sm_90a", "Ada/sm_90a", "Bw/sm_100a"}
     # schema round trip, and the loader's view (tomllib, plain dicts)
