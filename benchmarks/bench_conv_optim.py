@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
+from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -39,46 +39,6 @@ def device_values(count: int, dtype: str, lo: float = -1.0, hi: float = 1.0):
     if dtype == "f16":
         return x.astype(cp.float16)
     return (x.view(cp.uint32) >> 16).astype(cp.uint16)  # truncation: a valid bf16 value
-
-
-def time_events(fn, reps: int) -> float:
-    """Median seconds of fn() over reps launches, each bracketed by CUDA events, after 3 warm-up calls."""
-    import cupy as cp
-
-    for _ in range(3):
-        fn()
-    cp.cuda.runtime.deviceSynchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) * 1e-3)
-    return statistics.median(times)
-
-
-def copy_seconds(nbytes: int, reps: int) -> float:
-    """torch device-to-device copy of nbytes (moving 2 * nbytes), CUDA events, median of reps."""
-    import torch
-
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return statistics.median(times)
 
 
 # ---- cases: (kernel, shape text, bytes moved, setup() -> launch callable) ----------------------------------

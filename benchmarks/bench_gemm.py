@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from timing import median_ms  # benchmarks/timing.py
 
 from mamba_forge import expr
 from mamba_forge.build import BuildRequest, build
@@ -85,21 +85,6 @@ def build_modules():
     return cat, where
 
 
-def time_ms(torch, fn, iters: int, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30)
@@ -124,7 +109,7 @@ def main() -> None:
     # copy bandwidth in the same run: 1 GiB device-to-device, read + write counted
     src = torch.randn(256 * 1024 * 1024, device="cuda")
     dst = torch.empty_like(src)
-    copy_ms = time_ms(torch, lambda src=src, dst=dst: dst.copy_(src), args.iters)
+    copy_ms = median_ms(lambda src=src, dst=dst: dst.copy_(src), args.iters)
     copy_gbs = 2 * src.numel() * 4 / copy_ms / 1e6
     del src, dst
     print(f"{gpu}: device-to-device copy {copy_gbs:.0f} GB/s (read + write)")
@@ -175,8 +160,8 @@ def main() -> None:
             base_dt = torch.float32 if row.baseline == "tf32" else tdt[row.baseline]
             Ab, Bb = A.to(base_dt), B.to(base_dt)
             torch.backends.cuda.matmul.allow_tf32 = row.baseline == "tf32"
-            ms = time_ms(torch, ours, args.iters)
-            base_ms = time_ms(torch, lambda Ab=Ab, Bb=Bb: torch.matmul(Ab, Bb), args.iters)
+            ms = median_ms(ours, args.iters)
+            base_ms = median_ms(lambda Ab=Ab, Bb=Bb: torch.matmul(Ab, Bb), args.iters)
             torch.backends.cuda.matmul.allow_tf32 = False
             if row.kind == "gemm":
                 unit, ours_v, base_v = "TFLOP/s", 2 * m * n * k / ms / 1e9, 2 * m * n * k / base_ms / 1e9

@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import statistics
 import tempfile
 from pathlib import Path
+
+from timing import median_ms  # benchmarks/timing.py
 
 from mamba_forge import tma
 from mamba_forge.build import BuildRequest, build
@@ -41,21 +42,6 @@ def build_module():
     cubin = out / next(a for a in mod.artifacts if a.code == "cubin").path
     admitted = [s.name for s in mod.symbols if s.verdict.status == "admitted"]
     return cat, cubin, admitted
-
-
-def time_ms(torch, fn, iters: int, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -94,7 +80,7 @@ def main() -> None:
                 B = torch.randn(b_shape, generator=g, device="cuda").to(tdt)
                 a_op = A if lay != "tn" else A.t()
                 b_op = B if lay != "nt" else B.t()
-                ms_ref = time_ms(torch, lambda a_op=a_op, b_op=b_op: torch.matmul(a_op, b_op), args.iters)
+                ms_ref = median_ms(lambda a_op=a_op, b_op=b_op: torch.matmul(a_op, b_op), args.iters)
                 cublas[lay] = (ms_ref, A, B)
             for name in names:
                 lay = layout_of(name)
@@ -121,7 +107,7 @@ def main() -> None:
                 def run(fn=fn, grid=grid, sym=sym, kargs=kargs):
                     tma.launch(fn, grid, sym.block, kargs, smem=sym.dynamic_smem, stream=stream)
 
-                ms = time_ms(torch, run, args.iters)
+                ms = median_ms(run, args.iters)
                 # a sanity check of the result so a fast wrong kernel cannot post a number
                 ref = torch.matmul(A if lay != "tn" else A.t(), B if lay != "nt" else B.t())
                 rel = float((C.float() - ref.float()).norm() / ref.float().norm())

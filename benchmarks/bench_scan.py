@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,8 +27,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 
 import torch  # noqa: E402
+from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
 
 from mamba_forge.references import scan as ref  # noqa: E402
+
+REPS = 20  # timed launches per figure (median)
 
 RESULTS = ROOT / "benchmarks" / "results" / "scan.md"
 FWD_SHAPES = [(8, 2048, 2048, 16), (4, 4096, 4096, 16)]
@@ -41,19 +43,6 @@ def p(t: torch.Tensor | None) -> np.uint64:
     return np.uint64(0 if t is None else t.data_ptr())
 
 
-def time_ms(fn, warmup=5, reps=20) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def time_graph_ms(fn, inner=20, reps=20) -> float:
@@ -69,13 +58,13 @@ def time_graph_ms(fn, inner=20, reps=20) -> float:
     with torch.cuda.graph(g):
         for _ in range(inner):
             fn()
-    return time_ms(g.replay, warmup=3, reps=reps) / inner
+    return median_ms(g.replay, reps, warmup=3) / inner
 
 
 def copy_bandwidth() -> float:
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    ms = time_ms(lambda: y.copy_(x))
+    ms = median_ms(lambda: y.copy_(x), REPS)
     return 2 * x.numel() / (ms * 1e-3)
 
 
@@ -242,7 +231,7 @@ def _seq_case(o: Ours, ssc, shape_t, bw, sms):
     io_ms, exp_ms = floors_ms(b, d, L, n, bw, sms)
     fwd_ns, fw_ns = ours_forward(o, x, save=False)
     fwd_s, fw_s = ours_forward(o, x, save=True)
-    t_ns, t_s = time_ms(fwd_ns), time_ms(fwd_s)
+    t_ns, t_s = median_ms(fwd_ns, REPS), median_ms(fwd_s, REPS)
     rep_ns = bitwise_repeat(fwd_ns, fw_ns)
     rep_s = bitwise_repeat(fwd_s, fw_s)
     fwd_s()
@@ -258,20 +247,20 @@ def _seq_case(o: Ours, ssc, shape_t, bw, sms):
         A = -torch.exp(x["A_log"])
         # the extension takes B and C as (batch, groups, dstate, seqlen), as selective_scan_fn rearranges them
         Bg, Cg = x["B"].unsqueeze(1), x["C"].unsqueeze(1)
-        peer_f = time_ms(lambda: ssc.fwd(x["u"], x["delta"], A, Bg, Cg, x["D"], x["z"], x["delta_bias"], True))
+        peer_f = median_ms(lambda: ssc.fwd(x["u"], x["delta"], A, Bg, Cg, x["D"], x["z"], x["delta_bias"], True), REPS)
 
         def peer_fwd_bwd():
             out, xs, *rest = ssc.fwd(x["u"], x["delta"], A, Bg, Cg, x["D"], x["z"], x["delta_bias"], True)
             ssc.bwd(x["u"], x["delta"], A, Bg, Cg, x["D"], x["z"], x["delta_bias"], x["dout"], xs, out, None, True, False)
 
-        peer_fb = time_ms(peer_fwd_bwd)
+        peer_fb = median_ms(peer_fwd_bwd, REPS)
     shape = f"B{b} D{d} L{L} N{n}"
     floor = f"io {io_ms:.3f} / exp {exp_ms:.3f}"
     ok = max(errs.values()) <= 1e-2 and max(errs_ns.values()) <= 1e-2
     rows.append(("fwd nosave", shape, t_ns, peer_f, rep_ns and ok, floor, PEER_ANCHOR.get((b, d, L, n), (None,))[0]))
     rows.append(("fwd save", shape, t_s, peer_f, rep_s and ok, floor, PEER_ANCHOR.get((b, d, L, n), (None,))[0]))
     for fold, (bfn, bo) in bwd_fns.items():
-        t_fb = time_ms(lambda bfn=bfn, fwd=fwd_s: (fwd(), bfn()))
+        t_fb = median_ms(lambda bfn=bfn, fwd=fwd_s: (fwd(), bfn()), REPS)
         torch.cuda.synchronize()
         be = check_subset(x, fw_s, bo)
         rep = bitwise_repeat(bfn, bo)
