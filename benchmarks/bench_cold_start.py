@@ -2,8 +2,11 @@
 compiling the same modules with NVRTC at process start (how the reference library boots), both in this run.
 
 Each measurement runs in a fresh Python process; the CUDA context is made current before the clock starts in
-both paths (an engine has one either way), and imports are timed apart. Goal: load under 100 ms and at least
-50x faster than compiling.
+both paths (an engine has one either way), and imports are timed apart. The load is measured from the .tar.gz
+bundle and from the same bundle unpacked to a folder. NVRTC keeps its own compute cache (~/.nv/ComputeCache on
+the GPU machine): the compile path is measured cold (an empty CUDA_CACHE_PATH, as on a fresh machine or
+container) and then warm (the same cache path again). Goal: load under 100 ms and at least 50x faster than
+compiling.
 
     python benchmarks/bench_cold_start.py --bundle dist/h200.tar.gz --key manifests/keys
     python benchmarks/bench_cold_start.py                    # builds and qualifies every module here first
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -64,12 +68,13 @@ for j in jobs:
     for name in want["symbols"][j.module.kind]:
         mod.function(name)
 t3 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "context_s": t2 - t1, "compile_s": t3 - t2, "modules": len(jobs)}))
+print(json.dumps({"import_s": t1 - t0, "context_s": t2 - t1, "compile_s": t3 - t2, "modules": sorted(j.module.kind for j in jobs)}))
 """
 
 
-def sh(cmd: list[str], timeout: float) -> str:
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def sh(cmd: list[str], timeout: float, env: dict | None = None) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                         env=None if env is None else {**os.environ, **env})
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({res.returncode}):\n{res.stderr[-3000:]}")
     return res.stdout
@@ -95,14 +100,23 @@ def prepare(args, work: Path) -> tuple[Path, Path]:
                         build=build), pub
 
 
+def unpack(bundle: Path, folder: Path) -> Path:
+    """The .tar.gz bundle as a folder bundle (what an engine would install)."""
+    from mamba_forge.runtime.verify import read_tar_bundle
+
+    for name, data in read_tar_bundle(bundle).items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return folder
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", help="a signed bundle (.tar.gz or folder), manifest or index")
     ap.add_argument("--key", help="its public key file or folder (with --bundle)")
     ap.add_argument("--module", action="append", help="qualify only these module kinds (without --bundle)")
     ap.add_argument("--arch", default="sm_90a", help="build target when building here")
-    ap.add_argument("--load-runs", type=int, default=7)
-    ap.add_argument("--compile-runs", type=int, default=2)
+    ap.add_argument("--load-runs", type=int, default=9)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cold_start.md"))
     args = ap.parse_args()
     if bool(args.bundle) != bool(args.key):
@@ -111,6 +125,7 @@ def main() -> int:
     from mamba_forge import driver as cu
     from mamba_forge.runtime import load
 
+    med = statistics.median
     with tempfile.TemporaryDirectory(prefix="mf-cold-") as tmp:
         work = Path(tmp)
         bundle, key = prepare(args, work)
@@ -123,34 +138,47 @@ def main() -> int:
         if len(targets) != 1:
             raise SystemExit(f"admitted symbols span targets {sorted(targets)}; expected one")
         want = {"target": targets.pop(), "state_capacity": int(k.manifest.get("state_capacity", 64)), "symbols": symbols}
+        sources = {"tar.gz bundle": bundle}
+        if Path(bundle).name.endswith((".tar.gz", ".tgz")):
+            sources["folder bundle"] = unpack(Path(bundle), work / "unpacked")
 
-        loads = [json.loads(sh([sys.executable, "-c", LOAD_CHILD, str(bundle), str(key)], 300))
-                 for _ in range(args.load_runs)]
-        compiles = [json.loads(sh([sys.executable, "-c", COMPILE_CHILD, json.dumps(want), str(work / "c")], 1800))
-                    for _ in range(args.compile_runs)]
+        loads = {what: [json.loads(sh([sys.executable, "-c", LOAD_CHILD, str(src), str(key)], 300))
+                        for _ in range(args.load_runs)] for what, src in sources.items()}
+        nvrtc_cache = {"CUDA_CACHE_PATH": str(work / "nvrtc-cache")}  # empty: the first compile is cold
+        compiles = {what: json.loads(sh([sys.executable, "-c", COMPILE_CHILD, json.dumps(want), str(work / "c")], 1800,
+                                        env=nvrtc_cache))
+                    for what in ("cold", "warm")}
 
-    med = statistics.median
-    load_ms = med(r["load_s"] for r in loads) * 1e3
-    compile_ms = med(r["compile_s"] for r in compiles) * 1e3
-    ratio = compile_ms / load_ms
-    rows = [
-        ("verify + load (runtime)", load_ms, min(r["load_s"] for r in loads) * 1e3, args.load_runs),
-        ("compile + load (NVRTC at start)", compile_ms, min(r["compile_s"] for r in compiles) * 1e3, args.compile_runs),
-        ("import mamba_forge.runtime", med(r["import_s"] for r in loads) * 1e3, min(r["import_s"] for r in loads) * 1e3,
-         args.load_runs),
-        ("CUDA context (both paths, not counted)", med(r["context_s"] for r in loads) * 1e3,
-         min(r["context_s"] for r in loads) * 1e3, args.load_runs),
+    first_rs = next(iter(loads.values()))
+    first = first_rs[0]
+    if compiles["cold"]["modules"] != sorted(symbols) or first["modules"] != len(symbols):
+        raise SystemExit(f"compiled {compiles['cold']['modules']} but loaded {first['modules']} of {sorted(symbols)}")
+    load_ms = {what: med(r["load_s"] for r in rs) * 1e3 for what, rs in loads.items()}
+    cold_ms, warm_ms = (compiles[w]["compile_s"] * 1e3 for w in ("cold", "warm"))
+    rows = [(f"verify + load, {what} (runtime)", load_ms[what], min(r["load_s"] for r in rs) * 1e3, len(rs))
+            for what, rs in loads.items()]
+    rows += [
+        ("compile + load, NVRTC cold (empty compute cache)", cold_ms, cold_ms, 1),
+        ("compile + load, NVRTC warm (its compute cache hit)", warm_ms, warm_ms, 1),
+        ("import mamba_forge.runtime", med(r["import_s"] for r in first_rs) * 1e3,
+         min(r["import_s"] for r in first_rs) * 1e3, len(first_rs)),
+        ("CUDA context (both paths, not counted)", med(r["context_s"] for r in first_rs) * 1e3,
+         min(r["context_s"] for r in first_rs) * 1e3, len(first_rs)),
     ]
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    worst = max(load_ms.values())
+    ratio, ratio_warm = cold_ms / worst, warm_ms / worst
     lines = [
         "# Cold start: verify + load vs NVRTC compile at process start", "",
         f"{now}; {info.name} (cc {info.cc_text}, {info.sm_count} SMs, driver {info.driver_version}); "
-        f"{loads[0]['modules']} module(s) of target {want['target']}, {loads[0]['symbols']} admitted symbols; "
-        f"bundle `{Path(bundle).name}`. Fresh process per run; medians.", "",
+        f"{first['modules']} module(s) of target {want['target']} ({', '.join(sorted(symbols))}), {first['symbols']} "
+        f"admitted symbols, every function resolved and its shared-memory limit set; bundle `{Path(bundle).name}`. "
+        "Fresh process per run; medians.", "",
         "| path | median ms | min ms | runs |", "| --- | ---: | ---: | ---: |",
         *[f"| {name} | {m:.1f} | {lo:.1f} | {n} |" for name, m, lo, n in rows], "",
-        f"Ratio compile / load: **{ratio:.0f}x** (goal >= {RATIO_GOAL:.0f}x: {'met' if ratio >= RATIO_GOAL else 'NOT met'}); "
-        f"load {load_ms:.1f} ms (goal < {LOAD_GOAL_MS:.0f} ms: {'met' if load_ms < LOAD_GOAL_MS else 'NOT met'}).", "",
+        f"Ratio cold compile / load (slower load path): **{ratio:.0f}x** (goal >= {RATIO_GOAL:.0f}x: "
+        f"{'met' if ratio >= RATIO_GOAL else 'NOT met'}); against NVRTC's warm compute cache: {ratio_warm:.0f}x. "
+        f"Load {worst:.1f} ms (goal < {LOAD_GOAL_MS:.0f} ms: {'met' if worst < LOAD_GOAL_MS else 'NOT met'}).", "",
         "Command: `python benchmarks/bench_cold_start.py " + " ".join(sys.argv[1:]) + "`",
     ]
     text = "\n".join(lines) + "\n"

@@ -6,8 +6,11 @@ Each kernel is launched from its catalog spec (mamba_forge.qualify.spec.evaluate
 shape whose tensors are well above the H200's 50 MB L2. Bytes moved = inputs read + outputs written (in/out
 buffers count twice). Baseline: torch's device-to-device copy of half those bytes (a copy reads and writes
 each byte, so it moves the same total). Timing: CUDA events around each launch, warm-up first, median of
---reps. The ratio is the kernel's GB/s over the copy's GB/s. Rows are appended to
-benchmarks/results/memory_bound.md (date, GPU, kernel, shape, GB/s, ratio).
+--reps. The ratio is the kernel's GB/s over the copy's GB/s. Kernels whose reads and writes differ in width
+(a widening cast, an f32 += bf16) move a traffic mix a copy does not; for those the same operation in torch on
+the same sizes is timed too (`peer`: torch time / ours, > 1 = we are faster), to tell a kernel's shortfall from
+the memory system's. Rows are appended to benchmarks/results/memory_bound.md (date, GPU, kernel, shape, GB/s,
+ratio, peer).
 Conv1d forward and AdamW kernels, where the catalog has them, run at their own qualification shapes.
 """
 
@@ -41,6 +44,15 @@ BENCH = [
     ("residual_add_f32", FLAT),
     ("residual_add_f32_bf16", FLAT),
 ]
+# torch doing the same operation on the same sizes (n elements): the peer for mixed-width traffic
+TORCH_PEERS = {
+    "cast_bf16_to_f32": lambda torch, n: (lambda x=torch.empty(n, dtype=torch.bfloat16, device="cuda"),
+                                          y=torch.empty(n, dtype=torch.float32, device="cuda"): y.copy_(x)),
+    "cast_f32_to_bf16": lambda torch, n: (lambda x=torch.empty(n, dtype=torch.float32, device="cuda"),
+                                          y=torch.empty(n, dtype=torch.bfloat16, device="cuda"): y.copy_(x)),
+    "residual_add_f32_bf16": lambda torch, n: (lambda a=torch.zeros(n, dtype=torch.float32, device="cuda"),
+                                               b=torch.zeros(n, dtype=torch.bfloat16, device="cuda"): a.add_(b)),
+}
 SCALAR_NP = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64, "f32": np.float32, "f64": np.float64}
 
 
@@ -113,9 +125,16 @@ def bench_one(k, fixed, name: str, dims: dict[str, int], reps: int) -> dict:
     t = time_events(launch, reps)
     dev.clear()
     tc = copy_seconds(moved // 2, reps)
+    peer = None
+    if name in TORCH_PEERS:
+        import torch
+
+        tp = time_events(TORCH_PEERS[name](torch, dims["n"]), reps)
+        torch.cuda.empty_cache()
+        peer = tp / t
     shape = " ".join(f"{k_}={v}" for k_, v in dims.items())
     return {"kernel": name, "shape": shape, "bytes": moved, "us": t * 1e6, "gbs": moved / t / 1e9,
-            "copy_gbs": moved / tc / 1e9, "ratio": tc / t}
+            "copy_gbs": moved / tc / 1e9, "ratio": tc / t, "peer": peer}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ours = {n for n, _ in BENCH}
     todo = [(n, d) for n, d in BENCH + catalog_extras(fixed) if a.only in n]
     rows = []
-    print(f"{'kernel':40} {'shape':28} {'MB':>8} {'us':>9} {'GB/s':>8} {'copy GB/s':>10} {'ratio':>6}")
+    print(f"{'kernel':40} {'shape':28} {'MB':>8} {'us':>9} {'GB/s':>8} {'copy GB/s':>10} {'ratio':>6} {'peer':>6}")
     for name, dims in todo:
         try:
             r = bench_one(k, fixed, name, dims, a.reps)
@@ -148,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:40} skipped: {type(exc).__name__}: {exc}")
             continue
         rows.append(r)
+        peer = "" if r["peer"] is None else f"{r['peer']:.2f}"
         print(f"{r['kernel']:40} {r['shape']:28} {r['bytes'] / 1e6:8.1f} {r['us']:9.1f} {r['gbs']:8.0f} "
-              f"{r['copy_gbs']:10.0f} {r['ratio']:6.2f}")
+              f"{r['copy_gbs']:10.0f} {r['ratio']:6.2f} {peer:>6}")
     if not a.no_write:
         out = ROOT / "benchmarks" / "results" / "memory_bound.md"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -163,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
                         "| date | GPU | kernel | shape | MB moved | us | GB/s | copy GB/s | ratio |\n"
                         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
             for r in rows:
+                peer = "" if r["peer"] is None else f" torch peer {r['peer']:.2f}x"
                 f.write(f"| {date} | {gpu} | {r['kernel']} | {r['shape']} | {r['bytes'] / 1e6:.1f} | {r['us']:.1f} | "
-                        f"{r['gbs']:.0f} | {r['copy_gbs']:.0f} | {r['ratio']:.2f} |\n")
+                        f"{r['gbs']:.0f} | {r['copy_gbs']:.0f} | {r['ratio']:.2f}{peer} |\n")
         print(f"appended {len(rows)} rows to {out}")
     return 0
 

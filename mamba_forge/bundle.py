@@ -1,7 +1,7 @@
 """Release packaging: bundles (a signed manifest with exactly the artifacts it names) and the signed release
 index over per-device manifests (``mamba-forge merge``).
 
-Bundle bytes are reproducible: entries in a fixed order (manifest.toml, then artifact paths sorted), mtime 0,
+Bundle bytes are reproducible: entries in a fixed order (manifest.toml, runtime.json, then artifact paths sorted), mtime 0,
 uid/gid 0 with empty owner names, mode 0644, ustar headers, gzip with mtime 0 and no file name, level 9.
 Nothing is packed before the manifest's signature and every artifact's size and sha256 verify.
 """
@@ -21,7 +21,7 @@ import tomli_w
 from . import __version__, signing
 from .errors import ForgeError, ManifestError
 from .runtime.errors import LoadError
-from .runtime.verify import BUNDLE_MANIFEST, Verified, is_tar_path, open_verified, sha256
+from .runtime.verify import BUNDLE_MANIFEST, RUNTIME_TABLE, Verified, is_tar_path, open_verified, sha256
 
 INDEX_VALIDITY_DAYS = 365
 _TIME = "%Y-%m-%dT%H:%M:%SZ"
@@ -42,8 +42,11 @@ def _verified(manifest: Path, keys, build: Path | None) -> Verified:
 
 
 def bundle_files(v: Verified) -> list[tuple[str, bytes]]:
-    """(name, bytes) in bundle order: the signed manifest's exact bytes, then the artifacts by path."""
+    """(name, bytes) in bundle order: the signed manifest's exact bytes, its runtime table when it names one,
+    then the artifacts by path."""
     files = [(BUNDLE_MANIFEST, v.document)]
+    if v.runtime_table is not None:
+        files.append((RUNTIME_TABLE, v.runtime_table))
     for a in sorted(v.body["artifacts"], key=lambda a: a["path"]):
         data = v.source.read(a["path"])
         if data is None or sha256(data) != a["sha256"]:  # re-read: it was verified a moment ago, check the bytes packed

@@ -4,6 +4,7 @@ signed with :mod:`mamba_forge.signing`. The runtime loader reads the same bytes 
 
 from __future__ import annotations
 
+import hashlib
 import tomllib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import signing
 from .errors import ManifestError
+from .runtime.verify import RUNTIME_KEYS, runtime_table_bytes
 
 QUALIFIED_SCHEMA = 1
 MANIFEST_VERSION = 1
@@ -105,6 +107,9 @@ class QualifiedManifest(_Rec):
     catalog: str = ""
     catalog_sha256: str = ""
     state_capacity: int = 64
+    # bind the runtime table (runtime.verify.runtime_table_bytes) to the signed body; set by signed_files()
+    runtime_table_sha256: str | None = None
+    runtime_table_size: int | None = None
     toolchain: QToolchain
     device: QDevice
     artifacts: list[QArtifact] = Field(default_factory=list)
@@ -130,7 +135,23 @@ def body_bytes(m: QualifiedManifest) -> bytes:
 
 
 def signed_bytes(m: QualifiedManifest, private) -> bytes:
+    """The signed manifest alone (no runtime table: the loader parses the whole body)."""
     return signing.sign(body_bytes(m), private, development_key=m.development_key)
+
+
+def sign_with_runtime_table(body: dict, private, *, development_key: bool) -> tuple[bytes, bytes]:
+    """(signed document, runtime table) for a qualified body of plain values: the table is the projection of
+    the body as the loader will read it back, and its size and sha256 become top-level keys of the body."""
+    body = {k: v for k, v in body.items() if k not in RUNTIME_KEYS}
+    table = runtime_table_bytes(tomllib.loads(tomli_w.dumps(body)))
+    bound = {**body, "runtime_table_sha256": hashlib.sha256(table).hexdigest(), "runtime_table_size": len(table)}
+    return signing.sign(tomli_w.dumps(bound).encode(), private, development_key=development_key), table
+
+
+def signed_files(m: QualifiedManifest, private) -> tuple[bytes, bytes]:
+    """(signed manifest, runtime table): what write_signed puts at X.toml and X.runtime.json."""
+    return sign_with_runtime_table(m.model_dump(mode="json", exclude_none=True), private,
+                                   development_key=m.development_key)
 
 
 def parse_body(body: bytes, *, source: str = "<manifest>") -> QualifiedManifest:
@@ -162,5 +183,6 @@ def read_verified(path: Path, trusted: dict) -> QualifiedManifest:
 
 __all__ = [
     "QArtifact", "QCheck", "QDevice", "QResources", "QRoute", "QSymbol", "QToolchain", "QualifiedManifest",
-    "body_bytes", "parse_body", "read_verified", "signed_bytes", "timestamps",
+    "body_bytes", "parse_body", "read_verified", "sign_with_runtime_table", "signed_bytes", "signed_files",
+    "timestamps",
 ]

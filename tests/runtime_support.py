@@ -178,6 +178,17 @@ def sign_body(body: dict, private, *, development_key: bool | None = None) -> by
     return signing.sign(tomli_w.dumps(body).encode(), private, development_key=dev)
 
 
+def write_with_runtime_table(body: dict, private, manifest: Path) -> bytes:
+    """Sign as the qualifier does: the manifest at `manifest`, its runtime table beside it. Returns the document."""
+    from mamba_forge.qualified import sign_with_runtime_table
+    from mamba_forge.runtime.verify import runtime_table_path
+
+    doc, table = sign_with_runtime_table(body, private, development_key=body.get("development_key", False))
+    runtime_table_path(manifest).write_bytes(table)
+    manifest.write_bytes(doc)
+    return doc
+
+
 def keypair(folder: Path, name: str):
     priv_path, pub_path, kid = signing.write_keypair(folder, name)
     return signing.parse_private(priv_path.read_bytes()), pub_path, kid

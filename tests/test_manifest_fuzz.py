@@ -1,5 +1,6 @@
 """Fuzz: a signed manifest mutated at random bytes (flips, insertions, deletions, anywhere: body, marker,
-[signature] table) is refused by load() every time, quickly, and nothing reaches the driver."""
+[signature] table), or its runtime table mutated, is refused by load() every time, quickly, and nothing reaches
+the driver."""
 
 from __future__ import annotations
 
@@ -8,9 +9,17 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from runtime_support import FakeBackend, build_tiny, keypair, qualified_body, sign_body, write_tiny_catalog
+from runtime_support import (
+    FakeBackend,
+    build_tiny,
+    keypair,
+    qualified_body,
+    write_tiny_catalog,
+    write_with_runtime_table,
+)
 
 from mamba_forge.runtime import LoadError, load
+from mamba_forge.runtime.verify import runtime_table_path
 
 MUTATIONS = 600
 SEED = 20261129
@@ -22,8 +31,12 @@ def signed(tmp_path_factory):
     cat = write_tiny_catalog(root / "cat")
     bm = build_tiny(cat, root / "build", root / "cache")
     priv, pub, _ = keypair(root / "keys", "release")
-    doc = sign_body(qualified_body(bm, cat), priv)
-    return SimpleNamespace(build=root / "build", pub=pub, doc=doc)
+    signed_path = root / "build" / "signed.toml"
+    doc = write_with_runtime_table(qualified_body(bm, cat), priv, signed_path)
+    table = runtime_table_path(signed_path).read_bytes()
+    for name in ("fuzzed", "tail", "table"):  # the runtime table beside each manifest name the tests write
+        runtime_table_path(root / "build" / f"{name}.toml").write_bytes(table)
+    return SimpleNamespace(build=root / "build", pub=pub, doc=doc, table=table)
 
 
 def _mutate(doc: bytes, rng: random.Random) -> tuple[bytes, int]:
@@ -107,3 +120,28 @@ def test_mutations_of_the_signature_table_are_refused(signed, monkeypatch, tmp_p
         accepted.append(i)
     assert not accepted, f"{len(accepted)} of {len(mutations)} signature-table mutations were loaded"
     assert len(mutations) > 200 and fake.loaded == []
+
+
+def test_mutations_of_the_runtime_table_are_refused(signed, monkeypatch, tmp_path):
+    """The table the loader reads instead of the TOML is bound by size and sha256 in the signed body."""
+    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+    fake = FakeBackend()
+    path = signed.build / "table.toml"
+    path.write_bytes(signed.doc)
+    table = runtime_table_path(path)
+    load(path, trusted_keys=[signed.pub], backend=FakeBackend()).function("scale_f32")
+    rng = random.Random(SEED + 2)
+    accepted = []
+    try:
+        for i in range(300):
+            m, _ = _mutate(signed.table, rng)
+            table.write_bytes(m)
+            try:
+                load(path, trusted_keys=[signed.pub], backend=fake)
+            except LoadError:
+                continue
+            accepted.append(i)
+    finally:
+        table.write_bytes(signed.table)
+    assert not accepted, f"runtime-table mutations {accepted[:10]} were loaded"
+    assert fake.loaded == [] and fake.activated == []

@@ -23,6 +23,7 @@ from runtime_support import (
     qualified_body,
     sign_body,
     write_tiny_catalog,
+    write_with_runtime_table,
 )
 
 from mamba_forge import signing
@@ -37,7 +38,8 @@ from mamba_forge.runtime import (
     launch,
     load,
 )
-from mamba_forge.runtime.verify import trusted_keys
+from mamba_forge.runtime import verify as rt_verify
+from mamba_forge.runtime.verify import open_verified, runtime_table_bytes, runtime_table_path, trusted_keys
 
 
 @pytest.fixture(autouse=True)
@@ -53,9 +55,8 @@ def tiny(tmp_path_factory):
     bm = build_tiny(cat, root / "build", root / "cache")
     priv, pub, kid = keypair(root / "keys", "release")
     body = qualified_body(bm, cat)
-    doc = sign_body(body, priv)
     manifest = root / "build" / "h200.toml"
-    manifest.write_bytes(doc)
+    doc = write_with_runtime_table(body, priv, manifest)  # as the qualifier writes it: h200.runtime.json beside
     return SimpleNamespace(root=root, cat=cat, bm=bm, build=root / "build", priv=priv, pub=pub, kid=kid, body=body,
                            doc=doc, manifest=manifest)
 
@@ -69,6 +70,8 @@ def _write(tiny, tmp_path, body=None, doc=None, name="m.toml"):
         shutil.copytree(tiny.build, build)
     p = build / name
     p.write_bytes(doc if doc is not None else sign_body(body, tiny.priv))
+    if doc == tiny.doc:  # the fixture's manifest under another name: its runtime table goes along
+        runtime_table_path(p).write_bytes(runtime_table_path(tiny.manifest).read_bytes())
     return p
 
 
@@ -361,3 +364,103 @@ def test_sha256_of_loaded_bytes_matches_the_manifest(tiny):
     load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake).function("scale")
     cubin = tiny.build / "sm_90a" / "Tiny.cubin"
     assert fake.loaded == [hashlib.sha256(cubin.read_bytes()).hexdigest()]
+
+
+# ---- the runtime table -----------------------------------------------------------------------------------
+
+
+def test_load_reads_the_runtime_table_not_the_toml(tiny, monkeypatch):
+    keys = trusted_keys([tiny.pub], defaults=False)
+    full = open_verified(tiny.manifest, keys=keys)  # full verification: parses the TOML, compares the projection
+    assert full.runtime_table == runtime_table_bytes(full.body)
+
+    def no_toml(*_a, **_k):
+        raise AssertionError("the loader parsed the whole manifest")
+
+    monkeypatch.setattr(rt_verify, "_parse_body", no_toml)
+    k = load(tiny.manifest, trusted_keys=[tiny.pub], backend=FakeBackend())
+    assert "toolchain" not in k.manifest and all("checks" not in s for s in k.manifest["symbols"])
+    assert k.function("scale_bf16").params == [[0, 8], [8, 8], [16, 4], [24, 8]]
+    assert set(k.admitted()) == {"scale", "scale_f32", "scale_bf16", "scale_f16", "slow_copy_bf16"}
+
+
+def test_runtime_table_changed_or_missing_is_refused(tiny, tmp_path):
+    p = _write(tiny, tmp_path, doc=tiny.doc, name="h200.toml")
+    table = runtime_table_path(p)
+    good = table.read_bytes()
+    fake = FakeBackend()
+    flipped = good.replace(b'"status":"rejected"', b'"status":"admitted"', 1)  # same size, a rejected symbol served
+    assert len(flipped) == len(good) and flipped != good
+    for data, message in ((flipped, "does not match the size and sha256 signed"), (good + b" ", "does not match")):
+        table.write_bytes(data)
+        with pytest.raises(ArtifactRefused, match=message):
+            load(p, trusted_keys=[tiny.pub], backend=fake)
+    table.unlink()
+    with pytest.raises(ArtifactRefused, match="names a runtime table, but .*h200.runtime.json is missing"):
+        load(p, trusted_keys=[tiny.pub], backend=fake)
+    with pytest.raises(ArtifactRefused, match="is missing"):  # full verification demands it as well
+        open_verified(p, keys=trusted_keys([tiny.pub], defaults=False))
+    assert fake.loaded == [] and fake.activated == []
+    table.write_bytes(good)
+    load(p, trusted_keys=[tiny.pub], backend=fake).function("scale")
+
+
+def _sign_with_table(tiny, body: dict, table: bytes, name: str, tmp_path):
+    """A manifest whose signed head binds `table`, whatever it holds (a faulty signer)."""
+    p = _write(tiny, tmp_path, doc=b"", name=name)
+    runtime_table_path(p).write_bytes(table)
+    bound = {**body, "runtime_table_sha256": hashlib.sha256(table).hexdigest(), "runtime_table_size": len(table)}
+    p.write_bytes(sign_body(bound, tiny.priv))
+    return p
+
+
+def test_runtime_table_must_be_the_projection_of_the_signed_body(tiny, tmp_path):
+    keys = trusted_keys([tiny.pub], defaults=False)
+    # a table that disagrees with the body's top-level keys is refused by the loader itself
+    stale = runtime_table_bytes({**tiny.body, "expires": "2099-12-31T00:00:00Z"})
+    p = _sign_with_table(tiny, tiny.body, stale, "stale.toml", tmp_path)
+    with pytest.raises(ManifestRefused, match="disagrees with its signed body on 'expires'"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+    # one that differs deeper (a symbol's status) passes the loader's head check, never full verification
+    body2 = {**tiny.body, "symbols": [dict(s, status="admitted", reason="") for s in tiny.body["symbols"]]}
+    p2 = _sign_with_table(tiny, tiny.body, runtime_table_bytes(body2), "deep.toml", tmp_path)
+    with pytest.raises(ManifestRefused, match="is not the projection of its signed body"):
+        open_verified(p2, keys=keys)
+    # and the honest table passes both
+    p3 = _sign_with_table(tiny, tiny.body, runtime_table_bytes(tiny.body), "honest.toml", tmp_path)
+    open_verified(p3, keys=keys)
+    load(p3, trusted_keys=[tiny.pub], backend=FakeBackend()).function("scale")
+
+
+def test_manifest_without_runtime_table_still_loads(tiny, tmp_path):
+    p = _write(tiny, tmp_path, body=tiny.body, name="legacy.toml")  # signed without the table keys
+    assert not runtime_table_path(p).exists()
+    k = load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+    assert "toolchain" in k.manifest and k.function("scale").name == "scale"
+
+
+def test_bundles_carry_the_runtime_table(tiny, tmp_path):
+    import io
+    import tarfile
+
+    keys = trusted_keys([tiny.pub], defaults=False)
+    tgz = write_bundle(tiny.manifest, tmp_path / "h200.tar.gz", keys=keys, build=tiny.build)
+    with tarfile.open(tgz) as tar:
+        names = tar.getnames()
+        members = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}
+    assert names[:2] == ["manifest.toml", "runtime.json"]
+    assert members["runtime.json"] == runtime_table_path(tiny.manifest).read_bytes()
+    folder = write_bundle(tiny.manifest, tmp_path / "h200-bundle", keys=keys, build=tiny.build)
+    assert (folder / "runtime.json").read_bytes() == members["runtime.json"]
+    # a bundle that lost its runtime table is incomplete
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for name, data in members.items():
+            if name != "runtime.json":
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    bad = tmp_path / "lost.tar.gz"
+    bad.write_bytes(raw.getvalue())
+    with pytest.raises(ArtifactRefused, match="runtime.json in bundle .* is missing"):
+        load(bad, trusted_keys=[tiny.pub], backend=FakeBackend())

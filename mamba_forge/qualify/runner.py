@@ -32,10 +32,11 @@ from ..qualified import (
     QSymbol,
     QToolchain,
     QualifiedManifest,
-    signed_bytes,
+    signed_files,
     timestamps,
 )
 from ..records import BuildManifest, ModuleBuild
+from ..runtime.verify import runtime_table_path
 from ..targets import TARGETS
 
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
@@ -601,14 +602,16 @@ def resolve_key(path: Path | None) -> SigningKey:
 
 
 def write_signed(manifest: QualifiedManifest, key: SigningKey, out: Path) -> tuple[Path, Path]:
-    """Write the signed manifest and the public key that verifies it (beside it, named by key id)."""
+    """Write the signed manifest, its runtime table beside it (X.runtime.json) and the public key that
+    verifies them (beside it, named by key id)."""
     manifest = manifest.model_copy(update={"development_key": key.development})
-    data = signed_bytes(manifest, key.private)
+    data, table = signed_files(manifest, key.private)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
+    for path, payload in ((runtime_table_path(out), table), (out, data)):  # the table first: the manifest names it
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_bytes(payload)
+        os.replace(tmp, path)
     pub = key.private.public_key()  # type: ignore[attr-defined]
     pub_path = out.parent / f"{signing.key_id(pub)[:16]}.pub"
     pub_path.write_text(signing.public_text(pub))

@@ -4,7 +4,8 @@
     f = kernels.typed("softplus_forward").get("bf16")        # or kernels.function("softplus_forward_bf16")
     launch(f, grid=(n_blocks,), block=f.block, args=(y, x, n))  # torch/CuPy tensors, ints, floats
 
-Order of checks in :func:`load`: signature against trusted keys (canonical table), body layout and expiry,
+Order of checks in :func:`load`: signature against trusted keys (canonical table), the runtime table the signed
+body names (size and sha256; the manifest's TOML is read no further than its top-level keys), layout and expiry,
 every artifact's presence and size (and completeness of a bundle), then the device: model name, compute
 capability, SM count, and a driver whose CUDA major is at least the qualifying one. Cubins load lazily, on the
 first function taken from them, from bytes whose size and sha256 are checked right before cuModuleLoadData.
@@ -298,7 +299,7 @@ def check_device(body: dict, dev: DeviceInfo, what: str) -> None:
 def _pick_entry(index: Verified, dev: DeviceInfo, keys, build, now) -> Verified:
     for e in index.body["entries"]:
         if (e["device_name"], e["cc"], e["sm_count"]) == (dev.name, dev.cc_text, dev.sm_count):
-            return open_entry(index, e, keys=keys, build=build, hash_all=False, now=now)
+            return open_entry(index, e, keys=keys, build=build, hash_all=False, now=now, full_body=False)
     have = "; ".join(f"{e['device_name']} (cc {e['cc']}, {e['sm_count']} SMs)" for e in index.body["entries"]) or "none"
     raise DeviceMismatch(f"{index.path} has no manifest for {dev.name} (cc {dev.cc_text}, {dev.sm_count} SMs); it has: {have}")
 
@@ -312,7 +313,8 @@ def load(manifest_or_bundle: str | Path, device: int = 0, trusted_keys: Iterable
     bare manifest's artifacts are (default: its folder). Raises a LoadError subclass; loads nothing on refusal.
     """
     keys = collect_keys(trusted_keys, defaults=default_keys)
-    v = open_verified(manifest_or_bundle, keys=keys, build=build, hash_all=False, follow_index=False, now=now)
+    v = open_verified(manifest_or_bundle, keys=keys, build=build, hash_all=False, follow_index=False, now=now,
+                      full_body=False)
     backend = backend or CudaBackend()
     dev = backend.device_info(device)
     if v.kind == "index":

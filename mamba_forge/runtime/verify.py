@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
+import re
 import tarfile
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -30,6 +32,8 @@ from .errors import ArtifactRefused, ManifestRefused, SignatureRefused
 
 SCHEMA_VERSION = 1
 BUNDLE_MANIFEST = "manifest.toml"
+RUNTIME_TABLE = "runtime.json"  # a bundle's runtime table; beside a bare X.toml it is X.runtime.json
+RUNTIME_KEYS = ("runtime_table_sha256", "runtime_table_size")  # the body's top-level keys that bind it
 MAX_BUNDLE_BYTES = 1 << 31  # a bundle larger than 2 GiB is refused before it is read into memory
 KINDS = ("qualified", "index")
 
@@ -94,6 +98,26 @@ def _load_key_paths(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
 # ---- signature, canonical form, body ----------------------------------------------------------------------
 
 
+def _signed_body(document: bytes, keys: Mapping[str, Ed25519PublicKey], what: str) -> tuple[bytes, signing.Signature]:
+    try:
+        return signing.verify(document, dict(keys))
+    except signing.SignatureError as exc:
+        raise SignatureRefused(f"{what} does not verify: {exc}") from None
+
+
+def _parse_body(body_bytes: bytes, what: str) -> dict:
+    try:
+        return tomllib.loads(body_bytes.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ManifestRefused(f"{what} is signed but its body is not valid TOML ({exc})") from None
+
+
+def _check_dev_key(body: dict, sig: signing.Signature, what: str) -> None:
+    if bool(body.get("development_key", False)) != sig.development_key:
+        raise ManifestRefused(f"{what} says development_key={body.get('development_key')} in its body but "
+                              f"{sig.development_key} in its [signature] table")
+
+
 def verify_document(document: bytes, keys: Mapping[str, Ed25519PublicKey], *, what: str = "the manifest",
                     now: datetime | None = None) -> tuple[dict, signing.Signature]:
     """Check a signed document's signature and body; returns (body as plain dicts, signature).
@@ -101,19 +125,73 @@ def verify_document(document: bytes, keys: Mapping[str, Ed25519PublicKey], *, wh
     Beyond signing.verify (which also demands the canonical [signature] table): the body must be a schema-1
     qualified manifest or index that has not expired and agrees with the table's development_key.
     """
-    try:
-        body_bytes, sig = signing.verify(document, dict(keys))
-    except signing.SignatureError as exc:
-        raise SignatureRefused(f"{what} does not verify: {exc}") from None
-    try:
-        body = tomllib.loads(body_bytes.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ManifestRefused(f"{what} is signed but its body is not valid TOML ({exc})") from None
+    body_bytes, sig = _signed_body(document, keys, what)
+    body = _parse_body(body_bytes, what)
     check_body(body, what=what, now=now)
-    if bool(body.get("development_key", False)) != sig.development_key:
-        raise ManifestRefused(f"{what} says development_key={body.get('development_key')} in its body but "
-                              f"{sig.development_key} in its [signature] table")
+    _check_dev_key(body, sig, what)
     return body, sig
+
+
+# ---- the runtime table: what loading reads, as JSON bound to the signed body ------------------------------
+# Parsing a whole qualified manifest with tomllib costs ~100 ms (2,500 check tables); the loader needs none of
+# the checks. The qualifier writes beside the manifest the body's projection without the toolchain and the
+# per-symbol checks, as canonical JSON, and signs its size and sha256 as top-level keys of the body. The loader
+# verifies the signature over the whole body, reads only the body's top-level keys, and takes the table whose
+# hash those keys name (~2 ms). Full verification (`verify`, `bundle`, `merge`) also recomputes the projection
+# from the parsed body and demands the same bytes.
+
+
+def runtime_table_bytes(body: dict) -> bytes:
+    """The canonical runtime table of a qualified body."""
+    table = {k: v for k, v in body.items() if k not in ("toolchain", "signature", *RUNTIME_KEYS)}
+    table["symbols"] = [{k: v for k, v in s.items() if k != "checks"} for s in body.get("symbols", [])]
+    return json.dumps(table, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+_FIRST_TABLE = re.compile(rb"^\[", re.MULTILINE)
+
+
+def body_head(body_bytes: bytes) -> dict | None:
+    """The body's top-level keys (everything before its first table header), or None when unreadable.
+    The bytes were verified first, so reading a prefix of them reads what the signer wrote."""
+    m = _FIRST_TABLE.search(body_bytes)
+    try:
+        return tomllib.loads(body_bytes[: m.start() if m else len(body_bytes)].decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+
+
+def runtime_table_path(manifest: Path) -> Path:
+    """Where a bare manifest's runtime table sits: X.toml -> X.runtime.json, beside it."""
+    return manifest.with_name(manifest.name.removesuffix(".toml") + ".runtime.json")
+
+
+def _bound_table(head: dict, source: Source, what: str) -> bytes:
+    """The runtime table the signed head names, checked by size and sha256; refuses when absent or changed."""
+    size, digest = head.get("runtime_table_size"), head.get("runtime_table_sha256")
+    if not isinstance(size, int) or isinstance(size, bool) or not isinstance(digest, str):
+        raise ManifestRefused(f"{what} names a runtime table without a valid size and sha256")
+    data = source.read_runtime_table()
+    where = source.runtime_table_label()
+    if data is None:
+        raise ArtifactRefused(f"{what} names a runtime table, but {where} is missing; copy it with the manifest "
+                              "or use the bundle")
+    if len(data) != size or sha256(data) != digest:
+        raise ArtifactRefused(f"runtime table {where} does not match the size and sha256 signed in {what}")
+    return data
+
+
+def _table_body(head: dict, data: bytes, what: str) -> dict:
+    try:
+        table = json.loads(data)
+    except (UnicodeDecodeError, ValueError):
+        table = None
+    if not isinstance(table, dict):
+        raise ManifestRefused(f"the runtime table of {what} is not a JSON object")
+    for k, v in head.items():
+        if k not in RUNTIME_KEYS and table.get(k) != v:
+            raise ManifestRefused(f"the runtime table of {what} disagrees with its signed body on {k!r}")
+    return table
 
 
 def _parse_time(value, field_name: str, what: str) -> datetime:
@@ -138,7 +216,8 @@ def _require(table: dict, key: str, typ, what: str):
 
 def _safe_relpath(path: str, what: str) -> str:
     p = PurePosixPath(path)
-    if not path or "\\" in path or p.is_absolute() or ".." in p.parts or str(p) != path or path == BUNDLE_MANIFEST:
+    if (not path or "\\" in path or p.is_absolute() or ".." in p.parts or str(p) != path
+            or path in (BUNDLE_MANIFEST, RUNTIME_TABLE)):
         raise ManifestRefused(f"{what} names an unsafe artifact path {path!r} (must be relative, normalised, no '..')")
     return path
 
@@ -197,6 +276,20 @@ class Source:
     root: Path | None = None
     members: dict[str, bytes] | None = None
     exact: bool = False
+    table_file: Path | None = None  # a bare manifest's runtime table (a bundle holds RUNTIME_TABLE)
+
+    def read_runtime_table(self) -> bytes | None:
+        if self.exact:
+            return self.read(RUNTIME_TABLE)
+        try:
+            if self.table_file is None or self.table_file.is_symlink() or not self.table_file.is_file():
+                return None
+            return self.table_file.read_bytes()
+        except OSError:
+            return None
+
+    def runtime_table_label(self) -> str:
+        return f"{RUNTIME_TABLE} in {self.label}" if self.exact else str(self.table_file)
 
     def read(self, rel: str) -> bytes | None:
         if self.members is not None:
@@ -286,7 +379,7 @@ def open_source(path: str | Path, build: str | Path | None = None) -> tuple[byte
             raise ArtifactRefused(f"bundle {path} holds no {BUNDLE_MANIFEST}")
         return doc, Source(label=f"bundle {path}", members=members, exact=True)
     root = Path(build) if build is not None else path.parent
-    return path.read_bytes(), Source(label=f"folder {root}", root=root)
+    return path.read_bytes(), Source(label=f"folder {root}", root=root, table_file=runtime_table_path(path))
 
 
 # ---- artifacts --------------------------------------------------------------------------------------------
@@ -307,7 +400,7 @@ def check_artifact_bytes(art: dict, data: bytes | None, source: Source, by: str 
     return data
 
 
-def check_complete(body: dict, source: Source, *, hash_all: bool = True) -> None:
+def check_complete(body: dict, source: Source, *, hash_all: bool = True, runtime_table: bool = False) -> None:
     """Every admitted symbol lives in a listed cubin; every artifact is present (and hashes, when `hash_all`);
     an exact source (bundle) holds nothing else."""
     cubins = {(a["module"], a["target"]) for a in body["artifacts"] if a["code"] == "cubin"}
@@ -326,7 +419,8 @@ def check_complete(body: dict, source: Source, *, hash_all: bool = True) -> None
             if size != a["size"]:
                 raise ArtifactRefused(f"artifact {a['path']} in {source.label} is {size} bytes, the manifest says {a['size']}")
     if source.exact:
-        extra = sorted(source.names() - {BUNDLE_MANIFEST} - {a["path"] for a in body["artifacts"]})
+        named = {BUNDLE_MANIFEST, *([RUNTIME_TABLE] if runtime_table else []), *(a["path"] for a in body["artifacts"])}
+        extra = sorted(source.names() - named)
         if extra:
             more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
             raise ArtifactRefused(f"{source.label} holds files its manifest does not name: {', '.join(extra[:3])}{more}")
@@ -344,6 +438,7 @@ class Verified:
     signature: signing.Signature
     source: Source
     document: bytes = b""  # the exact signed bytes that verified
+    runtime_table: bytes | None = None  # the runtime table bound to the body, when it names one
     entries: list[Verified] = field(default_factory=list)  # an index's verified manifests
 
     @property
@@ -352,26 +447,45 @@ class Verified:
 
 
 def open_verified(path: str | Path, *, keys: Mapping[str, Ed25519PublicKey], build: str | Path | None = None,
-                  hash_all: bool = True, follow_index: bool = True, now: datetime | None = None) -> Verified:
-    """Open and verify a manifest, bundle or index. For an index, every entry is checked and verified too."""
+                  hash_all: bool = True, follow_index: bool = True, now: datetime | None = None,
+                  full_body: bool = True) -> Verified:
+    """Open and verify a manifest, bundle or index. For an index, every entry is checked and verified too.
+
+    full_body=False (the loader): when the signed body names a runtime table, its body is that table (no
+    toolchain, no checks), and the manifest's TOML is never parsed past its top-level keys.
+    """
     path = Path(path)
+    what = str(path)
     doc, source = open_source(path, build)
-    body, sig = verify_document(doc, keys, what=f"{path}", now=now)
-    v = Verified(path=path, body=body, signature=sig, source=source, document=doc)
+    body_bytes, sig = _signed_body(doc, keys, what)
+    head = body_head(body_bytes)
+    table = _bound_table(head, source, what) if head and head.get("kind") == "qualified" and any(
+        k in head for k in RUNTIME_KEYS) else None
+    if table is not None and not full_body:
+        body = _table_body(head, table, what)
+    else:
+        body = _parse_body(body_bytes, what)
+        if table is not None and runtime_table_bytes(body) != table:
+            raise ManifestRefused(f"the runtime table of {what} is not the projection of its signed body; "
+                                  "re-sign the manifest")
+    check_body(body, what=what, now=now)
+    _check_dev_key(body, sig, what)
+    v = Verified(path=path, body=body, signature=sig, source=source, document=doc, runtime_table=table)
     if body["kind"] == "qualified":
-        check_complete(body, source, hash_all=hash_all)
+        check_complete(body, source, hash_all=hash_all, runtime_table=table is not None)
     elif follow_index:
         v.entries = [open_entry(v, e, keys=keys, build=build, hash_all=hash_all, now=now) for e in body["entries"]]
     return v
 
 
-def open_entry(index: Verified, entry: dict, *, keys, build=None, hash_all=True, now=None) -> Verified:
+def open_entry(index: Verified, entry: dict, *, keys, build=None, hash_all=True, now=None,
+               full_body: bool = True) -> Verified:
     """One index entry: its file is checked against the index's size and sha256, then verified itself."""
     base = index.path.parent
     p = base / entry["path"]
     folder = Source(label=f"index folder {base}", root=base)
     check_artifact_bytes(entry, folder.read(entry["path"]), folder, by="the index")
-    v = open_verified(p, keys=keys, build=build, hash_all=hash_all, follow_index=False, now=now)
+    v = open_verified(p, keys=keys, build=build, hash_all=hash_all, follow_index=False, now=now, full_body=full_body)
     if v.kind != "qualified":
         raise ManifestRefused(f"index entry {entry['path']} is not a qualified manifest")
     dev = v.body["device"]
