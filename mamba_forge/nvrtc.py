@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -27,7 +28,15 @@ class NvrtcError(RuntimeError):
         super().__init__(f"{call} failed with {name}" + (f": {log.strip()[:400]}" if log else ""))
 
 
+# NVRTC 13 on a machine with a CUDA driver keeps its own compute cache of compiled programs (~/.nv/ComputeCache,
+# CUDA_CACHE_PATH): measured on the H200, a repeated compile of the same program takes 0.6 s instead of 7.8 s.
+# That cache is shared, unkeyed by us and unchecked; ours names everything that affects the bytes and hashes its
+# entries. So the build turns NVRTC's off (CUDA_CACHE_DISABLE=1 does, measured) unless the caller set it.
+NVRTC_CACHE_ENV = "CUDA_CACHE_DISABLE"
+
+
 def _nvrtc():
+    os.environ.setdefault(NVRTC_CACHE_ENV, "1")
     try:
         from cuda.bindings import nvrtc
     except ImportError as exc:  # pragma: no cover - install problem

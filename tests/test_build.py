@@ -257,3 +257,15 @@ def test_cli_json_and_report(capsys, tmp_path):
 def test_cli_report_missing_manifest(capsys, tmp_path):
     rc, _, err = cli(capsys, "report", str(tmp_path / "nope.toml"))
     assert rc == 1 and "manifest not found" in err
+
+
+def test_nvrtc_compute_cache_is_off_unless_the_caller_chose(monkeypatch):
+    """NVRTC's shared compute cache sits outside our keyed, hashed cache: the build turns it off by default."""
+    from mamba_forge import nvrtc
+
+    monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
+    nvrtc._nvrtc()
+    assert os.environ["CUDA_CACHE_DISABLE"] == "1"
+    monkeypatch.setenv("CUDA_CACHE_DISABLE", "0")
+    nvrtc._nvrtc()
+    assert os.environ["CUDA_CACHE_DISABLE"] == "0"
