@@ -52,18 +52,19 @@ def conv_cases(k):
     cases = []
     for dt in ("bf16", "f16", "f32"):
         t = SIZES[dt]
+        tile = 8192 // t  # the forward's timesteps per block (kernels/fixed/conv1d.toml: ceil_div(L, 8192 // sizeof_T))
 
-        def fwd_nosave(dt=dt):
+        def fwd_nosave(dt=dt, tile=tile):
             x, out = device_values(n, dt), device_values(n, dt)
             w, b = device_values(D * W, "f32"), device_values(D, "f32")
-            grid, f = (B * D * -(-L // 2048),), k.fn(f"conv1d_burnin_forward_nosave_tiled_{dt}")
+            grid, f = (B * D * -(-L // tile),), k.fn(f"conv1d_burnin_forward_nosave_tiled_{dt}")
             args = (out, x, w, b, np.int64(B), np.int64(D), np.int64(L), np.int32(W))
             return lambda: f(grid, (128,), args)
 
-        def fwd_save(dt=dt):
+        def fwd_save(dt=dt, tile=tile):
             x, out, pre = device_values(n, dt), device_values(n, dt), device_values(n, dt)
             w, b = device_values(D * W, "f32"), device_values(D, "f32")
-            grid, f = (B * D * -(-L // 2048),), k.fn(f"conv1d_burnin_forward_tiled_{dt}")
+            grid, f = (B * D * -(-L // tile),), k.fn(f"conv1d_burnin_forward_tiled_{dt}")
             args = (out, pre, x, w, b, np.int64(B), np.int64(D), np.int64(L), np.int32(W))
             return lambda: f(grid, (128,), args)
 

@@ -19,7 +19,11 @@ namespace mf {
 constexpr int CONV_MAX_WIDTH = 4;
 constexpr int CONV_HALO = CONV_MAX_WIDTH - 1;  // inputs before a chunk that its outputs read
 constexpr int CONV_BLOCK = 128;                // threads per block of the tiled kernels
-constexpr int CONV_TILE_L = 2048;              // timesteps per block tile (a multiple of CONV_BLOCK * 8)
+constexpr int CONV_FWD_CHUNKS = 4;             // 16-byte chunks per thread in a forward tile
+// Timesteps per forward block tile: 2048 for f32, 4096 for 16-bit types, so every thread has four 16-byte loads
+// in flight whatever the dtype. (At 2048 a 16-bit thread had two, half the bytes in flight of f32: bf16 reached
+// 0.53 of copy bandwidth against f32's 0.89.) The catalog's grid is batch*d*ceil_div(L, 8192 // sizeof_T).
+template <typename T> __host__ __device__ constexpr int conv_fwd_tile() { return CONV_BLOCK * Vec<T>::N * CONV_FWD_CHUNKS; }
 constexpr int CONV_STEP_BLOCK = 256;
 
 // The one per-output formula. xs: W consecutive inputs, oldest first. Callers convert each input to f64 once
@@ -79,20 +83,6 @@ template <int W> MF_DEVICE float conv_dx(const double* w, const double* dps) {
   return (float)acc;
 }
 
-// N consecutive elements of a row starting at s0 as f32; positions >= L read as 0. `vec`: the row and s0 are
-// 16-byte aligned and L is a multiple of N, so a chunk is either whole (one 16-byte load) or past the end.
-template <typename T> MF_DEVICE void conv_load(float* dst, const T* row, i64 s0, i64 L, bool vec) {
-  constexpr int N = Vec<T>::N;
-  if (vec && s0 + N <= L) {
-    const Vec<T> r = load_vec(row + s0);
-#pragma unroll
-    for (int j = 0; j < N; ++j) dst[j] = to_f32(r.v[j]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; ++j) dst[j] = s0 + j < L ? to_f32(row[s0 + j]) : 0.f;
-  }
-}
-
 template <typename T> MF_DEVICE void conv_store(T* row, const float* src, i64 s0, i64 L, bool vec) {
   constexpr int N = Vec<T>::N;
   if (vec && s0 + N <= L) {
@@ -107,7 +97,21 @@ template <typename T> MF_DEVICE void conv_store(T* row, const float* src, i64 s0
   }
 }
 
-// ---- tiled forward: one block per (row, tile of CONV_TILE_L timesteps); each thread owns VPT 16-byte chunks
+// N consecutive elements as raw T (positions >= L hold 0): 4 registers per 16-byte chunk whatever T. The
+// forward holds its loads in this form; the backward keeps the next tile's chunks so while computing the current.
+template <typename T> MF_DEVICE Vec<T> conv_load_raw(const T* row, i64 s0, i64 L, bool vec) {
+  constexpr int N = Vec<T>::N;
+  Vec<T> r;
+  if (vec && s0 + N <= L) {
+    r = load_vec(row + s0);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) r.v[j] = s0 + j < L ? row[s0 + j] : from_f32<T>(0.f);
+  }
+  return r;
+}
+
+// ---- tiled forward: one block per (row, tile of conv_fwd_tile<T>() timesteps); each thread owns VPT 16-byte chunks
 // (chunk vi = v * CONV_BLOCK + tid, coalesced per v). All of a thread's loads are issued before any arithmetic.
 // A chunk's 3-input halo is the tail of chunk vi-1, which lane - 1 of the same warp holds already converted to
 // f64: it comes by warp shuffle (no shared memory, no block barrier, each input converted to f64 once). Lane 0
@@ -117,21 +121,22 @@ MF_DEVICE void conv1d_fwd_tiled_w(T* __restrict__ out, T* __restrict__ pre, cons
                                   const float* __restrict__ weight, const float* __restrict__ bias, i64 batch,
                                   i64 d, i64 L) {
   constexpr int N = Vec<T>::N;
-  constexpr int VPT = CONV_TILE_L / (CONV_BLOCK * N);
+  constexpr int VPT = CONV_FWD_CHUNKS;
+  constexpr i64 TILE = conv_fwd_tile<T>();
   const int tid = threadIdx.x, lane = tid & 31;
-  const i64 tiles = (L + CONV_TILE_L - 1) / CONV_TILE_L;
+  const i64 tiles = (L + TILE - 1) / TILE;
   const i64 jobs = batch * d * tiles;
   const bool vec = L % N == 0 && aligned16(x) && aligned16(out) && (!SAVE || aligned16(pre));
   for (i64 job = blockIdx.x; job < jobs; job += gridDim.x) {
-    const i64 row = job / tiles, t0 = (job % tiles) * CONV_TILE_L;
+    const i64 row = job / tiles, t0 = (job % tiles) * TILE;
     const i64 c = row % d;
     const T* xr = x + row * L;
-    float xv[VPT][N];
+    Vec<T> xv[VPT];
     float hv[VPT][CONV_HALO];  // lane 0 only: x[s0-3 .. s0-1] of each of its chunks (0 before the row)
 #pragma unroll
     for (int v = 0; v < VPT; ++v) {
       const i64 s0 = t0 + (i64)(v * CONV_BLOCK + tid) * N;
-      conv_load<T>(xv[v], xr, s0, L, vec);
+      xv[v] = conv_load_raw<T>(xr, s0, L, vec);
 #pragma unroll
       for (int j = 0; j < CONV_HALO; ++j) {
         const i64 p = s0 - CONV_HALO + j;
@@ -147,7 +152,7 @@ MF_DEVICE void conv1d_fwd_tiled_w(T* __restrict__ out, T* __restrict__ pre, cons
       const i64 s0 = t0 + (i64)(v * CONV_BLOCK + tid) * N;
       double win[CONV_HALO + N];  // x[s0-3 .. s0+N-1]
 #pragma unroll
-      for (int j = 0; j < N; ++j) win[CONV_HALO + j] = xv[v][j];
+      for (int j = 0; j < N; ++j) win[CONV_HALO + j] = to_f32(xv[v].v[j]);
 #pragma unroll
       for (int j = 0; j < CONV_HALO; ++j) {  // every lane shuffles (full mask); lane 0 keeps its own halo
         const double h = __shfl_up_sync(0xffffffffu, win[N + j], 1);
@@ -182,20 +187,6 @@ MF_DEVICE void conv1d_fwd_tiled(T* out, T* pre, const T* x, const float* weight,
 // f64 partials in walk order, then mf::block_sum (a fixed order for the fixed block of CONV_BLOCK threads),
 // written by thread 0. No atomics. A chunk's left x halo and right dpre halo come from its neighbours through
 // shared memory; only the tile's edge chunks read them again from global memory. ----
-// N consecutive elements as raw T (positions >= L hold 0): the backward keeps the next tile's chunks in this
-// form (4 registers each) while it computes the current tile.
-template <typename T> MF_DEVICE Vec<T> conv_load_raw(const T* row, i64 s0, i64 L, bool vec) {
-  constexpr int N = Vec<T>::N;
-  Vec<T> r;
-  if (vec && s0 + N <= L) {
-    r = load_vec(row + s0);
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; ++j) r.v[j] = s0 + j < L ? row[s0 + j] : from_f32<T>(0.f);
-  }
-  return r;
-}
-
 template <typename T, int W>
 MF_DEVICE void conv1d_bwd_tiled_w(T* __restrict__ dx, float* __restrict__ dweight, float* __restrict__ dbias,
                                   const T* __restrict__ x, const float* __restrict__ weight, const T* __restrict__ pre,
