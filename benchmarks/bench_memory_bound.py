@@ -44,14 +44,11 @@ BENCH = [
     ("residual_add_f32", FLAT),
     ("residual_add_f32_bf16", FLAT),
 ]
-# torch doing the same operation on the same sizes (n elements): the peer for mixed-width traffic
+# torch doing the same operation on the same sizes: kernel -> (tensor method, dtype of self, dtype of the other)
 TORCH_PEERS = {
-    "cast_bf16_to_f32": lambda torch, n: (lambda x=torch.empty(n, dtype=torch.bfloat16, device="cuda"),
-                                          y=torch.empty(n, dtype=torch.float32, device="cuda"): y.copy_(x)),
-    "cast_f32_to_bf16": lambda torch, n: (lambda x=torch.empty(n, dtype=torch.float32, device="cuda"),
-                                          y=torch.empty(n, dtype=torch.bfloat16, device="cuda"): y.copy_(x)),
-    "residual_add_f32_bf16": lambda torch, n: (lambda a=torch.zeros(n, dtype=torch.float32, device="cuda"),
-                                               b=torch.zeros(n, dtype=torch.bfloat16, device="cuda"): a.add_(b)),
+    "cast_bf16_to_f32": ("copy_", "float32", "bfloat16"),
+    "cast_f32_to_bf16": ("copy_", "bfloat16", "float32"),
+    "residual_add_f32_bf16": ("add_", "float32", "bfloat16"),
 }
 SCALAR_NP = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64, "f32": np.float32, "f64": np.float64}
 
@@ -129,7 +126,11 @@ def bench_one(k, fixed, name: str, dims: dict[str, int], reps: int) -> dict:
     if name in TORCH_PEERS:
         import torch
 
-        tp = time_events(TORCH_PEERS[name](torch, dims["n"]), reps)
+        method, self_dt, other_dt = TORCH_PEERS[name]
+        a = torch.zeros(dims["n"], dtype=getattr(torch, self_dt), device="cuda")
+        b = torch.zeros(dims["n"], dtype=getattr(torch, other_dt), device="cuda")
+        tp = time_events(lambda: getattr(a, method)(b), reps)
+        del a, b
         torch.cuda.empty_cache()
         peer = tp / t
     shape = " ".join(f"{k_}={v}" for k_, v in dims.items())

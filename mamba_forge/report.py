@@ -194,30 +194,33 @@ def qualified_markdown(body: dict) -> str:
 
 
 def render_diff(d: dict, console: Console, a: str = "A", b: str = "B") -> None:
+    def line(text: str) -> None:  # plain text, one line per change however long
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
     if not d.get("changed"):
-        console.print(f"no differences between {a} and {b}", markup=False, highlight=False, soft_wrap=True)
+        line(f"no differences between {a} and {b}")
         return
-    console.print(f"changes from {a} to {b}", markup=False, highlight=False, soft_wrap=True)
+    line(f"changes from {a} to {b}")
     for key, title in (("added", "symbols added"), ("removed", "symbols removed"),
                        ("artifacts_added", "artifacts added"), ("artifacts_removed", "artifacts removed")):
         if d[key]:
             console.print(f"[bold]{title}[/bold] ({len(d[key])})")
             for x in d[key]:
-                console.print(f"  + {x}" if "added" in key else f"  - {x}", markup=False, highlight=False, soft_wrap=True)
+                line(f"  + {x}" if "added" in key else f"  - {x}")
     for key, title in (("newly_rejected", "newly rejected"), ("newly_admitted", "newly admitted"),
                        ("status_changed", "status changed")):
         if d[key]:
             console.print(f"[bold]{title}[/bold] ({len(d[key])})")
             for x in d[key]:
                 why = f": {x['reason']}" if x.get("reason") else ""
-                console.print(f"  {x['symbol']}: {x['old']} -> {x['new']}{why}", markup=False, highlight=False, soft_wrap=True)
+                line(f"  {x['symbol']}: {x['old']} -> {x['new']}{why}")
     if d["resource_changes"]:
         console.print(f"[bold]resource changes[/bold] ({len(d['resource_changes'])})")
         for x in d["resource_changes"]:
-            console.print(f"  {x['symbol']}: {x['field']} {x['old']} -> {x['new']}", markup=False, highlight=False, soft_wrap=True)
+            line(f"  {x['symbol']}: {x['field']} {x['old']} -> {x['new']}")
     if d["digest_changes"] or d["artifact_changes"]:
         console.print(f"[bold]digest changes[/bold] ({len(d['digest_changes']) + len(d['artifact_changes'])})")
         for x in d["artifact_changes"]:
-            console.print(f"  {x['path']}: {x['old'][:16]} -> {x['new'][:16]}", markup=False, highlight=False, soft_wrap=True)
+            line(f"  {x['path']}: {x['old'][:16]} -> {x['new'][:16]}")
         for x in d["digest_changes"]:
-            console.print(f"  {x['symbol']} {x['check']}: {x['old'][:16]} -> {x['new'][:16]}", markup=False, highlight=False, soft_wrap=True)
+            line(f"  {x['symbol']} {x['check']}: {x['old'][:16]} -> {x['new'][:16]}")

@@ -1,13 +1,8 @@
 #!/usr/bin/env bash
 # The remaining benchmarks on the GPU machine, in one device call (about 8 minutes on one H200): the scan
-# against mamba-ssm built from its sdist in the background, the GEMM ladders (portable and wgmma) against cuBLAS, conv1d/optimiser
-# kernels,. Needs (carried): .whl, .peers (the mamba-ssm sdist). Results in $OUT.
+# against mamba-ssm built from its sdist in the background, the GEMM ladders (portable and wgmma) against
+# cuBLAS, the conv1d and optimiser kernels. Needs (carried): .whl, .peers (the mamba-ssm sdist). Results in $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-WHL=${WHL:-../.whl}
-export PYTHONUNBUFFERED=1 MAMBA_FORGE_CACHE=/tmp/mf-cache
-mkdir -p -m 700 "$MAMBA_FORGE_CACHE"
-mkdir -p "$OUT"
 source "$(dirname "$0")/device_common.sh"
 
 install_wheels "$WHL" || exit 1

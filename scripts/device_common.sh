@@ -1,4 +1,10 @@
-# Shared by the device session scripts (sourced): install the carried wheels, run a step with a time limit.
+# Shared by the device session scripts (sourced): where results go, the environment, installing the carried
+# wheels, running a step with a time limit.
+OUT=${OUT:-/tmp/out}
+WHL=${WHL:-../.whl}
+export PYTHONUNBUFFERED=1 MAMBA_FORGE_CACHE=/tmp/mf-cache NCCL_NVLS_ENABLE=0
+mkdir -p -m 700 "$MAMBA_FORGE_CACHE"
+mkdir -p "$OUT"
 
 install_wheels() {  # install_wheels WHEEL_DIR: this package, editable, with wheels the machine lacks
   python3 -m pip install -q --no-index --find-links "$1" --no-build-isolation -e . >/tmp/install.log 2>&1 \

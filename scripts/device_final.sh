@@ -7,11 +7,6 @@
 # Needs (carried, never committed): .whl (wheels the machine lacks), .keys/release.key. Results land in $OUT;
 # pack them into one archive afterwards (the device tool brings back at most 8 files).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-WHL=${WHL:-../.whl}
-export PYTHONUNBUFFERED=1 MAMBA_FORGE_CACHE=/tmp/mf-cache NCCL_NVLS_ENABLE=0
-mkdir -p -m 700 "$MAMBA_FORGE_CACHE"
-mkdir -p "$OUT"
 source "$(dirname "$0")/device_common.sh"
 
 install_wheels "$WHL" || exit 1

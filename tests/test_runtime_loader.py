@@ -407,10 +407,9 @@ def test_runtime_table_changed_or_missing_is_refused(tiny, tmp_path):
 
 def _sign_with_table(tiny, body: dict, table: bytes, name: str, tmp_path):
     """A manifest whose signed head binds `table`, whatever it holds (a faulty signer)."""
-    p = _write(tiny, tmp_path, doc=b"", name=name)
-    runtime_table_path(p).write_bytes(table)
     bound = {**body, "runtime_table_sha256": hashlib.sha256(table).hexdigest(), "runtime_table_size": len(table)}
-    p.write_bytes(sign_body(bound, tiny.priv))
+    p = _write(tiny, tmp_path, body=bound, name=name)
+    runtime_table_path(p).write_bytes(table)
     return p
 
 

@@ -268,6 +268,16 @@ def check_body(body: dict, *, what: str = "the manifest", now: datetime | None =
 # ---- sources: a folder, a build folder, or an in-memory tar -----------------------------------------------
 
 
+def _read_regular(p: Path) -> bytes | None:
+    """The bytes of a regular file (not a symlink), or None."""
+    try:
+        if p.is_symlink() or not p.is_file():
+            return None
+        return p.read_bytes()
+    except OSError:
+        return None
+
+
 @dataclass
 class Source:
     """Where artifact bytes come from. `exact`: the source holds exactly the manifest and its artifacts."""
@@ -281,12 +291,7 @@ class Source:
     def read_runtime_table(self) -> bytes | None:
         if self.exact:
             return self.read(RUNTIME_TABLE)
-        try:
-            if self.table_file is None or self.table_file.is_symlink() or not self.table_file.is_file():
-                return None
-            return self.table_file.read_bytes()
-        except OSError:
-            return None
+        return None if self.table_file is None else _read_regular(self.table_file)
 
     def runtime_table_label(self) -> str:
         return f"{RUNTIME_TABLE} in {self.label}" if self.exact else str(self.table_file)
@@ -295,13 +300,7 @@ class Source:
         if self.members is not None:
             return self.members.get(rel)
         assert self.root is not None
-        p = self.root / rel
-        try:
-            if p.is_symlink() or not p.is_file():
-                return None
-            return p.read_bytes()
-        except OSError:
-            return None
+        return _read_regular(self.root / rel)
 
     def size(self, rel: str) -> int | None:
         if self.members is not None:
