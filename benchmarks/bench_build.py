@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from mamba_forge.build import BuildRequest, build
-from mamba_forge.catalog import default_catalog_path, load_catalog
-from mamba_forge.targets import DEFAULT_TARGETS, get_target
+from mamba_forge.build.builder import BuildRequest, build
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.catalog.targets import DEFAULT_TARGETS, get_target
 
 RESULTS = Path(__file__).parent / "results" / "build.md"
 HEADER = (

@@ -34,7 +34,7 @@ LOAD_CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import mamba_forge.runtime as rt
-from mamba_forge import driver as cu
+from mamba_forge.gpu import driver as cu
 t1 = time.perf_counter()
 cu.init(); cu.Device(0).make_current()
 t2 = time.perf_counter()
@@ -50,10 +50,11 @@ import json, sys, time
 from pathlib import Path
 want = json.loads(sys.argv[1])  # {"target": ..., "state_capacity": ..., "symbols": {module: [names]}}
 t0 = time.perf_counter()
-from mamba_forge import driver as cu, nvrtc
-from mamba_forge.build import BuildRequest, plan
-from mamba_forge.catalog import default_catalog_path, load_catalog
-from mamba_forge.targets import get_target
+from mamba_forge.gpu import driver as cu
+from mamba_forge.build import nvrtc
+from mamba_forge.build.builder import BuildRequest, plan
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.catalog.targets import get_target
 req = BuildRequest(load_catalog(default_catalog_path()), [get_target(want["target"])], Path(sys.argv[2]),
                    state_capacity=want["state_capacity"], cache_location=None)
 jobs = [j for j in plan(req) if j.module.kind in want["symbols"]]
@@ -84,8 +85,8 @@ def prepare(args, work: Path) -> tuple[Path, Path]:
     """A bundle and its public key: given, or built and qualified here."""
     if args.bundle:
         return Path(args.bundle), Path(args.key)
-    from mamba_forge import signing
-    from mamba_forge.bundle import write_bundle
+    from mamba_forge.manifest import signing
+    from mamba_forge.manifest.bundle import write_bundle
     from mamba_forge.runtime.verify import trusted_keys
 
     build = work / "build"
@@ -122,7 +123,7 @@ def main() -> int:
     if bool(args.bundle) != bool(args.key):
         ap.error("--bundle and --key go together")
 
-    from mamba_forge import driver as cu
+    from mamba_forge.gpu import driver as cu
     from mamba_forge.runtime import load
 
     med = statistics.median
@@ -144,7 +145,7 @@ def main() -> int:
 
         loads = {what: [json.loads(sh([sys.executable, "-c", LOAD_CHILD, str(src), str(key)], 300))
                         for _ in range(args.load_runs)] for what, src in sources.items()}
-        # NVRTC's compute cache on (mamba_forge.nvrtc turns it off otherwise), at an empty path: the first compile
+        # NVRTC's compute cache on (mamba_forge.build.nvrtc turns it off otherwise), at an empty path: the first compile
         # is cold, the second finds its programs there
         nvrtc_cache = {"CUDA_CACHE_PATH": str(work / "nvrtc-cache"), "CUDA_CACHE_DISABLE": "0"}
         compiles = {what: json.loads(sh([sys.executable, "-c", COMPILE_CHILD, json.dumps(want), str(work / "c")], 1800,

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 from timing import median_ms  # benchmarks/timing.py
 
-from mamba_forge import expr
-from mamba_forge.build import BuildRequest, build
-from mamba_forge.catalog import Catalog, default_catalog_path, load_catalog
-from mamba_forge.targets import get_target
+from mamba_forge.build.builder import BuildRequest, build
+from mamba_forge.catalog import expr
+from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
+from mamba_forge.catalog.targets import get_target
 
 RESULTS = Path(__file__).parent / "results" / "gemm.md"
 HEADER = ("| date | GPU | symbol | M | N | K | ms | ours | cuBLAS | unit | ratio | copy fraction |\n"

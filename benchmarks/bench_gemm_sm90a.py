@@ -16,10 +16,10 @@ from pathlib import Path
 
 from timing import median_ms  # benchmarks/timing.py
 
-from mamba_forge import tma
-from mamba_forge.build import BuildRequest, build
-from mamba_forge.catalog import Catalog, default_catalog_path, load_catalog
-from mamba_forge.targets import get_target
+from mamba_forge.build.builder import BuildRequest, build
+from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
+from mamba_forge.catalog.targets import get_target
+from mamba_forge.gpu import tma
 
 RESULTS = Path(__file__).parent / "results" / "gemm_sm90a.md"
 HEADER = ("| date | GPU | symbol | layout | M | N | K | ms | TFLOP/s | cuBLAS TFLOP/s | ratio |\n"

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp
     from gpu_support import kernels
 
-    from mamba_forge.catalog import default_catalog_path, load_catalog
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
 
     fixed = load_catalog(default_catalog_path()).module("Fixed")
     k = kernels()

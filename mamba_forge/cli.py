@@ -14,8 +14,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from . import __version__
-from .errors import ForgeError
+from mamba_forge import __version__
+from mamba_forge.errors import ForgeError
 
 try:  # typer >= 0.28 vendors its own click; older typer uses click itself
     from typer._click import exceptions as _click_exc
@@ -70,10 +70,10 @@ def build(
     as_json: Annotated[bool, typer.Option("--json", help="Print the build manifest as JSON on stdout.")] = False,
 ) -> None:
     """Compile every module kind for the target architectures, read resources and admit each symbol."""
-    from .build import BuildRequest, count_jobs, timed_build
-    from .catalog import default_catalog_path, iter_targets, load_catalog, state_capacity
-    from .manifest import write
-    from .report import render_build
+    from mamba_forge.build.builder import BuildRequest, count_jobs, timed_build
+    from mamba_forge.catalog.model import default_catalog_path, iter_targets, load_catalog, state_capacity
+    from mamba_forge.manifest.toml_io import write
+    from mamba_forge.report.tables import render_build
 
     targets = list(iter_targets(_split_archs(arch)))
     cap = state_capacity(state_cap)
@@ -127,8 +127,8 @@ def report(
     fmt: Annotated[str, typer.Option("--format", help="text or markdown (release notes).")] = "text",
 ) -> None:
     """Render a manifest: a summary per module kind, every rejected symbol with its reason; or a diff of two."""
-    from . import report as rpt
-    from .diff import diff, read_body
+    from mamba_forge.report import tables as rpt
+    from mamba_forge.report.diff import diff, read_body
 
     if fmt not in ("text", "markdown"):
         raise ForgeError(f"unknown --format {fmt!r}", hint="use text or markdown")
@@ -153,8 +153,8 @@ def report(
         return
     if fmt == "markdown":
         raise ForgeError("--format markdown renders qualified manifests and indexes", hint="drop it for a build manifest")
-    from .manifest import read
-    from .records import BuildManifest
+    from mamba_forge.manifest.records import BuildManifest
+    from mamba_forge.manifest.toml_io import read
 
     m = read(manifest, BuildManifest)
     if as_json:
@@ -182,8 +182,8 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Check the signature, every artifact's size and sha256, and completeness. Exit 0 when all hold, else 1."""
-    from .runtime.errors import LoadError
-    from .runtime.verify import open_verified, trusted_keys
+    from mamba_forge.runtime.errors import LoadError
+    from mamba_forge.runtime.verify import open_verified, trusted_keys
 
     try:
         v = open_verified(target, keys=trusted_keys(key or None), build=build_dir)
@@ -191,7 +191,7 @@ def verify(
         if as_json:
             sys.stdout.write(json.dumps({"ok": False, "path": str(target), "reason": str(exc)}) + "\n")
             raise typer.Exit(1) from None
-        from .errors import ManifestError
+        from mamba_forge.errors import ManifestError
 
         raise ManifestError(str(exc)) from None
     if v.kind == "index":
@@ -219,8 +219,8 @@ def merge(
     development_key: Annotated[bool, typer.Option("--development-key", help="Mark the index as signed by a development key.")] = False,
 ) -> None:
     """Write one signed release index over verified per-device manifests; the loader picks the device's entry."""
-    from .bundle import signing_key, write_index
-    from .runtime.verify import trusted_keys
+    from mamba_forge.manifest.bundle import signing_key, write_index
+    from mamba_forge.runtime.verify import trusted_keys
 
     private = signing_key(sign_key)
     path = write_index(manifests, output, private, keys=trusted_keys(key or None), development_key=development_key)
@@ -235,8 +235,8 @@ def bundle(
     key: KeyOpt = None,
 ) -> None:
     """Pack a verified manifest with exactly the artifacts it names; the loader and `verify` accept the result."""
-    from .bundle import write_bundle
-    from .runtime.verify import trusted_keys
+    from mamba_forge.manifest.bundle import write_bundle
+    from mamba_forge.runtime.verify import trusted_keys
 
     path = write_bundle(manifest, output, keys=trusted_keys(key or None), build=build_dir)
     out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
@@ -272,7 +272,7 @@ def qualify(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or tables.")] = False,
 ) -> None:
     """Qualify every symbol that targets the attached GPU(s) and write a signed qualified manifest."""
-    from .qualify import runner
+    from mamba_forge.qualify import runner
 
     if level not in ("quick", "full"):
         raise ForgeError(f"--level {level!r} is neither quick nor full")
@@ -301,7 +301,7 @@ def keygen(
     name: Annotated[str, typer.Option("--name", help="File name stem.")] = "mamba-forge",
 ) -> None:
     """Write an Ed25519 key pair for signing qualified manifests."""
-    from .signing import write_keypair
+    from mamba_forge.manifest.signing import write_keypair
 
     try:
         priv, pub, kid = write_keypair(out_dir, name)

@@ -64,9 +64,9 @@ def bits(buf) -> bytes:
 
 @functools.cache
 def _build(target: str, state_cap: int):
-    from mamba_forge.build import BuildRequest, build
-    from mamba_forge.catalog import default_catalog_path, load_catalog
-    from mamba_forge.targets import get_target
+    from mamba_forge.build.builder import BuildRequest, build
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+    from mamba_forge.catalog.targets import get_target
 
     out = Path(tempfile.mkdtemp(prefix=f"mf-gpu-{target}-"))
     manifest = build(BuildRequest(load_catalog(default_catalog_path()), [get_target(target)], out, state_capacity=state_cap))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import tomli_w
 
-from mamba_forge import signing
+from mamba_forge.manifest import signing
 from mamba_forge.runtime.errors import DriverError
 from mamba_forge.runtime.loader import DeviceInfo
 
@@ -126,9 +126,9 @@ def write_tiny_catalog(root: Path) -> Path:
 
 
 def build_tiny(catalog: Path, out: Path, cache: Path, target: str = "sm_90a"):
-    from mamba_forge.build import BuildRequest, build
-    from mamba_forge.catalog import load_catalog
-    from mamba_forge.targets import get_target
+    from mamba_forge.build.builder import BuildRequest, build
+    from mamba_forge.catalog.model import load_catalog
+    from mamba_forge.catalog.targets import get_target
 
     req = BuildRequest(load_catalog(catalog), [get_target(target)], out, jobs=1, cache_location=cache)
     manifest = build(req)
@@ -139,7 +139,7 @@ def build_tiny(catalog: Path, out: Path, cache: Path, target: str = "sm_90a"):
 def qualified_body(build_manifest, catalog: Path, *, device: DeviceInfo = H200, rejected=None,
                    created: str = "2026-11-29T19:00:00Z", expires: str = "2099-11-29T19:00:00Z") -> dict:
     """A qualified manifest body as docs/architecture.md lays it out, from a real build."""
-    from mamba_forge.catalog import load_catalog
+    from mamba_forge.catalog.model import load_catalog
 
     rejected = REJECTED if rejected is None else rejected
     cat = load_catalog(catalog)
@@ -180,7 +180,7 @@ def sign_body(body: dict, private, *, development_key: bool | None = None) -> by
 
 def write_with_runtime_table(body: dict, private, manifest: Path) -> bytes:
     """Sign as the qualifier does: the manifest at `manifest`, its runtime table beside it. Returns the document."""
-    from mamba_forge.qualified import sign_with_runtime_table
+    from mamba_forge.manifest.qualified import sign_with_runtime_table
     from mamba_forge.runtime.verify import runtime_table_path
 
     doc, table = sign_with_runtime_table(body, private, development_key=body.get("development_key", False))
@@ -228,7 +228,7 @@ class FakeBackend:
         self.smem[fn] = nbytes
 
     def launch(self, fn, grid, block, values, aligns, shared_mem, stream) -> None:
-        from mamba_forge.driver import PackedParams
+        from mamba_forge.gpu.driver import PackedParams
 
         params = PackedParams(values, aligns)  # the real packing; read the bytes back as the driver would
         arr = (ctypes.c_void_p * max(1, len(values))).from_address(params.address)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from mamba_forge import manifest as manifest_io
-from mamba_forge.build import BuildRequest, build
-from mamba_forge.catalog import load_catalog
+from mamba_forge.build.builder import BuildRequest, build
+from mamba_forge.catalog.model import load_catalog
+from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, get_target
 from mamba_forge.cli import main
-from mamba_forge.records import BuildManifest
-from mamba_forge.targets import SMEM_RESERVED_BYTES, get_target
+from mamba_forge.manifest import toml_io as manifest_io
+from mamba_forge.manifest.records import BuildManifest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BASIC = FIXTURES / "build_basic" / "catalog.toml"
@@ -80,8 +80,8 @@ def test_siblings_of_rejected_symbols_stay_admitted(negative):
 
 
 def test_block_limit_is_checked(tmp_path):
-    from mamba_forge.admit import admit_symbol
-    from mamba_forge.records import Resources
+    from mamba_forge.build.admit import admit_symbol
+    from mamba_forge.manifest.records import Resources
 
     cat = load_catalog(NEGATIVE)
     sym = cat.symbols["too_wide"]
@@ -261,7 +261,7 @@ def test_cli_report_missing_manifest(capsys, tmp_path):
 
 def test_nvrtc_compute_cache_is_off_unless_the_caller_chose(monkeypatch):
     """NVRTC's shared compute cache sits outside our keyed, hashed cache: the build turns it off by default."""
-    from mamba_forge import nvrtc
+    from mamba_forge.build import nvrtc
 
     monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
     nvrtc._nvrtc()

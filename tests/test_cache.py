@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from mamba_forge.build import BuildRequest, build
-from mamba_forge.cache import Cache, CacheRefused, cache_key, check_private, default_location
-from mamba_forge.catalog import load_catalog
-from mamba_forge.targets import get_target
+from mamba_forge.build.builder import BuildRequest, build
+from mamba_forge.build.cache import Cache, CacheRefused, cache_key, check_private, default_location
+from mamba_forge.catalog.model import load_catalog
+from mamba_forge.catalog.targets import get_target
 
 BASIC = Path(__file__).parent / "fixtures" / "build_basic" / "catalog.toml"
 OTHER_UID = 54321

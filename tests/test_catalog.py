@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mamba_forge.catalog import default_catalog_path, load_catalog, state_capacity
+from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
 from mamba_forge.errors import CatalogError, ForgeError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -127,7 +127,7 @@ def test_user_catalog_resolves_sources_relative_to_itself():
 
 
 def test_builtin_catalog_loads_and_every_module_gates_a_default_target():
-    from mamba_forge.targets import DEFAULT_TARGETS, get_target
+    from mamba_forge.catalog.targets import DEFAULT_TARGETS, get_target
 
     cat = load_catalog(default_catalog_path())
     kinds = {m.kind for m in cat.modules}

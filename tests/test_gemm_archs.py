@@ -13,11 +13,11 @@ import re
 import numpy as np
 import pytest
 
-from mamba_forge import tma
-from mamba_forge.build import BuildRequest, build
-from mamba_forge.catalog import Catalog, default_catalog_path, load_catalog
+from mamba_forge.build.builder import BuildRequest, build
+from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
+from mamba_forge.catalog.targets import get_target
+from mamba_forge.gpu import tma
 from mamba_forge.references import gemm as gemm_ref
-from mamba_forge.targets import get_target
 
 # The reference library's names this work owns, by module kind.
 REFERENCE_NAMES = {
@@ -98,7 +98,7 @@ def test_wgmma_tensor_map_params(catalog):
             assert blobs == maps + [("tmC", 128, 64)] and fam.qualify.prepare.endswith("_tmastore")
         else:
             assert blobs == maps and not fam.qualify.prepare.endswith("_tmastore")
-        assert fam.qualify.prepare.startswith("mamba_forge.tma:prepare_gemm_")
+        assert fam.qualify.prepare.startswith("mamba_forge.gpu.tma:prepare_gemm_")
     for s in catalog.module("TriadSm90a").symbols:
         e = s.params_env
         ring, staging = e["STAGES"] * (e["BM"] + e["BN"]) * 128, e["TMASTORE"] * e["BM"] * e["BN"] * 2

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mamba_forge.build import BuildRequest, build
-from mamba_forge.catalog import Catalog, default_catalog_path, load_catalog
+from mamba_forge.build.builder import BuildRequest, build
+from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
+from mamba_forge.catalog.targets import get_target
 from mamba_forge.references import gemm as R
-from mamba_forge.targets import get_target
 
 MINE = ("Fixed", "TriadScalar", "TriadSm80")
 

@@ -15,13 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mamba_forge import signing
-from mamba_forge.catalog import default_catalog_path, load_catalog
-from mamba_forge.qualified import QualifiedManifest, body_bytes, parse_body, read_verified
-from mamba_forge.qualify import checks as C
-from mamba_forge.qualify import runner
-from mamba_forge.qualify import spec as S
-from mamba_forge.records import (
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.manifest import signing
+from mamba_forge.manifest.qualified import QualifiedManifest, body_bytes, parse_body, read_verified
+from mamba_forge.manifest.records import (
     Artifact,
     BuildManifest,
     ModuleBuild,
@@ -30,6 +27,9 @@ from mamba_forge.records import (
     Toolchain,
     Verdict,
 )
+from mamba_forge.qualify import checks as C
+from mamba_forge.qualify import runner
+from mamba_forge.qualify import spec as S
 
 NEGATIVE = Path(__file__).parent / "fixtures" / "qualify_negative" / "catalog.toml"
 
@@ -178,7 +178,7 @@ def test_spec_shapes_grid_scalars_and_abi():
 
 
 def test_expected_abi_aligns_each_parameter():
-    from mamba_forge.catalog import Param
+    from mamba_forge.catalog.model import Param
 
     ps = [Param(name="n", type="i32", value=1), Param(name="p", type="ptr", dtype="f32", shape=[1]),
           Param(name="m", type="bytes", size=128, align=64), Param(name="f", type="f32", value=1.0)]
@@ -189,7 +189,7 @@ def test_expected_abi_aligns_each_parameter():
 
 
 def test_spec_refusals():
-    from mamba_forge.catalog import Family
+    from mamba_forge.catalog.model import Family
 
     cat, mod = _neg()
     sym = cat.symbols["control_row_sum"]
@@ -462,8 +462,8 @@ def test_manifest_schema_refuses_unknown_fields_and_statuses():
 
 
 def test_cli_qualify_without_gpu_says_so(capsys, monkeypatch):
-    from mamba_forge import driver as cu
     from mamba_forge.cli import main
+    from mamba_forge.gpu import driver as cu
 
     def no_gpu():
         raise cu.CudaError("cuInit", "CUDA_ERROR_NO_DEVICE")
@@ -478,7 +478,7 @@ def test_cli_qualify_without_gpu_says_so(capsys, monkeypatch):
 def test_packed_params_layout():
     import ctypes
 
-    from mamba_forge import driver as cu
+    from mamba_forge.gpu import driver as cu
 
     pp = cu.PackedParams([("ptr", 0x1000), ("i32", -3), ("f32", 1.5), ("bytes", b"\x01" * 128)], [0, 0, 0, 64])
     arr = (ctypes.c_void_p * 4).from_address(pp.address)
@@ -507,7 +507,7 @@ def test_unattributed_sanitizer_summary_rejects_the_run(tmp_path, fake_worker):
 
 
 def test_route_table_lists_admitted_gemms_only():
-    from mamba_forge.qualified import QSymbol
+    from mamba_forge.manifest.qualified import QSymbol
 
     def sym(name, status):
         return QSymbol(name=name, module="TriadScalar", target="sm_90a", family="f", status=status)
@@ -609,7 +609,7 @@ def test_multi_reference_applies_each_tensors_weight_decay():
 
 
 def test_aux_refusals(real_catalog):
-    from mamba_forge.catalog import Family
+    from mamba_forge.catalog.model import Family
 
     sym, fam = _multi(real_catalog)
     base = fam.model_dump(exclude_none=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mamba_forge import driver as cu
-from mamba_forge.catalog import load_catalog
+from mamba_forge.catalog.model import load_catalog
+from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import checks as C
 from mamba_forge.qualify import worker as W
 
@@ -345,7 +345,7 @@ def multi(emulated, monkeypatch):
     """The real catalog's multi AdamW families at a small pool (fast on CPU); returns a runner."""
     import types
 
-    from mamba_forge.catalog import default_catalog_path
+    from mamba_forge.catalog.model import default_catalog_path
 
     cat = load_catalog(default_catalog_path())
     MULTI_SEEN.clear()
@@ -439,7 +439,7 @@ def live_fixed():
     """(context, loaded Fixed module for sm_90a, catalog) from the gpu_support build (cached per process)."""
     from gpu_support import kernels
 
-    from mamba_forge.catalog import default_catalog_path
+    from mamba_forge.catalog.model import default_catalog_path
 
     k = kernels("sm_90a")
     mod = next(m for m, s in k.manifest.symbols() if s.name == "adamw_step_multi_f32" and m.target == "sm_90a")

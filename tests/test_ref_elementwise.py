@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from mamba_forge.catalog import default_catalog_path, load_catalog
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.qualify import spec as S
 from mamba_forge.references import activation as ra
 from mamba_forge.references import elementwise as re_

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mamba_forge import expr
-from mamba_forge.catalog import default_catalog_path, load_catalog
+from mamba_forge.catalog import expr
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.errors import ForgeError
 from mamba_forge.references import scan as ref
 

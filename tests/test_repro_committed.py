@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from runtime_support import build_tiny, keypair, qualified_body, sign_body, write_tiny_catalog
 
-from mamba_forge.diff import rebuild_and_compare, stale_message
+from mamba_forge.report.diff import rebuild_and_compare, stale_message
 
 ROOT = Path(__file__).resolve().parent.parent
 

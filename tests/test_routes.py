@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mamba_forge.catalog import default_catalog_path, load_catalog
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.runtime import routes as RT
 
 PORTABLE_ALL = [

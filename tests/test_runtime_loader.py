@@ -26,8 +26,8 @@ from runtime_support import (
     write_with_runtime_table,
 )
 
-from mamba_forge import signing
-from mamba_forge.bundle import write_bundle, write_index
+from mamba_forge.manifest import signing
+from mamba_forge.manifest.bundle import write_bundle, write_index
 from mamba_forge.runtime import (
     ArtifactRefused,
     DeviceMismatch,
@@ -339,8 +339,8 @@ def test_index_picks_the_device_entry(tiny, tmp_path):
 
 
 def test_layout_agrees_with_the_qualified_models(tiny):
-    """The fixture (and so the loader's reading) matches mamba_forge.qualified's pydantic models."""
-    qualified = pytest.importorskip("mamba_forge.qualified")
+    """The fixture (and so the loader's reading) matches mamba_forge.manifest.qualified's pydantic models."""
+    qualified = pytest.importorskip("mamba_forge.manifest.qualified")
     body, _ = signing.split(tiny.doc)
     m = qualified.parse_body(body)
     assert m.device.name == "NVIDIA H200" and len(m.symbols) == len(tiny.body["symbols"])
@@ -355,7 +355,8 @@ def test_runtime_imports_stay_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "[]", f"the runtime pulled in {out[0]}"
-    allowed = {"mamba_forge", "mamba_forge.signing", "mamba_forge.driver", "mamba_forge.runtime"}
+    allowed = {"mamba_forge", "mamba_forge.manifest", "mamba_forge.manifest.signing", "mamba_forge.fsio",
+               "mamba_forge.gpu", "mamba_forge.gpu.driver", "mamba_forge.runtime"}
     assert {m for m in eval(out[1]) if not m.startswith("mamba_forge.runtime.")} <= allowed
 
 

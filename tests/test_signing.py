@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mamba_forge import signing
 from mamba_forge.cli import main as cli_main
 from mamba_forge.errors import ForgeError, ManifestError
-from mamba_forge.qualified import (
+from mamba_forge.manifest import signing
+from mamba_forge.manifest.qualified import (
     QArtifact,
     QCheck,
     QDevice,

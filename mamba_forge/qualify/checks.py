@@ -1,7 +1,7 @@
 """The qualification checks: live admission (attributes, dynamic smem, occupancy, ABI census), correctness
 against the float64 reference over the corpora, and determinism under perturbation (repeat, batch, another
 stream, a noisy neighbour, another address, graph replay). Comparison helpers are pure NumPy (CPU-tested);
-the launch machinery uses :mod:`mamba_forge.driver`.
+the launch machinery uses :mod:`mamba_forge.gpu.driver`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import driver as cu
-from ..catalog import Family, Symbol
-from . import spec as S
+from mamba_forge.catalog.model import Family, Symbol
+from mamba_forge.gpu import driver as cu
+from mamba_forge.qualify import spec as S
 
 POISON = 0xFF  # outputs are filled with 0xFF bytes first: NaN for floats, so unwritten elements show
 NEIGHBOUR_SOURCE = r"""
@@ -155,7 +155,7 @@ class Context:
 
     def neighbour(self) -> tuple[cu.Function, cu.DeviceBuffer]:
         if self.neighbour_fn is None:
-            from .. import nvrtc
+            from mamba_forge.build import nvrtc
 
             major, minor = self.info.cc
             res = nvrtc.compile_program(

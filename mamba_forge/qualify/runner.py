@@ -20,10 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import __version__, signing
-from ..catalog import Catalog
-from ..errors import ForgeError
-from ..qualified import (
+from mamba_forge import __version__
+from mamba_forge.catalog.model import Catalog
+from mamba_forge.catalog.targets import TARGETS
+from mamba_forge.errors import ForgeError
+from mamba_forge.fsio import write_atomic
+from mamba_forge.manifest import signing
+from mamba_forge.manifest.qualified import (
     QArtifact,
     QCheck,
     QDevice,
@@ -35,9 +38,8 @@ from ..qualified import (
     signed_files,
     timestamps,
 )
-from ..records import BuildManifest, ModuleBuild
-from ..runtime.verify import runtime_table_path
-from ..targets import TARGETS
+from mamba_forge.manifest.records import BuildManifest, ModuleBuild
+from mamba_forge.runtime.verify import runtime_table_path
 
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 DEFAULT_WORKER = [sys.executable, "-m", "mamba_forge.qualify.worker"]
@@ -412,7 +414,7 @@ def merge_outcomes(parts: list[Outcome]) -> Outcome:
 
 
 def _probe_cc(req: QualifyRequest) -> tuple[int, int]:
-    from .. import driver as cu
+    from mamba_forge.gpu import driver as cu
 
     try:
         info = cu.Device(req.devices[0]).info()
@@ -556,7 +558,7 @@ def _symbol_record(m: ModuleBuild, s, rec: dict | None, cat, on_device: bool) ->
 
 def _routes(symbols: list[QSymbol]) -> list[QRoute]:
     """The GEMM route table (mamba_forge.runtime.routes): per key, the admitted symbols fastest first."""
-    from ..runtime.routes import build_route_table
+    from mamba_forge.runtime.routes import build_route_table
 
     return [QRoute(**r) for r in build_route_table([s.name for s in symbols if s.status == "admitted"])]
 
@@ -609,12 +611,10 @@ def write_signed(manifest: QualifiedManifest, key: SigningKey, out: Path) -> tup
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for path, payload in ((runtime_table_path(out), table), (out, data)):  # the table first: the manifest names it
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_bytes(payload)
-        os.replace(tmp, path)
+        write_atomic(path, payload)
     pub = key.private.public_key()  # type: ignore[attr-defined]
     pub_path = out.parent / f"{signing.key_id(pub)[:16]}.pub"
-    pub_path.write_text(signing.public_text(pub))
+    write_atomic(pub_path, signing.public_text(pub))
     return out, pub_path
 
 
@@ -631,11 +631,11 @@ def prepare_request(devices: list[int] | None, build_dir: Path | None, catalog_p
                     sanitize: bool, timeout_s: float, seed: int | None, modules: list[str] | None, state_cap: int,
                     say: Callable[[str], None], jobs: int = 4):
     """Open the device(s), load the catalog and the build (building for the device's target when none is given)."""
-    from .. import driver as cu
-    from ..build import BuildRequest, build
-    from ..catalog import default_catalog_path, load_catalog, state_capacity
-    from ..manifest import read, write
-    from ..targets import get_target
+    from mamba_forge.build.builder import BuildRequest, build
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
+    from mamba_forge.catalog.targets import get_target
+    from mamba_forge.gpu import driver as cu
+    from mamba_forge.manifest.toml_io import read, write
 
     try:
         count = cu.device_count()

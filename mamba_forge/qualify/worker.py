@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import driver as cu
-from ..catalog import Catalog, load_catalog
-from . import checks as C
-from . import spec as S
+from mamba_forge.catalog.model import Catalog, load_catalog
+from mamba_forge.gpu import driver as cu
+from mamba_forge.qualify import checks as C
+from mamba_forge.qualify import spec as S
 
 REPEATS = {"quick": 5, "full": 50}
 SANITIZE_BATCH = 97  # small launches under compute-sanitizer: the batch dim shrinks to this (odd) size

@@ -4,7 +4,7 @@ Imports only the standard library, cryptography and cuda-bindings (no typer, ric
 process pays milliseconds for it. See :mod:`mamba_forge.runtime.loader`.
 """
 
-from .errors import (
+from mamba_forge.runtime.errors import (
     ArtifactRefused,
     DeviceMismatch,
     DriverError,
@@ -14,8 +14,8 @@ from .errors import (
     SignatureRefused,
     SymbolUnavailable,
 )
-from .loader import CudaBackend, DeviceInfo, Kernel, Kernels, Typed, check_device, launch, load
-from .verify import Verified, open_verified, release_keys_dir, trusted_keys, verify_document
+from mamba_forge.runtime.loader import CudaBackend, DeviceInfo, Kernel, Kernels, Typed, check_device, launch, load
+from mamba_forge.runtime.verify import Verified, open_verified, release_keys_dir, trusted_keys, verify_document
 
 __all__ = [
     "ArtifactRefused", "CudaBackend", "DeviceInfo", "DeviceMismatch", "DriverError", "Kernel", "Kernels",

@@ -6,7 +6,7 @@
   i64/u64/f64); a value that does not fit is refused;
 * by-value blobs (e.g. a 128-byte CUtensorMap): bytes-like objects of exactly the parameter's size.
 
-Packing goes through :class:`mamba_forge.driver.PackedParams`.
+Packing goes through :class:`mamba_forge.gpu.driver.PackedParams`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numbers
 import struct
 from collections.abc import Sequence
 
-from .errors import LaunchRefused
+from mamba_forge.runtime.errors import LaunchRefused
 
 # DLPack device types (dlpack.h): memory a kernel can read
 _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 2, 3, 13

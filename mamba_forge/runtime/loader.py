@@ -9,7 +9,7 @@ body names (size and sha256; the manifest's TOML is read no further than its top
 every artifact's presence and size (and completeness of a bundle), then the device: model name, compute
 capability, SM count, and a driver whose CUDA major is at least the qualifying one. Cubins load lazily, on the
 first function taken from them, from bytes whose size and sha256 are checked right before cuModuleLoadData.
-Standard library, cryptography and cuda-bindings only (through mamba_forge.signing and mamba_forge.driver).
+Standard library, cryptography and cuda-bindings only (through mamba_forge.manifest.signing and mamba_forge.gpu.driver).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from .args import typed_values
-from .errors import DeviceMismatch, DriverError, LaunchRefused, ManifestRefused, SymbolUnavailable
-from .verify import KeySpec, Source, Verified, check_artifact_bytes, open_entry, open_verified
-from .verify import trusted_keys as collect_keys
+from mamba_forge.runtime.args import typed_values
+from mamba_forge.runtime.errors import DeviceMismatch, DriverError, LaunchRefused, ManifestRefused, SymbolUnavailable
+from mamba_forge.runtime.verify import KeySpec, Source, Verified, check_artifact_bytes, open_entry, open_verified
+from mamba_forge.runtime.verify import trusted_keys as collect_keys
 
 log = logging.getLogger("mamba_forge.runtime")
 
@@ -46,10 +46,10 @@ class DeviceInfo:
 
 
 class CudaBackend:
-    """The GPU, through mamba_forge.driver. Tests substitute an object with the same five methods."""
+    """The GPU, through mamba_forge.gpu.driver. Tests substitute an object with the same five methods."""
 
     def __init__(self):
-        from .. import driver as cuda
+        from mamba_forge.gpu import driver as cuda
 
         self.cuda = cuda
         self._devices: dict[int, object] = {}
@@ -334,7 +334,7 @@ def _stream_handle(stream) -> int:
     if hasattr(stream, "__cuda_stream__"):
         v = stream.__cuda_stream__()
         return int(v[1] if isinstance(v, tuple) else v)
-    for attr in ("cuda_stream", "ptr", "handle"):  # torch, CuPy, mamba_forge.driver.Stream
+    for attr in ("cuda_stream", "ptr", "handle"):  # torch, CuPy, mamba_forge.gpu.driver.Stream
         h = getattr(stream, attr, None)
         if h is not None:
             return int(h) if not hasattr(h, "getPtr") else int(h.getPtr())

@@ -1,6 +1,6 @@
 """Verification with no GPU: open a signed qualified manifest, release index or bundle; check the signature
 against trusted keys (canonical [signature] table included), the body's layout and expiry, and every artifact's
-size and sha256. Standard library + cryptography only (through :mod:`mamba_forge.signing`).
+size and sha256. Standard library + cryptography only (through :mod:`mamba_forge.manifest.signing`).
 
 Sources:
 
@@ -27,8 +27,8 @@ from pathlib import Path, PurePosixPath
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from .. import signing
-from .errors import ArtifactRefused, ManifestRefused, SignatureRefused
+from mamba_forge.manifest import signing
+from mamba_forge.runtime.errors import ArtifactRefused, ManifestRefused, SignatureRefused
 
 SCHEMA_VERSION = 1
 BUNDLE_MANIFEST = "manifest.toml"

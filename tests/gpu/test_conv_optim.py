@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_sup
 
 from gpu_support import bits, empty_device, from_device, kernels, to_device  # noqa: E402
 
-from mamba_forge.catalog import default_catalog_path, load_catalog  # noqa: E402
+from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
 from mamba_forge.qualify import spec as S  # noqa: E402
 from mamba_forge.references import conv1d as rc  # noqa: E402
 from mamba_forge.references import optim as ro  # noqa: E402

@@ -6,7 +6,7 @@
 * The Ada (TriadSm89*) and Sm120 modules' arithmetic through their sm_90a check builds: float64 agreement on a
   ragged shape, batch invariance, and the exact-f32 symbols bit-identical to one another.
 
-Kernels are launched with cuda.bindings (mamba_forge.tma.launch); memory and the float64 oracle are torch.
+Kernels are launched with cuda.bindings (mamba_forge.gpu.tma.launch); memory and the float64 oracle are torch.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_sup
 
 from gpu_support import kernels  # noqa: E402
 
-from mamba_forge.catalog import default_catalog_path, load_catalog  # noqa: E402
+from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -47,7 +47,7 @@ def env():
 
 
 def _fn(env, name):
-    from mamba_forge.tma import load_function
+    from mamba_forge.gpu.tma import load_function
 
     torch, k, catalog, where = env
     if name not in where:
@@ -73,7 +73,7 @@ def _ref(torch, layout, A, B):
 
 def run_wgmma(env, name, layout, A, B, M, N, K, C=None):
     """Launch one wgmma symbol on (A, B) of the layout; returns C (M x N, the inputs' dtype)."""
-    from mamba_forge import tma
+    from mamba_forge.gpu import tma
 
     torch = env[0]
     fn, sym = _fn(env, name)
@@ -169,7 +169,7 @@ def test_wgmma_writes_only_c(env, family):
 
 
 def test_wgmma_host_refuses_unaligned():
-    from mamba_forge import tma
+    from mamba_forge.gpu import tma
 
     with pytest.raises(tma.TmaError, match="K = 100"):
         tma.check_gemm("nn", 64, 64, 100)
@@ -188,7 +188,7 @@ def _check_symbols():
 
 
 def run_tile(env, name, A, B, M, N, K, bias=None):
-    from mamba_forge import tma
+    from mamba_forge.gpu import tma
 
     torch = env[0]
     fn, sym = _fn(env, name)

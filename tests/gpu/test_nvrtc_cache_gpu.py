@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 COMPILE = r"""
-from mamba_forge import nvrtc
+from mamba_forge.build import nvrtc
 r = nvrtc.compile_program('extern "C" __global__ void k(float* y) { y[threadIdx.x] *= 2.f; }', "probe.cu",
                           ["-arch=sm_90a", "-std=c++17"], {}, want_ptx=False)
 assert r.ok and r.cubin, r.log

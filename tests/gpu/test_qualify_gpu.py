@@ -13,15 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mamba_forge import driver as cu
-from mamba_forge import signing
-from mamba_forge.build import BuildRequest, build
-from mamba_forge.catalog import default_catalog_path, load_catalog
-from mamba_forge.manifest import write
-from mamba_forge.qualified import body_bytes, read_verified
+from mamba_forge.build.builder import BuildRequest, build
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.catalog.targets import get_target
+from mamba_forge.gpu import driver as cu
+from mamba_forge.manifest import signing
+from mamba_forge.manifest.qualified import body_bytes, read_verified
+from mamba_forge.manifest.toml_io import write
 from mamba_forge.qualify import checks as C
 from mamba_forge.qualify import runner
-from mamba_forge.targets import get_target
 
 pytestmark = pytest.mark.gpu
 
@@ -177,8 +177,8 @@ def _gpu_count() -> int:
 def test_two_gpus_compare_digests(negative_build):
     cat = load_catalog(NEGATIVE)
     bm_path = negative_build / "manifest.toml"
-    from mamba_forge.manifest import read
-    from mamba_forge.records import BuildManifest
+    from mamba_forge.manifest.records import BuildManifest
+    from mamba_forge.manifest.toml_io import read
 
     req = runner.QualifyRequest(build_dir=negative_build, build=read(bm_path, BuildManifest), catalog=cat,
                                 devices=[0, 1], seed=11, timeout_s=10)

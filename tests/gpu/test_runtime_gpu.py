@@ -27,8 +27,8 @@ def bundle(tmp_path_factory) -> tuple[Path, Path]:
     """(bundle, public key): from the environment, else build and qualify the Fixed module on this GPU now."""
     if os.environ.get("MF_RUNTIME_BUNDLE"):
         return Path(os.environ["MF_RUNTIME_BUNDLE"]), Path(os.environ["MF_RUNTIME_KEY"])
-    from mamba_forge import signing
-    from mamba_forge.bundle import write_bundle
+    from mamba_forge.manifest import signing
+    from mamba_forge.manifest.bundle import write_bundle
     from mamba_forge.runtime.verify import trusted_keys
 
     root = tmp_path_factory.mktemp("runtime-gpu")
@@ -55,8 +55,8 @@ def kernels(bundle):
 
 
 def _grid(family: str, n: int) -> tuple[int, ...]:
-    from mamba_forge import expr
-    from mamba_forge.catalog import default_catalog_path, load_catalog
+    from mamba_forge.catalog import expr
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
 
     cat = load_catalog(default_catalog_path())
     fam = next(m.family(family) for m in cat.modules if any(f.name == family for f in m.families))

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_sup
 
 from gpu_support import empty_device, from_device, to_device  # noqa: E402
 
-from mamba_forge.catalog import default_catalog_path, load_catalog  # noqa: E402
+from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
 from mamba_forge.errors import ForgeError  # noqa: E402
 from mamba_forge.qualify import spec as S  # noqa: E402
 from mamba_forge.references import scan as ref  # noqa: E402
@@ -72,8 +72,8 @@ class ScanOps:
     _cache: dict = {}
 
     def __init__(self, state_cap: int = 64, target: str = "sm_90a"):
-        from mamba_forge.build import BuildRequest, build
-        from mamba_forge.targets import get_target
+        from mamba_forge.build.builder import BuildRequest, build
+        from mamba_forge.catalog.targets import get_target
 
         key = (state_cap, target)
         if key not in ScanOps._cache:

@@ -7,7 +7,7 @@ from collections import defaultdict
 from rich.console import Console
 from rich.table import Table
 
-from .records import BuildManifest
+from mamba_forge.manifest.records import BuildManifest
 
 
 def build_summary(manifest: BuildManifest) -> list[dict]:

@@ -18,10 +18,12 @@ from pathlib import Path, PurePosixPath
 
 import tomli_w
 
-from . import __version__, signing
-from .errors import ForgeError, ManifestError
-from .runtime.errors import LoadError
-from .runtime.verify import BUNDLE_MANIFEST, RUNTIME_TABLE, Verified, is_tar_path, open_verified, sha256
+from mamba_forge import __version__
+from mamba_forge.errors import ForgeError, ManifestError
+from mamba_forge.fsio import write_atomic
+from mamba_forge.manifest import signing
+from mamba_forge.runtime.errors import LoadError
+from mamba_forge.runtime.verify import BUNDLE_MANIFEST, RUNTIME_TABLE, Verified, is_tar_path, open_verified, sha256
 
 INDEX_VALIDITY_DAYS = 365
 _TIME = "%Y-%m-%dT%H:%M:%SZ"
@@ -80,11 +82,7 @@ def write_bundle(manifest: Path, out: Path, *, keys, build: Path | None = None) 
     if is_tar_path(out):
         if out.name.endswith(".tar"):
             raise BundleError(f"{out}: write a compressed bundle (.tar.gz or .tgz) or a folder")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-        tmp.write_bytes(tar_bytes(files))
-        os.replace(tmp, out)
-        return out
+        return write_atomic(out, tar_bytes(files))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BundleError(f"{out} exists and is not an empty folder; a folder bundle holds exactly its files")
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
@@ -175,8 +173,4 @@ def write_index(manifests: list[Path], out: Path, private, *, keys, now: datetim
     out = Path(out)
     body = index_body(manifests, out, keys=keys, now=now, development_key=development_key)
     doc = signing.sign(tomli_w.dumps(body).encode(), private, development_key=body["development_key"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    tmp.write_bytes(doc)
-    os.replace(tmp, out)
-    return out
+    return write_atomic(out, doc)

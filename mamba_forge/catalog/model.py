@@ -11,7 +11,7 @@ symbols. A family is one templated implementation; the catalog expands it into s
 
 Each symbol is emitted by the family's instantiation macro, ``MACRO(symbol, args...)``, appended to the
 composed source, so the export set follows from the catalog and nothing is copied by hand.
-Sizes (block, grid, dynamic shared memory, shapes) are integer expressions (see :mod:`mamba_forge.expr`).
+Sizes (block, grid, dynamic shared memory, shapes) are integer expressions (see :mod:`mamba_forge.catalog.expr`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from . import expr
-from .errors import CatalogError, ForgeError
-from .targets import TARGETS, Target, gate_admits, validate_gate
+from mamba_forge.catalog import expr
+from mamba_forge.catalog.targets import TARGETS, Target, gate_admits, validate_gate
+from mamba_forge.errors import CatalogError, ForgeError
 
 SCHEMA_VERSION = 1
 
@@ -503,11 +503,11 @@ def load_catalog(path: str | Path) -> Catalog:
 
 def default_catalog_path() -> Path:
     """The built-in catalog: kernels/catalog.toml beside the package (a source checkout or editable install)."""
-    return Path(__file__).resolve().parent.parent / "kernels" / "catalog.toml"
+    return Path(__file__).resolve().parents[2] / "kernels" / "catalog.toml"
 
 
 def iter_targets(names: list[str] | None) -> Iterator[Target]:
-    from .targets import DEFAULT_TARGETS, get_target
+    from mamba_forge.catalog.targets import DEFAULT_TARGETS, get_target
 
     for n in names or DEFAULT_TARGETS:
         yield get_target(n)

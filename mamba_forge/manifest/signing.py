@@ -30,6 +30,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from mamba_forge.fsio import write_atomic
+
 MARKER = b"\n[signature]\n"
 ALGORITHM = "ed25519"
 KEY_ENV = "MAMBA_FORGE_SIGNING_KEY"  # PEM text of the private key (CI secrets)
@@ -81,12 +83,11 @@ def write_keypair(folder: Path, name: str = "mamba-forge") -> tuple[Path, Path, 
     folder.mkdir(parents=True, exist_ok=True)
     private = Ed25519PrivateKey.generate()
     priv_path, pub_path = folder / f"{name}.key", folder / f"{name}.pub"
-    if priv_path.exists():
-        raise FileExistsError(f"{priv_path} exists; remove it or choose another name")
-    fd = os.open(priv_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(private_pem(private))
-    pub_path.write_text(public_text(private.public_key()))
+    for p in (priv_path, pub_path):
+        if p.exists() or p.is_symlink():
+            raise FileExistsError(f"{p} exists; remove it or choose another name")
+    write_atomic(priv_path, private_pem(private), mode=0o600, exclusive=True)
+    write_atomic(pub_path, public_text(private.public_key()), exclusive=True)
     return priv_path, pub_path, key_id(private.public_key())
 
 

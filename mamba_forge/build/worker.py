@@ -11,8 +11,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import cubin, nvrtc
-from .cache import Cache
+from mamba_forge.build import cubin, nvrtc
+from mamba_forge.build.cache import Cache
 
 
 def compile_parts(source: str, name: str, options: list[str], headers: dict[str, bytes]) -> dict[str, bytes]:

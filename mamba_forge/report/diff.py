@@ -9,7 +9,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from .errors import ManifestError
+from mamba_forge.errors import ManifestError
 
 RESOURCE_KEYS = ("registers", "static_smem", "local_bytes", "stack_frame", "spill_stores", "spill_loads",
                  "max_threads", "blocks_per_sm", "barriers", "param_bytes")
@@ -110,9 +110,9 @@ def rebuild_and_compare(body: dict, out: Path, *, catalog: Path | None = None,
                         cache_location: Path | str | None = "default") -> list[dict]:
     """Rebuild the manifest's modules for its targets (through the build cache) into `out` and compare every
     artifact's sha256. Returns one record per stale artifact: module, target, path, expected, actual, symbols."""
-    from .build import BuildRequest, build
-    from .catalog import default_catalog_path, load_catalog
-    from .targets import get_target
+    from mamba_forge.build.builder import BuildRequest, build
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+    from mamba_forge.catalog.targets import get_target
 
     if body.get("kind") != "qualified":
         raise ManifestError(f"the reproducibility check takes a qualified manifest, not a {body.get('kind')!r}")

@@ -21,10 +21,11 @@ import json
 import os
 import stat
 import struct
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from mamba_forge.fsio import write_atomic
 
 MAGIC = b"MFCACHE1"
 DISABLED_VALUES = {"0", "off"}
@@ -164,18 +165,7 @@ class Cache:
         path = self._path(key)
         self._mkdirs(path.parent)
         blob = _encode(parts)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-        try:
-            os.fchmod(fd, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, blob, mode=0o600)
 
 
 def _encode(parts: Mapping[str, bytes]) -> bytes:

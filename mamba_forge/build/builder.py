@@ -21,12 +21,22 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, admit, nvrtc
-from .cache import Cache, CacheRefused, cache_key, default_location
-from .catalog import Catalog, ModuleSpec, Symbol
-from .compile_worker import run_job
-from .records import Artifact, BuildManifest, ModuleBuild, Resources, SymbolBuild, Toolchain, Verdict
-from .targets import SMEM_RESERVED_BYTES, Target
+from mamba_forge import __version__
+from mamba_forge.build import admit, nvrtc
+from mamba_forge.build.cache import Cache, CacheRefused, cache_key, default_location
+from mamba_forge.build.worker import run_job
+from mamba_forge.catalog.model import Catalog, ModuleSpec, Symbol
+from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
+from mamba_forge.fsio import write_if_changed
+from mamba_forge.manifest.records import (
+    Artifact,
+    BuildManifest,
+    ModuleBuild,
+    Resources,
+    SymbolBuild,
+    Toolchain,
+    Verdict,
+)
 
 BASE_OPTIONS = ["-std=c++17", "--fmad=true", "-DNDEBUG", "--frandom-seed=mamba-forge"]
 HEADER_SUFFIXES = {".h", ".cuh", ".hpp", ".inl"}
@@ -188,18 +198,6 @@ def _symbol_record(sym: Symbol, res: Resources | None, verdict: Verdict) -> Symb
     )
 
 
-def _write_if_changed(path: Path, data: bytes) -> None:
-    try:
-        if path.stat().st_size == len(data) and path.read_bytes() == data:
-            return
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def _finish(job: Job, parts: dict[str, bytes], out: Path) -> ModuleBuild:
     meta = json.loads(parts["meta"])
     log = parts["log"].decode(errors="replace")
@@ -231,7 +229,7 @@ def _finish(job: Job, parts: dict[str, bytes], out: Path) -> ModuleBuild:
         if not data:
             continue
         rel = f"{job.target.name}/{job.module.kind}.{code}"
-        _write_if_changed(out / rel, data)
+        write_if_changed(out / rel, data)
         record.artifacts.append(Artifact(path=rel, sha256=_sha(data), size=len(data), code=code))  # type: ignore[arg-type]
     record.symbols, record.foreign_exports = judge(job, meta)
     for name in record.foreign_exports:

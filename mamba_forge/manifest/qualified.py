@@ -1,5 +1,5 @@
 """The qualified manifest (docs/architecture.md, "Qualified manifest"): pydantic models, TOML with tomli-w,
-signed with :mod:`mamba_forge.signing`. The runtime loader reads the same bytes with ``tomllib`` alone.
+signed with :mod:`mamba_forge.manifest.signing`. The runtime loader reads the same bytes with ``tomllib`` alone.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import signing
-from .errors import ManifestError
-from .runtime.verify import RUNTIME_KEYS, runtime_table_bytes
+from mamba_forge.errors import ManifestError
+from mamba_forge.manifest import signing
+from mamba_forge.runtime.verify import RUNTIME_KEYS, runtime_table_bytes
 
 QUALIFIED_SCHEMA = 1
 MANIFEST_VERSION = 1

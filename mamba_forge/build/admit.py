@@ -5,9 +5,9 @@ A rejection names the symbol, the figure and the limit; the symbol's siblings ar
 
 from __future__ import annotations
 
-from .catalog import Symbol
-from .records import Resources, Verdict
-from .targets import SMEM_RESERVED_BYTES, Target
+from mamba_forge.catalog.model import Symbol
+from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
+from mamba_forge.manifest.records import Resources, Verdict
 
 REG_ALLOC_UNIT = 256  # registers are allocated per warp in units of 256
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import tomllib
 from pathlib import Path
 from typing import TypeVar
@@ -10,7 +9,8 @@ from typing import TypeVar
 import tomli_w
 from pydantic import BaseModel, ValidationError
 
-from .errors import ManifestError
+from mamba_forge.errors import ManifestError
+from mamba_forge.fsio import write_atomic
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -22,11 +22,7 @@ def dumps(model: BaseModel) -> str:
 
 def write(path: Path, model: BaseModel) -> None:
     """Atomic write: a reader never sees half a manifest."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(dumps(model), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(Path(path), dumps(model))
 
 
 def loads(text: str, cls: type[M], *, source: str = "<text>") -> M:

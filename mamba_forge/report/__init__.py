@@ -1,0 +1,1 @@
+"""The last stage: reports and diffs of any manifest."""
