@@ -1,0 +1,374 @@
+"""One typed schema for every manifest: the build manifest, the qualified manifest (with each symbol's launch
+contract), the release index and the runtime table the loader reads. Standard library only (the runtime loader
+imports it): plain dataclasses whose field order is the on-disk order. Plain dicts <-> records: codec.py.
+
+Field types are the codec's whole validation language: int, float, str, bool, list[X], dict[str, X], X | None,
+Literal[...] and nested records; every record is keyword-constructed (kw_only). A record may add a
+``_check(self) -> str | None`` rule, run after its fields convert (it names the problem; the codec, the path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Literal, get_type_hints
+
+BUILD_SCHEMA = 1  # build manifest schema_version
+QUALIFIED_SCHEMA = 1  # qualified manifest and index schema_version
+MANIFEST_VERSION = 2  # qualified body layout: 2 = per-symbol launch contract, params as tables
+INDEX_VERSION = 1
+RUNTIME_KEYS = ("runtime_table_sha256", "runtime_table_size")  # the body's top-level keys binding the table
+RESERVED_PATHS = ("manifest.toml", "runtime.json")  # a bundle's own files: never an artifact path
+
+ParamType = Literal["ptr", "i32", "u32", "i64", "u64", "f32", "f64", "bytes"]
+_KIND_OF = {"ptr": "pointer", "bytes": "blob"}  # every other type is a scalar
+
+
+class SchemaError(ValueError):
+    """A plain document does not fit its record: one line, ``<where>: <path>: <problem>``."""
+
+    def __init__(self, where: str, path: str, problem: str):
+        self.where, self.path, self.problem = where, path, problem
+        super().__init__(f"{where}: {path}: {problem}" if path else f"{where}: {problem}")
+
+    def __reduce__(self):
+        return SchemaError, (self.where, self.path, self.problem)
+
+
+def _bad_relpath(path: str) -> str | None:
+    p = PurePosixPath(path)
+    if (not path or "\\" in path or p.is_absolute() or ".." in p.parts or str(p) != path
+            or path in RESERVED_PATHS):
+        return f"unsafe path {path!r} (must be relative, normalised, no '..')"
+    return None
+
+
+# ---- build manifest (build/manifest.toml) -------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class Resources:
+    """Static resources of one symbol on one target (cubin + ptxas log)."""
+
+    registers: int
+    static_smem: int  # user static shared memory (excludes the 1 KB the system reserves on sm_90+)
+    stack_frame: int
+    spill_stores: int
+    spill_loads: int
+    max_threads: int  # from __launch_bounds__; 0 when the kernel declares none
+    barriers: int
+    param_bytes: int
+    param_layout: list[list[int]] = field(default_factory=list)  # [offset, size] per parameter, in order
+
+
+@dataclass(kw_only=True)
+class Verdict:
+    status: Literal["admitted", "rejected"]
+    reason: str = ""  # names the symbol, the figure and the limit when rejected
+    check: str = ""  # the check that decided: "registers", "smem", "spills", "exports", "float-atomics", ...
+
+
+@dataclass(kw_only=True)
+class SymbolBuild:
+    name: str
+    family: str
+    dtype: str = ""
+    block: list[int]
+    dynamic_smem: int
+    deterministic: bool
+    resources: Resources | None = None  # absent when the module failed to compile or the symbol is missing
+    verdict: Verdict
+
+
+@dataclass(kw_only=True)
+class Artifact:
+    path: str  # relative to the build folder
+    sha256: str
+    size: int
+    code: Literal["cubin", "ptx"]
+
+
+@dataclass(kw_only=True)
+class ModuleBuild:
+    kind: str
+    target: str
+    role: Literal["qualify", "check"]  # "check": built only to check arithmetic on another family's GPU
+    built_only: bool = False  # no GPU of this family is reachable to qualify it
+    mandatory: bool
+    status: Literal["compiled", "failed"]
+    log_head: str = ""  # first lines of the NVRTC log when the compile failed
+    options: list[str]
+    source_sha256: str  # the composed program
+    cache_key: str
+    cached: bool = False
+    compile_seconds: float = 0.0
+    artifacts: list[Artifact] = field(default_factory=list)
+    symbols: list[SymbolBuild] = field(default_factory=list)
+    foreign_exports: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Toolchain:
+    nvrtc_version: str
+    library: dict[str, str]  # wheel versions and the loaded libnvrtc digest
+    header_sha256: dict[str, str]  # every project header the programs may include
+    base_options: list[str]
+
+
+@dataclass(kw_only=True)
+class BuildManifest:
+    schema_version: Literal[1] = BUILD_SCHEMA
+    kind: Literal["build"] = "build"
+    tool_version: str
+    catalog: str  # catalog name
+    catalog_sha256: str
+    state_capacity: int
+    targets: list[str]
+    toolchain: Toolchain
+    modules: list[ModuleBuild]
+
+    def symbols(self):
+        for m in self.modules:
+            for s in m.symbols:
+                yield m, s
+
+    def failed_mandatory(self) -> list[ModuleBuild]:
+        return [m for m in self.modules if m.mandatory and m.status == "failed"]
+
+
+# ---- qualified manifest (manifests/<name>.toml, signed) -------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class QToolchain:
+    nvrtc_version: str
+    library: dict[str, str] = field(default_factory=dict)
+    header_sha256: dict[str, str] = field(default_factory=dict)
+    base_options: list[str] = field(default_factory=list)
+    source_sha256: dict[str, str] = field(default_factory=dict)  # "Module/target" -> composed program digest
+
+
+@dataclass(kw_only=True)
+class QDevice:
+    name: str
+    cc: str
+    sm_count: int
+    driver_version: int
+    count: int = 1  # GPUs of this model compared (--device all)
+
+
+@dataclass(kw_only=True)
+class QArtifact:
+    module: str
+    target: str
+    role: Literal["qualify", "check"]
+    path: str  # relative to the build folder (a bundle's root)
+    code: Literal["cubin", "ptx"]
+    size: int
+    sha256: str
+
+    def _check(self) -> str | None:
+        return _bad_relpath(self.path)
+
+
+@dataclass(kw_only=True)
+class QResources:
+    registers: int
+    static_smem: int
+    local_bytes: int
+    max_threads: int
+    blocks_per_sm: int
+
+
+@dataclass(kw_only=True)
+class QCheck:
+    name: str  # correctness/repeat/batch/stream/neighbour/address/graph/sanitize/...
+    passed: bool
+    digest: str = ""
+    detail: str = ""
+
+
+@dataclass(kw_only=True)
+class Param:
+    """One kernel parameter of the launch contract: the catalog's declaration, resolved, plus its ABI slot.
+    Expressions (shape, value) are over the symbol's dims and constants; a float literal value is its repr."""
+
+    name: str
+    kind: Literal["pointer", "scalar", "blob"]  # follows from type: ptr -> pointer, bytes -> blob
+    type: ParamType
+    dtype: str = ""  # pointers: the resolved element dtype token ("bf16"); "" otherwise
+    role: Literal["in", "out", "inout", "scratch", ""] = ""  # pointers and blobs; "" for scalars
+    shape: list[str] = field(default_factory=list)  # pointers: element-count expressions
+    value: str = ""  # scalars: the catalog's value expression (or float literal); "" when the caller gives it
+    offset: int  # the ABI census: offset and size in the parameter area
+    size: int
+
+    def _check(self) -> str | None:
+        kind = _KIND_OF.get(self.type, "scalar")
+        if self.kind != kind:
+            return f"parameter {self.name!r} of type {self.type} is a {kind}, not a {self.kind}"
+        if kind == "pointer" and not (self.dtype and self.role and self.shape):
+            return f"pointer parameter {self.name!r} needs a dtype, a role and a shape"
+        if kind == "scalar" and (self.dtype or self.role or self.shape):
+            return f"scalar parameter {self.name!r} takes neither dtype, role nor shape"
+        if kind == "blob" and (self.dtype or self.shape or self.size < 1):
+            return f"blob parameter {self.name!r} takes a size and neither dtype nor shape"
+        if self.offset < 0 or self.size < 0:
+            return f"parameter {self.name!r} has a negative offset or size"
+        return None
+
+
+class _SymbolMethods:
+    """Shared by QSymbol and its projection RuntimeSymbol."""
+
+    def params_layout(self) -> list[list[int]]:
+        """The ABI census as manifest_version 1 wrote it: [offset, size] per parameter."""
+        return [[p.offset, p.size] for p in self.params]  # type: ignore[attr-defined]
+
+
+@dataclass(kw_only=True)
+class QSymbol(_SymbolMethods):
+    name: str
+    module: str
+    target: str
+    family: str
+    dtype: str = ""
+    status: Literal["admitted", "rejected", "checked", "built-only"]
+    reason: str = ""
+    check: str = ""
+    fallback: list[str] = field(default_factory=list)
+    block: list[int] = field(default_factory=lambda: [1, 1, 1])
+    grid: list[str] = field(default_factory=list)  # 1 to 3 expressions over dims and constants
+    dynamic_smem: int = 0
+    dynamic_smem_expr: str = ""  # the catalog's expression (over instance parameters), for the record
+    dims: list[str] = field(default_factory=list)  # the dims the caller supplies to the contract's expressions
+    constants: dict[str, int] = field(default_factory=dict)  # fixed names the expressions use (BM, sizeof_T)
+    state_capacity: int = 0  # compiled state capacity where the module takes one; 0 when not
+    params: list[Param] = field(default_factory=list)
+    deterministic: bool = True
+    seed: int | None = None  # the random seed of the inputs
+    resources: QResources | None = None
+    checks: list[QCheck] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class QRoute:
+    layout: str
+    a: str
+    b: str
+    c: str
+    symbols: list[str]
+
+
+class _ManifestMethods:
+    """Shared by QualifiedManifest and its projection RuntimeTable."""
+
+    def symbol(self, name: str, target: str | None = None) -> QSymbol:
+        for s in self.symbols:
+            if s.name == name and (target is None or s.target == target):
+                return s
+        raise KeyError(name)
+
+    def _check(self) -> str | None:
+        seen: set[str] = set()
+        for a in self.artifacts:
+            if a.path in seen:
+                return f"artifact {a.path} is named twice"
+            seen.add(a.path)
+        return None
+
+
+@dataclass(kw_only=True)
+class QualifiedManifest(_ManifestMethods):
+    schema_version: Literal[1] = QUALIFIED_SCHEMA
+    kind: Literal["qualified"] = "qualified"
+    manifest_version: Literal[2] = MANIFEST_VERSION
+    created: str
+    expires: str
+    tool_version: str
+    level: Literal["quick", "full"]
+    qualification_seconds: float
+    development_key: bool = False
+    catalog: str = ""
+    catalog_sha256: str = ""
+    state_capacity: int = 64
+    runtime_table_sha256: str | None = None  # bind the runtime table to the signed body
+    runtime_table_size: int | None = None
+    toolchain: QToolchain
+    device: QDevice
+    artifacts: list[QArtifact] = field(default_factory=list)
+    symbols: list[QSymbol] = field(default_factory=list)
+    routes: list[QRoute] = field(default_factory=list)
+
+
+# ---- release index (kind = "index") ---------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class IndexEntry:
+    path: str  # relative to the index's folder
+    sha256: str
+    size: int
+    device_name: str
+    cc: str
+    sm_count: int
+    driver_version: int = 0
+    level: Literal["quick", "full", ""] = ""
+    key_id: str = ""
+
+    def _check(self) -> str | None:
+        return _bad_relpath(self.path)
+
+
+@dataclass(kw_only=True)
+class ReleaseIndex:
+    schema_version: Literal[1] = QUALIFIED_SCHEMA
+    kind: Literal["index"] = "index"
+    manifest_version: Literal[1] = INDEX_VERSION
+    created: str
+    expires: str
+    tool_version: str
+    development_key: bool = False
+    entries: list[IndexEntry]
+
+
+# ---- the runtime table: the qualified body without toolchain, table binding and per-symbol checks ------------
+
+
+def _project(cls: type, name: str, drop: tuple[str, ...], retype: dict | None = None, bases: tuple = ()) -> type:
+    """A record class with `cls`'s fields, defaults and order, less `drop`, some fields retyped."""
+    hints = get_type_hints(cls)
+    fields = [(f.name, (retype or {}).get(f.name, hints[f.name]),
+               field(default=f.default, default_factory=f.default_factory))
+              for f in dataclasses.fields(cls) if f.name not in drop]
+    out = dataclasses.make_dataclass(name, fields, bases=bases, kw_only=True)
+    out.__module__ = __name__
+    return out
+
+
+RuntimeSymbol = _project(QSymbol, "RuntimeSymbol", ("checks",), bases=(_SymbolMethods,))
+RuntimeTable = _project(QualifiedManifest, "RuntimeTable", ("toolchain", *RUNTIME_KEYS),
+                        {"symbols": list[RuntimeSymbol]}, bases=(_ManifestMethods,))
+_SYMBOL_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeSymbol))
+_TABLE_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeTable) if f.name != "symbols")
+
+
+def runtime_table(m: QualifiedManifest) -> RuntimeTable:  # type: ignore[valid-type]
+    """The projection of a qualified manifest that the loader reads (records shared, not copied)."""
+    syms = [RuntimeSymbol(**{k: getattr(s, k) for k in _SYMBOL_KEYS}) for s in m.symbols]
+    return RuntimeTable(**{k: getattr(m, k) for k in _TABLE_KEYS}, symbols=syms)
+
+
+def param_kind(type_: str) -> str:
+    """'pointer', 'scalar' or 'blob' for a catalog parameter type."""
+    return _KIND_OF.get(type_, "scalar")
+
+
+__all__ = [
+    "BUILD_SCHEMA", "INDEX_VERSION", "MANIFEST_VERSION", "QUALIFIED_SCHEMA", "RUNTIME_KEYS",
+    "Artifact", "BuildManifest", "IndexEntry", "ModuleBuild", "Param", "QArtifact", "QCheck", "QDevice",
+    "QResources", "QRoute", "QSymbol", "QToolchain", "QualifiedManifest", "ReleaseIndex", "Resources",
+    "RuntimeSymbol", "RuntimeTable", "SchemaError", "SymbolBuild", "Toolchain", "Verdict", "param_kind",
+    "runtime_table",
+]
