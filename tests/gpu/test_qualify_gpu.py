@@ -21,7 +21,7 @@ from mamba_forge.manifest import signing
 from mamba_forge.manifest.qualified import body_bytes, read_verified
 from mamba_forge.manifest.toml_io import write
 from mamba_forge.qualify import checks as C
-from mamba_forge.qualify import runner
+from mamba_forge.qualify import plan, runner
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +45,7 @@ CONTROLS = ["control_row_sum", "control_smem_reverse"]
 
 def _target() -> str:
     info = cu.Device(0).info()
-    return sorted(runner.device_targets(info.cc), key=lambda t: not t.endswith("a"))[0]
+    return sorted(plan.device_targets(info.cc), key=lambda t: not t.endswith("a"))[0]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_live_admission_refuses_dynamic_smem_over_the_device_limit(negative_buil
     sym = cat.symbols["control_smem_reverse"]
     fam = cat.modules[0].family("control_smem_reverse")
     ok = C.live_admit(ctx, fn, sym, fam, None)
-    assert ok.ok and ok.layout_source == "cuFuncGetParamInfo" and ok.resources["blocks_per_sm"] >= 1
+    assert ok.ok and ok.layout_source == "cuFuncGetParamInfo" and ok.resources.blocks_per_sm >= 1
     over = sym.model_copy(update={"dynamic_smem": ctx.info.optin_smem + 1024})
     bad = C.live_admit(ctx, fn, over, fam, None)
     assert not bad.ok and bad.check == "smem" and str(ctx.info.optin_smem) in bad.reason
