@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
+import string
 import tomllib
 from collections.abc import Iterator
 from functools import cached_property
@@ -207,12 +208,34 @@ class Family(_Model):
                 raise ValueError(f"unknown dtype {dt!r} (known: {', '.join(DTYPES)})")
         if self.instances and self.symbol is None:
             raise ValueError("a family with instances needs a symbol name template")
+        for template in ([self.symbol] if self.symbol else []) + self.fallback:
+            problem = template_problem(template)
+            if problem:
+                raise ValueError(f"name template {template!r}: {problem}")
         seen = set()
         for p in self.params:
             if p.name in seen:
                 raise ValueError(f"parameter {p.name!r} is declared twice")
             seen.add(p.name)
         return self
+
+
+def template_problem(template: str) -> str | None:
+    """Name templates take plain ``{key}`` fields only: no format spec, conversion, index or attribute (a spec
+    such as ``{name:>999999999}`` would make formatting allocate without bound)."""
+    if len(template) > 256:
+        return f"{len(template)} characters long; the limit is 256"
+    try:
+        fields = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        return str(exc)
+    for _, key, spec, conversion in fields:
+        if key is None:
+            continue
+        if not SYMBOL_NAME.match(key) or spec or conversion:
+            shown = "{" + key + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            return f"field {shown} is not a plain {{key}}"
+    return None
 
 
 class Module(_Model):
@@ -432,6 +455,7 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
             raise CatalogError(f"{where}: symbol {name}: {exc}") from None
         if not all(b >= 1 for b in block):
             raise CatalogError(f"{where}: symbol {name}: block {block} must be positive")
+        _check_launch_expressions(fam, num_env, f"{where}: symbol {name}")
         fallback = [f.format(**fmt) for f in fam.fallback]
         out.append(
             Symbol(
@@ -449,6 +473,26 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
             )
         )
     return out
+
+
+def _check_launch_expressions(fam: Family, num_env: dict[str, int], where: str) -> None:
+    """Grid, shape and scalar-value expressions parse within the language's bounds and name only the
+    qualification dims, the instance's integers and sizeof_*: a bad one is a catalog error at load, not a
+    failure on the GPU later. Skipped families (no launch spec yet) are exempt from the name rule."""
+    known = set(num_env) | set(fam.qualify.dims)
+    exprs = [("grid", g) for g in fam.launch.grid]
+    for prm in fam.params:
+        exprs += [(f"shape of {prm.name!r}", e) for e in prm.shape]
+        if isinstance(prm.value, str):
+            exprs.append((f"value of {prm.name!r}", prm.value))
+    for what, e in exprs:
+        try:
+            unknown = expr.names(e) - known
+        except expr.ExprError as exc:
+            raise CatalogError(f"{where}: {what}: {exc}") from None
+        if unknown and not fam.qualify.skip:
+            raise CatalogError(f"{where}: {what} {e!r} names {sorted(unknown)}, which are neither qualification "
+                               f"dims nor instance parameters (known: {sorted(known)})")
 
 
 def load_catalog(path: str | Path) -> Catalog:
