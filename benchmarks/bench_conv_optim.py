@@ -31,7 +31,7 @@ CONV = {"batch": 4, "d": 4096, "L": 4096, "width": 4}
 
 def device_values(count: int, dtype: str, lo: float = -1.0, hi: float = 1.0):
     """Uniform values of `dtype` generated on the GPU (bf16 as uint16 bit patterns)."""
-    import cupy as cp
+    import cupy as cp  # device arrays only: kernels launch through mamba_forge.gpu
 
     x = cp.random.uniform(lo, hi, count, dtype=cp.float32)
     if dtype == "f32":
@@ -57,24 +57,23 @@ def conv_cases(k):
         def fwd_nosave(dt=dt, tile=tile):
             x, out = device_values(n, dt), device_values(n, dt)
             w, b = device_values(D * W, "f32"), device_values(D, "f32")
-            grid, f = (B * D * -(-L // tile),), k.fn(f"conv1d_burnin_forward_nosave_tiled_{dt}")
+            grid = (B * D * -(-L // tile),)
             args = (out, x, w, b, np.int64(B), np.int64(D), np.int64(L), np.int32(W))
-            return lambda: f(grid, (128,), args)
+            return k.bind(f"conv1d_burnin_forward_nosave_tiled_{dt}", grid, (128,), args)
 
         def fwd_save(dt=dt, tile=tile):
             x, out, pre = device_values(n, dt), device_values(n, dt), device_values(n, dt)
             w, b = device_values(D * W, "f32"), device_values(D, "f32")
-            grid, f = (B * D * -(-L // tile),), k.fn(f"conv1d_burnin_forward_tiled_{dt}")
+            grid = (B * D * -(-L // tile),)
             args = (out, pre, x, w, b, np.int64(B), np.int64(D), np.int64(L), np.int32(W))
-            return lambda: f(grid, (128,), args)
+            return k.bind(f"conv1d_burnin_forward_tiled_{dt}", grid, (128,), args)
 
         def bwd(dt=dt):
             x, pre, dout, dx = (device_values(n, dt) for _ in range(4))
             w = device_values(D * W, "f32")
             dw, db = device_values(D * W, "f32"), device_values(D, "f32")
-            f = k.fn(f"conv1d_bwd_tiled_{dt}")
             args = (dx, dw, db, x, w, pre, dout, np.int64(B), np.int64(D), np.int64(L), np.int32(W))
-            return lambda: f((D,), (128,), args)
+            return k.bind(f"conv1d_bwd_tiled_{dt}", (D,), (128,), args)
 
         cases += [
             (f"conv1d_burnin_forward_nosave_tiled_{dt}", shape, 2 * n * t + small, fwd_nosave),
@@ -85,7 +84,7 @@ def conv_cases(k):
 
 
 def optim_cases(k, millions: int):
-    import cupy as cp
+    import cupy as cp  # device arrays only: kernels launch through mamba_forge.gpu
 
     n = millions * 1_000_000
     shape = f"{millions}M params"
@@ -95,19 +94,17 @@ def optim_cases(k, millions: int):
     def adamw():
         p, g, m = device_values(n, "f32"), device_values(n, "f32"), device_values(n, "f32", -0.1, 0.1)
         v = device_values(n, "f32", 1e-6, 1e-2)
-        f = k.fn("adamw_step_f32")
         args = (p, g, m, v, np.int64(n), np.float32(1e-3), np.float32(0.9), np.float32(0.999), np.float32(1e-8),
                 np.float32(0.1), np.int32(10))
-        return lambda: f(grid, (256,), args)
+        return k.bind("adamw_step_f32", grid, (256,), args)
 
     def adamw_capturable():
         p, g, m = device_values(n, "f32"), device_values(n, "f32"), device_values(n, "f32", -0.1, 0.1)
         v = device_values(n, "f32", 1e-6, 1e-2)
         lr, step, arrivals = cp.full(1, 1e-3, cp.float32), cp.zeros(1, cp.int32), cp.zeros(1, cp.uint32)
-        f = k.fn("adamw_step_f32_capturable")
         args = (p, g, m, v, np.int64(n), lr, step, arrivals, np.float32(0.9), np.float32(0.999), np.float32(1e-8),
                 np.float32(0.1))
-        return lambda: f(grid, (256,), args)
+        return k.bind("adamw_step_f32_capturable", grid, (256,), args)
 
     def multi(dt):
         def setup():
@@ -127,23 +124,17 @@ def optim_cases(k, millions: int):
                 keep.append(t)
                 desc[j] = (t[0].data.ptr, t[1].data.ptr, t[2].data.ptr, t[3].data.ptr, s, 0.1 if j % 4 else 0.0, 0)
             dd = cp.asarray(desc.view(np.uint8))
-            f = k.fn(f"adamw_step_multi_{dt}")
             args = (dd, np.int32(len(sizes)), np.float32(1e-3), np.float32(0.9), np.float32(0.999), np.float32(1e-8),
                     np.int32(10))
-            keep.append(dd)
-
-            def launch():
-                f((1056,), (256,), args)
-
-            launch.keep = keep  # the tensors live as long as the launch closure
+            launch = k.bind(f"adamw_step_multi_{dt}", (1056,), (256,), args)
+            launch.keep = keep  # the tensors the descriptors point at live as long as the launcher
             return launch
 
         return setup
 
     def sumsq():
         g, parts = device_values(n, "f32"), cp.zeros(1024, cp.float64)
-        f = k.fn("grad_sumsq_partial_f32")
-        return lambda: f((1024,), (256,), (parts, g, np.int64(n)))
+        return k.bind("grad_sumsq_partial_f32", (1024,), (256,), (parts, g, np.int64(n)))
 
     cases += [
         ("adamw_step_f32", shape, 28 * n, adamw),
@@ -165,11 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.reps < 20:
         ap.error("--reps must be at least 20")
 
-    import cupy as cp
+    import cupy as cp  # device arrays and their memory pool only; kernels launch through mamba_forge.gpu
     from gpu_support import kernels
 
+    from mamba_forge.gpu import driver as cu
+
     k = kernels()
-    gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    gpu = cu.Device(0).info().name
     rows = []
     print(f"{'kernel':42} {'shape':22} {'MB':>9} {'us':>9} {'GB/s':>7} {'copy GB/s':>10} {'ratio':>6}")
     for name, shape, moved, setup in conv_cases(k) + optim_cases(k, a.params):

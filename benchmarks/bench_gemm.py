@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ from mamba_forge.build.builder import BuildRequest, build
 from mamba_forge.catalog import expr
 from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
 from mamba_forge.catalog.targets import get_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from gpu_support import bind, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
 
 RESULTS = Path(__file__).parent / "results" / "gemm.md"
 HEADER = ("| date | GPU | symbol | M | N | K | ms | ours | cuBLAS | unit | ratio | copy fraction |\n"
@@ -95,14 +99,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.iters < 20:
         raise SystemExit("--iters must be at least 20")
-    import cupy as cp
     import torch
 
     torch.cuda.init()
     props = torch.cuda.get_device_properties(0)
     gpu = props.name
     cat, where = build_modules()
-    modules: dict[Path, object] = {}
     tdt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
 
@@ -115,10 +117,7 @@ def main() -> None:
     print(f"{gpu}: device-to-device copy {copy_gbs:.0f} GB/s (read + write)")
 
     def fn_of(name: str):
-        cubin = where[name]
-        if cubin not in modules:
-            modules[cubin] = cp.RawModule(path=str(cubin))
-        return modules[cubin].get_function(name)
+        return load_cubin(where[name]).function(name)
 
     wanted = [w for w in args.only.split(",") if w]
     results = []
@@ -146,16 +145,13 @@ def main() -> None:
                     row.launch(row, (C, A, B), m, n, k)
             else:
                 f = fn_of(row.symbol)
-                if sym.dynamic_smem > 48 * 1024:
-                    f.max_dynamic_shared_size_bytes = sym.dynamic_smem
                 genv = {kk: v for kk, v in env.items() if isinstance(v, int)} | {"M": m, "N": n, "K": k}
                 grid = tuple(int(expr.evaluate(e, genv)) for e in fam.launch.grid)
                 grid = grid + (1,) * (3 - len(grid))
                 kargs = (np.uint64(C.data_ptr()), np.uint64(A.data_ptr()), np.uint64(B.data_ptr()), np.uint64(0),
                          np.int32(m), np.int32(n), np.int32(k))
 
-                def ours(f=f, grid=grid, kargs=kargs, smem=sym.dynamic_smem, block=sym.block):
-                    f(grid, tuple(block), kargs, shared_mem=smem)
+                ours = bind(f, grid, sym.block, kargs, smem=sym.dynamic_smem)
 
             base_dt = torch.float32 if row.baseline == "tf32" else tdt[row.baseline]
             Ab, Bb = A.to(base_dt), B.to(base_dt)

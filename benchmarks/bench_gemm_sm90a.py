@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import sys
 import tempfile
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from mamba_forge.build.builder import BuildRequest, build
 from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
 from mamba_forge.catalog.targets import get_target
 from mamba_forge.gpu import tma
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from gpu_support import bind, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
 
 RESULTS = Path(__file__).parent / "results" / "gemm_sm90a.md"
 HEADER = ("| date | GPU | symbol | layout | M | N | K | ms | TFLOP/s | cuBLAS TFLOP/s | ratio |\n"
@@ -91,7 +95,7 @@ def main() -> None:
                     print(f"skip {name} {M}x{N}x{K}: {exc}")
                     continue
                 sym = cat.symbols[name]
-                fn = tma.load_function(str(cubin), name)
+                fn = load_cubin(cubin).function(name)
                 C = torch.empty((M, N), dtype=tdt, device="cuda")
                 if sym.params_env["TMASTORE"]:
                     maps = tma.gemm_tensor_maps_with_c(lay, A.data_ptr(), B.data_ptr(), C.data_ptr(), M, N, K)
@@ -99,14 +103,12 @@ def main() -> None:
                 else:
                     maps = tma.gemm_tensor_maps(lay, A.data_ptr(), B.data_ptr(), M, N, K)
                     blobs = [maps["tmA"], maps["tmB"]]
-                kargs = tma.KernelArgs(blobs + [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr()),
-                                                ("i32", M), ("i32", N), ("i32", K)])
+                kargs = blobs + [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr()), ("i32", M),
+                                 ("i32", N), ("i32", K)]
                 bm, bn = sym.params_env["BM"], sym.params_env["BN"]
                 grid = (min(math.ceil(M / bm) * math.ceil(N / bn), sms),)
 
-                def run(fn=fn, grid=grid, sym=sym, kargs=kargs):
-                    tma.launch(fn, grid, sym.block, kargs, smem=sym.dynamic_smem, stream=stream)
-
+                run = bind(fn, grid, sym.block, kargs, smem=sym.dynamic_smem, stream=stream)
                 ms = median_ms(run, args.iters)
                 # a sanity check of the result so a fast wrong kernel cannot post a number
                 ref = torch.matmul(A if lay != "tn" else A.t(), B if lay != "nt" else B.t())

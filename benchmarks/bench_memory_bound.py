@@ -55,7 +55,7 @@ SCALAR_NP = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint6
 
 def device_fill(count: int, dtype: str, positive: bool):
     """Device values of `dtype` drawn on the GPU (bf16 as uint16 bit patterns), without host traffic."""
-    import cupy as cp
+    import cupy as cp  # device arrays only: kernels launch through mamba_forge.gpu
 
     x = cp.random.standard_normal(count, dtype=cp.float32)
     if positive:
@@ -112,14 +112,9 @@ def bench_one(k, fixed, name: str, dims: dict[str, int], reps: int) -> dict:
         args[b.index] = dev[b.name]
     for s in spec.scalars:
         args[s.index] = SCALAR_NP[s.type](s.value)
-    fn = k.fn(name)
-    if spec.dynamic_smem > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = spec.dynamic_smem
-
-    def launch():
-        fn(spec.grid, spec.block, tuple(args), shared_mem=spec.dynamic_smem)
-
+    launch = k.bind(name, spec.grid, spec.block, args, smem=spec.dynamic_smem)
     t = time_events(launch, reps)
+    del launch
     dev.clear()
     tc = copy_seconds(moved // 2, reps)
     peer = None
@@ -147,14 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.reps < 20:
         ap.error("--reps must be at least 20")
 
-    import cupy as cp
     from gpu_support import kernels
 
     from mamba_forge.catalog.model import default_catalog_path, load_catalog
+    from mamba_forge.gpu import driver as cu
 
     fixed = load_catalog(default_catalog_path()).module("Fixed")
     k = kernels()
-    gpu = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    gpu = cu.Device(0).info().name
     ours = {n for n, _ in BENCH}
     todo = [(n, d) for n, d in BENCH + catalog_extras(fixed) if a.only in n]
     rows = []

@@ -1,6 +1,7 @@
 """CUDA-event timing shared by the benchmark scripts (run as `python benchmarks/bench_*.py`, so this module is
 importable as `timing`). Every figure is a median over launches each bracketed by a pair of events, after
-warm-up calls, on the legacy default stream that torch and CuPy both use here."""
+warm-up calls, on the legacy default stream that torch, CuPy and mamba_forge.gpu (stream None) all use here.
+Kernels are launched through mamba_forge.gpu (tests/gpu_support.py: bind / launch)."""
 
 from __future__ import annotations
 
@@ -27,20 +28,26 @@ def median_ms(fn: Callable[[], object], reps: int, warmup: int = 5) -> float:
 
 
 def time_events(fn: Callable[[], object], reps: int) -> float:
-    """Median seconds of fn() over `reps` launches, timed with CuPy CUDA events, after 3 warm-up calls."""
-    import cupy as cp
+    """Median seconds of fn() over `reps` launches, timed with mamba_forge.gpu events on the legacy stream, after
+    3 warm-up calls."""
+    from mamba_forge.gpu import driver as cu
 
     for _ in range(3):
         fn()
-    cp.cuda.runtime.deviceSynchronize()
+    cu.context_synchronize()
+    legacy = cu.Stream.legacy()
+    start, stop = cu.Event(), cu.Event()
     times = []
-    for _ in range(reps):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) * 1e-3)
+    try:
+        for _ in range(reps):
+            start.record(legacy)
+            fn()
+            stop.record(legacy)
+            stop.synchronize()
+            times.append(start.elapsed_ms(stop) * 1e-3)
+    finally:
+        start.destroy()
+        stop.destroy()
     return statistics.median(times)
 
 

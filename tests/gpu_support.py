@@ -1,24 +1,36 @@
-"""Helpers for GPU tests and benchmarks: build the catalog once for the attached GPU's target and launch
-symbols through CuPy (present on the GPU machine). Host data is NumPy; bf16 travels as uint16 bit patterns.
+"""Helpers for GPU tests and benchmarks: build the catalog once for the attached GPU's target, load cubins with
+mamba_forge.gpu.driver and launch through its one launch path (PackedParams + launch). Host data is NumPy;
+bf16 travels as uint16 bit patterns.
 
     k = kernels()                      # builds (through the cache) once per process
     x = to_device(np_array, "bf16")    # NumPy float64/float32 -> device buffer of that dtype
     k.launch("softplus_forward_bf16", grid=(n_blocks,), block=(256,), args=(y, x, np.int64(n)))
     y_host = from_device(y, "bf16")    # -> float64 NumPy
+
+CuPy (present on the GPU machine) is used only as an array container and allocator: device arrays with NumPy-like
+ops (fill, slices, get). It never launches a kernel here; arguments reach the kernel as their device pointer
+(`__cuda_array_interface__`, which torch tensors have too).
 """
 
 from __future__ import annotations
 
 import functools
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
+from mamba_forge.gpu import driver as cu
+
 _NP = {"f32": np.float32, "f64": np.float64, "bf16": ml_dtypes.bfloat16, "f16": np.float16,
        "i32": np.int32, "i64": np.int64, "u32": np.uint32, "u8": np.uint8, "i8": np.int8, "u64": np.uint64}
 _BITS = {"bf16": np.uint16}
+# NumPy scalar type -> PackedParams type: kernel scalars are passed as NumPy scalars of the declared C type
+_SCALARS = {np.dtype(np.int32): "i32", np.dtype(np.uint32): "u32", np.dtype(np.int64): "i64",
+            np.dtype(np.uint64): "u64", np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+BLOB_ALIGN = 64  # by-value blobs (CUtensorMap wants 64; more costs nothing)
 
 
 def np_dtype(token: str):
@@ -62,6 +74,100 @@ def bits(buf) -> bytes:
     return buf.get().tobytes()
 
 
+# ---- launching through mamba_forge.gpu ----------------------------------------------------------------------
+
+
+def kernel_param(arg) -> tuple[str, object]:
+    """One kernel argument as a PackedParams (type, value): a device array (a torch CUDA tensor, or anything with
+    __cuda_array_interface__: CuPy) is its data pointer, a NumPy scalar its own C type, bytes a by-value blob, and a
+    (type, value) pair passes as it is. Bare Python numbers are refused: their C type would be a guess."""
+    if getattr(arg, "is_cuda", False) and callable(getattr(arg, "data_ptr", None)):
+        return ("ptr", int(arg.data_ptr()))  # a torch CUDA tensor (its CAI refuses bf16)
+    cai = getattr(arg, "__cuda_array_interface__", None)
+    if cai is not None:
+        return ("ptr", int(cai["data"][0]))
+    if isinstance(arg, np.generic):
+        typ = _SCALARS.get(arg.dtype)
+        if typ is None:
+            raise TypeError(f"no kernel parameter type for a NumPy {arg.dtype} scalar")
+        return (typ, arg.item())
+    if isinstance(arg, (bytes, bytearray)):
+        return ("bytes", bytes(arg))
+    if isinstance(arg, tuple) and len(arg) == 2 and isinstance(arg[0], str):
+        return arg
+    raise TypeError(f"kernel argument {arg!r} ({type(arg).__name__}): pass a device array, a NumPy scalar of the "
+                    "parameter's C type, bytes or a (type, value) pair")
+
+
+def pack(args: Sequence) -> cu.PackedParams:
+    values = [kernel_param(a) for a in args]
+    return cu.PackedParams(values, [BLOB_ALIGN if t == "bytes" else 0 for t, _ in values])
+
+
+def as_stream(stream) -> cu.Stream | None:
+    """None (the legacy default stream), a cu.Stream, a raw handle, or a CuPy/torch stream (borrowed)."""
+    if stream is None or isinstance(stream, cu.Stream):
+        return stream
+    if isinstance(stream, int):
+        return cu.Stream.wrap(stream)
+    if hasattr(stream, "__cuda_stream__"):  # the CUDA stream protocol: (version, handle)
+        return cu.Stream.wrap(int(stream.__cuda_stream__()[1]))
+    for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+        handle = getattr(stream, attr, None)
+        if isinstance(handle, int):
+            return cu.Stream.wrap(handle)
+    raise TypeError(f"{type(stream).__name__} is not a CUDA stream")
+
+
+@functools.cache
+def _context() -> cu.Device:
+    """The primary context of device 0, current on this thread (the one CuPy and torch use too)."""
+    dev = cu.Device(0)
+    dev.make_current()
+    return dev
+
+
+_MODULES: dict[str, cu.Module] = {}
+
+
+def load_cubin(path: str | Path) -> cu.Module:
+    """A built cubin loaded once per path into the primary context."""
+    key = str(path)
+    if key not in _MODULES:
+        _context()
+        _MODULES[key] = cu.Module(Path(key).read_bytes())
+    return _MODULES[key]
+
+
+def bind(fn: cu.Function, grid, block, args: Sequence, smem: int = 0, stream=None) -> Callable[[], None]:
+    """A zero-argument launcher with the parameters packed once (benchmarks time only the launch). `stream` is
+    anything as_stream takes, or a function returning one, asked at every launch (``torch.cuda.current_stream``:
+    a torch graph capture switches the current stream)."""
+    params = pack(args)
+    if smem > 48 * 1024:
+        fn.set_max_dynamic_smem(smem)
+    grid, block = tuple(grid), tuple(block)
+    if callable(stream):
+        current = stream
+
+        def run() -> None:
+            cu.launch(fn, grid, block, params, smem=smem, stream=as_stream(current()))
+    else:
+        fixed = as_stream(stream)
+
+        def run() -> None:
+            cu.launch(fn, grid, block, params, smem=smem, stream=fixed)
+
+    run.args = args  # the arrays stay alive as long as the launcher
+    return run
+
+
+def launch(fn: cu.Function, grid, block, args: Sequence, smem: int = 0, stream=None, sync: bool = True) -> None:
+    bind(fn, grid, block, args, smem, stream)()
+    if sync:
+        cu.context_synchronize()
+
+
 @functools.cache
 def _build(target: str, state_cap: int):
     from mamba_forge.build.builder import BuildRequest, build
@@ -77,33 +183,26 @@ class Kernels:
     def __init__(self, target: str = "sm_90a", state_cap: int = 64):
         self.out, self.manifest = _build(target, state_cap)
         self.target = target
-        self._modules: dict[str, object] = {}
         self._where = {s.name: m for m, s in self.manifest.symbols() if m.target == target}
 
     def verdict(self, name: str):
         m = self._where[name]
         return next(s.verdict for s in m.symbols if s.name == name)
 
-    def fn(self, name: str):
-        import cupy as cp
-
+    def cubin(self, name: str) -> Path:
         mod = self._where.get(name)
         if mod is None:
             raise KeyError(f"{name} is not in the {self.target} build")
-        cubin = next(a for a in mod.artifacts if a.code == "cubin")
-        if cubin.path not in self._modules:
-            self._modules[cubin.path] = cp.RawModule(path=str(self.out / cubin.path))
-        return self._modules[cubin.path].get_function(name)
+        return self.out / next(a for a in mod.artifacts if a.code == "cubin").path
+
+    def fn(self, name: str) -> cu.Function:
+        return load_cubin(self.cubin(name)).function(name)
+
+    def bind(self, name: str, grid, block, args, smem: int = 0, stream=None) -> Callable[[], None]:
+        return bind(self.fn(name), grid, block, args, smem, stream)
 
     def launch(self, name: str, grid, block, args, smem: int = 0, stream=None, sync: bool = True):
-        import cupy as cp
-
-        f = self.fn(name)
-        if smem > 48 * 1024:
-            f.max_dynamic_shared_size_bytes = smem
-        f(tuple(grid), tuple(block), tuple(args), shared_mem=smem, stream=stream)
-        if sync:
-            cp.cuda.runtime.deviceSynchronize()
+        launch(self.fn(name), grid, block, args, smem, stream, sync)
 
 
 @functools.cache

@@ -13,8 +13,8 @@ from pathlib import Path
 import tomli_w
 
 from mamba_forge.manifest import signing
+from mamba_forge.runtime.backend import DeviceInfo
 from mamba_forge.runtime.errors import DriverError
-from mamba_forge.runtime.loader import DeviceInfo
 
 H200 = DeviceInfo(ordinal=0, name="NVIDIA H200", cc=(9, 0), sm_count=132, driver_version=13000)
 
@@ -201,7 +201,7 @@ class FakeModule:
 
 @dataclass
 class FakeBackend:
-    """Stands in for the GPU: same five calls as loader.CudaBackend, recording what the loader does."""
+    """Stands in for the GPU: same calls as runtime.backend.CudaBackend, recording what the loader does."""
 
     info: DeviceInfo = H200
     loaded: list[str] = field(default_factory=list)  # sha256 of each image handed to load_module

@@ -211,18 +211,22 @@ def test_prepare_hooks_refuse_bad_shapes_first():
         tma.prepare_gemm_tn({"A": 0x1000, "B": 0x2000, "C": 0x3000}, {}, {"M": 9, "N": 8, "K": 8})
 
 
-def test_kernel_args_layout():
+def test_tensor_map_blob_packs_by_value_64_aligned():
+    """A tensor map travels as a ("bytes", map) parameter of the one launch path, aligned TMA_DESC_ALIGN."""
     import ctypes
 
+    from mamba_forge.gpu import driver as cu
+
     blob = bytes(range(128))
-    args = tma.KernelArgs([blob, ("ptr", 0xDEADBEEF000), ("i32", -3), ("f32", 1.5)])
+    args = cu.PackedParams([("bytes", blob), ("ptr", 0xDEADBEEF000), ("i32", -3), ("f32", 1.5)],
+                           [tma.TMA_DESC_ALIGN, 0, 0, 0])
     ptrs = (ctypes.c_void_p * 4).from_address(args.address)
     assert ctypes.string_at(ptrs[0], 128) == blob and ptrs[0] % 64 == 0
     assert ctypes.c_uint64.from_address(ptrs[1]).value == 0xDEADBEEF000
     assert ctypes.c_int32.from_address(ptrs[2]).value == -3
     assert ctypes.c_float.from_address(ptrs[3]).value == 1.5
-    with pytest.raises(tma.TmaError, match="unknown argument kind"):
-        tma.KernelArgs([("i128", 1)])
+    with pytest.raises(ValueError, match="unknown type 'i128'"):
+        cu.PackedParams([("i128", 1)])
 
 
 # ---- the float64 references ----

@@ -280,6 +280,17 @@ def test_launch_types_arguments_from_the_recorded_layout(tiny):
     assert fake.launches[-1]["raw"][2:] == [struct.pack("<f", 1.0), struct.pack("<q", -3)]
 
 
+def test_launch_takes_a_driver_layer_stream_by_its_handle(tiny):
+    """A mamba_forge.gpu Stream reaches the backend as its raw handle (the CUDA stream protocol), not as the
+    address of the binding's storage."""
+    from mamba_forge.gpu import driver as cu
+
+    fake = FakeBackend()
+    f = load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake).function("scale_bf16")
+    launch(f, grid=(1,), block=(128,), args=(0x10, 0x20, 1.0, 4), stream=cu.Stream.wrap(0x7A5C))
+    assert fake.launches[-1]["stream"] == 0x7A5C
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -348,7 +359,7 @@ def test_layout_agrees_with_the_qualified_models(tiny):
 
 def test_runtime_imports_stay_light():
     code = (
-        "import sys, mamba_forge.runtime as r; r.load; "
+        "import sys, mamba_forge.runtime as r; r.load; r.CudaBackend(); "
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
         "('pydantic', 'typer', 'rich', 'click', 'numpy', 'tomli_w', 'elftools', 'ml_dtypes')); "
         "ours = sorted(m for m in sys.modules if m.startswith('mamba_forge')); print(heavy); print(ours)"
@@ -356,7 +367,8 @@ def test_runtime_imports_stay_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "[]", f"the runtime pulled in {out[0]}"
     allowed = {"mamba_forge", "mamba_forge.manifest", "mamba_forge.manifest.signing", "mamba_forge.fsio",
-               "mamba_forge.gpu", "mamba_forge.gpu.driver", "mamba_forge.runtime"}
+               "mamba_forge.gpu", "mamba_forge.gpu.driver", "mamba_forge.gpu.core", "mamba_forge.gpu.graph",
+               "mamba_forge.gpu.launcher", "mamba_forge.runtime"}
     assert {m for m in eval(out[1]) if not m.startswith("mamba_forge.runtime.")} <= allowed
 
 

@@ -1,9 +1,10 @@
-"""Host side of the TMA GEMM kernels: CUtensorMap descriptors (cuTensorMapEncodeTiled) and a raw launcher.
+"""Host side of the TMA GEMM kernels: CUtensorMap descriptors (cuTensorMapEncodeTiled).
 
 Every wgmma GEMM symbol (kernels/sm90a/wgmma.cu) reads A and B through 2-D tiled tensor maps, one per matrix,
 all of one format: a row-major matrix of 16-bit elements (bf16 or f16: the copy does not look at the values, and
 out-of-bounds elements are filled with zero bits = +0.0 in both), a 64 x 64 element box, 128-byte swizzle. The
-kernel receives each map by value as a 128-byte, 64-aligned parameter (``const __grid_constant__ mf::TmaDesc``).
+kernel receives each map by value as a 128-byte, 64-aligned parameter (``const __grid_constant__ mf::TmaDesc``):
+launch with ``("bytes", map)`` entries of :class:`mamba_forge.gpu.driver.PackedParams`, aligned TMA_DESC_ALIGN.
 
 What the TMA path supports, and what is refused here before the driver is asked:
 * any M, N, K >= 1 with the matrices' contiguous extents a multiple of 8 elements (global row strides must be
@@ -13,14 +14,14 @@ What the TMA path supports, and what is refused here before the driver is asked:
   handled by the hardware's zero fill;
 * base addresses 16-byte aligned; dimensions below 2**31 (the kernel's coordinates are 32-bit signed).
 
-Standard library + cuda-bindings only (the runtime loader imports this module).
+Standard library + cuda-bindings only (the qualifier calls the prepare hooks; the driver is imported on use).
 """
 
 from __future__ import annotations
 
-import ctypes
 import struct
-from collections.abc import Sequence
+
+from mamba_forge.gpu.core import bindings
 
 TMA_DESC_BYTES = 128
 TMA_DESC_ALIGN = 64
@@ -81,7 +82,7 @@ def check_gemm(layout: str, M: int, N: int, K: int) -> None:
 def encode_2d(ptr: int, rows: int, cols: int, name: str = "matrix") -> bytes:
     """The 128 bytes of a CUtensorMap for a row-major rows x cols 16-bit matrix, 64x64 box, 128-byte swizzle."""
     check_matrix(ptr, rows, cols, name)
-    from cuda.bindings import driver as drv
+    drv = bindings()
 
     err, tmap = drv.cuTensorMapEncodeTiled(
         drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16,
@@ -128,83 +129,6 @@ def prepare_gemm_nt(pointers: dict[str, int], scalars: dict[str, int | float], d
 
 def prepare_gemm_tn(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
     return gemm_tensor_maps("tn", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"])
-
-
-# ---- a raw launcher: kernel parameters as (ctypes value | 128-byte blob), for tests and benchmarks ----
-class KernelArgs:
-    """Holds each argument's bytes alive and exposes the void** array cuLaunchKernel wants.
-
-    Items: bytes (a by-value blob, e.g. a tensor map), ("ptr", int), ("i32", int), ("i64", int), ("f32", float).
-    """
-
-    _CTYPES = {"ptr": ctypes.c_uint64, "i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64,
-               "u64": ctypes.c_uint64, "f32": ctypes.c_float, "f64": ctypes.c_double}
-
-    def __init__(self, items: Sequence[bytes | tuple[str, int | float]]):
-        self._keep: list[ctypes.Array | ctypes._SimpleCData] = []
-        self._addrs: list[int] = []
-        for it in items:
-            if isinstance(it, (bytes, bytearray)):
-                # 64-byte alignment for the copy source is not required by the driver, but costs nothing.
-                buf = (ctypes.c_uint8 * (len(it) + TMA_DESC_ALIGN))()
-                off = (-ctypes.addressof(buf)) % TMA_DESC_ALIGN
-                ctypes.memmove(ctypes.addressof(buf) + off, bytes(it), len(it))
-                self._keep.append(buf)
-                self._addrs.append(ctypes.addressof(buf) + off)
-            else:
-                kind, value = it
-                if kind not in self._CTYPES:
-                    raise TmaError(f"unknown argument kind {kind!r}")
-                v = self._CTYPES[kind](value)
-                self._keep.append(v)
-                self._addrs.append(ctypes.addressof(v))
-        self._array = (ctypes.c_void_p * max(1, len(self._addrs)))(*self._addrs)
-
-    @property
-    def address(self) -> int:
-        return ctypes.addressof(self._array)
-
-
-def launch(function, grid: Sequence[int], block: Sequence[int], args: KernelArgs, smem: int = 0, stream: int = 0) -> None:
-    """cuLaunchKernel with a KernelArgs array; sets MAX_DYNAMIC_SHARED_SIZE_BYTES above 48 KB."""
-    from cuda.bindings import driver as drv
-
-    g = tuple(grid) + (1,) * (3 - len(grid))
-    b = tuple(block) + (1,) * (3 - len(block))
-    if smem > 48 * 1024:
-        (err,) = drv.cuFuncSetAttribute(
-            function, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem
-        )
-        if err != drv.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={smem}) failed: {err!r}")
-    (err,) = drv.cuLaunchKernel(function, *g, *b, smem, drv.CUstream(stream), args.address, 0)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuLaunchKernel failed: {err!r}")
-
-
-_MODULES: dict[str, object] = {}
-
-
-def load_function(cubin_path: str, name: str):
-    """The CUfunction `name` from a cubin file, loaded once per path into the current context.
-
-    Call after the CUDA context exists (e.g. torch.cuda.init() or any CuPy allocation): the module is loaded into
-    whatever context is current on this thread.
-    """
-    from cuda.bindings import driver as drv
-
-    mod = _MODULES.get(cubin_path)
-    if mod is None:
-        with open(cubin_path, "rb") as fh:
-            image = fh.read()
-        err, mod = drv.cuModuleLoadData(image)
-        if err != drv.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuModuleLoadData({cubin_path}) failed: {err!r}")
-        _MODULES[cubin_path] = mod
-    err, fn = drv.cuModuleGetFunction(mod, name.encode())
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{name} not found in {cubin_path}: {err!r}")
-    return fn
 
 
 def prepare_gemm_nn_tmastore(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:

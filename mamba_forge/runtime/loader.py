@@ -23,69 +23,14 @@ from datetime import datetime
 from pathlib import Path
 
 from mamba_forge.runtime.args import typed_values
-from mamba_forge.runtime.errors import DeviceMismatch, DriverError, LaunchRefused, ManifestRefused, SymbolUnavailable
+from mamba_forge.runtime.backend import CudaBackend, DeviceInfo
+from mamba_forge.runtime.errors import DeviceMismatch, LaunchRefused, ManifestRefused, SymbolUnavailable
 from mamba_forge.runtime.verify import KeySpec, Source, Verified, check_artifact_bytes, open_entry, open_verified
 from mamba_forge.runtime.verify import trusted_keys as collect_keys
 
 log = logging.getLogger("mamba_forge.runtime")
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    ordinal: int
-    name: str
-    cc: tuple[int, int]
-    sm_count: int
-    driver_version: int  # cuDriverGetVersion: 13000 = CUDA 13.0
-
-    @property
-    def cc_text(self) -> str:
-        return f"{self.cc[0]}.{self.cc[1]}"
-
-
-class CudaBackend:
-    """The GPU, through mamba_forge.gpu.driver. Tests substitute an object with the same five methods."""
-
-    def __init__(self):
-        from mamba_forge.gpu import driver as cuda
-
-        self.cuda = cuda
-        self._devices: dict[int, object] = {}
-
-    def _call(self, fn, *args):
-        try:
-            return fn(*args)
-        except self.cuda.CudaError as exc:
-            raise DriverError(str(exc)) from None
-
-    def _device(self, ordinal: int):
-        if ordinal not in self._devices:
-            self._devices[ordinal] = self._call(self.cuda.Device, ordinal)
-        return self._devices[ordinal]
-
-    def device_info(self, ordinal: int) -> DeviceInfo:
-        i = self._call(self._device(ordinal).info)
-        return DeviceInfo(ordinal, i.name, tuple(i.cc), i.sm_count, i.driver_version)  # type: ignore[arg-type]
-
-    def activate(self, ordinal: int) -> None:
-        self._call(self._device(ordinal).make_current)
-
-    def load_module(self, image: bytes):
-        return self._call(self.cuda.Module, image)
-
-    def get_function(self, module, name: str):
-        return self._call(module.function, name)
-
-    def set_max_dynamic_smem(self, fn, nbytes: int) -> None:
-        self._call(fn.set_max_dynamic_smem, nbytes)
-
-    def launch(self, fn, grid, block, values, aligns, shared_mem: int, stream: int) -> None:
-        cuda = self.cuda
-        params = cuda.PackedParams(values, aligns)
-        s = cuda.Stream(cuda._drv().CUstream(stream), owned=False)
-        self._call(lambda: cuda.launch(fn, grid, block, params, smem=shared_mem, stream=s))
 
 
 @dataclass

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_sup
 from gpu_support import bits, empty_device, from_device, kernels, to_device  # noqa: E402
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
+from mamba_forge.gpu import driver as cu  # noqa: E402
 from mamba_forge.qualify import fills  # noqa: E402
 from mamba_forge.qualify import spec as S  # noqa: E402
 from mamba_forge.references import conv1d as rc  # noqa: E402
@@ -210,8 +211,6 @@ def test_conv_forward_is_the_serial_walk_bitwise(dt, width, rng):
 @pytest.mark.parametrize("width", [1, 2, 3, 4])
 @pytest.mark.parametrize("dt", DTYPES)
 def test_conv_step_reproduces_forward_bitwise(dt, width, rng):
-    import cupy as cp
-
     batch, d, L = 3, 257, 23
     x, w, b = _conv_inputs(rng, dt, batch, d, L, width)
     fwd = launch(f"conv1d_burnin_forward_nosave_tiled_{dt}", {"batch": batch, "d": d, "L": L, "width": width},
@@ -232,7 +231,7 @@ def test_conv_step_reproduces_forward_bitwise(dt, width, rng):
     if width > 1:
         st = S.from_bytes(bits(state), dt).reshape(batch, d, width - 1)
         assert st.tobytes() == np.ascontiguousarray(x[:, :, L - (width - 1):]).tobytes()
-    cp.cuda.runtime.deviceSynchronize()
+    cu.context_synchronize()
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 4])
@@ -369,7 +368,7 @@ def test_sumsq_partials_do_not_depend_on_the_launched_grid(rng):
 @pytest.mark.parametrize("max_norm", [0.5, 1e9])
 def test_clipping_pipeline(max_norm, rng):
     """Several non-overlapping regions of one flat gradient: partials -> coefficient -> scaled regions."""
-    import cupy as cp
+    import cupy as cp  # device arrays only (gpu_support launches)
 
     n = 3_000_001
     g = rng.uniform(-1, 1, n).astype(np.float32)
@@ -409,7 +408,7 @@ def _adam_state(rng, n):
 
 
 def test_adamw_steps_match_reference_and_capturable_is_plain(rng):
-    import cupy as cp
+    import cupy as cp  # device arrays only (gpu_support launches)
 
     n, wd, steps = 1_000_003, 0.1, 3
     p0, m0, v0 = _adam_state(rng, n)
@@ -437,7 +436,7 @@ def test_adamw_steps_match_reference_and_capturable_is_plain(rng):
 
 
 def test_adamw_capturable_graph_replay_equals_eager(rng):
-    import cupy as cp
+    import cupy as cp  # device arrays only (gpu_support launches, cu.Graph captures)
 
     n, steps = 300_007, 3
     p0, m0, v0 = _adam_state(rng, n)
@@ -455,15 +454,15 @@ def test_adamw_capturable_graph_replay_equals_eager(rng):
         k.launch("adamw_step_f32_capturable", grid=grid, block=(256,),
                  args=(pe, g, me, ve, np.int64(n), lr_e, st_e, ar_e, *hyper))
     (pg, mg, vg), lr_g, st_g, ar_g = state()
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        stream.begin_capture()
-        k.launch("adamw_step_f32_capturable", grid=grid, block=(256,),
-                 args=(pg, g, mg, vg, np.int64(n), lr_g, st_g, ar_g, *hyper), stream=stream, sync=False)
-        graph = stream.end_capture()
+    cu.context_synchronize()  # the fresh state's copies and fills (legacy stream) land before the other stream runs
+    stream = cu.Stream()
+    graph = cu.Graph.capture(stream, lambda: k.launch("adamw_step_f32_capturable", grid=grid, block=(256,),
+                             args=(pg, g, mg, vg, np.int64(n), lr_g, st_g, ar_g, *hyper), stream=stream, sync=False))
     for _ in range(steps):
         graph.launch(stream)
     stream.synchronize()
+    graph.destroy()
+    stream.destroy()
     assert int(st_g.get()[0]) == steps and int(ar_g.get()[0]) == 0
     for a, b in ((pe, pg), (me, mg), (ve, vg)):
         assert bits(a) == bits(b), "graph replay differs from eager launches"
@@ -480,7 +479,7 @@ def test_descriptor_layout_is_48_bytes():
 
 @pytest.mark.parametrize("dt", DTYPES)
 def test_adamw_multi(dt, rng):
-    import cupy as cp
+    import cupy as cp  # device arrays only (gpu_support launches)
 
     sizes = [1_000_000, 2048, 1, 0, 4099, 777_777, 8, 65_536 + 3]
     wds = [0.1, 0.0, 0.1, 0.1, 0.05, 0.0, 0.1, 0.2]

@@ -26,6 +26,7 @@ from gpu_support import bits, empty_device, from_device, kernels, round_to, to_d
 
 from mamba_forge.catalog import expr  # noqa: E402
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
+from mamba_forge.gpu import driver as cu  # noqa: E402
 from mamba_forge.references import gemm as R  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -248,8 +249,6 @@ def test_triad_scalar_layouts_equal_nn_on_transposed_inputs(lay, rng):
 
 def test_misaligned_pointers_take_the_scalar_path_with_the_same_bits(rng):
     """A/B offset by one element (not 16-byte aligned): same bits as the aligned launch (vector path)."""
-    import cupy as cp
-
     k_ = kernels()
     for name in ("gemm_bi_f32_f32_n128_s2", "gemm_bi_nn_tc128_bf16", "matvec_bi_bf16_bf16", "triad_sm80_nt_tf32"):
         s = Sym(name)
@@ -263,5 +262,5 @@ def test_misaligned_pointers_take_the_scalar_path_with_the_same_bits(rng):
         C = empty_device(m * n, s.c)
         k_.launch(name, s.grid(m, n, k), s.sym.block, (C, A, B, to_device(bias, s.c), np.int32(m), np.int32(n),
                   np.int32(k)), smem=s.sym.dynamic_smem)
-        cp.cuda.runtime.deviceSynchronize()
+        cu.context_synchronize()
         assert C.get().tobytes() == aligned.tobytes(), name

@@ -6,7 +6,8 @@
 * The Ada (TriadSm89*) and Sm120 modules' arithmetic through their sm_90a check builds: float64 agreement on a
   ragged shape, batch invariance, and the exact-f32 symbols bit-identical to one another.
 
-Kernels are launched with cuda.bindings (mamba_forge.gpu.tma.launch); memory and the float64 oracle are torch.
+Kernels are launched through mamba_forge.gpu (gpu_support.launch: PackedParams, tensor maps as 64-aligned bytes
+parameters); memory and the float64 oracle are torch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_support.py
 
-from gpu_support import kernels  # noqa: E402
+from gpu_support import kernels, load_cubin  # noqa: E402
+from gpu_support import launch as gpu_launch  # noqa: E402
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
 
@@ -47,15 +49,13 @@ def env():
 
 
 def _fn(env, name):
-    from mamba_forge.gpu.tma import load_function
-
     torch, k, catalog, where = env
     if name not in where:
         pytest.fail(f"{name} is not in the {TARGET} build")
     mod, sym = where[name]
     assert sym.verdict.status == "admitted", f"{name}: {sym.verdict.reason}"
     cubin = next(a for a in mod.artifacts if a.code == "cubin")
-    return load_function(str(k.out / cubin.path), name), catalog.symbols[name]
+    return load_cubin(k.out / cubin.path).function(name), catalog.symbols[name]
 
 
 def _tdtype(torch, token):
@@ -87,9 +87,9 @@ def run_wgmma(env, name, layout, A, B, M, N, K, C=None):
     else:
         maps = tma.gemm_tensor_maps(layout, A.data_ptr(), B.data_ptr(), M, N, K)
         blobs = [maps["tmA"], maps["tmB"]]
-    args = tma.KernelArgs(blobs + [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr()),
-                                   ("i32", M), ("i32", N), ("i32", K)])
-    tma.launch(fn, (grid,), sym.block, args, smem=sym.dynamic_smem, stream=torch.cuda.current_stream().cuda_stream)
+    args = blobs + [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr()), ("i32", M), ("i32", N),
+                    ("i32", K)]
+    gpu_launch(fn, (grid,), sym.block, args, smem=sym.dynamic_smem, stream=torch.cuda.current_stream(), sync=False)
     torch.cuda.synchronize()
     return C
 
@@ -188,8 +188,6 @@ def _check_symbols():
 
 
 def run_tile(env, name, A, B, M, N, K, bias=None):
-    from mamba_forge.gpu import tma
-
     torch = env[0]
     fn, sym = _fn(env, name)
     fam = next(f for m in env[2].modules for f in m.families if f.name == sym.family)
@@ -201,8 +199,7 @@ def run_tile(env, name, A, B, M, N, K, bias=None):
         items.append(("ptr", bias.data_ptr()))
     items += [("i32", M), ("i32", N), ("i32", K)]
     grid = math.ceil(M / sym.params_env["BM"]) * math.ceil(N / sym.params_env["BN"])
-    tma.launch(fn, (grid,), sym.block, tma.KernelArgs(items), smem=sym.dynamic_smem,
-               stream=torch.cuda.current_stream().cuda_stream)
+    gpu_launch(fn, (grid,), sym.block, items, smem=sym.dynamic_smem, stream=torch.cuda.current_stream(), sync=False)
     torch.cuda.synchronize()
     return C, any(p.name == "bias" for p in fam.params)
 

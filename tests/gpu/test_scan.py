@@ -26,10 +26,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_support.py
 
-from gpu_support import empty_device, from_device, to_device  # noqa: E402
+from gpu_support import empty_device, from_device, load_cubin, to_device  # noqa: E402
+from gpu_support import launch as gpu_launch  # noqa: E402
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
 from mamba_forge.errors import ForgeError  # noqa: E402
+from mamba_forge.gpu import driver as cu  # noqa: E402
 from mamba_forge.qualify import fills  # noqa: E402
 from mamba_forge.qualify import spec as S  # noqa: E402
 from mamba_forge.references import scan as ref  # noqa: E402
@@ -68,7 +70,7 @@ def scan_catalog_path() -> Path:
 
 
 class ScanOps:
-    """The scan module built for one target and capacity; launches by symbol name through CuPy."""
+    """The scan module built for one target and capacity; launches by symbol name through mamba_forge.gpu."""
 
     _cache: dict = {}
 
@@ -87,25 +89,17 @@ class ScanOps:
         self.fixed = self.catalog.module("Fixed")
         self.families = {f.name: f for f in self.fixed.families}
         self.symbols = {s.name: s for s in self.fixed.symbols}
-        self._mod = None
 
     def verdicts(self):
         return {s.name: s.verdict for m, s in self.manifest.symbols()}
 
-    def fn(self, name: str):
-        import cupy as cp
+    def fn(self, name: str) -> cu.Function:
+        mod = next(m for m, _ in self.manifest.symbols())
+        cubin = next(a for a in mod.artifacts if a.code == "cubin")
+        return load_cubin(self.out / cubin.path).function(name)
 
-        if self._mod is None:
-            mod = next(m for m, _ in self.manifest.symbols())
-            cubin = next(a for a in mod.artifacts if a.code == "cubin")
-            self._mod = cp.RawModule(path=str(self.out / cubin.path))
-        return self._mod.get_function(name)
-
-    def launch(self, name: str, grid, block, args):
-        import cupy as cp
-
-        self.fn(name)(tuple(grid), tuple(block), tuple(args))
-        cp.cuda.runtime.deviceSynchronize()
+    def launch(self, name: str, grid, block, args, stream=None, sync: bool = True):
+        gpu_launch(self.fn(name), grid, block, args, stream=stream, sync=sync)
 
     # ---- launches from the catalog spec (dims override the qualification dims) ----
     def spec(self, name: str, dims: dict | None = None):

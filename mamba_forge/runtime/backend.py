@@ -1,0 +1,72 @@
+"""The runtime's GPU backend: the five operations the loader needs, on mamba_forge.gpu's public API.
+
+The loader talks to a backend object only (device_info, activate, load_module, get_function,
+set_max_dynamic_smem, launch), so tests substitute a fake (tests/runtime_support.py). The driver layer is
+imported when a CudaBackend is made, not when the runtime is imported: a process that only verifies manifests
+never pays for it. Every driver failure becomes a DriverError naming the call and the CUresult.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mamba_forge.runtime.errors import DriverError
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the loader checks a manifest against (the qualifier's device record)."""
+
+    ordinal: int
+    name: str
+    cc: tuple[int, int]
+    sm_count: int
+    driver_version: int  # cuDriverGetVersion: 13000 = CUDA 13.0
+
+    @property
+    def cc_text(self) -> str:
+        return f"{self.cc[0]}.{self.cc[1]}"
+
+
+class CudaBackend:
+    """The GPU, through mamba_forge.gpu.driver. Tests substitute an object with the same methods."""
+
+    def __init__(self):
+        from mamba_forge.gpu import driver as cuda
+
+        self.cuda = cuda
+        self._devices: dict[int, object] = {}
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except self.cuda.CudaError as exc:
+            raise DriverError(str(exc)) from None
+
+    def _device(self, ordinal: int):
+        if ordinal not in self._devices:
+            self._devices[ordinal] = self._call(self.cuda.Device, ordinal)
+        return self._devices[ordinal]
+
+    def device_info(self, ordinal: int) -> DeviceInfo:
+        i = self._call(self._device(ordinal).info)
+        return DeviceInfo(ordinal, i.name, (i.cc[0], i.cc[1]), i.sm_count, i.driver_version)
+
+    def activate(self, ordinal: int) -> None:
+        self._call(self._device(ordinal).make_current)
+
+    def load_module(self, image: bytes):
+        return self._call(self.cuda.Module, image)
+
+    def get_function(self, module, name: str):
+        return self._call(module.function, name)
+
+    def set_max_dynamic_smem(self, fn, nbytes: int) -> None:
+        self._call(fn.set_max_dynamic_smem, nbytes)
+
+    def launch(self, fn, grid, block, values, aligns, shared_mem: int, stream: int) -> None:
+        """Pack (type, value) pairs with their blob alignments and launch on the raw stream handle."""
+        cuda = self.cuda
+        params = cuda.PackedParams(values, aligns)
+        s = cuda.Stream.wrap(stream)
+        self._call(lambda: cuda.launch(fn, grid, block, params, smem=shared_mem, stream=s))
