@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 
 MAX_LENGTH = 1024  # characters of one expression
-MAX_NODES = 256  # syntax nodes of one expression (also bounds its depth)
+MAX_NODES = 1024  # syntax nodes of one expression, operators included (bounds the work per evaluation)
 MAX_MAGNITUDE = 1 << 64  # |value| of every intermediate result: sizes, grids and offsets fit 64 bits
 
 

@@ -485,9 +485,12 @@ def _check_launch_expressions(fam: Family, num_env: dict[str, int], where: str) 
         exprs += [(f"shape of {prm.name!r}", e) for e in prm.shape]
         if isinstance(prm.value, str):
             exprs.append((f"value of {prm.name!r}", prm.value))
+    env = {**num_env, **fam.qualify.dims}
     for what, e in exprs:
         try:
             unknown = expr.names(e) - known
+            if not unknown and not fam.qualify.skip:
+                expr.evaluate(e, env)  # at the qualification dims: zero divisors, overflow, log2(0)...
         except expr.ExprError as exc:
             raise CatalogError(f"{where}: {what}: {exc}") from None
         if unknown and not fam.qualify.skip:
