@@ -24,7 +24,7 @@ from pathlib import Path
 from mamba_forge import __version__
 from mamba_forge.build import admit, nvrtc
 from mamba_forge.build.cache import Cache, CacheRefused, cache_key, default_location
-from mamba_forge.build.worker import run_job
+from mamba_forge.build.worker import die_with_parent, run_job
 from mamba_forge.catalog.model import Catalog, ModuleSpec, Symbol
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
 from mamba_forge.fsio import write_if_changed
@@ -252,6 +252,14 @@ def _start_method() -> str:
     return "spawn"
 
 
+def _noting_warnings(parts: dict[str, bytes], req: BuildRequest) -> dict[str, bytes]:
+    """A worker's cache warning joins the build's warnings once (a full disk warns once, not per module)."""
+    warning = parts.pop("cache_warning", b"").decode(errors="replace")
+    if warning and not any(w.split(":")[0] == warning.split(":")[0] for w in req.warnings):
+        req.warnings.append(warning)
+    return parts
+
+
 def open_cache(req: BuildRequest) -> Cache | None:
     try:
         location = default_location() if req.cache_location == "default" else req.cache_location
@@ -295,16 +303,16 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
             for i in pending:
                 if progress:
                     progress("start", None)
-                results[i] = _finish(jobs[i], run_job(payloads[i]), req.out)
+                results[i] = _finish(jobs[i], _noting_warnings(run_job(payloads[i]), req), req.out)
                 if progress:
                     progress("done", results[i])
         else:
             ctx = multiprocessing.get_context(_start_method())
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=die_with_parent) as pool:
                 futures = {pool.submit(run_job, payloads[i]): i for i in pending}
                 for fut in as_completed(futures):
                     i = futures[fut]
-                    results[i] = _finish(jobs[i], fut.result(), req.out)
+                    results[i] = _finish(jobs[i], _noting_warnings(fut.result(), req), req.out)
                     if progress:
                         progress("done", results[i])
     lib = nvrtc.library_identity()

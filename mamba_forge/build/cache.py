@@ -3,8 +3,10 @@
 Key: sha256 over everything that affects the bytes (composed source, every header's content, the exact option
 list, the target, the NVRTC version and library identity, the catalog entry, the tool version); the caller
 builds it with :func:`cache_key`. Entries are single files, 0600, written atomically (temp file, fsync, rename)
-and carry a sha256 of their payload that is checked on every read: a corrupted entry is dropped and rebuilt,
-never loaded. Per-key ``fcntl.flock`` locks serialise concurrent builders of the same entry and die with their
+and carry their full key and a sha256 of their payload, both checked on every read: a corrupted entry, or one
+copied over another key's name, is dropped and rebuilt, never loaded. Only regular files are read (a symlink or a
+folder in an entry's place is refused, never followed), and no more than ``MAX_ENTRY_BYTES``. A cache that cannot
+be written (a full disk, a read-only folder) is a warning: the build goes on without storing. Per-key ``fcntl.flock`` locks serialise concurrent builders of the same entry and die with their
 process, so no lock can go stale.
 
 The location must be private: a path with a symlinked component, a group- or world-writable ancestor that
@@ -29,6 +31,7 @@ from mamba_forge.fsio import write_atomic
 
 MAGIC = b"MFCACHE1"
 DISABLED_VALUES = {"0", "off"}
+MAX_ENTRY_BYTES = 1 << 28  # 256 MiB: far above any module's cubin + PTX + log, far below what would hurt
 
 
 class CacheRefused(Exception):
@@ -144,47 +147,73 @@ class Cache:
             os.close(fd)
 
     def get(self, key: str) -> dict[str, bytes] | None:
-        """The entry's parts, or None on a miss. A corrupted entry is removed and counted as a miss."""
+        """The entry's parts, or None on a miss. A corrupted, foreign or non-regular entry is refused, removed
+        where it can be, and counted as a miss."""
         path = self._path(key)
         try:
-            blob = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
         except FileNotFoundError:
             self.stats.misses += 1
             return None
-        parts = _decode(blob)
+        except OSError:  # a symlink (ELOOP), a folder we cannot open, no permission
+            return self._refuse(path)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENTRY_BYTES:
+                return self._refuse(path)
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                blob = f.read(MAX_ENTRY_BYTES + 1)
+        except OSError:
+            return self._refuse(path)
+        finally:
+            os.close(fd)
+        parts = _decode(blob, key)
         if parts is None:
-            self.stats.corrupted += 1
-            self.stats.misses += 1
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            return None
+            return self._refuse(path)
         self.stats.hits += 1
         return parts
 
-    def put(self, key: str, parts: Mapping[str, bytes]) -> None:
+    def _refuse(self, path: Path) -> None:
+        self.stats.corrupted += 1
+        self.stats.misses += 1
+        with contextlib.suppress(OSError):
+            if not path.is_dir() or path.is_symlink():
+                path.unlink()
+        return None
+
+    def put(self, key: str, parts: Mapping[str, bytes]) -> str | None:
+        """Store an entry; a cache that cannot be written (ENOSPC, EROFS, a folder in the entry's place) returns
+        a warning instead of raising: the cache is an optimisation, never a reason for a build to fail."""
         path = self._path(key)
-        self._mkdirs(path.parent)
-        blob = _encode(parts)
-        write_atomic(path, blob, mode=0o600)
+        try:
+            self._mkdirs(path.parent)
+            write_atomic(path, _encode(parts, key), mode=0o600)
+        except OSError as exc:
+            return f"build cache not written ({exc.strerror or exc}): {path}; the build goes on without storing"
+        return None
 
 
-def _encode(parts: Mapping[str, bytes]) -> bytes:
+def _encode(parts: Mapping[str, bytes], key: str) -> bytes:
     names = sorted(parts)
     payload = b"".join(parts[n] for n in names)
     header = json.dumps(
-        {"parts": [[n, len(parts[n])] for n in names], "sha256": hashlib.sha256(payload).hexdigest()},
+        {"key": key, "parts": [[n, len(parts[n])] for n in names], "sha256": hashlib.sha256(payload).hexdigest()},
         separators=(",", ":"),
     ).encode()
     return MAGIC + struct.pack("<I", len(header)) + header + payload
 
 
-def _decode(blob: bytes) -> dict[str, bytes] | None:
+def _decode(blob: bytes, key: str) -> dict[str, bytes] | None:
     try:
         if blob[: len(MAGIC)] != MAGIC:
             return None
         (hlen,) = struct.unpack_from("<I", blob, len(MAGIC))
         start = len(MAGIC) + 4
+        if hlen > len(blob) - start:
+            return None
         header = json.loads(blob[start : start + hlen])
+        if header.get("key") != key:  # an entry copied over another key's name: never served
+            return None
         payload = blob[start + hlen :]
         if hashlib.sha256(payload).hexdigest() != header["sha256"]:
             return None
@@ -195,5 +224,5 @@ def _decode(blob: bytes) -> dict[str, bytes] | None:
         if pos != len(payload):
             return None
         return out
-    except (struct.error, ValueError, KeyError, TypeError):
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -35,18 +35,43 @@ def compile_parts(source: str, name: str, options: list[str], headers: dict[str,
 
 
 def run_job(job: dict) -> dict[str, bytes]:
-    """Entry point for a worker: compile under the entry's lock, or take what a concurrent builder just made."""
+    """Entry point for a worker: compile under the entry's lock, or take what a concurrent builder just made.
+    A cache that cannot be locked or written adds a ``cache_warning`` part; the compile result stands."""
     cache = Cache(Path(job["cache_root"])) if job.get("cache_root") else None
     key = job["key"]
     if cache is None:
         return compile_parts(job["source"], job["name"], job["options"], job["headers"])
-    with cache.lock(key):
+    try:
+        lock = cache.lock(key)
+        lock.__enter__()
+    except OSError as exc:
+        parts = compile_parts(job["source"], job["name"], job["options"], job["headers"])
+        return dict(parts, cache_warning=f"build cache not usable ({exc.strerror or exc}); built without it".encode())
+    try:
         parts = cache.get(key)
-        if parts is None:
-            parts = compile_parts(job["source"], job["name"], job["options"], job["headers"])
-            meta = json.loads(parts["meta"])
-            if meta["ok"]:  # failures are not cached: a fixed header must not need a cache wipe
-                cache.put(key, parts)
-        else:
-            parts = dict(parts, cached=b"1")
+        if parts is not None:
+            return dict(parts, cached=b"1")
+        parts = compile_parts(job["source"], job["name"], job["options"], job["headers"])
+        if json.loads(parts["meta"])["ok"]:  # failures are not cached: a fixed header must not need a cache wipe
+            warning = cache.put(key, parts)
+            if warning:
+                parts = dict(parts, cache_warning=warning.encode())
         return parts
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def die_with_parent() -> None:
+    """Pool initializer: the kernel kills this worker when the build's parent dies (Linux PR_SET_PDEATHSIG), so
+    a killed `mamba-forge build` leaves no compiler processes running for minutes."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return

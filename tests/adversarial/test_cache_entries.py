@@ -1,0 +1,147 @@
+"""Hostile build-cache entries and a cache that cannot be written: an entry copied over another key's name, a
+symlink or a folder in an entry's place, an oversize entry, a full or read-only disk. The cache never serves what
+it was not asked for, never follows a link, and a cache that fails to write only warns; the build goes on."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mamba_forge.build import cache as cache_mod
+from mamba_forge.build.builder import BuildRequest, build
+from mamba_forge.build.cache import Cache
+from mamba_forge.catalog.model import load_catalog
+from mamba_forge.catalog.targets import get_target
+
+BASIC = Path(__file__).resolve().parent.parent / "fixtures" / "build_basic" / "catalog.toml"
+RNG = random.Random(7)
+KEYS = [f"{RNG.getrandbits(256):064x}" for _ in range(12)]
+
+
+def private(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_an_entry_copied_over_another_key_is_never_served(tmp_path, i):
+    cache = Cache(private(tmp_path / "c"))
+    a, b = KEYS[2 * i], KEYS[2 * i + 1]
+    assert cache.put(a, {"cubin": b"sm_80 bytes " * 10, "meta": b"{}"}) is None
+    src, dst = cache._path(a), cache._path(b)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(src.read_bytes())  # a valid entry, payload hash intact, under the wrong name
+    assert cache.get(b) is None and cache.stats.corrupted == 1
+    assert not dst.exists() and cache.get(a) is not None
+
+
+@pytest.mark.parametrize("kind", ["symlink-to-entry", "symlink-to-secret", "dangling-symlink", "folder", "fifo"])
+def test_a_non_regular_entry_is_refused_not_followed(tmp_path, kind):
+    cache = Cache(private(tmp_path / "c"))
+    key = KEYS[0]
+    path = cache._path(key)
+    path.parent.mkdir(parents=True)
+    if kind == "symlink-to-entry":
+        cache.put(KEYS[1], {"cubin": b"x", "meta": b"{}"})
+        path.symlink_to(cache._path(KEYS[1]))
+    elif kind == "symlink-to-secret":
+        secret = tmp_path / "secret"
+        secret.write_bytes(b"MFCACHE1" + b"\0" * 64)
+        path.symlink_to(secret)
+    elif kind == "dangling-symlink":
+        path.symlink_to(tmp_path / "nothing")
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        os.mkfifo(path)  # would block a plain read forever
+    t0 = time.monotonic()
+    assert cache.get(key) is None
+    assert time.monotonic() - t0 < 2
+    assert cache.stats.corrupted == 1
+    assert kind == "folder" or not path.is_symlink()
+
+
+def test_an_oversize_entry_is_refused_without_reading_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(cache_mod, "MAX_ENTRY_BYTES", 1024)
+    cache = Cache(private(tmp_path / "c"))
+    cache.put(KEYS[3], {"cubin": b"y" * 4096, "meta": b"{}"})
+    assert cache.get(KEYS[3]) is None and cache.stats.corrupted == 1
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES])
+def test_a_cache_that_cannot_be_written_warns_and_the_build_goes_on(tmp_path, monkeypatch, code):
+    def fail(*_a, **_k):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(cache_mod, "write_atomic", fail)
+    req = BuildRequest(load_catalog(BASIC), [get_target("sm_90a")], tmp_path / "out", jobs=1,
+                       cache_location=private(tmp_path / "cache"))
+    bm = build(req)
+    assert all(m.status == "compiled" for m in bm.modules)
+    assert [w for w in req.warnings if "build cache not written" in w and os.strerror(code) in w]
+    assert len([w for w in req.warnings if "build cache" in w]) == 1  # once, not per module
+    assert (tmp_path / "out" / "sm_90a" / "Basic.cubin").is_file()
+
+
+def test_an_unwritable_cache_folder_warns(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes through 0500 folders")
+    root = private(tmp_path / "cache")
+    (root / "v1").mkdir(mode=0o500)
+    req = BuildRequest(load_catalog(BASIC), [get_target("sm_90a")], tmp_path / "out", jobs=1, cache_location=root)
+    bm = build(req)
+    assert all(m.status == "compiled" for m in bm.modules) and req.warnings
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["die_with_parent", "negative-control"])
+def test_build_workers_die_with_their_parent(tmp_path, guarded):
+    """A build parent killed mid-compile leaves no worker behind (PR_SET_PDEATHSIG); without the initializer
+    (the negative control) the workers outlive it, so the check can fail."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux")
+    init = "die_with_parent" if guarded else "None"
+    code = (
+        "import os, sys, time\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "import multiprocessing as mp\n"
+        "from mamba_forge.build.worker import die_with_parent\n"
+        "def work(_):\n"
+        "    print(os.getpid(), flush=True); time.sleep(30)\n"
+        f"with ProcessPoolExecutor(2, mp_context=mp.get_context('fork'), initializer={init}) as p:\n"
+        "    list(p.map(work, range(2)))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pids = [int(proc.stdout.readline()) for _ in range(2)]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + (10 if guarded else 1)
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if _alive(p)]
+        time.sleep(0.1)
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    if guarded:
+        assert not alive, f"workers {alive} outlived their parent"
+    else:
+        assert alive == pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for its reaper is dead
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
