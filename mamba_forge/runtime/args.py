@@ -1,4 +1,15 @@
-"""Kernel arguments from Python values, typed by the symbol's recorded parameter layout ([offset, size] each).
+"""Kernel arguments from Python values for the positional launch path.
+
+:func:`typed_params` types them by the symbol's Param records (name and type known):
+
+* pointers: int addresses (unchecked: for power users) or tensors (torch, __cuda_array_interface__, DLPack)
+  whose dtype must be the parameter's, in CUDA (or managed) memory of the given device, row-major dense; their
+  element count is not checked here (the dims are unknown: the keyword path, runtime/contract.py, checks it);
+* scalars: ints for integer types (a float or a bool is refused) within the type's range; ints or floats for
+  f32/f64 (an f32 that overflows is refused);
+* blobs: bytes-like objects of exactly the parameter's size.
+
+:func:`typed_values` is the older path, typed by the recorded [offset, size] layout alone:
 
 * device pointers: ints, objects with ``__cuda_array_interface__`` (CuPy, Numba, torch except bf16) or
   ``__dlpack__`` (torch, CuPy, JAX); host memory is refused;
@@ -11,56 +22,31 @@ Packing goes through :class:`mamba_forge.gpu.driver.PackedParams`.
 
 from __future__ import annotations
 
-import ctypes
 import numbers
 import struct
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from mamba_forge.runtime import tensors
 from mamba_forge.runtime.errors import LaunchRefused
 
-# DLPack device types (dlpack.h): memory a kernel can read
-_DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 2, 3, 13
+if TYPE_CHECKING:
+    from mamba_forge.manifest.schema import Param
+
+_DL_READABLE = (tensors.DL_CUDA, tensors.DL_CUDA_HOST, tensors.DL_CUDA_MANAGED)
 _DL_NAMES = {1: "host (CPU)", 2: "CUDA", 3: "CUDA pinned host", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 10: "ROCm",
              13: "CUDA managed"}
 
 
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    # DLManagedTensor starts with a DLTensor; only the fields up to byte_offset are read
-    _fields_ = [
-        ("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
-        ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p), ("byte_offset", ctypes.c_uint64),
-    ]
-
-
-_capsule_get = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_get.restype = ctypes.c_void_p
-_capsule_get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
-_capsule_valid.restype = ctypes.c_int
-_capsule_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-
 def _dlpack_pointer(obj, what: str) -> int:
     """Peek at a DLPack capsule without consuming it: the producer keeps ownership of the memory."""
-    try:
-        capsule = obj.__dlpack__()
-    except Exception as exc:  # noqa: BLE001 - producers raise many types (BufferError, TypeError, RuntimeError)
-        raise LaunchRefused(f"{what} could not export DLPack ({type(exc).__name__}: {exc})") from None
-    if not _capsule_valid(capsule, b"dltensor"):
-        raise LaunchRefused(f"{what} returned a DLPack capsule that is already consumed or not a 'dltensor'")
-    t = _DLTensor.from_address(_capsule_get(capsule, b"dltensor"))
+    capsule, t = tensors.dlpack_tensor(obj, what)
     kind = t.device.device_type
-    if kind not in (_DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED):
+    if kind not in _DL_READABLE:
         raise LaunchRefused(f"{what} lives in {_DL_NAMES.get(kind, f'device type {kind}')} memory, not CUDA memory")
-    return int(t.data or 0) + int(t.byte_offset)
+    ptr = int(t.data or 0) + int(t.byte_offset)
+    del capsule
+    return ptr
 
 
 def device_pointer(obj, what: str = "argument") -> int:
@@ -139,4 +125,112 @@ def typed_values(layout: Sequence[Sequence[int]], args: Sequence, symbol: str) -
                 raise LaunchRefused(f"{what} is a float but the parameter is {size} bytes")
             continue
         raise LaunchRefused(f"{what} of type {type(a).__name__} cannot be passed (offset {offset}, {size} bytes)")
+    return values, aligns
+
+
+# ---- the typed path: Param records ---------------------------------------------------------------------------
+
+INT_RANGES = {"i32": (-(1 << 31), (1 << 31) - 1), "u32": (0, (1 << 32) - 1), "i64": (-(1 << 63), (1 << 63) - 1),
+              "u64": (0, (1 << 64) - 1)}
+_pack_f32 = struct.Struct("<f").pack
+
+
+def blob_align(size: int) -> int:
+    """Alignment of a by-value blob's buffer: a CUtensorMap (128 bytes) wants 64."""
+    return 64 if size >= 64 else 16
+
+
+def scalar_value(ptype: str, v, what: str) -> int | float:
+    """v checked for a scalar parameter of type ptype (i32/u32/i64/u64/f32/f64), as the int or float to pack."""
+    rng = INT_RANGES.get(ptype)
+    if rng is not None:
+        if type(v) is not int:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                kind = "bool" if isinstance(v, bool) else "float" if isinstance(v, numbers.Real) else type(v).__name__
+                raise LaunchRefused(f"{what} is a {kind} ({v!r}); the parameter is {ptype}: pass an int")
+            v = int(v)
+        if not rng[0] <= v <= rng[1]:
+            raise LaunchRefused(f"{what} = {v} does not fit {ptype} ({rng[0]}..{rng[1]})")
+        return v
+    if type(v) is not float:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            kind = "bool" if isinstance(v, bool) else type(v).__name__
+            raise LaunchRefused(f"{what} is a {kind} ({v!r}); the parameter is {ptype}: pass an int or a float")
+        try:
+            v = float(v)
+        except OverflowError:
+            raise LaunchRefused(f"{what} = {v} overflows {ptype}") from None
+    if ptype == "f32":
+        try:
+            _pack_f32(v)
+        except OverflowError:
+            raise LaunchRefused(f"{what} = {v} overflows the f32 parameter") from None
+    return v
+
+
+def check_tensor(info: tensors.TensorInfo, dtype: str, device: int | None, writes: bool, what: str) -> None:
+    """The checks a tensor passes in either launch path: memory kind, device, dtype, density, writability."""
+    if info.device not in tensors.DEVICE_KINDS_A_KERNEL_READS:
+        raise LaunchRefused(f"{what} lives in {info.device} memory; the kernel needs CUDA device memory")
+    if device is not None and info.ordinal != device:
+        where = "an unknown device" if info.ordinal < 0 else f"device {info.ordinal}"
+        raise LaunchRefused(f"{what} is on {where}; the kernels are loaded on device {device}")
+    if info.dtype != dtype:
+        raise LaunchRefused(f"{what} is {info.dtype}; the parameter is {dtype}")
+    if not info.contiguous:
+        raise LaunchRefused(f"{what} is not contiguous (row-major dense); pass a contiguous tensor")
+    if writes and info.readonly:
+        raise LaunchRefused(f"{what} is read-only but the kernel writes it")
+
+
+def _what(i: int, p: Param, symbol: str) -> str:
+    return f"argument {i} ({p.name}) of {symbol}"
+
+
+def typed_params(params: Sequence[Param], args: Sequence, symbol: str, device: int | None = None,
+                 ) -> tuple[list[tuple[str, object]], list[int]]:
+    """(type, value) per parameter for driver.PackedParams, and each blob's alignment, typed by Param records.
+
+    device: the ordinal the kernels are loaded on (None: not checked). Refusal texts are built only on refusal."""
+    if len(args) != len(params):
+        raise LaunchRefused(f"{symbol} takes {len(params)} arguments, {len(args)} were given")
+    values: list[tuple[str, object]] = []
+    aligns = [0] * len(params)
+    for i, p in enumerate(params):
+        a, kind = args[i], p.kind
+        if kind == "scalar":
+            ptype = p.type
+            rng = INT_RANGES.get(ptype)
+            if not (type(a) is int and rng is not None and rng[0] <= a <= rng[1]):
+                a = scalar_value(ptype, a, _what(i, p, symbol))
+            values.append((ptype, a))
+        elif kind == "pointer":
+            if type(a) is int and 0 <= a < 1 << 64:
+                values.append(("ptr", a))  # a raw address: the power user's, unchecked
+                continue
+            if type(a) in tensors.TORCH_TYPES and a.is_cuda and tensors.TORCH_DTYPE_TOKENS.get(a.dtype) == p.dtype \
+                    and (device is None or a.get_device() == device) and a.is_contiguous():
+                values.append(("ptr", a.data_ptr()))  # the torch fast path (no device object, no TensorInfo)
+                continue
+            info = tensors.describe(a, p.name)
+            if info is None:
+                if isinstance(a, numbers.Integral):
+                    values.append(("ptr", device_pointer(a, _what(i, p, symbol))))  # numpy ints; bools refused
+                    continue
+                raise LaunchRefused(f"{_what(i, p, symbol)} of type {type(a).__name__} is neither a tensor nor an "
+                                    "int address")
+            writes = p.role in ("out", "inout", "scratch")
+            if (info.dtype != p.dtype or not info.contiguous or info.device not in tensors.DEVICE_KINDS_A_KERNEL_READS
+                    or (device is not None and info.ordinal != device) or (writes and info.readonly)):
+                check_tensor(info, p.dtype, device, writes, _what(i, p, symbol))
+            values.append(("ptr", info.ptr))
+        else:
+            if not isinstance(a, (bytes, bytearray, memoryview)):
+                raise LaunchRefused(f"{_what(i, p, symbol)} is a {type(a).__name__}; the parameter is a "
+                                    f"{p.size}-byte blob: pass bytes")
+            data = a if type(a) is bytes else bytes(a)
+            if len(data) != p.size:
+                raise LaunchRefused(f"{_what(i, p, symbol)} is {len(data)} bytes; the parameter is {p.size} bytes")
+            values.append(("bytes", data))
+            aligns[i] = blob_align(p.size)
     return values, aligns

@@ -1,0 +1,180 @@
+"""CPU cost per launch of the checked keyword launch against the typed positional one (and, on a GPU, a raw
+cuLaunchKernel of the same kernel).
+
+    python benchmarks/bench_launch_overhead.py [--batches 41] [--calls 2000] [--bundle PATH] [--no-write]
+
+CPU part (always): bind + pack per call on fake tensors (tests/runtime_fakes.py) for contracts shaped like
+softplus (2 tensors), the fused scan step (9 tensors) and the wgmma GEMM (2 blobs): keyword =
+``contract(symbol).bind(kwargs)`` + ``Contract.packer.pack``; positional = ``args.typed_params(params, args)``
++ the same packer. Also printed: bind alone, the packer alone, and bind + driver.PackedParams (the packer the
+loader uses today: one ctypes buffer and one struct.pack per value). Figures are CPU microseconds per call (thread CPU time, so a loaded machine's waiting is not
+counted): the median over --batches batches of --calls calls each. Goals: keyword <= 15 us, positional <= 5 us.
+
+GPU part (with torch, a GPU and --bundle, a signed bundle holding softplus_forward_f32): the same kernel on
+torch tensors, launched keyword (bind + pack + cuLaunchKernel), positional (typed_params + pack + launch) and raw
+(cuLaunchKernel with parameters packed once), CPU microseconds per enqueue, synchronised per batch.
+Records go to benchmarks/results/summary.json (benchmarks/summary.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+import summary  # noqa: E402 - benchmarks/summary.py
+from runtime_fakes import FakeTorchTensor as T  # noqa: E402
+from runtime_fakes import gemm_wgmma, softplus, ssm_step  # noqa: E402
+
+from mamba_forge.gpu.driver import PackedParams  # noqa: E402 - pure ctypes; no GPU needed to pack
+from mamba_forge.runtime.args import typed_params  # noqa: E402
+from mamba_forge.runtime.contract import contract  # noqa: E402
+
+KEYWORD_GOAL_US, POSITIONAL_GOAL_US = 15.0, 5.0
+
+
+def per_call_us(fn, batches: int, calls: int, clock=time.thread_time) -> float:
+    for _ in range(calls):  # warm: caches, contract compile, type dispatch
+        fn()
+    times = []
+    for _ in range(batches):
+        t0 = clock()
+        for _ in range(calls):
+            fn()
+        times.append((clock() - t0) / calls * 1e6)
+    return statistics.median(times)
+
+
+def cpu_cases():
+    n = 1 << 20
+    yield "softplus_forward", softplus("f32"), f"n={n}", {"y": T(n), "x": T(n)}
+    b, di, ds, r = 8, 2048, 16, 64
+    kw = {"out": T(b * di, "bf16"), "state": T(b * di * ds), "u": T(b * di, "bf16"), "dt": T(b * di, "bf16"),
+          "dt_bias": T(di), "A_log": T(di * ds), "x_dbl": T(b * (r + 2 * ds), "bf16"), "Dp": T(di),
+          "z": T(b * di, "bf16"), "batch": b, "d_state": ds, "dt_rank": r}
+    yield "ssm_step_forward_fused", ssm_step("bf16"), f"batch={b},d_inner={di},d_state={ds}", kw
+    M, N, K = 4096, 4096, 4096
+    kw = {"tmA": bytes(128), "tmB": bytes(128), "C": T(M * N, "bf16"), "A": T(M * K, "bf16"),
+          "B": T(K * N, "bf16"), "M": M, "N": N, "K": K}
+    yield "gemm_bi_nn_sm90a_wgmma_wg1", gemm_wgmma("bf16"), f"M={M},N={N},K={K}", kw
+
+
+def cpu_records(batches: int, calls: int) -> list[dict]:
+    out = []
+    for family, sym, shape, kw in cpu_cases():
+        names = [p.name for p in sym.params]
+        c = contract(sym)
+        full = c.bind(kw)  # the positional path gets every argument, the derived ones filled in
+        args = [kw[p.name] if p.name in kw else v for p, (_, v) in zip(sym.params, full.values, strict=True)]
+        assert len(args) == len(names)
+
+        def keyword(sym=sym, kw=kw):
+            c = contract(sym)
+            return c.packer.pack(c.bind(kw).values)
+
+        def positional(params=sym.params, args=args, name=sym.name, packer=c.packer):
+            return packer.pack(typed_params(params, args, name, 0)[0])
+
+        def keyword_driver_pack(sym=sym, kw=kw):
+            b = contract(sym).bind(kw)
+            return PackedParams(b.values, b.aligns)
+
+        def bind_only(sym=sym, kw=kw):
+            return contract(sym).bind(kw)
+
+        kw_us, pos_us = per_call_us(keyword, batches, calls), per_call_us(positional, batches, calls)
+        bind_us, drv_us = per_call_us(bind_only, batches, calls), per_call_us(keyword_driver_pack, batches, calls)
+        pack_us = per_call_us(lambda v=full.values, p=c.packer: p.pack(v), batches, calls)
+        print(f"{sym.name:36s} keyword {kw_us:6.2f}  positional {pos_us:6.2f}  | bind {bind_us:6.2f}  "
+              f"ParamPacker {pack_us:5.2f}  bind+driver.PackedParams {drv_us:6.2f}  (us/call, CPU) [{shape}]")
+        out.append(summary.record(family=family, symbol=f"{sym.name}:keyword-bind+pack(cpu,fake)", shape=shape,
+                                  dtype=sym.dtype, ours=round(kw_us, 3), baseline=round(pos_us, 3),
+                                  baseline_name="positional typed_params+pack", unit="us/call (CPU)",
+                                  goal=f"<= {KEYWORD_GOAL_US} us", met=kw_us <= KEYWORD_GOAL_US))
+        out.append(summary.record(family=family, symbol=f"{sym.name}:positional-typed+pack(cpu,fake)", shape=shape,
+                                  dtype=sym.dtype, ours=round(pos_us, 3), baseline=round(pack_us, 3),
+                                  baseline_name="ParamPacker alone", unit="us/call (CPU)",
+                                  goal=f"<= {POSITIONAL_GOAL_US} us", met=pos_us <= POSITIONAL_GOAL_US))
+    return out
+
+
+def gpu_records(bundle: Path, batches: int, calls: int) -> list[dict]:
+    import torch  # noqa: F401 - only here: the CPU part runs without it
+    from runtime_fakes import catalog_records
+
+    from mamba_forge.gpu import driver as cuda
+    from mamba_forge.runtime import load
+    from mamba_forge.runtime.streams import resolve_stream
+
+    name = "softplus_forward_f32"
+    sym = next(r for r, _ in catalog_records() if r.name == name)
+    kernels = load(bundle)
+    fn = kernels.function(name)
+    n = 1 << 20
+    y, x = torch.empty(n, device="cuda"), torch.randn(n, device="cuda")
+    stream = cuda.Stream(cuda._drv().CUstream(torch.cuda.current_stream().cuda_stream), owned=False)
+    c = contract(sym)
+
+    def keyword():
+        b = c.bind({"y": y, "x": x}, device=0)
+        s = resolve_stream(None, b.owner, b.ordinal)
+        cuda.launch(fn.handle, b.grid, b.block, PackedParams(b.values, b.aligns), smem=b.shared_mem,
+                    stream=cuda.Stream(cuda._drv().CUstream(s), owned=False))
+
+    grid = c.bind({"y": y, "x": x}).grid
+
+    def positional():
+        values, aligns = typed_params(sym.params, (y, x, n), name, 0)
+        cuda.launch(fn.handle, grid, fn.block, PackedParams(values, aligns), smem=0, stream=stream)
+
+    packed = PackedParams([("ptr", y.data_ptr()), ("ptr", x.data_ptr()), ("i64", n)])
+    drv, h, g = cuda._drv(), fn.handle.handle if hasattr(fn.handle, "handle") else fn.handle, grid
+
+    def raw():
+        drv.cuLaunchKernel(h, g[0], 1, 1, 256, 1, 1, 0, stream.handle, packed.address, 0)
+
+    def timed(f):
+        def batch():
+            for _ in range(calls):
+                f()
+            torch.cuda.synchronize()
+        return per_call_us(batch, batches, 1, clock=time.process_time) / calls
+
+    kw_us, pos_us, raw_us = timed(keyword), timed(positional), timed(raw)
+    gpu = torch.cuda.get_device_name()
+    print(f"{name} on {gpu}: keyword {kw_us:.2f} us  positional {pos_us:.2f} us  raw cuLaunchKernel {raw_us:.2f} us")
+    shape = f"n={n}"
+    return [
+        summary.record(family="softplus_forward", symbol=f"{name}:keyword-launch", shape=shape, dtype="f32",
+                       ours=round(kw_us, 3), baseline=round(raw_us, 3), baseline_name="raw cuLaunchKernel",
+                       unit="us/call (CPU)", goal=f"<= {KEYWORD_GOAL_US} us", met=kw_us <= KEYWORD_GOAL_US, gpu=gpu),
+        summary.record(family="softplus_forward", symbol=f"{name}:positional-launch", shape=shape, dtype="f32",
+                       ours=round(pos_us, 3), baseline=round(raw_us, 3), baseline_name="raw cuLaunchKernel",
+                       unit="us/call (CPU)", goal=f"<= {POSITIONAL_GOAL_US} us", met=pos_us <= POSITIONAL_GOAL_US,
+                       gpu=gpu),
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, default=41)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--bundle", type=Path, help="a signed bundle with softplus_forward_f32 (GPU part)")
+    ap.add_argument("--no-write", action="store_true")
+    a = ap.parse_args()
+    records = cpu_records(a.batches, a.calls)
+    if a.bundle is not None:
+        records += gpu_records(a.bundle, a.batches, max(1, a.calls // 10))
+    if not a.no_write:
+        summary.append(records)
+        print(f"{len(records)} records -> {summary.SUMMARY.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""Fake tensors and launch-contract records for the runtime contract tests and the launch-overhead benchmark (CPU).
+
+FakeTorchTensor mimics a torch tensor (its class's __module__ is "torch"), FakeCAI a CuPy/Numba array
+(__cuda_array_interface__), FakeDLPack a DLPack producer whose capsule points at a real DLTensor. The records
+are RuntimeSymbols shaped like the catalog families they are named after (kernels/fixed/*.toml, sm90a/wgmma.toml).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+
+from mamba_forge.catalog import expr
+from mamba_forge.manifest.schema import Param, RuntimeSymbol
+from mamba_forge.runtime.tensors import DLDataType, DLDevice, DLTensor
+
+TORCH_NAMES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "i32": "int32",
+               "i64": "int64", "u8": "uint8", "i8": "int8", "u32": "uint32", "u64": "uint64"}
+SIZES = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "u8": 1, "i8": 1, "u32": 4, "u64": 8}
+_addresses = itertools.count(0x7F00_0000_0000, 0x10_0000)
+
+
+class FakeDType:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+
+TORCH_DTYPES = {tok: FakeDType(name) for tok, name in TORCH_NAMES.items()}
+
+
+class FakeDevice:
+    def __init__(self, type_: str, index: int | None):
+        self.type, self.index = type_, index
+
+
+class FakeTorchTensor:
+    def __init__(self, numel: int, dtype: str = "f32", *, device: tuple[str, int | None] = ("cuda", 0),
+                 contiguous: bool = True, ptr: int | None = None):
+        self._numel, self.dtype, self.device = numel, TORCH_DTYPES[dtype], FakeDevice(*device)
+        self._contiguous, self._ptr = contiguous, next(_addresses) if ptr is None else ptr
+        self.is_cuda = device[0] == "cuda"
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def numel(self) -> int:
+        return self._numel
+
+    def is_contiguous(self) -> bool:
+        return self._contiguous
+
+    def get_device(self) -> int:
+        return self.device.index if self.is_cuda else -1
+
+
+FakeTorchTensor.__module__ = "torch"
+
+
+class FakeCAI:
+    """A CuPy-like array (device.id), or with cupy=False a Numba-like one that does not say its device."""
+
+    def __init__(self, shape, typestr: str = "<f4", *, strides=None, readonly: bool = False, device: int = 0,
+                 cupy: bool = True, ptr: int | None = None):
+        self.ptr = next(_addresses) if ptr is None else ptr
+        self.__cuda_array_interface__ = {"data": (self.ptr, readonly), "shape": tuple(shape), "typestr": typestr,
+                                         "strides": strides, "version": 3}
+        if cupy:
+            self.device = FakeDevice("cuda", device)
+            self.device.id = device
+
+
+FakeCAI.__module__ = "cupy._core.core"
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_DLTENSOR, _USED = b"dltensor", b"used_dltensor"  # capsule names must outlive the capsules
+DL_CODES = {"f": 2, "i": 0, "u": 1, "bf": 4}
+
+
+class FakeDLPack:
+    """A DLPack producer: __dlpack__ returns a capsule naming a DLTensor this object owns (no deleter)."""
+
+    def __init__(self, shape, dtype: str = "f32", *, device_type: int = 2, device_id: int = 0, strides=None,
+                 consumed: bool = False, byte_offset: int = 0):
+        stem = dtype.rstrip("0123456789")
+        self._shape = (ctypes.c_int64 * max(1, len(shape)))(*shape)
+        self._strides = (ctypes.c_int64 * len(strides))(*strides) if strides else None
+        self.ptr = next(_addresses)
+        self._t = DLTensor(
+            data=self.ptr, device=DLDevice(device_type, device_id), ndim=len(shape),
+            dtype=DLDataType(DL_CODES[stem], int(dtype[len(stem):]), 1),
+            shape=ctypes.cast(self._shape, ctypes.POINTER(ctypes.c_int64)),
+            strides=ctypes.cast(self._strides, ctypes.POINTER(ctypes.c_int64)) if strides else None,
+            byte_offset=byte_offset,
+        )
+        self._name, self._device = (_USED if consumed else _DLTENSOR), (device_type, device_id)
+
+    def __dlpack__(self, stream=None):
+        return _capsule_new(ctypes.addressof(self._t), self._name, None)
+
+    def __dlpack_device__(self):
+        return self._device
+
+
+FakeDLPack.__module__ = "jax._src.array"
+
+
+# ---- records shaped like the catalog's families ----------------------------------------------------------------
+
+_SCALAR_SIZES = {"i32": 4, "u32": 4, "i64": 8, "u64": 8, "f32": 4, "f64": 8, "ptr": 8}
+
+
+def params(*specs: dict) -> list[Param]:
+    """Param records from catalog-like dicts, with a packed ABI census (offset, size)."""
+    out, offset = [], 0
+    for s in specs:
+        t = s["type"]
+        kind = "pointer" if t == "ptr" else "blob" if t == "bytes" else "scalar"
+        size = s["size"] if kind == "blob" else _SCALAR_SIZES[t]
+        offset = -(-offset // min(size, 64)) * min(size, 64)
+        out.append(Param(name=s["name"], kind=kind, type=t, dtype=s.get("dtype", ""),
+                         role=s.get("role", "in") if kind != "scalar" else "", shape=list(s.get("shape", [])),
+                         value=str(s.get("value", "")), offset=offset, size=size))
+        offset += size
+    return out
+
+
+def symbol(name: str, family: str, dtype: str, ps: list[Param], grid: list[str], dims: list[str], *,
+           block=(256, 1, 1), constants: dict | None = None, state_capacity: int = 64, dynamic_smem: int = 0):
+    return RuntimeSymbol(name=name, module="Fixed", target="sm_90a", family=family, dtype=dtype, status="admitted",
+                         block=list(block), grid=grid, dynamic_smem=dynamic_smem, dims=dims,
+                         constants=dict(constants or {}), state_capacity=state_capacity, params=ps)
+
+
+def softplus(dtype: str = "f32"):
+    return symbol(f"softplus_forward_{dtype}", "softplus_forward", dtype, params(
+        {"name": "y", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["n"]},
+        {"name": "x", "type": "ptr", "dtype": dtype, "shape": ["n"]},
+        {"name": "n", "type": "i64", "value": "n"},
+    ), ["min(ceil_div(n, 2048), 4096)"], ["n"], constants={"sizeof_T": SIZES[dtype]})
+
+
+def conv1d(dtype: str = "bf16"):
+    return symbol(f"conv1d_burnin_forward_nosave_tiled_{dtype}", "conv1d_burnin_forward_nosave_tiled", dtype, params(
+        {"name": "out", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["batch*d*L"]},
+        {"name": "x", "type": "ptr", "dtype": dtype, "shape": ["batch*d*L"]},
+        {"name": "weight", "type": "ptr", "dtype": "f32", "shape": ["d*width"]},
+        {"name": "bias", "type": "ptr", "dtype": "f32", "shape": ["d"]},
+        {"name": "batch", "type": "i64", "value": "batch"},
+        {"name": "d", "type": "i64", "value": "d"},
+        {"name": "L", "type": "i64", "value": "L"},
+        {"name": "width", "type": "i32", "value": "width"},
+    ), ["batch*d*ceil_div(L, 8192 // sizeof_T)"], ["L", "batch", "d", "width"], block=(128, 1, 1),
+        constants={"sizeof_T": SIZES[dtype]})
+
+
+def ssm_step(dtype: str = "f32", state_capacity: int = 64):
+    return symbol(f"ssm_step_forward_fused_{dtype}", "ssm_step_forward_fused", dtype, params(
+        {"name": "out", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["batch * d_inner"]},
+        {"name": "state", "type": "ptr", "dtype": "f32", "role": "inout", "shape": ["batch * d_inner * d_state"]},
+        {"name": "u", "type": "ptr", "dtype": dtype, "shape": ["batch * d_inner"]},
+        {"name": "dt", "type": "ptr", "dtype": dtype, "shape": ["batch * d_inner"]},
+        {"name": "dt_bias", "type": "ptr", "dtype": "f32", "shape": ["d_inner"]},
+        {"name": "A_log", "type": "ptr", "dtype": "f32", "shape": ["d_inner * d_state"]},
+        {"name": "x_dbl", "type": "ptr", "dtype": dtype, "shape": ["batch * (dt_rank + 2 * d_state)"]},
+        {"name": "Dp", "type": "ptr", "dtype": "f32", "shape": ["d_inner"]},
+        {"name": "z", "type": "ptr", "dtype": dtype, "shape": ["batch * d_inner"]},
+        {"name": "batch", "type": "i32", "value": "batch"},
+        {"name": "d_inner", "type": "i32", "value": "d_inner"},
+        {"name": "d_state", "type": "i32", "value": "d_state"},
+        {"name": "dt_rank", "type": "i32", "value": "dt_rank"},
+        {"name": "x_dbl_stride", "type": "i32", "value": "dt_rank + 2 * d_state"},
+    ), ["ceil_div(batch * d_inner * 4, 128)"], ["batch", "d_inner", "d_state", "dt_rank"], block=(128, 1, 1),
+        constants={"sizeof_T": SIZES[dtype]}, state_capacity=state_capacity)
+
+
+def reduce_bc_tmajor(dtype: str = "f32"):
+    """ssm_reduce_d_BC_tmajor: a 3-D grid; d_state carried by a scalar, L too."""
+    return symbol(f"ssm_reduce_d_BC_tmajor_{dtype}", "ssm_reduce_d_BC_tmajor", dtype, params(
+        {"name": "out", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["batch * L * d_state"]},
+        {"name": "part", "type": "ptr", "dtype": "f32", "shape": ["batch * groups * d_state * L"]},
+        {"name": "batch", "type": "i32", "value": "batch"},
+        {"name": "groups", "type": "i32", "value": "groups"},
+        {"name": "d_state", "type": "i32", "value": "d_state"},
+        {"name": "L", "type": "i64", "value": "L"},
+    ), ["ceil_div(L, 32)", "ceil_div(d_state, 32)", "batch"], ["L", "batch", "d_state", "groups"], block=(32, 8, 1))
+
+
+def reduce_bc(dtype: str = "f32"):
+    """ssm_reduce_d_BC: d_state and L carried by no scalar (dim-only arguments), nl = d_state * L derived."""
+    return symbol(f"ssm_reduce_d_BC_{dtype}", "ssm_reduce_d_BC", dtype, params(
+        {"name": "out", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["batch * d_state * L"]},
+        {"name": "part", "type": "ptr", "dtype": "f32", "shape": ["batch * groups * d_state * L"]},
+        {"name": "batch", "type": "i32", "value": "batch"},
+        {"name": "groups", "type": "i32", "value": "groups"},
+        {"name": "nl", "type": "i64", "value": "d_state * L"},
+    ), ["min(ceil_div(batch * d_state * L, 256), 4096)"], ["L", "batch", "d_state", "groups"])
+
+
+def rmsnorm(dtype: str = "bf16"):
+    """rmsnorm_forward: eps is a literal (the qualification value): a required caller argument."""
+    return symbol(f"rmsnorm_forward_{dtype}", "rmsnorm_forward", dtype, params(
+        {"name": "y", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["rows*dim"]},
+        {"name": "rstd", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["rows"]},
+        {"name": "x", "type": "ptr", "dtype": dtype, "shape": ["rows*dim"]},
+        {"name": "w", "type": "ptr", "dtype": "f32", "shape": ["dim"]},
+        {"name": "rows", "type": "i64", "value": "rows"},
+        {"name": "dim", "type": "i64", "value": "dim"},
+        {"name": "eps", "type": "f32", "value": repr(1e-5)},
+    ), ["min(rows, 65535)"], ["dim", "rows"])
+
+
+def gemm_wgmma(dtype: str = "bf16"):
+    """gemm_bi_nn_sm90a_wgmma_wg1: two 128-byte CUtensorMap blobs, then the raw pointers and M, N, K."""
+    return symbol(f"gemm_bi_nn_sm90a_wgmma_wg1_{dtype}", "gemm_bi_nn_sm90a_wgmma_wg1", dtype, params(
+        {"name": "tmA", "type": "bytes", "size": 128},
+        {"name": "tmB", "type": "bytes", "size": 128},
+        {"name": "C", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["M * N"]},
+        {"name": "A", "type": "ptr", "dtype": dtype, "shape": ["M * K"]},
+        {"name": "B", "type": "ptr", "dtype": dtype, "shape": ["K * N"]},
+        {"name": "M", "type": "i32", "value": "M"},
+        {"name": "N", "type": "i32", "value": "N"},
+        {"name": "K", "type": "i32", "value": "K"},
+    ), ["min(ceil_div(M, BM) * ceil_div(N, BN), 132)"], ["K", "M", "N"], block=(256, 1, 1),
+        constants={"BM": 128, "BN": 128, "NC": 1, "STAGES": 5, "TMASTORE": 0, "sizeof_T": 2}, state_capacity=0,
+        dynamic_smem=5 * 256 * 128 + 16 * 5 + 1024)
+
+
+def typed_scalars():
+    """Every scalar type once, caller-given (as optim families' lr/step), plus one pointer sized by n."""
+    return symbol("typed_scalars_f32", "typed_scalars", "f32", params(
+        {"name": "p", "type": "ptr", "dtype": "f32", "role": "inout", "shape": ["n"]},
+        {"name": "a", "type": "i32"}, {"name": "b", "type": "u32"}, {"name": "c", "type": "i64"},
+        {"name": "d", "type": "u64"}, {"name": "lr", "type": "f32", "value": "0.001"}, {"name": "f", "type": "f64"},
+        {"name": "step", "type": "i32", "value": "10"}, {"name": "n", "type": "i64", "value": "n"},
+    ), ["ceil_div(n, 256)"], ["n"], state_capacity=0)
+
+
+def catalog_records():
+    """(RuntimeSymbol, qualification dims) for every catalog symbol, its contract filled as the qualifier does."""
+    from mamba_forge.catalog.model import DTYPES, default_catalog_path, load_catalog
+
+    cat = load_catalog(default_catalog_path())
+    for cs in cat.symbols.values():
+        spec = cat.module(cs.module)
+        fam = spec.family(cs.family)
+        env = cs.params_env
+        constants = {k: v for k, v in env.items() if isinstance(v, int)}
+        constants.update({f"sizeof_{k}": DTYPES[v][1] for k, v in env.items() if isinstance(v, str) and v in DTYPES})
+        specs = [{"name": p.name, "type": p.type, "dtype": (p.dtype if p.dtype in DTYPES else env.get(p.dtype, "")),
+                  "role": p.role, "shape": [str(x) for x in p.shape], "size": p.size or 0,
+                  "value": "" if p.value is None else repr(p.value) if isinstance(p.value, float) else str(p.value)}
+                 for p in fam.params]
+        ps = params(*specs)
+        exprs = [str(g) for g in fam.launch.grid] + [x for p in ps for x in p.shape]
+        exprs += [p.value for p in ps if p.value and expr.names(p.value)]
+        dims = sorted(set().union(*(expr.names(x) for x in exprs)) - set(constants))
+        rec = symbol(cs.name, cs.family, cs.dtype or "", ps, [str(g) for g in fam.launch.grid], dims,
+                     block=cs.block, constants=constants, state_capacity=64 if spec.module.state_capacity else 0)
+        yield rec, dict(fam.qualify.dims)
