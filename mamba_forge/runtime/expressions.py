@@ -49,7 +49,7 @@ def compile_expressions(symbol: str, exprs: list[str], dims: tuple[str, ...], co
         parts.append(f"({ast.unparse(slots.visit(tree.body))})")
     src = f"def _evaluate({', '.join(slots.slot.values())}):\n    return ({', '.join(parts)},)\n"
     # the catalog's own functions, so compiled and interpreted values agree; no builtins reachable
-    namespace = {"__builtins__": {}, **{f"_f_{k}": f for k, f in expr._FUNCS.items()}}
+    namespace = {"__builtins__": {}, **{f"_f_{k}": f[0] for k, f in expr._FUNCS.items()}}
     exec(compile(src, f"<contract {symbol}>", "exec"), namespace)  # noqa: S102 - validated grammar only
     return namespace["_evaluate"], src
 
