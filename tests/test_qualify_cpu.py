@@ -30,6 +30,7 @@ from mamba_forge.manifest.records import (
 )
 from mamba_forge.qualify import assemble, compare, fills, keys, plan, runner, sanitize, supervise
 from mamba_forge.qualify import checks as C
+from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import spec as S
 from mamba_forge.qualify.events import (
     CheckResult,
@@ -266,6 +267,60 @@ def test_unwritten_and_check_outputs():
     assert not ok and "1 of 4096 elements not written" in why
     assert C.check_outputs(sp, good, None) == (True, "y: written")
     assert C.unwritten_mask(b"\xff\xff\x00\xff", "bf16").tolist() == [True, False]
+
+
+def test_compare_reasons_hold_plain_numbers():
+    """Every failing comparison names its values as plain numbers, never np.float64(...)."""
+    r = np.array([1.0, -2.0, 0.5, np.inf, np.nan])
+    cases = [(r * 3, r, False), (np.where(np.isnan(r), 1.0, r), r, False),
+             (np.where(np.isinf(r), -np.inf, r), r, False), (r + 0.25, r, True)]
+    for got, ref, exact in cases:
+        ok, why = C.compare(got, ref, "f32", 1e-5, 1e-6, exact)
+        assert not ok and "np." not in why and "float64" not in why, why
+    assert C.compare(r * 3, r, "f32", 1e-5, 1e-6, False)[1].endswith("worst at 1: got -6.0, reference -2.0")
+    assert "first at 0: 1.25 != 1.0" in C.compare(r + 0.25, r, "f32", 0, 0, True)[1]
+    assert [G.plain(v) for v in (np.float32(0.5), np.int64(3), np.nan, -np.inf, np.float64(2.0))] == \
+        ["0.5", "3", "nan", "-inf", "2.0"]
+
+
+def test_guard_reasons_name_the_buffer_and_offsets():
+    after = G.Region("y", "after", 0x1000, G.GUARD_BYTES)
+    assert G.describe(after, 0, 16383, 16384) == ("bounds", "wrote 16384 bytes past the end of y at +0..+16383")
+    before = G.Region("y", "before", 0x1000, G.GUARD_BYTES + 256)  # the moved instance: 256 bytes more before
+    assert G.describe(before, G.GUARD_BYTES + 256 - 4096, G.GUARD_BYTES + 255, 4096) == \
+        ("bounds", "wrote 4096 bytes before the start of y at -4096..-1")
+    inp = G.Region("x", "input", 0x1000, 4096, expect=0x9000, itemsize=4)
+    check, why = G.describe(inp, 21, 23, 3)
+    assert check == "input-written" and why.endswith("first in element 5 (byte 21)")
+
+
+def test_poison_difference_finds_reads_of_unwritten_memory():
+    cat, mod = _neg()
+    sp = S.evaluate(cat.symbols["misses_tail"], mod.family("misses_tail"))  # y: 4097 f32
+    y = (2 * np.linspace(-1, 1, 4097)).astype(np.float32)
+    assert G.poison_difference(sp, {"y": y.tobytes()}, {"y": y.tobytes()}) == ""
+    # left unwritten by both runs (each run's poison): not a read; check_outputs decides on "not written"
+    a, b = y.copy().view(np.uint32), y.copy().view(np.uint32)
+    a[-1], b[-1] = 0xFFFFFFFF, 0x3F3F3F3F
+    assert G.poison_difference(sp, {"y": a.tobytes()}, {"y": b.tobytes()}) == ""
+    # the element took a value from the poison (y += 2x): NaN with 0xFF, 0.747 + 2x with 0x3F
+    b[7] = np.float32(1.0).view(np.uint32)
+    why = G.poison_difference(sp, {"y": a.tobytes()}, {"y": b.tobytes()})
+    assert why.startswith("y: 1 of 4097 elements depend on the poison") and "first at 7:" in why
+    assert "with 0xFF bytes" in why and "1.0 with 0x3F bytes" in why and "np." not in why
+    # written in one run, still the poison in the other: depends on the poison too
+    b[7], b[9] = a[7], 0x3F3F3F3F
+    assert "first at 9:" in G.poison_difference(sp, {"y": a.tobytes()}, {"y": b.tobytes()})
+
+
+def test_sanitizer_mode_full_level_runs_it_when_found(monkeypatch):
+    monkeypatch.setattr(sanitize.shutil, "which", lambda exe: "/usr/local/cuda/bin/compute-sanitizer")
+    assert sanitize.sanitizer_mode("full", False) == "ran"
+    assert sanitize.sanitizer_mode("quick", False) == "off"
+    assert sanitize.sanitizer_mode("quick", True) == "ran"
+    monkeypatch.setattr(sanitize.shutil, "which", lambda exe: None)
+    assert sanitize.sanitizer_mode("full", False) == "not-found"
+    assert sanitize.sanitizer_mode("quick", False) == "off"
 
 
 def test_census_names_the_first_mismatch():

@@ -1,8 +1,10 @@
 """The worker's checks end to end on CPU, against an emulated driver: device memory is host bytearrays and the
 negative-control kernels are NumPy stand-ins with the same misbehaviour (nondeterministic order, batch-variant
-split, address dependence, wrong answer, unwritten tail, fault, hang, ABI and smem refusals). This proves the
-harness logic (poisoning, corpora, reference comparison, repeat, batch slicing, streams, address, graph replay)
-without a GPU; tests/gpu/test_qualify_gpu.py runs the real kernels."""
+split, address dependence, wrong answer, unwritten tail, fault, hang, ABI and smem refusals, writes past the end,
+before the start and into an input, reads of the output before writing it). The guard-check kernel is emulated
+from its contract (first, last, count of differing bytes per region of its table). This proves the harness logic
+(guards, poisoning, corpora, reference comparison, repeat, batch slicing, streams, address, graph replay) without
+a GPU; tests/gpu/test_qualify_gpu.py runs the real kernels."""
 
 from __future__ import annotations
 
@@ -17,10 +19,13 @@ import pytest
 from mamba_forge.catalog.model import load_catalog
 from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import checks as C
+from mamba_forge.qualify import guards as G
+from mamba_forge.qualify import spec as S
 from mamba_forge.qualify import worker as W
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qualify_negative"
 OPTIN = 232448
+DETERMINISM = ("repeat", "batch", "stream", "neighbour", "address", "graph")
 
 
 class FakeMemory:
@@ -65,6 +70,9 @@ SIGNATURES = {  # emulated kernels: parameter types as the kernel declares them
     "nondet_sum": ["ptr", "ptr", "i64"], "oob_write": ["ptr", "ptr", "i64"], "spin_forever": ["ptr", "ptr", "i64"],
     "wrong_scale": ["ptr", "ptr", "i64"], "misses_tail": ["ptr", "ptr", "i64"], "address_variant": ["ptr", "ptr", "i64"],
     "smem_over": ["ptr", "ptr", "i64"], "abi_mismatch": ["ptr", "i32", "ptr"],
+    **{k: ["ptr", "ptr", "i64"] for k in ("writes_past_end", "writes_before_start", "writes_input",
+                                          "accumulates_into_output")},
+    "mf_guard_check": ["ptr", "ptr", "i32"],
     # the real catalog's multi-tensor AdamW: descs, num_tensors, lr, beta1, beta2, eps, step
     **{f"adamw_step_multi_{dt}": ["ptr", "i32", "f32", "f32", "f32", "f32", "i32"] for dt in ("f32", "bf16", "f16")},
 }
@@ -147,6 +155,7 @@ def emulated(monkeypatch):
     monkeypatch.setattr(cu, "context_synchronize", lambda: None)
     monkeypatch.setattr(cu, "Graph", FakeGraph)
     monkeypatch.setattr(C.Context, "launch_neighbour", lambda self, stream: launches.append("neighbour"))
+    monkeypatch.setattr(G, "guard_function", lambda ctx: FakeFunction("mf_guard_check"))
     monkeypatch.syspath_prepend(str(FIXTURE))
     info = cu.DeviceInfo(0, "Emulated H200", (9, 0), 132, 13000, OPTIN, 233472, 1 << 37, "")
     ctx = C.Context(device=None, info=info, timeout_s=0.2)  # type: ignore[arg-type]
@@ -166,9 +175,26 @@ def _get(mem, src, n):
     return buf[off : off + n]
 
 
+def guard_check(v, mem):
+    """mf_guard_check from its contract: per region (ptr, expect, nbytes, canary), the first and last byte that
+    differs from the pristine copy (or the canary) and how many differ, into found[3][nregions]."""
+    table_p, found_p, n = v
+    table = bytes(_get(mem, table_p, G.REGION.size * n))
+    found = np.frombuffer(mem.at(found_p)[0], "<u8", 3 * n, mem.at(found_p)[1]).reshape(3, n)
+    for i in range(n):
+        ptr, expect, nbytes, canary, _ = G.REGION.unpack_from(table, G.REGION.size * i)
+        got = np.frombuffer(bytes(_get(mem, ptr, nbytes)), np.uint8)
+        want = np.frombuffer(bytes(_get(mem, expect, nbytes)), np.uint8) if expect else np.uint8(canary)
+        bad = np.flatnonzero(got != want)
+        if bad.size:
+            found[0, i], found[1, i], found[2, i] = min(int(found[0, i]), bad[0]), max(int(found[1, i]), bad[-1]), bad.size
+
+
 def run_kernel(name, v, mem, rng, stream):
     f32 = np.float32
-    if name.startswith("adamw_step_multi_"):
+    if name == "mf_guard_check":
+        guard_check(v, mem)
+    elif name.startswith("adamw_step_multi_"):
         multi_adamw(name.rsplit("_", 1)[1], v, mem)
     elif name in ("control_row_sum", "batch_variant_row_sum", "racy_row_sum"):
         out_p, x_p, rows, cols = v
@@ -199,6 +225,17 @@ def run_kernel(name, v, mem, rng, stream):
         y = np.frombuffer(mem.at(y_p)[0], f32, n, mem.at(y_p)[1])
         if name == "wrong_scale":
             y[:] = 3 * x
+        elif name == "writes_past_end":
+            y[:] = x
+            _put(mem, y_p + 4 * n, np.ones(4096, f32).tobytes())
+        elif name == "writes_before_start":
+            y[:] = x
+            _put(mem, y_p - 4096, np.ones(1024, f32).tobytes())
+        elif name == "writes_input":
+            y[:] = 2 * x
+            _put(mem, x_p + 20, np.float32(-7).tobytes())
+        elif name == "accumulates_into_output":
+            y[:] = y + 2 * x
         elif name == "misses_tail":
             y[: n - 1] = 2 * x[: n - 1]
         elif name == "address_variant":
@@ -220,10 +257,11 @@ def test_controls_pass_every_check(emulated):
         r = _run(ctx, name)
         assert r.status == "admitted", r.reason
         names = [c.name for c in r.checks]
-        assert names == ["admission", "correctness", "correctness", "correctness", "repeat", "batch", "stream",
-                         "neighbour", "address", "graph"]
-        digests = {c.digest for c in r.checks if c.name not in ("admission", "correctness")}
+        assert names == ["admission", "correctness", "correctness", "correctness", "uninitialized", "repeat", "batch",
+                         "stream", "neighbour", "address", "graph", "bounds", "input-written"]
+        digests = {c.digest for c in r.checks if c.name in DETERMINISM}
         assert len(digests) == 1
+        assert all(c.passed for c in r.checks)
     assert "neighbour" in launches
 
 
@@ -235,6 +273,11 @@ def test_controls_pass_every_check(emulated):
     ("address_variant", "address", "256 bytes further"),
     ("abi_mismatch", "abi", "parameter 1 (x) is at offset 8 with 4 bytes"),
     ("smem_over", "smem", "opt-in limit 232448"),
+    ("writes_past_end", "bounds", "wrote 16384 bytes past the end of y at +0..+16383"),
+    ("writes_before_start", "bounds", "wrote 4096 bytes before the start of y at -4096..-1"),
+    ("writes_input", "input-written", "the input x was written: 4 bytes differ from the uploaded contents, "
+                                      "first in element 5 (byte 20)"),
+    ("accumulates_into_output", "uninitialized", "y: 4096 of 4096 elements depend on the poison"),
 ])
 def test_negative_controls_rejected_by_their_check(emulated, name, check, text):
     ctx, launches = emulated
@@ -243,6 +286,66 @@ def test_negative_controls_rejected_by_their_check(emulated, name, check, text):
     assert text in r.reason
     if check in ("abi", "smem"):
         assert name not in launches  # refused before any launch
+
+
+def _instance(ctx, name, offset=0):
+    cat = load_catalog(FIXTURE / "catalog.toml")
+    sym = cat.symbols[name]
+    spec = S.evaluate(sym, cat.modules[0].family(name))
+    inputs = C.make_inputs(spec, "uniform", np.random.default_rng(1), False)
+    return C.Instance(ctx, spec, FakeFunction(name), inputs, offset=offset)
+
+
+@pytest.mark.parametrize("offset", [0, 256])
+def test_guard_check_cannot_pass_with_a_changed_canary_or_input(emulated, offset):
+    """Every guard and input region, changed in one byte (first, last, unaligned middle), fails the check with
+    its buffer and offset; restored, it passes. The guards touch the buffers: nothing between is unchecked."""
+    ctx, _ = emulated
+    inst = _instance(ctx, "control_row_sum", offset)
+    try:
+        inst.run()  # a correct kernel: every region intact
+        regions = inst.guards.regions
+        assert [(r.buffer, r.kind) for r in regions] == [("out", "before"), ("out", "after"), ("x", "before"),
+                                                        ("x", "after"), ("x", "input")]
+        for name, ptr in inst.ptrs.items():
+            assert ptr % 256 == 0
+            b = next(b for b in inst.spec.all_buffers if b.name == name)
+            before, after = (r for r in regions if r.buffer == name and r.kind != "input")
+            assert before.ptr + before.nbytes == ptr and after.ptr == ptr + b.nbytes
+            assert before.nbytes == G.GUARD_BYTES + offset and after.nbytes == G.GUARD_BYTES
+        for r in regions:
+            for at in (0, r.nbytes - 1, 4099 % r.nbytes):
+                old = cu.memcpy_dtoh(r.ptr + at, 1)
+                cu.memcpy_htod(r.ptr + at, bytes([old[0] ^ 0x5A]))
+                with pytest.raises(G.GuardViolation) as err:
+                    inst.verify()
+                if r.kind == "after":
+                    assert (err.value.check, err.value.reason) == (
+                        "bounds", f"wrote 1 bytes past the end of {r.buffer} at +{at}..+{at}")
+                elif r.kind == "before":
+                    back = r.nbytes - at
+                    assert (err.value.check, err.value.reason) == (
+                        "bounds", f"wrote 1 bytes before the start of {r.buffer} at -{back}..-{back}")
+                else:
+                    assert err.value.check == "input-written"
+                    assert err.value.reason.endswith(f"first in element {at // 4} (byte {at})")
+                cu.memcpy_htod(r.ptr + at, old)
+                inst.verify()
+    finally:
+        inst.free()
+
+
+def test_guards_are_off_under_the_sanitizer(emulated):
+    """compute-sanitizer checks each access against the exact allocation: no guards, no second poison, no
+    guard records in a sanitizer pass."""
+    ctx, launches = emulated
+    cat = load_catalog(FIXTURE / "catalog.toml")
+    job = {"seed": 5, "level": "quick", "sanitize": True}
+    group = {"module": "QualifyNegative", "target": "sm_90a"}
+    r = W.SymbolRun(ctx, cat, FakeModule(), job, {"name": "control_row_sum", "build_layout": []}, group).run()
+    assert r.status == "admitted" and [c.name for c in r.checks] == ["admission", "correctness"]
+    assert "mf_guard_check" not in launches and launches.count("control_row_sum") == 1
+    assert _run(ctx, "control_row_sum").status == "admitted" and "mf_guard_check" in launches
 
 
 def test_fault_and_hang_surface_to_the_worker(emulated, monkeypatch):
@@ -300,7 +403,7 @@ def test_worker_main_streams_events(emulated, monkeypatch, tmp_path, capsys):
     assert results["control_row_sum"]["status"] == "admitted"
     assert results["wrong_scale"]["check"] == "correctness"
     assert results["control_row_sum"]["resources"]["blocks_per_sm"] == 4
-    assert sum(1 for e in events if e["event"] == "check" and e["symbol"] == "control_row_sum") == 10
+    assert sum(1 for e in events if e["event"] == "check" and e["symbol"] == "control_row_sum") == 13
 
 
 # ---- multi-tensor AdamW through aux buffers and a prepared descriptor table -----------------------------------
@@ -370,11 +473,11 @@ def test_multi_adamw_passes_every_check(multi, dt):
     r = multi(dt)
     assert r.status == "admitted", r.reason
     names = [c.name for c in r.checks]
-    assert names == ["admission", "correctness", "correctness", "correctness", "repeat", "stream", "neighbour",
-                     "address", "graph"]
+    assert names == ["admission", "correctness", "correctness", "correctness", "uninitialized", "repeat", "stream",
+                     "neighbour", "address", "graph", "bounds", "input-written"]
     corr = [c.detail for c in r.checks if c.name == "correctness"]
     assert all("param:" in d and "exp_avg:" in d and "exp_avg_sq:" in d for d in corr)  # aux outputs checked
-    digests = {c.digest for c in r.checks if c.name not in ("admission", "correctness")}
+    digests = {c.digest for c in r.checks if c.name in DETERMINISM}
     assert len(digests) == 1
 
 
@@ -393,10 +496,11 @@ def test_multi_adamw_tables_point_at_live_aux_buffers_and_moved_run_rebuilds(mul
             assert (p, g, m, v) == (p0 + 2 * start, g0 + 2 * start, m0 + 4 * start, v0 + 4 * start) and n == want
             start += n
         bases.append(p0)
-    # three corpora (fresh instances), repeats/stream/neighbour/graph reuse the first, one moved instance
+    # three corpora (fresh instances, each run with both poisons), repeats/stream/neighbour/graph reuse the
+    # first, one moved instance
     moved = [b for b in bases if b % 512 == 256]  # FakeMemory allocates at 512-byte steps: +256 is the moved one
     assert len(moved) == len([b for b in bases if b == moved[0]]) == 1
-    assert len(set(bases)) == 4 and len(bases) == 3 + 5 + 3 + 1
+    assert len(set(bases)) == 4 and len(bases) == 3 * 2 + 5 + 3 + 1
 
 
 def test_multi_adamw_stale_table_fails_the_address_check(multi, monkeypatch):

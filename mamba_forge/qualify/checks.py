@@ -17,10 +17,11 @@ import numpy as np
 from mamba_forge.catalog.model import Family, Symbol
 from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import fills
+from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import spec as S
 from mamba_forge.qualify.events import LiveResources
+from mamba_forge.qualify.guards import POISON, plain
 
-POISON = 0xFF  # outputs are filled with 0xFF bytes first: NaN for floats, so unwritten elements show
 NEIGHBOUR_SOURCE = r"""
 // The qualifier's noisy neighbour: streams a large buffer through an FMA chain, occupying memory bandwidth
 // and ALUs on a second stream while the symbol under test runs.
@@ -79,17 +80,17 @@ def compare(got: np.ndarray, ref: np.ndarray, dtype: str, rtol: float, atol: flo
         bad = ~same
         if bad.any():
             i = int(np.argmax(bad))
-            return False, f"{int(bad.sum())} of {g.size} elements differ from the exact reference; first at {i}: {g[i]!r} != {rr[i]!r}"
+            return False, f"{int(bad.sum())} of {g.size} elements differ from the exact reference; first at {i}: {plain(g[i])} != {plain(rr[i])}"
         return True, f"{g.size} elements exact"
     gn, rn = np.isnan(g), np.isnan(r)
     if (gn != rn).any():
         i = int(np.argmax(gn != rn))
-        return False, f"NaN mismatch at {i}: got {g[i]!r}, reference {r[i]!r} ({int((gn != rn).sum())} elements)"
+        return False, f"NaN mismatch at {i}: got {plain(g[i])}, reference {plain(r[i])} ({int((gn != rn).sum())} elements)"
     gi, ri = np.isinf(g), np.isinf(r)
     if (gi != ri).any() or (g[ri] != r[ri]).any():
         bad = (gi != ri) | (ri & (g != r))
         i = int(np.argmax(bad))
-        return False, f"infinity mismatch at {i}: got {g[i]!r}, reference {r[i]!r}"
+        return False, f"infinity mismatch at {i}: got {plain(g[i])}, reference {plain(r[i])}"
     fin = ~(rn | ri)
     err = np.abs(g[fin] - r[fin])
     lim = atol + rtol * np.abs(r[fin])
@@ -100,7 +101,7 @@ def compare(got: np.ndarray, ref: np.ndarray, dtype: str, rtol: float, atol: flo
         wi = int(np.flatnonzero(fin)[worst])
         return False, (
             f"{idx.size} of {g.size} elements outside rtol {rtol:g} atol {atol:g}; worst at {wi}: "
-            f"got {g[wi]!r}, reference {r[wi]!r}"
+            f"got {plain(g[wi])}, reference {plain(r[wi])}"
         )
     rel = float(np.max(err / np.maximum(np.abs(r[fin]), atol / max(rtol, 1e-300)))) if err.size else 0.0
     return True, f"{g.size} elements, max scaled error {rel:.2e}"
@@ -122,6 +123,7 @@ class Context:
     device: cu.Device
     info: cu.DeviceInfo
     timeout_s: float = 20.0
+    guards: bool = True  # guard regions and input copies (off under compute-sanitizer, which checks bounds itself)
     stream: cu.Stream | None = None
     other: cu.Stream | None = None
     neighbour_fn: cu.Function | None = None
@@ -170,7 +172,9 @@ class Context:
 
 
 class Instance:
-    """Device buffers for one concrete launch, with pristine copies of inputs that the kernel overwrites.
+    """Device buffers for one concrete launch, with pristine copies of inputs that the kernel overwrites, and
+    (unless ctx.guards is off) guard regions around every buffer and pristine copies of the `in` buffers,
+    checked after every launch (guards.py).
 
     `offset` shifts every buffer's start by that many bytes (a multiple of 256) for the address check."""
 
@@ -182,16 +186,23 @@ class Instance:
         self.pristine: dict[str, int] = {}
         self.prepared_bytes: dict[str, bytes] = {}  # what prepare built for this instance's addresses
         self.graph: cu.Graph | None = None
+        self.guards = G.Guards(ctx) if ctx.guards else None
+        guard = G.GUARD_BYTES if ctx.guards else 0
         try:
             for b in spec.all_buffers:
-                buf = cu.DeviceBuffer(b.nbytes + offset)
+                buf = cu.DeviceBuffer(offset + guard + b.nbytes + guard)
                 self._owned.append(buf)
-                ptr = buf.ptr + offset
+                ptr = buf.ptr + offset + guard
                 self.ptrs[b.name] = ptr
+                if self.guards is not None:
+                    cu.memset_d8(buf.ptr, G.CANARY, buf.nbytes)  # the buffer's own bytes are written below
+                    self.guards.guard(b.name, buf.ptr, ptr, b.nbytes, guard)
                 if b.needs_fill:
                     data = np.ascontiguousarray(inputs[b.name]).tobytes()
                     if b.role == "in":
                         cu.memcpy_htod(ptr, data)
+                        if self.guards is not None:  # compared after every launch, never copied back
+                            self._owned.append(self.guards.copy_input(b.name, ptr, b.nbytes, S.DTYPES_SIZE[b.dtype]))
                     else:  # restored before every launch
                         pb = cu.DeviceBuffer(b.nbytes)
                         self._owned.append(pb)
@@ -214,6 +225,10 @@ class Instance:
                 cu.memcpy_htod(pb.ptr, data)
                 self.pristine[b.name] = pb.ptr
                 self.prepared_bytes[b.name] = data
+                if self.guards is not None:  # an input too: the kernel must not write it
+                    self.guards.input(b.name, self.ptrs[b.name], pb.ptr, b.nbytes, S.DTYPES_SIZE[b.dtype])
+            if self.guards is not None:
+                self._owned += self.guards.upload()
             values: list[tuple[str, object]] = [("ptr", 0)] * len(spec.param_types)
             aligns = [0] * len(spec.param_types)
             for b in spec.buffers:  # kernel params only: aux buffers are reached through a prepared table
@@ -234,21 +249,28 @@ class Instance:
             self.free()
             raise
 
-    def enqueue(self, stream: cu.Stream) -> None:
-        """Reset outputs (poison) and overwritten inputs (pristine copy), then launch: all on `stream`."""
+    def enqueue(self, stream: cu.Stream, poison: int = POISON) -> None:
+        """Reset outputs and scratch (poison) and overwritten inputs (pristine copy), then launch: all on `stream`."""
         for b in self.spec.all_buffers:
             if b.name in self.pristine:
                 cu.memcpy_dtod(self.ptrs[b.name], self.pristine[b.name], b.nbytes, stream)
             elif not b.needs_fill:
-                cu.memset_d8(self.ptrs[b.name], POISON, b.nbytes, stream)
+                cu.memset_d8(self.ptrs[b.name], poison, b.nbytes, stream)
         cu.launch(self.fn, self.spec.grid, self.spec.block, self.params, smem=self.spec.dynamic_smem, stream=stream)
 
-    def run(self, stream: cu.Stream | None = None) -> dict[str, bytes]:
+    def run(self, stream: cu.Stream | None = None, poison: int = POISON) -> dict[str, bytes]:
         st = stream or self.ctx.stream
         assert st is not None
-        self.enqueue(st)
+        self.enqueue(st, poison)
         self.ctx.wait(st)
+        self.verify(st)
         return self.outputs()
+
+    def verify(self, stream: cu.Stream | None = None) -> None:
+        """After the launches on `stream` finished: raises guards.GuardViolation when one wrote outside a buffer
+        or into an input (a no-op without guards)."""
+        if self.guards is not None:
+            self.guards.verify(stream or self.ctx.stream)
 
     def outputs(self) -> dict[str, bytes]:
         return {b.name: cu.memcpy_dtoh(self.ptrs[b.name], b.nbytes) for b in self.spec.outputs}
@@ -390,6 +412,6 @@ def first_difference(a: dict[str, bytes], b: dict[str, bytes]) -> str:
 
 
 __all__ = [
-    "Admission", "Context", "Hang", "Instance", "census", "check_outputs", "compare", "digest",
-    "first_difference", "live_admit", "load_callable", "make_inputs", "reference_outputs", "unwritten_mask",
+    "POISON", "Admission", "Context", "Hang", "Instance", "census", "check_outputs", "compare", "digest",
+    "first_difference", "live_admit", "load_callable", "make_inputs", "plain", "reference_outputs", "unwritten_mask",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from mamba_forge.qualify.events import CheckResult
 
@@ -19,8 +19,22 @@ UNATTRIBUTED = "*"  # sanitizer lines printed while no symbol was running
 _SANITIZER_NOISE = re.compile(r"^=+\s*(COMPUTE-SANITIZER|ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards|$)")
 
 
+SanitizerMode = Literal["ran", "not-found", "off"]  # what the qualified manifest records
+
+
 def sanitizer_available() -> bool:
     return shutil.which("compute-sanitizer") is not None
+
+
+def sanitizer_mode(level: str, requested: bool) -> SanitizerMode:
+    """Whether the sanitizer passes run: always with --sanitize (qualify() refuses it first when the tool is
+    missing); at --level full whenever compute-sanitizer is on PATH ("not-found" when it is not, so the
+    manifest says the full qualification went without it); else "off"."""
+    if requested:
+        return "ran"
+    if level == "full":
+        return "ran" if sanitizer_available() else "not-found"
+    return "off"
 
 
 def wrap_command(tool: str, cmd: list[str]) -> list[str]:
@@ -61,5 +75,5 @@ def apply_sanitizer(oc: Outcome, soc: Outcome, tool: str) -> None:
             main.checks.append(CheckResult("sanitize", True, "", f"{tool}: no report"))
 
 
-__all__ = ["SANITIZER_TOOLS", "TIME_FACTOR", "UNATTRIBUTED", "apply_sanitizer", "sanitizer_available", "is_report_line",
-           "wrap_command"]
+__all__ = ["SANITIZER_TOOLS", "TIME_FACTOR", "UNATTRIBUTED", "SanitizerMode", "apply_sanitizer", "is_report_line",
+           "sanitizer_available", "sanitizer_mode", "wrap_command"]

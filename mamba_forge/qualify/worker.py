@@ -24,6 +24,7 @@ import numpy as np
 from mamba_forge.catalog.model import Catalog, load_catalog
 from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import checks as C
+from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import spec as S
 from mamba_forge.qualify.events import (
     CheckDone,
@@ -107,19 +108,30 @@ class SymbolRun:
             return self.reject("spec", str(exc))
         prepare = C.load_callable(q.prepare) if q.prepare else None
         rng = np.random.default_rng(self.seed)
-        corpora = ["uniform"] if self.job.get("sanitize") else spec.corpora
+        sanitize = bool(self.job.get("sanitize"))
+        self.ctx.guards = not sanitize  # compute-sanitizer checks every access against the exact allocation
+        corpora = ["uniform"] if sanitize else spec.corpora
         base_inst, base_inputs, base_outs = None, None, None
+        checked: list[G.Guards] = []
         try:
             for corpus in corpora:
                 inputs = C.make_inputs(spec, corpus, rng, q.nonfinite)
                 inst = C.Instance(self.ctx, spec, fn, inputs, prepare)
+                if base_inst is None:  # the first corpus's instance is kept for the determinism checks
+                    base_inst, base_inputs = inst, inputs
+                if inst.guards is not None:
+                    checked.append(inst.guards)
                 try:
                     outs = inst.run()
+                    if not sanitize:
+                        unread = self.poison_independent(inst, spec, outs)
+                        if unread:
+                            return self.fail("uninitialized", f"corpus {corpus}: {unread}")
                 finally:
-                    if corpus != corpora[0]:
+                    if inst is not base_inst:
                         inst.free()
-                if corpus == corpora[0]:
-                    base_inst, base_inputs, base_outs = inst, inputs, outs
+                if inst is base_inst:
+                    base_outs = outs
                 try:
                     ref = C.reference_outputs(self.fam, spec, inputs)
                 except Exception as exc:  # noqa: BLE001 - a broken reference is a verdict, not a crash
@@ -129,17 +141,39 @@ class SymbolRun:
                 if not ok:
                     return self.reject("correctness", f"{self.name}: corpus {corpus}: {detail}")
             assert base_inst is not None and base_outs is not None and base_inputs is not None
-            if self.sym.deterministic and not self.job.get("sanitize"):
-                verdict = self.determinism(spec, fn, base_inst, base_inputs, base_outs, prepare)
+            if not sanitize:
+                self.add("uninitialized", True, detail=f"outputs bitwise equal with 0x{G.POISON:02X} and "
+                                                       f"0x{G.POISON_ALT:02X} poison on {len(corpora)} corpora")
+            if self.sym.deterministic and not sanitize:
+                verdict = self.determinism(spec, fn, base_inst, base_inputs, base_outs, prepare, checked)
                 if verdict is not None:
                     return verdict
+        except G.GuardViolation as exc:
+            return self.fail(exc.check, exc.reason)
         finally:
             if base_inst is not None:
                 base_inst.free()
+        if checked:
+            for name, detail in G.summary(checked).items():
+                self.add(name, True, detail=detail)
         self.result.status = "admitted"
         return self.result
 
-    def determinism(self, spec, fn, inst: C.Instance, inputs, base: dict[str, bytes], prepare) -> SymbolResult | None:
+    def fail(self, check: str, reason: str) -> SymbolResult:
+        self.add(check, False, detail=reason)
+        return self.reject(check, f"{self.name}: {reason}")
+
+    def poison_independent(self, inst: C.Instance, spec: S.LaunchSpec, outs: dict[str, bytes]) -> str:
+        """'' when the outputs do not depend on the poison in outputs and scratch; else the first dependent
+        element. A difference counts only when a rerun with the first poison reproduces the first outputs
+        (a nondeterministic kernel is the repeat check's to reject)."""
+        diff = G.poison_difference(spec, outs, inst.run(poison=G.POISON_ALT))
+        if diff and inst.run() == outs:
+            return diff
+        return ""
+
+    def determinism(self, spec, fn, inst: C.Instance, inputs, base: dict[str, bytes], prepare,
+                    checked: list[G.Guards]) -> SymbolResult | None:
         ctx = self.ctx
         want = C.digest(base)
 
@@ -179,6 +213,8 @@ class SymbolRun:
                     self.add("batch", False, "", f"{q.batch_dim}={small}: {exc}")
                     return self.reject("batch", f"{self.name}: batch check at {q.batch_dim}={small}: {exc}")
                 sinst = C.Instance(ctx, sspec, fn, sin, prepare)
+                if sinst.guards is not None:
+                    checked.append(sinst.guards)
                 try:
                     souts = sinst.run()
                 finally:
@@ -198,11 +234,14 @@ class SymbolRun:
         inst.enqueue(ctx.stream)
         ctx.wait(ctx.stream)
         ctx.wait(ctx.other, max(ctx.timeout_s, 60.0))
+        inst.verify()
         v = same("neighbour", inst.outputs(), "under a concurrent memory- and ALU-heavy kernel on a second stream")
         if v:
             return v
 
         moved = C.Instance(ctx, spec, fn, inputs, prepare, offset=256)
+        if moved.guards is not None:
+            checked.append(moved.guards)
         try:
             v = same("address", moved.run(), "with every buffer 256 bytes further")
         finally:
@@ -214,6 +253,7 @@ class SymbolRun:
         try:
             graph.launch(ctx.stream)
             ctx.wait(ctx.stream)
+            inst.verify()
             outs = inst.outputs()
         finally:
             graph.destroy()

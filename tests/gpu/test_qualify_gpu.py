@@ -21,7 +21,9 @@ from mamba_forge.manifest import signing
 from mamba_forge.manifest.qualified import body_bytes, read_verified
 from mamba_forge.manifest.toml_io import write
 from mamba_forge.qualify import checks as C
+from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import plan, runner
+from mamba_forge.qualify import spec as S
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +32,9 @@ DETERMINISM = ["repeat", "batch", "stream", "neighbour", "address", "graph"]
 # (symbol, acceptable deciding checks, text the reason must contain)
 EXPECTED = [
     ("nondet_sum", {"repeat"}, "not bitwise equal"),
-    ("racy_row_sum", {"sanitize", "correctness", "repeat", "batch", "stream", "neighbour", "address", "graph"}, ""),
+    # a race can also make the two differently poisoned runs differ while a rerun happens to agree
+    ("racy_row_sum", {"sanitize", "correctness", "uninitialized", "repeat", "batch", "stream", "neighbour", "address",
+                      "graph"}, ""),
     ("batch_variant_row_sum", {"batch"}, "leading rows"),
     ("oob_write", {"fault"}, "CUDA_ERROR_ILLEGAL_ADDRESS"),
     ("spin_forever", {"timeout"}, "timed out after"),
@@ -39,7 +43,12 @@ EXPECTED = [
     ("wrong_scale", {"correctness"}, "outside rtol"),
     ("misses_tail", {"correctness"}, "not written"),
     ("address_variant", {"address"}, "256 bytes further"),
+    ("writes_past_end", {"bounds"}, "wrote 16384 bytes past the end of y at +0..+16383"),
+    ("writes_before_start", {"bounds"}, "wrote 4096 bytes before the start of y at -4096..-1"),
+    ("writes_input", {"input-written"}, "the input x was written"),
+    ("accumulates_into_output", {"uninitialized"}, "depend on the poison"),
 ]
+GUARDS = ["uninitialized", "bounds", "input-written"]
 CONTROLS = ["control_row_sum", "control_smem_reverse"]
 
 
@@ -89,7 +98,7 @@ def test_controls_admitted_with_every_check(negative_manifest, name):
     s = negative_manifest.symbol(name)
     assert s.status == "admitted", f"{name}: [{s.check}] {s.reason}"
     names = [c.name for c in s.checks]
-    for want in ["admission", "correctness", *DETERMINISM, "sanitize"]:
+    for want in ["admission", "correctness", *DETERMINISM, *GUARDS, "sanitize"]:
         assert want in names, f"{name} lacks the {want} check: {names}"
     assert all(c.passed for c in s.checks)
     assert names.count("sanitize") == 4  # memcheck, racecheck, synccheck, initcheck
@@ -124,6 +133,38 @@ def test_live_admission_refuses_dynamic_smem_over_the_device_limit(negative_buil
                         cat.modules[0].family("abi_mismatch"), None)
     assert not mism.ok and mism.check == "abi"
     mod.unload()
+
+
+def test_guard_kernel_finds_every_changed_byte(negative_build):
+    """mf_guard_check on the device: one byte changed anywhere in a guard (unaligned head, uint4 body, tail)
+    or an input is found with its offset; restored, the check passes. misses_tail's y holds 16388 bytes, so
+    the guard after it starts 4 bytes past a 16-byte boundary."""
+    cat = load_catalog(NEGATIVE)
+    dev = cu.Device(0)
+    ctx = C.Context(dev, dev.info())
+    ctx.open()
+    mod = cu.Module((negative_build / f"{_target()}/QualifyNegative.cubin").read_bytes())
+    spec = S.evaluate(cat.symbols["misses_tail"], cat.modules[0].family("misses_tail"))
+    inputs = C.make_inputs(spec, "uniform", np.random.default_rng(3), False)
+    inst = C.Instance(ctx, spec, mod.function("misses_tail"), inputs, offset=256)
+    try:
+        inst.run()
+        for r in inst.guards.regions:
+            for at in sorted({0, 1, 11, 12, 13, 16, 31, r.nbytes // 2 + 5, r.nbytes - 17, r.nbytes - 1}):
+                old = cu.memcpy_dtoh(r.ptr + at, 1)
+                cu.memset_d8(r.ptr + at, old[0] ^ 0x5A, 1)
+                cu.context_synchronize()
+                with pytest.raises(G.GuardViolation) as err:
+                    inst.verify()
+                want = {"after": f"at +{at}..+{at}", "before": f"at -{r.nbytes - at}..-{r.nbytes - at}",
+                        "input": f"(byte {at})"}[r.kind]
+                assert want in err.value.reason and r.buffer in err.value.reason, (r.kind, at, err.value.reason)
+                cu.memcpy_htod(r.ptr + at, old)
+                cu.context_synchronize()
+                inst.verify()
+    finally:
+        inst.free()
+        mod.unload()
 
 
 def test_driver_memory_graph_and_param_info():
