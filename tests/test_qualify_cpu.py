@@ -18,7 +18,7 @@ import pytest
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.manifest import signing
 from mamba_forge.manifest.qualified import QualifiedManifest, body_bytes, parse_body, read_verified
-from mamba_forge.manifest.records import (
+from mamba_forge.manifest.schema import (
     Artifact,
     BuildManifest,
     ModuleBuild,

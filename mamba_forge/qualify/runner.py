@@ -38,8 +38,8 @@ from mamba_forge.manifest.qualified import (
     signed_files,
     timestamps,
 )
-from mamba_forge.manifest.records import BuildManifest, ModuleBuild
-from mamba_forge.runtime.verify import runtime_table_path
+from mamba_forge.manifest.schema import BuildManifest, ModuleBuild
+from mamba_forge.runtime.sources import runtime_table_path
 
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 DEFAULT_WORKER = [sys.executable, "-m", "mamba_forge.qualify.worker"]

@@ -177,7 +177,7 @@ def _gpu_count() -> int:
 def test_two_gpus_compare_digests(negative_build):
     cat = load_catalog(NEGATIVE)
     bm_path = negative_build / "manifest.toml"
-    from mamba_forge.manifest.records import BuildManifest
+    from mamba_forge.manifest.schema import BuildManifest
     from mamba_forge.manifest.toml_io import read
 
     req = runner.QualifyRequest(build_dir=negative_build, build=read(bm_path, BuildManifest), catalog=cat,
