@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from mamba_forge import __version__
 from mamba_forge.errors import ForgeError
+
+if TYPE_CHECKING:
+    from mamba_forge.qualify.runner import QualifyRequest, QualifyResult
 
 try:  # typer >= 0.28 vendors its own click; older typer uses click itself
     from typer._click import exceptions as _click_exc
@@ -272,7 +275,8 @@ def qualify(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or tables.")] = False,
 ) -> None:
     """Qualify every symbol that targets the attached GPU(s) and write a signed qualified manifest."""
-    from mamba_forge.qualify import runner
+    from mamba_forge.qualify import keys, runner
+    from mamba_forge.report.qualify import render_qualify_summary
 
     if level not in ("quick", "full"):
         raise ForgeError(f"--level {level!r} is neither quick nor full")
@@ -280,19 +284,50 @@ def qualify(
         _parse_devices(device), build_dir, catalog, level=level, sanitize=sanitize, timeout_s=timeout, seed=seed,
         modules=module, state_cap=state_cap, say=lambda m: err.print(m, markup=False, highlight=False), jobs=jobs,
     )
-    key = runner.resolve_key(sign_key)
+    key = keys.resolve_key(sign_key)
     if key.development:
         err.print(f"note: no --sign-key and no $MAMBA_FORGE_SIGNING_KEY: signing with the {key.source}; "
                   "the manifest is marked development_key = true", markup=False, highlight=False)
-    result = runner.qualify_with_progress(req, None if quiet else err, cc=info.cc)
+    result = runner.qualify(req, cc_hint=info.cc) if quiet else _qualify_with_progress(req, info.cc)
     for n in result.notes:
         err.print(f"note: {n}", markup=False, highlight=False)
     dest = out_path or Path("manifests") / f"{info.name.replace(' ', '-')}-{level}.toml"
-    path, pub = runner.write_signed(result.manifest, key, dest)
+    path, pub = keys.write_signed(result.manifest, key, dest)
     if not quiet:
-        runner.render_summary(result.manifest, out)
+        render_qualify_summary(result.manifest, out)
         out.print(f"signed manifest -> {path} (public key {pub}); qualified in {result.manifest.qualification_seconds:.1f} s",
                   markup=False, highlight=False)
+
+
+def _qualify_with_progress(req: QualifyRequest, cc: tuple[int, int]) -> QualifyResult:
+    """runner.qualify() under a progress bar per GPU (on stderr): module and symbol in flight, count, and each
+    rejection as it comes."""
+    import threading
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from mamba_forge.qualify import runner
+    from mamba_forge.qualify.events import Event, Fault, ModuleError, Start, SymbolResult, Timeout
+    from mamba_forge.qualify.plan import plan_groups
+
+    total = sum(len(g.symbols) for g in plan_groups(req.build, cc, req.only_modules)) * req.passes
+    lock = threading.Lock()  # events come from one supervising thread per worker
+    with Progress(TextColumn("[bold]qualify[/bold] GPU {task.fields[dev]}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.description}"), console=err, transient=True) as progress:
+        tasks = {d: progress.add_task("", total=total, dev=d) for d in req.devices}
+
+        def on_event(dev: int, ev: Event) -> None:
+            with lock:
+                if isinstance(ev, Start):
+                    progress.update(tasks[dev], description=f"{ev.module} {ev.symbol}")
+                elif isinstance(ev, SymbolResult | Fault | Timeout):
+                    progress.update(tasks[dev], advance=1)
+                    if not isinstance(ev, SymbolResult) or ev.status == "rejected":
+                        progress.console.print(f"  rejected {ev.symbol}: {ev.reason}", markup=False, highlight=False)
+                elif isinstance(ev, ModuleError):
+                    progress.console.print(f"  {ev.reason}", markup=False, highlight=False)
+
+        return runner.qualify(req, on_event, cc_hint=cc)
 
 
 @app.command()

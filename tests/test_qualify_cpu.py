@@ -9,6 +9,7 @@ import importlib
 import json
 import sys
 import textwrap
+import time
 import tomllib
 from pathlib import Path
 
@@ -17,19 +18,34 @@ import pytest
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.manifest import signing
-from mamba_forge.manifest.qualified import QualifiedManifest, body_bytes, parse_body, read_verified
+from mamba_forge.manifest.qualified import body_bytes, parse_body, read_verified
 from mamba_forge.manifest.schema import (
     Artifact,
     BuildManifest,
     ModuleBuild,
+    QDevice,
+    QToolchain,
+    QualifiedManifest,
     Resources,
     SymbolBuild,
     Toolchain,
     Verdict,
 )
+from mamba_forge.qualify import assemble, compare, fills, keys, plan, runner, sanitize, supervise
 from mamba_forge.qualify import checks as C
-from mamba_forge.qualify import runner
 from mamba_forge.qualify import spec as S
+from mamba_forge.qualify.events import (
+    CheckResult,
+    Done,
+    Fault,
+    Hello,
+    LiveResources,
+    ProtocolError,
+    Start,
+    SymbolResult,
+    WorkerDevice,
+    from_json_line,
+)
 
 NEGATIVE = Path(__file__).parent / "fixtures" / "qualify_negative" / "catalog.toml"
 
@@ -98,10 +114,10 @@ def test_corpora_for_one_symbol_per_family(real_catalog):
                 if not b.needs_fill:
                     continue
                 small = dataclasses.replace(b, shape=(min(b.count, 4096),))
-                a = S.make_input(small, corpus, rng, nonfinite=fam.qualify.nonfinite)
+                a = fills.make_input(small, corpus, rng, nonfinite=fam.qualify.nonfinite)
                 assert a.dtype == S.NP_DTYPES[b.dtype] and a.size == small.count
                 if b.fill.kind in ("randint", "iota", "const"):
-                    ref = S.make_input(small, "uniform", np.random.default_rng(0))
+                    ref = fills.make_input(small, "uniform", np.random.default_rng(0))
                     assert a.dtype == ref.dtype
                 if not fam.qualify.nonfinite and b.dtype in S.FLOAT_DTYPES:
                     assert np.isfinite(a.astype(np.float64)).all(), (fam.name, b.name, corpus)
@@ -118,39 +134,39 @@ def test_fill_parsing_and_refusals():
 def test_fills_produce_their_distributions():
     rng = np.random.default_rng(0)
     f32 = lambda fill, n=20000: S.BufferSpec(0, "x", "f32", "in", (n,), S.Fill.parse(fill))  # noqa: E731
-    u = S.make_input(f32("uniform(-2,3)"), "uniform", rng).astype(np.float64)
+    u = fills.make_input(f32("uniform(-2,3)"), "uniform", rng).astype(np.float64)
     assert u.min() >= -2 and u.max() <= 3
-    lg = np.abs(S.make_input(f32("logu(1e-3,1e3)"), "uniform", rng).astype(np.float64))
+    lg = np.abs(fills.make_input(f32("logu(1e-3,1e3)"), "uniform", rng).astype(np.float64))
     assert lg.min() >= 1e-3 * 0.999 and lg.max() <= 1e3 * 1.001 and np.median(lg) < 10  # log-uniform, not uniform
-    pos = S.make_input(f32("positive(1e-2,1)"), "uniform", rng)
+    pos = fills.make_input(f32("positive(1e-2,1)"), "uniform", rng)
     assert (pos > 0).all()
-    ri = S.make_input(S.BufferSpec(0, "i", "i32", "in", (1000,), S.Fill.parse("randint(0,7)")), "uniform", rng)
+    ri = fills.make_input(S.BufferSpec(0, "i", "i32", "in", (1000,), S.Fill.parse("randint(0,7)")), "uniform", rng)
     assert ri.dtype == np.int32 and ri.min() >= 0 and ri.max() <= 6
-    io = S.make_input(S.BufferSpec(0, "i", "i64", "in", (10,), S.Fill.parse("iota")), "special", rng)
+    io = fills.make_input(S.BufferSpec(0, "i", "i64", "in", (10,), S.Fill.parse("iota")), "special", rng)
     assert list(io) == list(range(10))  # corpora never perturb indices
-    c = S.make_input(f32("const(0)", 10), "special", rng)
+    c = fills.make_input(f32("const(0)", 10), "special", rng)
     assert (c == 0).all()
 
 
 def test_logu_and_special_corpora():
     rng = np.random.default_rng(0)
     b = S.BufferSpec(0, "x", "f32", "in", (50000,), S.Fill.parse("uniform(-4,4)"))
-    lg = np.abs(S.make_input(b, "logu", rng).astype(np.float64))
+    lg = np.abs(fills.make_input(b, "logu", rng).astype(np.float64))
     assert lg.max() <= 4 and lg.min() < 4e-5  # spans LOGU_DECADES below the bound
-    sp = S.make_input(b, "special", rng).astype(np.float64)
+    sp = fills.make_input(b, "special", rng).astype(np.float64)
     assert np.isfinite(sp).all()
     assert (np.signbit(sp) & (sp == 0)).any()  # -0
     assert ((np.abs(sp) > 0) & (np.abs(sp) < np.finfo(np.float32).tiny)).any()  # denormals
     assert (np.abs(sp) == 4).any()  # the bound
-    nf = S.make_input(b, "special", rng, nonfinite=True).astype(np.float64)
+    nf = fills.make_input(b, "special", rng, nonfinite=True).astype(np.float64)
     assert np.isnan(nf).any() and np.isinf(nf).any()
     dom = S.BufferSpec(0, "x", "f32", "in", (20000,), S.Fill.parse("uniform(-1,5)"))
     for corpus in ("logu", "special"):
-        v = S.make_input(dom, corpus, rng, nonfinite=True).astype(np.float64)
+        v = fills.make_input(dom, corpus, rng, nonfinite=True).astype(np.float64)
         fin = np.isfinite(v)
         assert v[fin].min() >= -1 and v[fin].max() <= 5  # the declared interval holds in every corpus
     pb = S.BufferSpec(0, "x", "bf16", "in", (5000,), S.Fill.parse("positive(1e-3,1)"))
-    ps = S.make_input(pb, "special", rng).astype(np.float64)
+    ps = fills.make_input(pb, "special", rng).astype(np.float64)
     assert (ps > 0).all()
 
 
@@ -291,6 +307,9 @@ FAKE_WORKER = textwrap.dedent(
                 emit(event="fault", symbol=n, result="CUDA_ERROR_ILLEGAL_ADDRESS",
                      reason=n + ": cuStreamSynchronize failed with CUDA_ERROR_ILLEGAL_ADDRESS")
                 sys.exit(3)
+            if n.startswith("garble"):
+                print(json.dumps({"event": "result", "symbol": n, "status": "admitted"}), flush=True)
+                time.sleep(3600)
             if n.startswith("racy"):
                 print("========= Race reported between Write access at racy_kernel+0x10", flush=True)
             emit(event="result", symbol=n, module=g["module"], target=g["target"], status="admitted", check="",
@@ -312,56 +331,98 @@ def fake_worker(tmp_path):
 
 
 def _groups(names, module="Fixed", target="sm_90a", role="qualify"):
-    return [runner.Group(module, target, role, f"{target}/{module}.cubin", None,
+    return [plan.Group(module, target, role, f"{target}/{module}.cubin", None,
                          [{"name": n, "build_layout": [[0, 8]]} for n in names])]
 
 
 def test_crash_hang_fault_are_recorded_and_the_run_continues(tmp_path, fake_worker):
     names = ["ok1", "crash_a", "ok2", "hang_b", "ok3", "fault_c", "ok4"]
-    ws = runner.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=1.5)
+    ws = supervise.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=1.5)
     events = []
-    out = runner.run_groups(_groups(names), ws, lambda dev, ev: events.append(ev["event"]))
+    out = supervise.run_groups(_groups(names), ws, lambda dev, ev: events.append(ev.event))
     r = out.results
     assert set(r) == set(names)
-    assert all(r[n]["status"] == "admitted" for n in names if n.startswith("ok"))
-    assert r["crash_a"]["check"] == "fault" and "SIGSEGV" in r["crash_a"]["reason"]
-    assert r["hang_b"]["check"] == "timeout" and "timed out after 1.5 s" in r["hang_b"]["reason"]
-    assert r["fault_c"]["check"] == "fault" and "CUDA_ERROR_ILLEGAL_ADDRESS" in r["fault_c"]["reason"]
-    assert out.restarts == 3 and out.device["name"] == "Fake GPU"
+    assert all(r[n].status == "admitted" for n in names if n.startswith("ok"))
+    assert r["crash_a"].check == "fault" and "SIGSEGV" in r["crash_a"].reason
+    assert r["hang_b"].check == "timeout" and "timed out after 1.5 s" in r["hang_b"].reason
+    assert r["fault_c"].check == "fault" and "CUDA_ERROR_ILLEGAL_ADDRESS" in r["fault_c"].reason
+    assert out.restarts == 3 and out.device.name == "Fake GPU"
     assert events.count("hello") == 4
 
 
 def test_worker_that_never_starts_rejects_the_rest_with_a_reason(tmp_path):
     bad = [sys.executable, "-c", "import sys; sys.stderr.write('ImportError: no cuda here\\n'); sys.exit(5)"]
-    ws = runner.WorkerSettings(tmp_path, NEGATIVE, command=bad, idle_s=5)
-    out = runner.run_groups(_groups(["a", "b"]), ws)
-    assert {v["check"] for v in out.results.values()} == {"harness"}
-    assert "exited with code 5" in out.results["a"]["reason"] and "no cuda here" in out.results["a"]["reason"]
+    ws = supervise.WorkerSettings(tmp_path, NEGATIVE, command=bad, idle_s=5)
+    out = supervise.run_groups(_groups(["a", "b"]), ws)
+    assert {v.check for v in out.results.values()} == {"harness"}
+    assert "exited with code 5" in out.results["a"].reason and "no cuda here" in out.results["a"].reason
 
 
 def test_sanitizer_reports_reject_the_symbol_they_name(tmp_path, fake_worker):
-    ws = runner.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=5)
-    main = runner.run_groups(_groups(["ok1", "racy_k"]), ws)
-    under_tool = runner.run_groups(_groups(["ok1", "racy_k"]), ws, sanitize=True)
+    ws = supervise.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=5)
+    main = supervise.run_groups(_groups(["ok1", "racy_k"]), ws)
+    under_tool = supervise.run_groups(_groups(["ok1", "racy_k"]), ws, sanitize=True)
     assert "racy_k" in under_tool.sanitizer and "ok1" not in under_tool.sanitizer
-    runner.apply_sanitizer(main, under_tool, "racecheck")
-    assert main.results["racy_k"]["check"] == "sanitize" and "Race reported" in main.results["racy_k"]["reason"]
-    assert main.results["ok1"]["status"] == "admitted"
-    assert main.results["ok1"]["checks"][-1] == {"name": "sanitize", "passed": True, "digest": "", "detail": "racecheck: no report"}
+    sanitize.apply_sanitizer(main, under_tool, "racecheck")
+    assert main.results["racy_k"].check == "sanitize" and "Race reported" in main.results["racy_k"].reason
+    assert main.results["ok1"].status == "admitted"
+    assert main.results["ok1"].checks[-1] == CheckResult(name="sanitize", passed=True, digest="", detail="racecheck: no report")
 
 
 def test_cross_device_digest_mismatch_rejects(tmp_path, fake_worker):
     outs = {}
     for dev, digest in ((0, "aa"), (1, "aa"), (2, "bb")):
-        ws = runner.WorkerSettings(tmp_path, NEGATIVE, device=dev, command=fake_worker, idle_s=5,
+        ws = supervise.WorkerSettings(tmp_path, NEGATIVE, device=dev, command=fake_worker, idle_s=5,
                                    env={"FAKE_DIGEST": digest})
-        outs[dev] = runner.run_groups(_groups(["k"]), ws)
+        outs[dev] = supervise.run_groups(_groups(["k"]), ws)
     same = {0: outs[0], 1: outs[1]}
-    runner.cross_device(same)
-    assert outs[0].results["k"]["status"] == "admitted"
-    assert outs[0].results["k"]["checks"][-1]["name"] == "cross-device"
-    runner.cross_device({0: outs[1], 2: outs[2]})
-    assert outs[1].results["k"]["check"] == "cross-device" and "differ between GPU 0 and GPU 2" in outs[1].results["k"]["reason"]
+    compare.cross_device(same)
+    assert outs[0].results["k"].status == "admitted"
+    assert outs[0].results["k"].checks[-1].name == "cross-device"
+    compare.cross_device({0: outs[1], 2: outs[2]})
+    assert outs[1].results["k"].check == "cross-device" and "differ between GPU 0 and GPU 2" in outs[1].results["k"].reason
+
+
+def test_a_worker_that_breaks_the_protocol_faults_its_symbol_and_the_run_goes_on(tmp_path, fake_worker):
+    ws = supervise.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=30)
+    t0 = time.monotonic()
+    out = supervise.run_groups(_groups(["ok1", "garble_a", "ok2"]), ws)
+    assert time.monotonic() - t0 < 25  # killed at the bad line, not at the idle limit
+    r = out.results
+    assert r["ok1"].status == "admitted" and r["ok2"].status == "admitted"
+    assert r["garble_a"].check == "fault" and "broke the protocol" in r["garble_a"].reason
+    assert "result: missing field 'module'" in r["garble_a"].reason
+    assert out.restarts == 1
+
+
+def test_worker_events_round_trip():
+    rec = SymbolResult("k", "Fixed", "sm_90a", "admitted", checks=[CheckResult("repeat", True, "d0", "5 runs")],
+                       seed=7, resources=LiveResources(8, 0, 0, 256, 8), params=[[0, 8]], seconds=0.5)
+    hello = Hello(WorkerDevice("Fake GPU", "9.0", 2, 13000), pid=1)
+    for ev in (rec, hello, Start("k", "Fixed", "sm_90a"), Fault("k", "k: boom", "CUDA_ERROR_ILLEGAL_ADDRESS"), Done()):
+        line = ev.to_json_line()
+        assert line.endswith("\n") and line.count("\n") == 1
+        assert from_json_line(line) == ev
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ("{not json", "not JSON"),
+    ("[1, 2]", "a JSON list, not an object"),
+    ('{"event": "launch"}', "unknown event 'launch'"),
+    ('{"symbol": "k"}', "unknown event None"),
+    ('{"event": "start", "symbol": "k", "module": "M"}', "start: missing field 'target'"),
+    ('{"event": "done", "extra": 1}', "done: unknown field(s) ['extra']"),
+    ('{"event": "fault", "symbol": 3, "reason": "r"}', "fault.symbol: expected str"),
+    ('{"event": "check", "symbol": "k", "name": "repeat", "passed": 1}', "check.passed: expected bool"),
+    ('{"event": "result", "symbol": "k", "module": "M", "target": "t", "status": "fine"}', "'fine' is not one of"),
+    ('{"event": "result", "symbol": "k", "module": "M", "target": "t", "status": "admitted", "checks": [{"name": "x"}]}',
+     "result.checks[0]: missing field 'passed'"),
+    ('{"event": "hello", "device": "H200"}', "hello.device: expected an object"),
+])
+def test_malformed_worker_lines_are_refused(line, why):
+    with pytest.raises(ProtocolError) as exc:
+        from_json_line(line)
+    assert why in str(exc.value)
 
 
 # ---- planning, assembly, manifest ---------------------------------------------------------------------------
@@ -397,16 +458,16 @@ def _build_manifest() -> BuildManifest:
 
 
 def test_plan_groups_selects_the_devices_targets():
-    groups = runner.plan_groups(_build_manifest(), (9, 0))
+    groups = plan.plan_groups(_build_manifest(), (9, 0))
     assert [(g.module, g.target, g.role) for g in groups] == [("Fixed", "sm_90a", "qualify"), ("Ada", "sm_90a", "check")]
     assert [s["name"] for s in groups[0].symbols] == ["ok1", "crash_a"]  # rejected at build: not launched
-    assert runner.plan_groups(_build_manifest(), (9, 0), {"Ada"})[0].module == "Ada"
-    assert runner.device_targets((9, 0)) == ["sm_90", "sm_90a"]
+    assert plan.plan_groups(_build_manifest(), (9, 0), {"Ada"})[0].module == "Ada"
+    assert plan.device_targets((9, 0)) == ["sm_90", "sm_90a"]
     # a build with both sm_90 and sm_90a: one target per module kind, the arch-specific one
     bm = _build_manifest()
-    dup = bm.modules[0].model_copy(update={"target": "sm_90"})
-    bm = bm.model_copy(update={"modules": [dup, *bm.modules]})
-    assert [(g.module, g.target) for g in runner.plan_groups(bm, (9, 0))] == [("Fixed", "sm_90a"), ("Ada", "sm_90a")]
+    dup = dataclasses.replace(bm.modules[0], target="sm_90")
+    bm = dataclasses.replace(bm, modules=[dup, *bm.modules])
+    assert [(g.module, g.target) for g in plan.plan_groups(bm, (9, 0))] == [("Fixed", "sm_90a"), ("Ada", "sm_90a")]
 
 
 def test_ptx_isa_gate():
@@ -437,24 +498,41 @@ def test_qualify_assembles_a_manifest_that_round_trips_and_verifies(tmp_path, fa
     body = body_bytes(m)
     assert parse_body(body) == m
     plain = tomllib.loads(body.decode())
-    assert plain["kind"] == "qualified" and plain["schema_version"] == 1 and plain["manifest_version"] == 1
+    assert plain["kind"] == "qualified" and plain["schema_version"] == 1 and plain["manifest_version"] == 2
     assert plain["symbols"][0]["checks"][0]["name"] == "repeat"
     # signed with a development key: verifies with the public key written beside it
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     monkeypatch.delenv(signing.KEY_ENV, raising=False)
-    path, pub = runner.write_signed(m, runner.resolve_key(None), tmp_path / "out" / "m.toml")
+    path, pub = keys.write_signed(m, keys.resolve_key(None), tmp_path / "out" / "m.toml")
     back = read_verified(path, signing.load_trusted([pub]))
     assert back.development_key and back.symbols == m.symbols
+
+
+def test_cli_progress_and_summary_render_the_events(tmp_path, fake_worker, monkeypatch):
+    from rich.console import Console
+
+    from mamba_forge import cli
+    from mamba_forge.report.qualify import render_qualify_summary
+
+    err, out = Console(record=True, width=120), Console(record=True, width=120)
+    monkeypatch.setattr(cli, "err", err)
+    req = runner.QualifyRequest(build_dir=tmp_path, build=_build_manifest(), catalog=load_catalog(NEGATIVE), devices=[0],
+                                worker_command=fake_worker, timeout_s=0.5)
+    result = cli._qualify_with_progress(req, (9, 0))
+    assert "rejected crash_a: crash_a: the worker was killed by SIGSEGV" in err.export_text()
+    render_qualify_summary(result.manifest, out)
+    text = out.export_text()
+    assert "Fake GPU (cc 9.0, 2 SMs, x1)" in text and "hog [smem] hog: too much smem" in text
 
 
 def test_manifest_schema_refuses_unknown_fields_and_statuses():
     from mamba_forge.errors import ManifestError
 
     m = QualifiedManifest(created="c", expires="e", tool_version="0", level="full", qualification_seconds=0,
-                          toolchain={"nvrtc_version": "13.0"},
-                          device={"name": "x", "cc": "9.0", "sm_count": 1, "driver_version": 1})
+                          toolchain=QToolchain(nvrtc_version="13.0"),
+                          device=QDevice(name="x", cc="9.0", sm_count=1, driver_version=1))
     assert parse_body(body_bytes(m)) == m
-    with pytest.raises(ManifestError, match="Extra inputs"):
+    with pytest.raises(ManifestError, match="unknown key 'surprise'"):
         parse_body(b'surprise = 1\n' + body_bytes(m))
     bad = body_bytes(m).decode().replace('level = "full"', 'level = "fast"')
     with pytest.raises(ManifestError, match="level"):
@@ -494,25 +572,25 @@ def test_job_is_json_serialisable():
 
 
 def test_unattributed_sanitizer_summary_rejects_the_run(tmp_path, fake_worker):
-    ws = runner.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=5)
-    main = runner.run_groups(_groups(["ok1", "ok2"]), ws)
-    clean = runner.run_groups(_groups(["ok1", "ok2"]), ws, sanitize=True)
-    runner.apply_sanitizer(main, clean, "memcheck")
-    assert all(r["status"] == "admitted" for r in main.results.values())
-    loud = runner.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=5, env={"FAKE_SUMMARY": "1"})
-    under_tool = runner.run_groups(_groups(["ok1", "ok2"]), loud, sanitize=True)
-    runner.apply_sanitizer(main, under_tool, "memcheck")
-    assert {r["check"] for r in main.results.values()} == {"sanitize"}
-    assert "ERROR SUMMARY: 2 errors" in main.results["ok2"]["reason"]
+    ws = supervise.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=5)
+    main = supervise.run_groups(_groups(["ok1", "ok2"]), ws)
+    clean = supervise.run_groups(_groups(["ok1", "ok2"]), ws, sanitize=True)
+    sanitize.apply_sanitizer(main, clean, "memcheck")
+    assert all(r.status == "admitted" for r in main.results.values())
+    loud = supervise.WorkerSettings(tmp_path, NEGATIVE, command=fake_worker, idle_s=5, env={"FAKE_SUMMARY": "1"})
+    under_tool = supervise.run_groups(_groups(["ok1", "ok2"]), loud, sanitize=True)
+    sanitize.apply_sanitizer(main, under_tool, "memcheck")
+    assert {r.check for r in main.results.values()} == {"sanitize"}
+    assert "ERROR SUMMARY: 2 errors" in main.results["ok2"].reason
 
 
 def test_route_table_lists_admitted_gemms_only():
-    from mamba_forge.manifest.qualified import QSymbol
+    from mamba_forge.manifest.schema import QSymbol
 
     def sym(name, status):
         return QSymbol(name=name, module="TriadScalar", target="sm_90a", family="f", status=status)
 
-    routes = runner._routes([sym("triad_scalar_nn_f32", "admitted"), sym("triad_scalar_tn_f32", "rejected")])
+    routes = assemble._routes([sym("triad_scalar_nn_f32", "admitted"), sym("triad_scalar_tn_f32", "rejected")])
     listed = {n for r in routes for n in r.symbols}
     assert "triad_scalar_nn_f32" in listed and "triad_scalar_tn_f32" not in listed
     assert {r.layout for r in routes} == {"nn"}
@@ -520,10 +598,10 @@ def test_route_table_lists_admitted_gemms_only():
 
 def test_shard_spreads_symbols_and_keeps_groups():
     groups = _groups(["a", "b", "c"]) + _groups(["d"], module="Other")
-    shards = runner.shard(groups, 2)
+    shards = plan.shard(groups, 2)
     assert [[(g.module, [s["name"] for s in g.symbols]) for g in sh] for sh in shards] == [
         [("Fixed", ["a", "c"]), ("Other", ["d"])], [("Fixed", ["b"])]]
-    assert runner.shard(groups, 1)[0][0].symbols == groups[0].symbols
+    assert plan.shard(groups, 1)[0][0].symbols == groups[0].symbols
 
 
 # ---- aux buffers and prepared pointer tables (multi-tensor AdamW) -------------------------------------------

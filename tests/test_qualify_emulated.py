@@ -218,11 +218,11 @@ def test_controls_pass_every_check(emulated):
     ctx, launches = emulated
     for name in ("control_row_sum", "control_smem_reverse"):
         r = _run(ctx, name)
-        assert r["status"] == "admitted", r["reason"]
-        names = [c["name"] for c in r["checks"]]
+        assert r.status == "admitted", r.reason
+        names = [c.name for c in r.checks]
         assert names == ["admission", "correctness", "correctness", "correctness", "repeat", "batch", "stream",
                          "neighbour", "address", "graph"]
-        digests = {c["digest"] for c in r["checks"] if c["name"] not in ("admission", "correctness")}
+        digests = {c.digest for c in r.checks if c.name not in ("admission", "correctness")}
         assert len(digests) == 1
     assert "neighbour" in launches
 
@@ -239,8 +239,8 @@ def test_controls_pass_every_check(emulated):
 def test_negative_controls_rejected_by_their_check(emulated, name, check, text):
     ctx, launches = emulated
     r = _run(ctx, name)
-    assert (r["status"], r["check"]) == ("rejected", check), r["reason"]
-    assert text in r["reason"]
+    assert (r.status, r.check) == ("rejected", check), r.reason
+    assert text in r.reason
     if check in ("abi", "smem"):
         assert name not in launches  # refused before any launch
 
@@ -259,8 +259,8 @@ def test_fault_and_hang_surface_to_the_worker(emulated, monkeypatch):
 def test_full_level_repeats_fifty_times(emulated):
     ctx, launches = emulated
     r = _run(ctx, "control_row_sum", level="full")
-    assert r["status"] == "admitted"
-    assert next(c for c in r["checks"] if c["name"] == "repeat")["detail"] == "50 more runs bitwise equal"
+    assert r.status == "admitted"
+    assert next(c for c in r.checks if c.name == "repeat").detail == "50 more runs bitwise equal"
 
 
 def test_worker_main_streams_events(emulated, monkeypatch, tmp_path, capsys):
@@ -368,20 +368,20 @@ def multi(emulated, monkeypatch):
 @pytest.mark.parametrize("dt", ["f32", "bf16", "f16"])
 def test_multi_adamw_passes_every_check(multi, dt):
     r = multi(dt)
-    assert r["status"] == "admitted", r["reason"]
-    names = [c["name"] for c in r["checks"]]
+    assert r.status == "admitted", r.reason
+    names = [c.name for c in r.checks]
     assert names == ["admission", "correctness", "correctness", "correctness", "repeat", "stream", "neighbour",
                      "address", "graph"]
-    corr = [c["detail"] for c in r["checks"] if c["name"] == "correctness"]
+    corr = [c.detail for c in r.checks if c.name == "correctness"]
     assert all("param:" in d and "exp_avg:" in d and "exp_avg_sq:" in d for d in corr)  # aux outputs checked
-    digests = {c["digest"] for c in r["checks"] if c["name"] not in ("admission", "correctness")}
+    digests = {c.digest for c in r.checks if c.name not in ("admission", "correctness")}
     assert len(digests) == 1
 
 
 def test_multi_adamw_tables_point_at_live_aux_buffers_and_moved_run_rebuilds(multi):
     from mamba_forge.references import optim as R
 
-    assert multi("bf16")["status"] == "admitted"
+    assert multi("bf16").status == "admitted"
     sizes = R.multi_tensor_sizes(20011, 7)
     bases = []
     for seen in MULTI_SEEN:
@@ -407,14 +407,14 @@ def test_multi_adamw_stale_table_fails_the_address_check(multi, monkeypatch):
     monkeypatch.setattr(R, "adamw_multi_descriptors", stale_table_on_moved(R.adamw_multi_descriptors))
 
     r = multi("f32")
-    assert (r["status"], r["check"]) == ("rejected", "address"), r["reason"]
+    assert (r.status, r.check) == ("rejected", "address"), r.reason
 
 
 def test_multi_adamw_wrong_result_fails_correctness(multi, monkeypatch):
     monkeypatch.setitem(MULTI_MUTATION, "drop_decay", True)
     r = multi("f32")
-    assert (r["status"], r["check"]) == ("rejected", "correctness")
-    assert "param:" in r["reason"] and "outside rtol" in r["reason"]
+    assert (r.status, r.check) == ("rejected", "correctness")
+    assert "param:" in r.reason and "outside rtol" in r.reason
 
 
 @pytest.mark.parametrize(("table", "text"), [
@@ -461,8 +461,8 @@ def _live_run(live_fixed, dt):
 @pytest.mark.parametrize("dt", ["f32", "bf16", "f16"])
 def test_gpu_multi_adamw_is_qualified(live_fixed, dt):
     r = _live_run(live_fixed, dt)
-    assert r["status"] == "admitted", r["reason"]
-    assert [c["name"] for c in r["checks"]][-5:] == ["repeat", "stream", "neighbour", "address", "graph"]
+    assert r.status == "admitted", r.reason
+    assert [c.name for c in r.checks][-5:] == ["repeat", "stream", "neighbour", "address", "graph"]
 
 
 @pytest.mark.gpu
@@ -474,7 +474,7 @@ def test_gpu_multi_adamw_negative_controls(live_fixed, monkeypatch):
     real = R.adamw_multi_descriptors
     monkeypatch.setattr(R, "adamw_multi_descriptors", stale_table_on_moved(real))
     r = _live_run(live_fixed, "f32")
-    assert (r["status"], r["check"]) == ("rejected", "address"), r["reason"]
+    assert (r.status, r.check) == ("rejected", "address"), r.reason
     monkeypatch.setattr(R, "adamw_multi_descriptors", real)
     real_ref = R.adamw_step_multi
 
@@ -485,4 +485,4 @@ def test_gpu_multi_adamw_negative_controls(live_fixed, monkeypatch):
 
     monkeypatch.setattr(R, "adamw_step_multi", reference_without_decay)
     r = _live_run(live_fixed, "f32")
-    assert (r["status"], r["check"]) == ("rejected", "correctness"), r["reason"]
+    assert (r.status, r.check) == ("rejected", "correctness"), r.reason

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.qualify import fills
 from mamba_forge.qualify import spec as S
 from mamba_forge.references import activation as ra
 from mamba_forge.references import elementwise as re_
@@ -115,7 +116,7 @@ def test_every_family_spec_and_reference_agree(fixed):
         for sym in (s for s in fixed.symbols if s.family == fam.name):
             S.evaluate(sym, fam)  # the realistic qualification shape evaluates too (sizes, grid limits)
             spec = S.evaluate(sym, fam, tiny_dims(fam))
-            inputs = {b.name: S.make_input(b, "uniform", rng) for b in spec.buffers if b.needs_fill}
+            inputs = {b.name: fills.make_input(b, "uniform", rng) for b in spec.buffers if b.needs_fill}
             args = {b.name: S.as_f64(inputs[b.name], b.dtype) if b.name in inputs else np.full(b.count, np.nan)
                     for b in spec.buffers}
             args.update({s.name: s.value for s in spec.scalars})

@@ -506,12 +506,13 @@ def emulator(tmp_path_factory):
 def _emulate(lib, name, dims, rng, ref_override=None):
     import ctypes
 
+    from mamba_forge.qualify import fills
     from mamba_forge.qualify import spec as S
 
     fixed = load_catalog(default_catalog_path()).module("Fixed")
     sym = next(s for s in fixed.symbols if s.name == name)
     sp = S.evaluate(sym, fixed.family(sym.family), dims)
-    host = {b.name: S.make_input(b, "uniform", rng).astype(np.float32) for b in sp.buffers if b.needs_fill}
+    host = {b.name: fills.make_input(b, "uniform", rng).astype(np.float32) for b in sp.buffers if b.needs_fill}
     bufs, keep = {}, []
     args = (ctypes.c_void_p * (len(sp.buffers) + len(sp.scalars)))()
     for b in sp.buffers:

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.manifest.schema import QRoute
 from mamba_forge.runtime import routes as RT
 
 PORTABLE_ALL = [
@@ -119,7 +120,7 @@ def test_refusals():
     assert RT.select(tbl, 1, 8, 8, "bf16", "bf16", "bf16").symbol == "gemm_bi_nn_sm90a_wgmma_wg1_bf16"
     # symbols the chain does not describe are never picked
     with pytest.raises(RT.NoRoute):
-        RT.select([{"layout": "nn", "a": "bf16", "b": "bf16", "c": "bf16", "symbols": ["mystery"]}],
+        RT.select([QRoute(layout="nn", a="bf16", b="bf16", c="bf16", symbols=["mystery"])],
                   1, 8, 8, "bf16", "bf16", "bf16")
     for bad in [dict(layout="tt"), dict(a="i8"), dict(c="tf32")]:
         kw = dict(layout="nn", a="bf16", b="bf16", c="bf16") | bad

@@ -474,3 +474,48 @@ def test_bundles_carry_the_runtime_table(tiny, tmp_path):
     bad.write_bytes(raw.getvalue())
     with pytest.raises(ArtifactRefused, match="runtime.json in bundle .* is missing"):
         load(bad, trusted_keys=[tiny.pub], backend=FakeBackend())
+
+
+@pytest.mark.parametrize(("path", "value", "problem"), [
+    (("symbols", 1, "dynamic_smem"), "0", "symbols[1].dynamic_smem: expected int, got str"),
+    (("symbols", 0, "params", 0, "zz_unknown"), 1, "symbols[0].params[0]: unknown key 'zz_unknown'"),
+    (("symbols", 0, "params", 0, "kind"), "scalar", "symbols[0].params[0]: parameter 'y' of type ptr is a pointer, "
+                                                    "not a scalar"),
+])
+def test_runtime_table_that_does_not_fit_the_schema_is_refused(tiny, tmp_path, path, value, problem):
+    """A table bound by a (faulty) signer's hash is still read through the schema: one line naming the path."""
+    import json
+
+    table = json.loads(_table(tiny.body))
+    node = table
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    data = json.dumps(table, sort_keys=True, separators=(",", ":")).encode()
+    p = _sign_with_table(tiny, tiny.body, data, "bad.toml", tmp_path)
+    fake = FakeBackend()
+    with pytest.raises(ManifestRefused) as e:
+        load(p, trusted_keys=[tiny.pub], backend=fake)
+    assert str(e.value) == f"the runtime table of {p}: {problem}"
+    assert fake.loaded == [] and fake.activated == []
+
+
+def test_v1_manifest_is_refused_naming_its_version(tiny, tmp_path):
+    p = _write(tiny, tmp_path, body=dict(tiny.body, manifest_version=1), name="v1.toml")
+    with pytest.raises(ManifestRefused, match="has manifest_version 1; this loader reads 2"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+    p = _write(tiny, tmp_path, body=dict(tiny.body, kind="build"), name="kind.toml")
+    with pytest.raises(ManifestRefused, match="has kind 'build'; expected a qualified manifest or an index"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+
+
+def test_head_and_table_must_agree_both_ways(tiny, tmp_path):
+    """A top-level key the table holds but the signed head leaves out reads as its default, and must be it."""
+    import json
+
+    table = json.loads(_table(tiny.body))
+    table["catalog"] = "other"  # the head leaves catalog out (default "")
+    data = json.dumps(table, sort_keys=True, separators=(",", ":")).encode()
+    p = _sign_with_table(tiny, tiny.body, data, "extra.toml", tmp_path)
+    with pytest.raises(ManifestRefused, match="disagrees with its signed body on 'catalog'"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())

@@ -23,7 +23,7 @@ from mamba_forge.manifest.schema import (
     QToolchain,
     QualifiedManifest,
 )
-from mamba_forge.qualify import runner
+from mamba_forge.qualify.keys import resolve_key, write_signed
 
 
 def _manifest(dev: bool = False) -> QualifiedManifest:
@@ -144,32 +144,32 @@ def test_key_resolution_file_env_and_development(tmp_path, monkeypatch, keys):
     a, _ = keys
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     monkeypatch.delenv(signing.KEY_ENV, raising=False)
-    dev1 = runner.resolve_key(None)
+    dev1 = resolve_key(None)
     assert dev1.development and "generated" in dev1.source
-    dev2 = runner.resolve_key(None)
+    dev2 = resolve_key(None)
     assert "reused" in dev2.source
     assert signing.key_id(dev1.private.public_key()) == signing.key_id(dev2.private.public_key())
     monkeypatch.setenv(signing.KEY_ENV, signing.private_pem(a).decode())
-    env = runner.resolve_key(None)
+    env = resolve_key(None)
     assert not env.development and signing.key_id(env.private.public_key()) == signing.key_id(a.public_key())
     path = tmp_path / "k.pem"
     path.write_bytes(signing.private_pem(a))
-    assert not runner.resolve_key(path).development
+    assert not resolve_key(path).development
     path.write_text("not a key")
     with pytest.raises(ForgeError, match="not a PEM"):
-        runner.resolve_key(path)
+        resolve_key(path)
     with pytest.raises(ForgeError, match="not found"):
-        runner.resolve_key(tmp_path / "missing.pem")
+        resolve_key(tmp_path / "missing.pem")
     monkeypatch.setenv(signing.KEY_ENV, "garbage")
     with pytest.raises(ForgeError, match="MAMBA_FORGE_SIGNING_KEY"):
-        runner.resolve_key(None)
+        resolve_key(None)
 
 
 def test_write_signed_marks_development_key_and_writes_public_key(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
     monkeypatch.delenv(signing.KEY_ENV, raising=False)
-    key = runner.resolve_key(None)
-    path, pub = runner.write_signed(_manifest(dev=False), key, tmp_path / "manifests" / "h200.toml")
+    key = resolve_key(None)
+    path, pub = write_signed(_manifest(dev=False), key, tmp_path / "manifests" / "h200.toml")
     trusted = signing.load_trusted([pub])
     m = read_verified(path, trusted)
     assert m.development_key is True

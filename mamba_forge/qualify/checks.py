@@ -16,7 +16,9 @@ import numpy as np
 
 from mamba_forge.catalog.model import Family, Symbol
 from mamba_forge.gpu import driver as cu
+from mamba_forge.qualify import fills
 from mamba_forge.qualify import spec as S
+from mamba_forge.qualify.events import LiveResources
 
 POISON = 0xFF  # outputs are filled with 0xFF bytes first: NaN for floats, so unwritten elements show
 NEIGHBOUR_SOURCE = r"""
@@ -44,17 +46,6 @@ class Hang(Exception):
     def __init__(self, seconds: float):
         self.seconds = seconds
         super().__init__(f"timed out after {seconds:g} s")
-
-
-@dataclass
-class CheckResult:
-    name: str
-    passed: bool
-    digest: str = ""
-    detail: str = ""
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "passed": self.passed, "digest": self.digest, "detail": self.detail}
 
 
 # ---- pure comparisons -----------------------------------------------------------------------------------
@@ -279,7 +270,7 @@ class Admission:
     ok: bool
     check: str = ""
     reason: str = ""
-    resources: dict = field(default_factory=dict)
+    resources: LiveResources | None = None
     layout: list[list[int]] = field(default_factory=list)
     layout_source: str = ""
 
@@ -299,8 +290,8 @@ def live_admit(ctx: Context, fn: cu.Function, sym: Symbol, fam: Family, build_la
     who = f"{sym.name} on {ctx.info.name}"
     attrs = fn.attributes()
     threads = sym.threads
-    res = {"registers": attrs.registers, "static_smem": attrs.static_smem, "local_bytes": attrs.local_bytes,
-           "max_threads": attrs.max_threads, "blocks_per_sm": 0}
+    res = LiveResources(registers=attrs.registers, static_smem=attrs.static_smem, local_bytes=attrs.local_bytes,
+                        max_threads=attrs.max_threads)
 
     def no(check: str, reason: str) -> Admission:
         return Admission(False, check, f"{who}: {reason}", res)
@@ -320,7 +311,7 @@ def live_admit(ctx: Context, fn: cu.Function, sym: Symbol, fam: Family, build_la
         except cu.CudaError as exc:
             return no("smem", f"the driver refuses {sym.dynamic_smem} bytes of dynamic shared memory ({exc.result})")
     occ = fn.occupancy(threads, sym.dynamic_smem)
-    res["blocks_per_sm"] = occ
+    res.blocks_per_sm = occ
     if occ < max(1, sym.policy.min_blocks_per_sm):
         return no("occupancy", f"{occ} resident blocks per SM at {threads} threads and {sym.dynamic_smem} bytes "
                                f"dynamic shared memory < required {max(1, sym.policy.min_blocks_per_sm)}")
@@ -356,7 +347,7 @@ def reference_outputs(fam: Family, spec: S.LaunchSpec, inputs: dict[str, np.ndar
 
 
 def make_inputs(spec: S.LaunchSpec, corpus: str, rng: np.random.Generator, nonfinite: bool) -> dict[str, np.ndarray]:
-    return {b.name: S.make_input(b, corpus, rng, nonfinite=nonfinite) for b in spec.all_buffers if b.needs_fill}
+    return {b.name: fills.make_input(b, corpus, rng, nonfinite=nonfinite) for b in spec.all_buffers if b.needs_fill}
 
 
 def check_outputs(spec: S.LaunchSpec, outs: dict[str, bytes], ref: dict[str, np.ndarray] | None) -> tuple[bool, str]:
@@ -399,6 +390,6 @@ def first_difference(a: dict[str, bytes], b: dict[str, bytes]) -> str:
 
 
 __all__ = [
-    "Admission", "CheckResult", "Context", "Hang", "Instance", "census", "check_outputs", "compare", "digest",
+    "Admission", "Context", "Hang", "Instance", "census", "check_outputs", "compare", "digest",
     "first_difference", "live_admit", "load_callable", "make_inputs", "reference_outputs", "unwritten_mask",
 ]

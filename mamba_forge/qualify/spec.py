@@ -1,5 +1,5 @@
 """Catalog launch spec -> concrete launch: buffers (dtype, shape, bytes, role, fill), scalars, grid, block,
-dynamic shared memory; and the input corpora. Pure NumPy: evaluated and tested on CPU.
+dynamic shared memory (the input contents: fills.py). Pure NumPy: evaluated and tested on CPU.
 
 A family's ``params`` list is the kernel's ABI in order; pointer parameters carry a shape (expressions over the
 qualification dims and the instance parameters) and a role; scalars carry a value. The grid is evaluated over
@@ -25,9 +25,7 @@ NP_DTYPES: dict[str, np.dtype] = {
 }
 FLOAT_DTYPES = {"f32", "f64", "bf16", "f16"}
 DTYPES_SIZE = {k: v[1] for k, v in DTYPES.items()}
-CORPORA = ("uniform", "logu", "special")
 MAX_BUFFER_BYTES = 1 << 30  # a spec asking for more than 1 GiB in one buffer is a catalog mistake
-LOGU_DECADES = 6  # the logu corpus spans this many decades below the declared bound
 # default tolerances per output dtype: (rtol, atol)
 TOLERANCES = {"f64": (1e-12, 1e-12), "f32": (1e-5, 1e-6), "bf16": (1e-2, 1e-2), "f16": (1e-2, 1e-3)}
 
@@ -328,83 +326,6 @@ def leading_rows(arr: np.ndarray, full: BufferSpec, small: BufferSpec) -> np.nda
     return np.ascontiguousarray(shaped[tuple(idx)]).reshape(-1)
 
 
-# ---- fills and corpora ----------------------------------------------------------------------------------
-
-
-def _finite_info(dtype: str) -> tuple[float, float, float]:
-    """(smallest denormal, largest denormal, max finite) of a float dtype."""
-    fi = ml_dtypes.finfo(NP_DTYPES[dtype]) if dtype == "bf16" else np.finfo(NP_DTYPES[dtype])
-    tiny = float(fi.smallest_normal)
-    small = float(fi.smallest_subnormal)
-    return small, tiny - small, float(fi.max)
-
-
-def draw(fill: Fill, n: int, dtype: str, rng: np.random.Generator, nonfinite: bool = False) -> np.ndarray:
-    """Values of one fill as float64 (or int64 for integer dtypes), before rounding to `dtype`."""
-    k, a = fill.kind, fill.args
-    if k == "uniform":
-        return rng.uniform(a[0], a[1], n)
-    if k == "normal":
-        return rng.normal(a[0], a[1], n)
-    if k == "logu":
-        mag = np.exp(rng.uniform(math.log(a[0]), math.log(a[1]), n))
-        return np.where(rng.random(n) < 0.5, -mag, mag)
-    if k == "positive":
-        return np.exp(rng.uniform(math.log(a[0]), math.log(a[1]), n))
-    if k == "const":
-        return np.full(n, a[0])
-    if k == "randint":
-        return rng.integers(int(a[0]), int(a[1]), n, dtype=np.int64)
-    if k == "iota":
-        return np.arange(n, dtype=np.int64)
-    if k == "special":
-        return special_values(n, dtype, rng, bound=1.0, signed=True, nonfinite=nonfinite)
-    raise SpecError(f"unknown fill {k!r}")
-
-
-def special_values(n: int, dtype: str, rng: np.random.Generator, *, bound: float, signed: bool, nonfinite: bool) -> np.ndarray:
-    sub_min, sub_max, _ = _finite_info(dtype)
-    pool = [sub_min, sub_max, bound, 1.0]
-    if signed:
-        pool += [-0.0, 0.0, -sub_min, -sub_max, -bound, -1.0]
-    if nonfinite:
-        pool += [math.inf, -math.inf, math.nan]
-    return np.asarray(pool, dtype=np.float64)[rng.integers(0, len(pool), n)]
-
-
-def make_input(buf: BufferSpec, corpus: str, rng: np.random.Generator, *, nonfinite: bool = False) -> np.ndarray:
-    """One input buffer's host contents, already in its dtype (flat)."""
-    assert buf.fill is not None
-    n = buf.count
-    fill = buf.fill
-    if corpus == "logu" and fill.kind in ("uniform", "normal"):
-        if fill.kind == "uniform" and fill.args[0] > 0:  # a positive interval: log-uniform across it
-            fill = Fill("positive", fill.args)
-        else:
-            hi = fill.bound
-            lo = hi * 10.0 ** (-LOGU_DECADES)
-            fill = Fill("logu", (lo, hi)) if fill.signed else Fill("positive", (lo, hi))
-    vals = draw(fill, n, buf.dtype, rng, nonfinite)
-    if corpus == "special" and fill.perturbable:
-        # about one element in eight becomes a special value; the rest keep the declared distribution
-        where = rng.random(n) < 0.125
-        signed = fill.signed
-        sp = special_values(int(where.sum()), buf.dtype, rng, bound=fill.bound, signed=signed, nonfinite=nonfinite)
-        if fill.kind == "positive":
-            sp = np.abs(sp)
-            sp[sp == 0] = fill.args[0]
-        vals = vals.astype(np.float64)
-        vals[where] = sp
-    if buf.fill.kind == "uniform" and corpus != "uniform":
-        # corpora widen magnitudes but stay inside the declared interval (the family's domain)
-        vals = np.asarray(vals, dtype=np.float64)
-        fin = np.isfinite(vals)
-        vals[fin] = np.clip(vals[fin], buf.fill.args[0], buf.fill.args[1])
-    if buf.dtype in FLOAT_DTYPES:
-        return np.asarray(vals, dtype=np.float64).astype(NP_DTYPES[buf.dtype])
-    return np.asarray(vals).astype(NP_DTYPES[buf.dtype])
-
-
 def as_f64(arr: np.ndarray, dtype: str) -> np.ndarray:
     """What the reference sees: floats as float64, integers as integer arrays."""
     return arr.astype(np.float64) if dtype in FLOAT_DTYPES else arr.astype(np.int64)
@@ -415,6 +336,6 @@ def from_bytes(data: bytes, dtype: str) -> np.ndarray:
 
 
 __all__ = [
-    "BlobSpec", "BufferSpec", "CORPORA", "Fill", "LaunchSpec", "ScalarSpec", "SpecError", "TOLERANCES",
-    "as_f64", "batch_axis", "batch_sizes", "evaluate", "expected_abi", "from_bytes", "leading_rows", "make_input",
+    "BlobSpec", "BufferSpec", "Fill", "LaunchSpec", "ScalarSpec", "SpecError", "TOLERANCES",
+    "as_f64", "batch_axis", "batch_sizes", "evaluate", "expected_abi", "from_bytes", "leading_rows",
 ]

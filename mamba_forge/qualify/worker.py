@@ -1,10 +1,11 @@
-"""The qualification worker: a subprocess that qualifies groups of symbols on one device and streams one JSON
-object per line on stdout. The parent (runner.py) isolates it: a fault kills the context, so the worker reports
+"""The qualification worker: a subprocess that qualifies groups of symbols on one device and streams one event
+(events.py) per line on stdout. The parent (supervise.py) isolates it: a fault kills the context, so the worker reports
 the CUresult and exits; a hang is reported by the worker's own deadline (or the parent's) and the process dies.
 
     python -m mamba_forge.qualify.worker --job JOB.json
 
-Events: hello (device), module (loaded), module_error, start (symbol), result, fault, timeout, done.
+Events (events.py): hello or fatal, module or module_error, per symbol start, check..., result (or fault,
+timeout), done.
 """
 
 from __future__ import annotations
@@ -24,14 +25,30 @@ from mamba_forge.catalog.model import Catalog, load_catalog
 from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import checks as C
 from mamba_forge.qualify import spec as S
+from mamba_forge.qualify.events import (
+    CheckDone,
+    CheckResult,
+    Done,
+    Event,
+    Fatal,
+    Fault,
+    Hello,
+    ModuleError,
+    ModuleLoaded,
+    Start,
+    SymbolResult,
+    Timeout,
+    WorkerDevice,
+)
+from mamba_forge.qualify.sanitize import TIME_FACTOR
 
 REPEATS = {"quick": 5, "full": 50}
 SANITIZE_BATCH = 97  # small launches under compute-sanitizer: the batch dim shrinks to this (odd) size
 EXIT_FAULT, EXIT_TIMEOUT = 3, 4
 
 
-def emit(event: str, **fields) -> None:
-    sys.stdout.write(json.dumps({"event": event, **fields}, default=str) + "\n")
+def emit(event: Event) -> None:
+    sys.stdout.write(event.to_json_line())
     sys.stdout.flush()
 
 
@@ -48,29 +65,33 @@ class SymbolRun:
         self.sym = catalog.symbols[self.name]
         self.fam = catalog.module(self.sym.module).family(self.sym.family)
         self.module = module
-        self.checks: list[dict] = []
         self.seed = symbol_seed(job["seed"], self.name)
-        self.out: dict = {"symbol": self.name, "module": group["module"], "target": group["target"], "seed": self.seed,
-                          "block": list(self.sym.block), "dynamic_smem": self.sym.dynamic_smem}
+        self.result = SymbolResult(self.name, group["module"], group["target"], "rejected", seed=self.seed,
+                                   block=list(self.sym.block), dynamic_smem=self.sym.dynamic_smem)
 
-    def reject(self, check: str, reason: str) -> dict:
-        return {**self.out, "status": "rejected", "check": check, "reason": reason, "checks": self.checks}
+    @property
+    def checks(self) -> list[CheckResult]:
+        return self.result.checks
+
+    def reject(self, check: str, reason: str) -> SymbolResult:
+        self.result.reject(check, reason)
+        return self.result
 
     def add(self, name: str, passed: bool, digest: str = "", detail: str = "") -> None:
-        self.checks.append({"name": name, "passed": passed, "digest": digest, "detail": detail})
-        emit("check", symbol=self.name, name=name, passed=passed)  # also tells the parent the worker is alive
+        self.checks.append(CheckResult(name, passed, digest, detail))
+        emit(CheckDone(self.name, name, passed))  # also tells the parent the worker is alive
 
-    def run(self) -> dict:
+    def run(self) -> SymbolResult:
         timeout = self.fam.qualify.timeout_s
         if timeout:
-            self.ctx.timeout_s = timeout * (20 if self.job.get("sanitize") else 1)
+            self.ctx.timeout_s = timeout * (TIME_FACTOR if self.job.get("sanitize") else 1)
         try:
             fn = self.module.function(self.name)
         except cu.CudaError as exc:
             return self.reject("exports", f"{self.name}: not found in the loaded module ({exc.result})")
         adm = C.live_admit(self.ctx, fn, self.sym, self.fam, self.entry.get("build_layout"))
-        self.out["resources"] = adm.resources
-        self.out["params"] = adm.layout
+        self.result.resources = adm.resources
+        self.result.params = adm.layout
         if not adm.ok:
             return self.reject(adm.check, adm.reason)
         self.add("admission", True, detail=f"live attributes read; ABI census from {adm.layout_source}")
@@ -115,13 +136,14 @@ class SymbolRun:
         finally:
             if base_inst is not None:
                 base_inst.free()
-        return {**self.out, "status": "admitted", "check": "", "reason": "", "checks": self.checks}
+        self.result.status = "admitted"
+        return self.result
 
-    def determinism(self, spec, fn, inst: C.Instance, inputs, base: dict[str, bytes], prepare) -> dict | None:
+    def determinism(self, spec, fn, inst: C.Instance, inputs, base: dict[str, bytes], prepare) -> SymbolResult | None:
         ctx = self.ctx
         want = C.digest(base)
 
-        def same(name: str, outs: dict[str, bytes], detail: str) -> dict | None:
+        def same(name: str, outs: dict[str, bytes], detail: str) -> SymbolResult | None:
             d = C.digest(outs)
             if d != want:
                 diff = C.first_difference(base, outs)
@@ -243,51 +265,50 @@ def main(argv: list[str] | None = None) -> int:
         ctx = C.Context(dev, dev.info(), timeout_s=float(job.get("timeout_s", 20.0)))
         ctx.open()
     except cu.CudaError as exc:
-        emit("fatal", result=exc.result, reason=str(exc))
+        emit(Fatal(reason=str(exc), result=exc.result))
         return 2
     i = ctx.info
-    emit("hello", pid=os.getpid(), device={"name": i.name, "cc": i.cc_text, "sm_count": i.sm_count,
-                                          "driver_version": i.driver_version, "optin_smem": i.optin_smem,
-                                          "uuid": i.uuid, "ordinal": i.ordinal})
+    emit(Hello(WorkerDevice(name=i.name, cc=i.cc_text, sm_count=i.sm_count, driver_version=i.driver_version,
+                            optin_smem=i.optin_smem, uuid=i.uuid, ordinal=i.ordinal), pid=os.getpid()))
     base_timeout = ctx.timeout_s
     for group in job["groups"]:
         try:
             module, note = load_group(ctx, build_dir, group)
         except cu.CudaError as exc:
-            emit("module_error", module=group["module"], target=group["target"], result=exc.result,
-                 reason=f"{group['module']} ({group['target']}): module load failed with {exc.result}")
+            emit(ModuleError(group["module"], group["target"],
+                             f"{group['module']} ({group['target']}): module load failed with {exc.result}", exc.result))
             if exc.result in cu.STICKY_RESULTS:
                 return EXIT_FAULT
             continue
         if module is None:
-            emit("module_error", module=group["module"], target=group["target"], result="", reason=note)
+            emit(ModuleError(group["module"], group["target"], note))
             continue
-        emit("module", module=group["module"], target=group["target"], load=note)
+        emit(ModuleLoaded(group["module"], group["target"], note))
         for entry in group["symbols"]:
             name = entry["name"]
-            emit("start", symbol=name, module=group["module"], target=group["target"])
+            emit(Start(name, group["module"], group["target"]))
             t0 = time.perf_counter()
             ctx.timeout_s = base_timeout
             try:
                 rec = SymbolRun(ctx, catalog, module, job, entry, group).run()
             except C.Hang as exc:
-                emit("timeout", symbol=name, seconds=exc.seconds, reason=f"{name}: timed out after {exc.seconds:g} s")
+                emit(Timeout(name, f"{name}: timed out after {exc.seconds:g} s", exc.seconds))
                 sys.stdout.flush()
                 os._exit(EXIT_TIMEOUT)  # the hung kernel holds the context: only process exit frees it
             except cu.CudaError as exc:
-                emit("fault", symbol=name, result=exc.result, reason=f"{name}: {exc}")
+                emit(Fault(name, f"{name}: {exc}", exc.result))
                 if exc.result in cu.STICKY_RESULTS:
                     sys.stdout.flush()
                     os._exit(EXIT_FAULT)
                 continue
             except Exception as exc:  # noqa: BLE001 - any other failure is this symbol's verdict
                 tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
-                emit("result", symbol=name, module=group["module"], target=group["target"], status="rejected",
-                     check="harness", reason=f"{name}: the qualifier failed: {type(exc).__name__}: {exc} [{tb}]", checks=[])
+                emit(SymbolResult.rejected(name, group["module"], group["target"], "harness",
+                                           f"{name}: the qualifier failed: {type(exc).__name__}: {exc} [{tb}]"))
                 continue
-            rec["seconds"] = round(time.perf_counter() - t0, 3)
-            emit("result", **rec)
-    emit("done")
+            rec.seconds = round(time.perf_counter() - t0, 3)
+            emit(rec)
+    emit(Done())
     return 0
 
 

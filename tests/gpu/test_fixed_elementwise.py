@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_sup
 from gpu_support import bits, empty_device, from_device, kernels, to_device  # noqa: E402
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
+from mamba_forge.qualify import fills  # noqa: E402
 from mamba_forge.qualify import spec as S  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -77,7 +78,7 @@ def rng(request):
 
 
 def make_inputs(spec: S.LaunchSpec, rng, corpus: str = "uniform") -> dict[str, np.ndarray]:
-    return {b.name: S.make_input(b, corpus, rng) for b in spec.buffers if b.needs_fill}
+    return {b.name: fills.make_input(b, corpus, rng) for b in spec.buffers if b.needs_fill}
 
 
 def _device(host: np.ndarray | None, b: S.BufferSpec, offset: int):

@@ -18,10 +18,11 @@ from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.catalog.targets import get_target
 from mamba_forge.gpu import driver as cu
 from mamba_forge.manifest import signing
+from mamba_forge.manifest.codec import to_dict
 from mamba_forge.manifest.qualified import body_bytes, read_verified
 from mamba_forge.manifest.toml_io import write
 from mamba_forge.qualify import checks as C
-from mamba_forge.qualify import runner
+from mamba_forge.qualify import plan, runner
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +46,7 @@ CONTROLS = ["control_row_sum", "control_smem_reverse"]
 
 def _target() -> str:
     info = cu.Device(0).info()
-    return sorted(runner.device_targets(info.cc), key=lambda t: not t.endswith("a"))[0]
+    return sorted(plan.device_targets(info.cc), key=lambda t: not t.endswith("a"))[0]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def negative_manifest(negative_build, tmp_path_factory):
 @pytest.mark.parametrize(("name", "checks", "text"), EXPECTED, ids=[e[0] for e in EXPECTED])
 def test_negative_control_rejected_by_the_right_check(negative_manifest, name, checks, text):
     s = negative_manifest.symbol(name)
-    assert s.status == "rejected", f"{name} was admitted: {[c.model_dump() for c in s.checks]}"
+    assert s.status == "rejected", f"{name} was admitted: {[to_dict(c) for c in s.checks]}"
     assert s.check in checks, f"{name}: rejected by {s.check}: {s.reason}"
     assert text in s.reason, s.reason
 
@@ -96,7 +97,7 @@ def test_controls_admitted_with_every_check(negative_manifest, name):
     digests = {c.digest for c in s.checks if c.name in DETERMINISM}
     assert len(digests) == 1 and len(digests.pop()) == 64
     assert s.resources is not None and s.resources.blocks_per_sm >= 1 and s.seed is not None
-    assert s.params == [[0, 8], [8, 8], [16, 4], [20, 4]]
+    assert s.params_layout() == [[0, 8], [8, 8], [16, 4], [20, 4]]
 
 
 def test_negative_manifest_layout(negative_manifest):
@@ -116,7 +117,7 @@ def test_live_admission_refuses_dynamic_smem_over_the_device_limit(negative_buil
     sym = cat.symbols["control_smem_reverse"]
     fam = cat.modules[0].family("control_smem_reverse")
     ok = C.live_admit(ctx, fn, sym, fam, None)
-    assert ok.ok and ok.layout_source == "cuFuncGetParamInfo" and ok.resources["blocks_per_sm"] >= 1
+    assert ok.ok and ok.layout_source == "cuFuncGetParamInfo" and ok.resources.blocks_per_sm >= 1
     over = sym.model_copy(update={"dynamic_smem": ctx.info.optin_smem + 1024})
     bad = C.live_admit(ctx, fn, over, fam, None)
     assert not bad.ok and bad.check == "smem" and str(ctx.info.optin_smem) in bad.reason

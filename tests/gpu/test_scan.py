@@ -30,6 +30,7 @@ from gpu_support import empty_device, from_device, to_device  # noqa: E402
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
 from mamba_forge.errors import ForgeError  # noqa: E402
+from mamba_forge.qualify import fills  # noqa: E402
 from mamba_forge.qualify import spec as S  # noqa: E402
 from mamba_forge.references import scan as ref  # noqa: E402
 
@@ -133,7 +134,7 @@ class ScanOps:
 
 
 def _inputs(spec, rng) -> dict[str, np.ndarray]:
-    return {b.name: S.make_input(b, "uniform", rng) for b in spec.buffers if b.needs_fill}
+    return {b.name: fills.make_input(b, "uniform", rng) for b in spec.buffers if b.needs_fill}
 
 
 def _reference(spec, host):

@@ -1,0 +1,124 @@
+"""Assembly of the qualified manifest (manifest_version 2): per symbol of the device's modules, the build verdict,
+the worker's verdict (or built-only / untested), the symbol's launch contract (contract.py: the catalog's params,
+grid and dims joined with the ABI census), the cubins qualified, and the GEMM route table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from mamba_forge import __version__
+from mamba_forge.manifest.qualified import timestamps
+from mamba_forge.manifest.schema import (
+    ModuleBuild,
+    QArtifact,
+    QCheck,
+    QDevice,
+    QResources,
+    QRoute,
+    QSymbol,
+    QToolchain,
+    QualifiedManifest,
+)
+from mamba_forge.qualify.contract import contract
+from mamba_forge.qualify.events import UNKNOWN_DEVICE, SymbolResult
+from mamba_forge.qualify.plan import Group, device_modules
+from mamba_forge.qualify.supervise import Outcome
+
+if TYPE_CHECKING:
+    from mamba_forge.qualify.runner import QualifyRequest
+
+
+def assemble(req: QualifyRequest, outcomes: dict[int, Outcome], groups: list[Group], seconds: float) -> QualifiedManifest:
+    first = outcomes[min(outcomes)]
+    dev = first.device or UNKNOWN_DEVICE
+    cc = dev.cc
+    run_targets = {(g.module, g.target) for g in groups}
+    created, expires = timestamps()
+    b = req.build
+    artifacts: list[QArtifact] = []
+    symbols: list[QSymbol] = []
+    sources: dict[str, str] = {}
+    cat_syms = req.catalog.symbols
+    chosen = device_modules(b, _cc_tuple(cc), req.only_modules) if cc != "?" else set()
+    for m in b.modules:
+        on_device = (m.kind, m.target) in chosen
+        if not on_device and not (m.built_only and (req.only_modules is None or m.kind in req.only_modules)):
+            continue
+        sources[f"{m.kind}/{m.target}"] = m.source_sha256
+        if on_device and m.status == "compiled":
+            # Cubins only: they are what was qualified and what the loader loads. NVRTC's PTX is not
+            # byte-reproducible (NVVM's register numbering varied between two processes for the Fixed module,
+            # while the cubins were identical), so it stays in the build folder and out of the signed manifest.
+            for a in (a for a in m.artifacts if a.code == "cubin"):
+                artifacts.append(QArtifact(module=m.kind, target=m.target, role=m.role, path=a.path, code=a.code,
+                                           size=a.size, sha256=a.sha256))
+        for s in m.symbols:
+            symbols.append(_symbol_record(m, s, first.results.get(s.name) if (m.kind, m.target) in run_targets else None,
+                                          cat_syms.get(s.name), req.catalog, b.state_capacity, on_device))
+    routes = _routes(symbols)
+    return QualifiedManifest(
+        created=created, expires=expires, tool_version=__version__, level=req.level,  # type: ignore[arg-type]
+        qualification_seconds=round(seconds, 2), development_key=False, catalog=b.catalog,
+        catalog_sha256=b.catalog_sha256, state_capacity=b.state_capacity,
+        toolchain=QToolchain(nvrtc_version=b.toolchain.nvrtc_version, library=b.toolchain.library,
+                             header_sha256=b.toolchain.header_sha256, base_options=b.toolchain.base_options,
+                             source_sha256=sources),
+        device=QDevice(name=dev.name, cc=cc, sm_count=dev.sm_count, driver_version=dev.driver_version,
+                       count=len(outcomes)),
+        artifacts=artifacts, symbols=symbols, routes=routes,
+    )
+
+
+def _cc_tuple(text: str) -> tuple[int, int]:
+    a, _, b2 = text.partition(".")
+    return int(a), int(b2 or 0)
+
+
+def _launch(m: ModuleBuild, layout: list[list[int]], cat, catalog, state_capacity: int) -> dict:
+    """The symbol's launch contract (empty when the catalog no longer declares it)."""
+    if cat is None:
+        return {}
+    return contract(cat, catalog.module(m.kind), layout, state_capacity)
+
+
+def _symbol_record(m: ModuleBuild, s, rec: SymbolResult | None, cat, catalog, state_capacity: int,
+                   on_device: bool) -> QSymbol:
+    static_layout = s.resources.param_layout if s.resources else []
+    base = dict(name=s.name, module=m.kind, target=m.target, family=s.family, dtype=s.dtype, block=list(s.block),
+                dynamic_smem=s.dynamic_smem, deterministic=s.deterministic,
+                fallback=list(cat.fallback) if cat is not None else [],
+                **_launch(m, static_layout, cat, catalog, state_capacity))
+    if s.verdict.status == "rejected":
+        return QSymbol(**base, status="rejected", reason=s.verdict.reason, check=s.verdict.check)
+    if not on_device:
+        return QSymbol(**base, status="built-only",
+                       reason=f"no {m.target} GPU here: built and statically admitted only", check="")
+    if rec is None:
+        return QSymbol(**base, status="rejected", check="untested", reason=f"{s.name}: not qualified in this run")
+    status = rec.status
+    reason = rec.reason
+    if status == "admitted" and m.role == "check":
+        status = "checked"  # arithmetic checked on this GPU for another family: never qualified for its own
+        reason = f"arithmetic checked on {m.target} for another GPU family; not qualified to serve here"
+    res = rec.resources
+    checks = [QCheck(**asdict(c)) for c in rec.checks]
+    if m.role == "check" and status == "checked":
+        checks.append(QCheck(name="role", passed=True, detail=f"checked on {m.target}; not qualified for its own family"))
+    if rec.params:  # the live census (cuFuncGetParamInfo) decides the ABI slots of a symbol that ran
+        base.update(_launch(m, rec.params, cat, catalog, state_capacity))
+    return QSymbol(
+        **base,
+        status=status, reason=reason, check=rec.check, seed=rec.seed,
+        resources=QResources(**asdict(res)) if res else None, checks=checks,
+    )
+
+
+def _routes(symbols: list[QSymbol]) -> list[QRoute]:
+    """The GEMM route table (mamba_forge.runtime.routes): per key, the admitted symbols fastest first."""
+    from mamba_forge.runtime.routes import build_route_table
+
+    return build_route_table([s.name for s in symbols if s.status == "admitted"])
+
+
+__all__ = ["assemble"]

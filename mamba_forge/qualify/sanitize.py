@@ -1,0 +1,65 @@
+"""compute-sanitizer passes: how a worker is run under a tool, which of its output lines are reports, and the
+verdict those reports give on the symbols that the main pass admitted."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from typing import TYPE_CHECKING
+
+from mamba_forge.qualify.events import CheckResult
+
+if TYPE_CHECKING:
+    from mamba_forge.qualify.supervise import Outcome
+
+SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+TIME_FACTOR = 20  # launches under a tool take this much longer (worker deadlines and the parent's backstop)
+SANITIZER_LINE = "========="
+UNATTRIBUTED = "*"  # sanitizer lines printed while no symbol was running
+_SANITIZER_NOISE = re.compile(r"^=+\s*(COMPUTE-SANITIZER|ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards|$)")
+
+
+def sanitizer_available() -> bool:
+    return shutil.which("compute-sanitizer") is not None
+
+
+def wrap_command(tool: str, cmd: list[str]) -> list[str]:
+    """The worker command run under compute-sanitizer's `tool`."""
+    exe = shutil.which("compute-sanitizer") or "compute-sanitizer"
+    # API errors are the harness's own (the ABI census probes cuFuncGetParamInfo past the last
+    # parameter, which answers CUDA_ERROR_INVALID_VALUE by design): report kernels' errors only
+    return [exe, "--tool", tool, "--report-api-errors", "no", "--print-limit", "20", "--error-exitcode", "0", *cmd]
+
+
+def is_report_line(line: str) -> bool:
+    """A line of a sanitizer report (not its banner nor a clean summary)."""
+    return line.startswith(SANITIZER_LINE) and not _SANITIZER_NOISE.match(line)
+
+
+def apply_sanitizer(oc: Outcome, soc: Outcome, tool: str) -> None:
+    """Reject every symbol with a compute-sanitizer report (or that failed under the tool). Lines printed
+    outside any symbol go to the symbols they name; a non-zero error summary nobody can be blamed for rejects
+    every symbol of the run (better a false rejection than a missed report)."""
+    loose = soc.sanitizer.get(UNATTRIBUTED, [])
+    attributed = any(k != UNATTRIBUTED for k in soc.sanitizer)
+    unexplained = [ln for ln in loose if re.search(r"ERROR SUMMARY: [1-9]|SUMMARY: [1-9]\d* hazard", ln)]
+    for name, rec in soc.results.items():
+        main = oc.results.get(name)
+        if main is None or not main.admitted:
+            continue
+        lines = soc.sanitizer.get(name, []) + [ln for ln in loose if re.search(rf"\b{re.escape(name)}\b", ln)]
+        if not lines and unexplained and not attributed:
+            lines = unexplained
+        if lines:
+            first = next((ln.strip("= ").strip() for ln in lines if ln.strip("= ").strip()), "report")
+            main.checks.append(CheckResult("sanitize", False, "", f"{tool}: {first}"))
+            main.reject("sanitize", f"{name}: compute-sanitizer {tool}: {first}")
+        elif not rec.admitted:
+            main.checks.append(CheckResult("sanitize", False, "", f"{tool}: {rec.reason}"))
+            main.reject("sanitize", f"{name}: under compute-sanitizer {tool}: {rec.reason}")
+        else:
+            main.checks.append(CheckResult("sanitize", True, "", f"{tool}: no report"))
+
+
+__all__ = ["SANITIZER_TOOLS", "TIME_FACTOR", "UNATTRIBUTED", "apply_sanitizer", "sanitizer_available", "is_report_line",
+           "wrap_command"]
