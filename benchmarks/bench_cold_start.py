@@ -87,7 +87,7 @@ def prepare(args, work: Path) -> tuple[Path, Path]:
         return Path(args.bundle), Path(args.key)
     from mamba_forge.manifest import signing
     from mamba_forge.manifest.bundle import write_bundle
-    from mamba_forge.runtime.verify import trusted_keys
+    from mamba_forge.runtime.trust import trusted_keys
 
     build = work / "build"
     sh([sys.executable, "-m", "mamba_forge.cli", "build", "--arch", args.arch, "--out", str(build), "-q"], 1800)
@@ -103,7 +103,7 @@ def prepare(args, work: Path) -> tuple[Path, Path]:
 
 def unpack(bundle: Path, folder: Path) -> Path:
     """The .tar.gz bundle as a folder bundle (what an engine would install)."""
-    from mamba_forge.runtime.verify import read_tar_bundle
+    from mamba_forge.runtime.sources import read_tar_bundle
 
     for name, data in read_tar_bundle(bundle).items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,9 @@ def build(
     write(out_dir / "manifest.toml", manifest)
     failed = manifest.failed_mandatory()
     if as_json:
-        sys.stdout.write(json.dumps(manifest.model_dump(mode="json"), indent=1) + "\n")
+        from mamba_forge.manifest.codec import to_dict
+
+        sys.stdout.write(json.dumps(to_dict(manifest), indent=1) + "\n")
     elif show:
         render_build(manifest, out)
         n_sym = sum(1 for _ in manifest.symbols())
@@ -131,35 +133,32 @@ def report(
 ) -> None:
     """Render a manifest: a summary per module kind, every rejected symbol with its reason; or a diff of two."""
     from mamba_forge.report import tables as rpt
-    from mamba_forge.report.diff import diff, read_body
+    from mamba_forge.report.diff import diff, read_document
 
     if fmt not in ("text", "markdown"):
         raise ForgeError(f"unknown --format {fmt!r}", hint="use text or markdown")
-    body = read_body(manifest)
+    doc = read_document(manifest)
     if diff_with is not None:
-        d = diff(read_body(diff_with), body)
+        d = diff(read_document(diff_with).record, doc.record)
         if as_json:
             sys.stdout.write(json.dumps(d, indent=1) + "\n")
         else:
             rpt.render_diff(d, out, str(diff_with), str(manifest))
         return
-    if body["kind"] != "build":
+    if doc.kind != "build":
         if as_json:
-            data = rpt.qualified_report(body) if body["kind"] == "qualified" else body
+            data = rpt.qualified_report(doc) if doc.kind == "qualified" else rpt.index_report(doc)
             sys.stdout.write(json.dumps(data, indent=1, default=str) + "\n")
         elif fmt == "markdown":
-            sys.stdout.write(rpt.qualified_markdown(body))
-        elif body["kind"] == "qualified":
-            rpt.render_qualified(body, out)
+            sys.stdout.write(rpt.qualified_markdown(doc))
+        elif doc.kind == "qualified":
+            rpt.render_qualified(doc, out)
         else:
-            rpt.render_index(body, out)
+            rpt.render_index(doc, out)
         return
     if fmt == "markdown":
         raise ForgeError("--format markdown renders qualified manifests and indexes", hint="drop it for a build manifest")
-    from mamba_forge.manifest.records import BuildManifest
-    from mamba_forge.manifest.toml_io import read
-
-    m = read(manifest, BuildManifest)
+    m = doc.record
     if as_json:
         rejected = [
             {"module": mod.kind, "target": mod.target, "symbol": s.name, "check": s.verdict.check, "reason": s.verdict.reason}
@@ -186,7 +185,8 @@ def verify(
 ) -> None:
     """Check the signature, every artifact's size and sha256, and completeness. Exit 0 when all hold, else 1."""
     from mamba_forge.runtime.errors import LoadError
-    from mamba_forge.runtime.verify import open_verified, trusted_keys
+    from mamba_forge.runtime.trust import trusted_keys
+    from mamba_forge.runtime.verify import open_verified
 
     try:
         v = open_verified(target, keys=trusted_keys(key or None), build=build_dir)
@@ -197,11 +197,11 @@ def verify(
         from mamba_forge.errors import ManifestError
 
         raise ManifestError(str(exc)) from None
-    if v.kind == "index":
-        what = f"index of {len(v.entries)} manifest(s): " + ", ".join(e.body["device"]["name"] for e in v.entries)
+    if v.manifest is None:
+        what = f"index of {len(v.entries)} manifest(s): " + ", ".join(e.manifest.device.name for e in v.entries)
     else:
-        n = sum(1 for s in v.body.get("symbols", []) if s["status"] == "admitted")
-        what = f"{len(v.body['artifacts'])} artifact(s), {n} admitted symbol(s) for {v.body['device']['name']}"
+        n = sum(1 for s in v.manifest.symbols if s.status == "admitted")
+        what = f"{len(v.manifest.artifacts)} artifact(s), {n} admitted symbol(s) for {v.manifest.device.name}"
     dev = " (development key)" if v.signature.development_key else ""
     if as_json:
         sys.stdout.write(json.dumps({"ok": True, "path": str(target), "kind": v.kind, "key_id": v.signature.key_id,
@@ -223,7 +223,7 @@ def merge(
 ) -> None:
     """Write one signed release index over verified per-device manifests; the loader picks the device's entry."""
     from mamba_forge.manifest.bundle import signing_key, write_index
-    from mamba_forge.runtime.verify import trusted_keys
+    from mamba_forge.runtime.trust import trusted_keys
 
     private = signing_key(sign_key)
     path = write_index(manifests, output, private, keys=trusted_keys(key or None), development_key=development_key)
@@ -239,7 +239,7 @@ def bundle(
 ) -> None:
     """Pack a verified manifest with exactly the artifacts it names; the loader and `verify` accept the result."""
     from mamba_forge.manifest.bundle import write_bundle
-    from mamba_forge.runtime.verify import trusted_keys
+    from mamba_forge.runtime.trust import trusted_keys
 
     path = write_bundle(manifest, output, keys=trusted_keys(key or None), build=build_dir)
     out.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)

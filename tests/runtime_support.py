@@ -77,19 +77,34 @@ name = "fast_copy"
 instantiate = "TINY_COPY"
 variants = ["bf16", "f16"]
 fallback = ["mid_copy_{dtype}", "slow_copy_{dtype}"]
-launch = { block = 128 }
+launch = { block = 128, grid = ["ceil_div(n, 128)"] }
+params = [
+  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
+  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
+  { name = "n", type = "i64", value = "n" },
+]
 
 [[family]]
 name = "mid_copy"
 instantiate = "TINY_COPY"
 variants = ["bf16", "f16"]
-launch = { block = 128 }
+launch = { block = 128, grid = ["ceil_div(n, 128)"] }
+params = [
+  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
+  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
+  { name = "n", type = "i64", value = "n" },
+]
 
 [[family]]
 name = "slow_copy"
 instantiate = "TINY_COPY"
 variants = ["bf16", "f16"]
-launch = { block = 128 }
+launch = { block = 128, grid = ["ceil_div(n, 128)"] }
+params = [
+  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
+  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
+  { name = "n", type = "i64", value = "n" },
+]
 """
 
 CATALOG_TOML = """
@@ -138,8 +153,11 @@ def build_tiny(catalog: Path, out: Path, cache: Path, target: str = "sm_90a"):
 
 def qualified_body(build_manifest, catalog: Path, *, device: DeviceInfo = H200, rejected=None,
                    created: str = "2026-11-29T19:00:00Z", expires: str = "2099-11-29T19:00:00Z") -> dict:
-    """A qualified manifest body as docs/architecture.md lays it out, from a real build."""
+    """A qualified manifest body (manifest_version 2, plain data) as docs/architecture.md lays it out, from a real
+    build; each symbol's launch contract as the qualifier fills it."""
     from mamba_forge.catalog.model import load_catalog
+    from mamba_forge.manifest.codec import to_dict
+    from mamba_forge.qualify.contract import contract
 
     rejected = REJECTED if rejected is None else rejected
     cat = load_catalog(catalog)
@@ -151,18 +169,19 @@ def qualified_body(build_manifest, catalog: Path, *, device: DeviceInfo = H200, 
         for s in m.symbols:
             check, reason = rejected.get(s.name, ("", ""))
             r = s.resources
+            launch = contract(cat.symbols[s.name], cat.module(m.kind), r.param_layout, build_manifest.state_capacity)
             symbols.append({
                 "name": s.name, "module": m.kind, "target": m.target, "family": s.family, "dtype": s.dtype,
                 "status": "rejected" if reason else "admitted", "reason": reason, "check": check,
                 "fallback": list(cat.symbols[s.name].fallback), "block": list(s.block),
-                "dynamic_smem": s.dynamic_smem, "params": r.param_layout,
+                "dynamic_smem": s.dynamic_smem, **launch, "params": [to_dict(p) for p in launch["params"]],
                 "resources": {"registers": r.registers, "static_smem": r.static_smem, "local_bytes": r.stack_frame,
                               "max_threads": r.max_threads, "blocks_per_sm": 8},
                 "checks": [{"name": "repeat", "passed": not reason, "digest": hashlib.sha256(s.name.encode()).hexdigest(),
                             "detail": "5 runs"}],
             })
     return {
-        "schema_version": 1, "kind": "qualified", "manifest_version": 1, "created": created, "expires": expires,
+        "schema_version": 1, "kind": "qualified", "manifest_version": 2, "created": created, "expires": expires,
         "tool_version": "0.1.0", "level": "quick", "qualification_seconds": 1.5, "development_key": False,
         "state_capacity": build_manifest.state_capacity,
         "toolchain": {"nvrtc_version": build_manifest.toolchain.nvrtc_version,
@@ -180,10 +199,12 @@ def sign_body(body: dict, private, *, development_key: bool | None = None) -> by
 
 def write_with_runtime_table(body: dict, private, manifest: Path) -> bytes:
     """Sign as the qualifier does: the manifest at `manifest`, its runtime table beside it. Returns the document."""
+    from mamba_forge.manifest.codec import from_dict
     from mamba_forge.manifest.qualified import sign_with_runtime_table
-    from mamba_forge.runtime.verify import runtime_table_path
+    from mamba_forge.manifest.schema import QualifiedManifest
+    from mamba_forge.runtime.sources import runtime_table_path
 
-    doc, table = sign_with_runtime_table(body, private, development_key=body.get("development_key", False))
+    doc, table = sign_with_runtime_table(from_dict(QualifiedManifest, body), private)
     runtime_table_path(manifest).write_bytes(table)
     manifest.write_bytes(doc)
     return doc

@@ -18,7 +18,7 @@ from mamba_forge.catalog.model import load_catalog
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, get_target
 from mamba_forge.cli import main
 from mamba_forge.manifest import toml_io as manifest_io
-from mamba_forge.manifest.records import BuildManifest
+from mamba_forge.manifest.schema import BuildManifest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BASIC = FIXTURES / "build_basic" / "catalog.toml"
@@ -81,7 +81,7 @@ def test_siblings_of_rejected_symbols_stay_admitted(negative):
 
 def test_block_limit_is_checked(tmp_path):
     from mamba_forge.build.admit import admit_symbol
-    from mamba_forge.manifest.records import Resources
+    from mamba_forge.manifest.schema import Resources
 
     cat = load_catalog(NEGATIVE)
     sym = cat.symbols["too_wide"]

@@ -14,7 +14,7 @@ from runtime_support import FakeBackend, build_tiny, keypair, qualified_body, si
 
 from mamba_forge.cli import main
 from mamba_forge.runtime import ArtifactRefused, load
-from mamba_forge.runtime.verify import read_tar_bundle
+from mamba_forge.runtime.sources import read_tar_bundle
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from runtime_support import (
 )
 
 from mamba_forge.runtime import LoadError, load
-from mamba_forge.runtime.verify import runtime_table_path
+from mamba_forge.runtime.sources import runtime_table_path
 
 MUTATIONS = 600
 SEED = 20261129

@@ -18,11 +18,14 @@ import pytest
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.manifest import signing
-from mamba_forge.manifest.qualified import QualifiedManifest, body_bytes, parse_body, read_verified
-from mamba_forge.manifest.records import (
+from mamba_forge.manifest.qualified import body_bytes, parse_body, read_verified
+from mamba_forge.manifest.schema import (
     Artifact,
     BuildManifest,
     ModuleBuild,
+    QDevice,
+    QToolchain,
+    QualifiedManifest,
     Resources,
     SymbolBuild,
     Toolchain,
@@ -517,8 +520,8 @@ def test_plan_groups_selects_the_devices_targets():
     assert plan.device_targets((9, 0)) == ["sm_90", "sm_90a"]
     # a build with both sm_90 and sm_90a: one target per module kind, the arch-specific one
     bm = _build_manifest()
-    dup = bm.modules[0].model_copy(update={"target": "sm_90"})
-    bm = bm.model_copy(update={"modules": [dup, *bm.modules]})
+    dup = dataclasses.replace(bm.modules[0], target="sm_90")
+    bm = dataclasses.replace(bm, modules=[dup, *bm.modules])
     assert [(g.module, g.target) for g in plan.plan_groups(bm, (9, 0))] == [("Fixed", "sm_90a"), ("Ada", "sm_90a")]
 
 
@@ -550,7 +553,7 @@ def test_qualify_assembles_a_manifest_that_round_trips_and_verifies(tmp_path, fa
     body = body_bytes(m)
     assert parse_body(body) == m
     plain = tomllib.loads(body.decode())
-    assert plain["kind"] == "qualified" and plain["schema_version"] == 1 and plain["manifest_version"] == 1
+    assert plain["kind"] == "qualified" and plain["schema_version"] == 1 and plain["manifest_version"] == 2
     assert plain["symbols"][0]["checks"][0]["name"] == "repeat"
     # signed with a development key: verifies with the public key written beside it
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
@@ -581,10 +584,10 @@ def test_manifest_schema_refuses_unknown_fields_and_statuses():
     from mamba_forge.errors import ManifestError
 
     m = QualifiedManifest(created="c", expires="e", tool_version="0", level="full", qualification_seconds=0,
-                          toolchain={"nvrtc_version": "13.0"},
-                          device={"name": "x", "cc": "9.0", "sm_count": 1, "driver_version": 1})
+                          toolchain=QToolchain(nvrtc_version="13.0"),
+                          device=QDevice(name="x", cc="9.0", sm_count=1, driver_version=1))
     assert parse_body(body_bytes(m)) == m
-    with pytest.raises(ManifestError, match="Extra inputs"):
+    with pytest.raises(ManifestError, match="unknown key 'surprise'"):
         parse_body(b'surprise = 1\n' + body_bytes(m))
     bad = body_bytes(m).decode().replace('level = "full"', 'level = "fast"')
     with pytest.raises(ManifestError, match="level"):
@@ -637,7 +640,7 @@ def test_unattributed_sanitizer_summary_rejects_the_run(tmp_path, fake_worker):
 
 
 def test_route_table_lists_admitted_gemms_only():
-    from mamba_forge.manifest.qualified import QSymbol
+    from mamba_forge.manifest.schema import QSymbol
 
     def sym(name, status):
         return QSymbol(name=name, module="TriadScalar", target="sm_90a", family="f", status=status)

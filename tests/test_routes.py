@@ -8,6 +8,7 @@ import random
 import pytest
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.manifest.schema import QRoute
 from mamba_forge.runtime import routes as RT
 
 PORTABLE_ALL = [
@@ -32,30 +33,30 @@ def table(admitted):
 
 
 def row(tbl, layout, a, b, c):
-    return next(r for r in tbl if (r["layout"], r["a"], r["b"], r["c"]) == (layout, a, b, c))
+    return next(r for r in tbl if (r.layout, r.a, r.b, r.c) == (layout, a, b, c))
 
 
 def test_every_portable_gemm_symbol_is_routable_and_declared_in_the_catalog():
     cat = load_catalog(default_catalog_path())
     names = set(cat.symbols)
     assert set(PORTABLE_ALL) <= names
-    routed = {s for r in table(PORTABLE_ALL) for s in r["symbols"]}
+    routed = {s for r in table(PORTABLE_ALL) for s in r.symbols}
     assert set(PORTABLE_ALL) <= routed
 
 
 def test_table_orders_fastest_first_and_ends_with_the_exact_family():
     tbl = table(PORTABLE_ALL + WGMMA)
-    bf = row(tbl, "nn", "bf16", "bf16", "bf16")["symbols"]
+    bf = row(tbl, "nn", "bf16", "bf16", "bf16").symbols
     assert bf[:3] == ["gemm_bi_nn_sm90a_wgmma_ws2_m128n256_s4_bf16", "gemm_bi_nn_sm90a_wgmma_wg1_bf16",
                       "gemm_bi_nn_tc128_bf16"]
     assert bf.index("gemm_bi_bf16_bf16") < bf.index("gemm_bi_f32_f32")
     assert bf[-1] == "gemm_bi_f32_f32"  # the oracle is the last resort
     assert len(bf) == len(set(bf))
-    tf = row(tbl, "nn", "tf32", "tf32", "f32")["symbols"]
+    tf = row(tbl, "nn", "tf32", "tf32", "f32").symbols
     assert tf[0] == "gemm_bi_nn_fixed_rna_wide_tf32_v1_m128n128_bk32_s3" and tf[-1] == "gemm_bi_f32_f32"
-    assert row(tbl, "tn", "bf16", "bf16", "f32")["symbols"] == ["triad_sm80_tn_bf16", "triad_scalar_tn_f32"]
+    assert row(tbl, "tn", "bf16", "bf16", "f32").symbols == ["triad_sm80_tn_bf16", "triad_scalar_tn_f32"]
     # a rejected symbol is simply absent; its key keeps the rest
-    assert "gemm_bi_f16_f16" not in table([n for n in PORTABLE_ALL if n != "gemm_bi_f16_f16"])[0]["symbols"]
+    assert "gemm_bi_f16_f16" not in table([n for n in PORTABLE_ALL if n != "gemm_bi_f16_f16"])[0].symbols
 
 
 @pytest.mark.parametrize("key", [("nn", "bf16", "bf16", "bf16"), ("nn", "f16", "f16", "f32"), ("nn", "tf32", "tf32", "f32"),
@@ -102,7 +103,7 @@ def test_tf32_request_falls_back_to_exact_f32_without_casts():
 
 
 def test_a_key_missing_from_the_table_uses_the_layouts_exact_list():
-    tbl = [r for r in table(PORTABLE_ALL) if r["a"] != "f16"]
+    tbl = [r for r in table(PORTABLE_ALL) if r.a != "f16"]
     r = RT.select(tbl, 3, 32, 32, "f16", "f16", "f16")
     assert r.symbol == "gemm_bi_f32_f32_n128_s2" and r.cast
     r = RT.select(tbl, 3, 32, 32, "f16", "f16", "f32", "nt")
@@ -119,7 +120,7 @@ def test_refusals():
     assert RT.select(tbl, 1, 8, 8, "bf16", "bf16", "bf16").symbol == "gemm_bi_nn_sm90a_wgmma_wg1_bf16"
     # symbols the chain does not describe are never picked
     with pytest.raises(RT.NoRoute):
-        RT.select([{"layout": "nn", "a": "bf16", "b": "bf16", "c": "bf16", "symbols": ["mystery"]}],
+        RT.select([QRoute(layout="nn", a="bf16", b="bf16", c="bf16", symbols=["mystery"])],
                   1, 8, 8, "bf16", "bf16", "bf16")
     for bad in [dict(layout="tt"), dict(a="i8"), dict(c="tf32")]:
         kw = dict(layout="nn", a="bf16", b="bf16", c="bf16") | bad

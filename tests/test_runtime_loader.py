@@ -28,6 +28,8 @@ from runtime_support import (
 
 from mamba_forge.manifest import signing
 from mamba_forge.manifest.bundle import write_bundle, write_index
+from mamba_forge.manifest.codec import from_dict, runtime_table_bytes
+from mamba_forge.manifest.schema import QualifiedManifest
 from mamba_forge.runtime import (
     ArtifactRefused,
     DeviceMismatch,
@@ -39,7 +41,14 @@ from mamba_forge.runtime import (
     load,
 )
 from mamba_forge.runtime import verify as rt_verify
-from mamba_forge.runtime.verify import open_verified, runtime_table_bytes, runtime_table_path, trusted_keys
+from mamba_forge.runtime.sources import runtime_table_path
+from mamba_forge.runtime.trust import trusted_keys
+from mamba_forge.runtime.verify import open_verified
+
+
+def _table(body: dict) -> bytes:
+    """The canonical runtime table of a plain qualified body."""
+    return runtime_table_bytes(from_dict(QualifiedManifest, body))
 
 
 @pytest.fixture(autouse=True)
@@ -244,7 +253,7 @@ def test_expired_and_inconsistent_manifests_are_refused(tiny, tmp_path):
         load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
     bad = [dict(a, path="../escape.cubin") if a["code"] == "cubin" else a for a in tiny.body["artifacts"]]
     p = _write(tiny, tmp_path, body=dict(tiny.body, artifacts=bad), name="escape.toml")
-    with pytest.raises(ManifestRefused, match="unsafe artifact path"):
+    with pytest.raises(ManifestRefused, match="unsafe path"):
         load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
 
 
@@ -340,7 +349,7 @@ def test_index_picks_the_device_entry(tiny, tmp_path):
     index = write_index([p1, p2], p1.parent / "index.toml", tiny.priv, keys=keys)
     for dev in (H200, h100):
         k = load(index, trusted_keys=[tiny.pub], backend=FakeBackend(info=dev))
-        assert k.manifest["device"]["name"] == dev.name
+        assert k.manifest.device.name == dev.name
     with pytest.raises(DeviceMismatch, match="no manifest for NVIDIA A100"):
         load(index, trusted_keys=[tiny.pub], backend=FakeBackend(info=replace(H200, name="NVIDIA A100", cc=(8, 0))))
     # an entry changed after merging (even re-signed by a trusted key) no longer matches the index
@@ -367,6 +376,7 @@ def test_runtime_imports_stay_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "[]", f"the runtime pulled in {out[0]}"
     allowed = {"mamba_forge", "mamba_forge.manifest", "mamba_forge.manifest.signing", "mamba_forge.fsio",
+               "mamba_forge.manifest.schema", "mamba_forge.manifest.codec",
                "mamba_forge.gpu", "mamba_forge.gpu.driver", "mamba_forge.gpu.core", "mamba_forge.gpu.graph",
                "mamba_forge.gpu.launcher", "mamba_forge.runtime"}
     assert {m for m in eval(out[1]) if not m.startswith("mamba_forge.runtime.")} <= allowed
@@ -385,14 +395,14 @@ def test_sha256_of_loaded_bytes_matches_the_manifest(tiny):
 def test_load_reads_the_runtime_table_not_the_toml(tiny, monkeypatch):
     keys = trusted_keys([tiny.pub], defaults=False)
     full = open_verified(tiny.manifest, keys=keys)  # full verification: parses the TOML, compares the projection
-    assert full.runtime_table == runtime_table_bytes(full.body)
+    assert full.runtime_table == runtime_table_bytes(full.manifest)
 
     def no_toml(*_a, **_k):
         raise AssertionError("the loader parsed the whole manifest")
 
     monkeypatch.setattr(rt_verify, "_parse_body", no_toml)
     k = load(tiny.manifest, trusted_keys=[tiny.pub], backend=FakeBackend())
-    assert "toolchain" not in k.manifest and all("checks" not in s for s in k.manifest["symbols"])
+    assert not hasattr(k.manifest, "toolchain") and all(not hasattr(s, "checks") for s in k.manifest.symbols)
     assert k.function("scale_bf16").params == [[0, 8], [8, 8], [16, 4], [24, 8]]
     assert set(k.admitted()) == {"scale", "scale_f32", "scale_bf16", "scale_f16", "slow_copy_bf16"}
 
@@ -429,17 +439,17 @@ def _sign_with_table(tiny, body: dict, table: bytes, name: str, tmp_path):
 def test_runtime_table_must_be_the_projection_of_the_signed_body(tiny, tmp_path):
     keys = trusted_keys([tiny.pub], defaults=False)
     # a table that disagrees with the body's top-level keys is refused by the loader itself
-    stale = runtime_table_bytes({**tiny.body, "expires": "2099-12-31T00:00:00Z"})
+    stale = _table({**tiny.body, "expires": "2099-12-31T00:00:00Z"})
     p = _sign_with_table(tiny, tiny.body, stale, "stale.toml", tmp_path)
     with pytest.raises(ManifestRefused, match="disagrees with its signed body on 'expires'"):
         load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
     # one that differs deeper (a symbol's status) passes the loader's head check, never full verification
     body2 = {**tiny.body, "symbols": [dict(s, status="admitted", reason="") for s in tiny.body["symbols"]]}
-    p2 = _sign_with_table(tiny, tiny.body, runtime_table_bytes(body2), "deep.toml", tmp_path)
+    p2 = _sign_with_table(tiny, tiny.body, _table(body2), "deep.toml", tmp_path)
     with pytest.raises(ManifestRefused, match="is not the projection of its signed body"):
         open_verified(p2, keys=keys)
     # and the honest table passes both
-    p3 = _sign_with_table(tiny, tiny.body, runtime_table_bytes(tiny.body), "honest.toml", tmp_path)
+    p3 = _sign_with_table(tiny, tiny.body, _table(tiny.body), "honest.toml", tmp_path)
     open_verified(p3, keys=keys)
     load(p3, trusted_keys=[tiny.pub], backend=FakeBackend()).function("scale")
 
@@ -448,7 +458,7 @@ def test_manifest_without_runtime_table_still_loads(tiny, tmp_path):
     p = _write(tiny, tmp_path, body=tiny.body, name="legacy.toml")  # signed without the table keys
     assert not runtime_table_path(p).exists()
     k = load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
-    assert "toolchain" in k.manifest and k.function("scale").name == "scale"
+    assert hasattr(k.manifest, "toolchain") and k.function("scale").name == "scale"
 
 
 def test_bundles_carry_the_runtime_table(tiny, tmp_path):
@@ -476,3 +486,48 @@ def test_bundles_carry_the_runtime_table(tiny, tmp_path):
     bad.write_bytes(raw.getvalue())
     with pytest.raises(ArtifactRefused, match="runtime.json in bundle .* is missing"):
         load(bad, trusted_keys=[tiny.pub], backend=FakeBackend())
+
+
+@pytest.mark.parametrize(("path", "value", "problem"), [
+    (("symbols", 1, "dynamic_smem"), "0", "symbols[1].dynamic_smem: expected int, got str"),
+    (("symbols", 0, "params", 0, "zz_unknown"), 1, "symbols[0].params[0]: unknown key 'zz_unknown'"),
+    (("symbols", 0, "params", 0, "kind"), "scalar", "symbols[0].params[0]: parameter 'y' of type ptr is a pointer, "
+                                                    "not a scalar"),
+])
+def test_runtime_table_that_does_not_fit_the_schema_is_refused(tiny, tmp_path, path, value, problem):
+    """A table bound by a (faulty) signer's hash is still read through the schema: one line naming the path."""
+    import json
+
+    table = json.loads(_table(tiny.body))
+    node = table
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    data = json.dumps(table, sort_keys=True, separators=(",", ":")).encode()
+    p = _sign_with_table(tiny, tiny.body, data, "bad.toml", tmp_path)
+    fake = FakeBackend()
+    with pytest.raises(ManifestRefused) as e:
+        load(p, trusted_keys=[tiny.pub], backend=fake)
+    assert str(e.value) == f"the runtime table of {p}: {problem}"
+    assert fake.loaded == [] and fake.activated == []
+
+
+def test_v1_manifest_is_refused_naming_its_version(tiny, tmp_path):
+    p = _write(tiny, tmp_path, body=dict(tiny.body, manifest_version=1), name="v1.toml")
+    with pytest.raises(ManifestRefused, match="has manifest_version 1; this loader reads 2"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+    p = _write(tiny, tmp_path, body=dict(tiny.body, kind="build"), name="kind.toml")
+    with pytest.raises(ManifestRefused, match="has kind 'build'; expected a qualified manifest or an index"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+
+
+def test_head_and_table_must_agree_both_ways(tiny, tmp_path):
+    """A top-level key the table holds but the signed head leaves out reads as its default, and must be it."""
+    import json
+
+    table = json.loads(_table(tiny.body))
+    table["catalog"] = "other"  # the head leaves catalog out (default "")
+    data = json.dumps(table, sort_keys=True, separators=(",", ":")).encode()
+    p = _sign_with_table(tiny, tiny.body, data, "extra.toml", tmp_path)
+    with pytest.raises(ManifestRefused, match="disagrees with its signed body on 'catalog'"):
+        load(p, trusted_keys=[tiny.pub], backend=FakeBackend())

@@ -28,7 +28,6 @@ from mamba_forge.manifest.schema import (
     SchemaError,
     runtime_table,
 )
-from mamba_forge.runtime import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "manifests" / "h200.toml"
@@ -153,31 +152,20 @@ def test_int_is_taken_for_float_and_becomes_float():
     assert v == 3.0 and type(v) is float
 
 
-def test_defaults_match_the_pydantic_records():
-    from mamba_forge.manifest import qualified, records
-    pairs = [(records.Resources, schema.Resources), (records.Verdict, schema.Verdict),
-             (records.SymbolBuild, schema.SymbolBuild), (records.Artifact, schema.Artifact),
-             (records.ModuleBuild, schema.ModuleBuild), (records.Toolchain, schema.Toolchain),
-             (records.BuildManifest, schema.BuildManifest), (qualified.QToolchain, schema.QToolchain),
-             (qualified.QDevice, schema.QDevice), (qualified.QArtifact, schema.QArtifact),
-             (qualified.QResources, schema.QResources), (qualified.QCheck, schema.QCheck),
-             (qualified.QSymbol, schema.QSymbol), (qualified.QRoute, schema.QRoute),
-             (qualified.QualifiedManifest, schema.QualifiedManifest)]
-    for old, new in pairs:
-        fields = {f.name: f for f in dataclasses.fields(new)}
-        for name, info in old.model_fields.items():
-            if name == "params":
-                continue  # the ABI census became Param tables
-            f = fields[name]
-            d = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
-            want = info.get_default(call_default_factory=True)
-            if name == "manifest_version":
-                assert (want, d) == (1, 2)
-            elif info.is_required():
-                assert d is dataclasses.MISSING, (new.__name__, name)
-            else:
-                assert d == want, (new.__name__, name)
-        assert [n for n in old.model_fields if n != "params"] == [n for n in fields if n in old.model_fields and n != "params"]
+def test_the_qualifier_fills_the_contract_as_this_test_does(qbody):
+    """mamba_forge.qualify.contract (what the qualifier writes) agrees with _v2_symbol on all 266 symbols."""
+    from mamba_forge.qualify.contract import contract
+
+    cat = load_catalog(default_catalog_path())
+    for s in qbody["symbols"]:
+        sym = cat.symbols[s["name"]]
+        got = contract(sym, cat.module(sym.module), [[p["offset"], p["size"]] for p in s["params"]],
+                       qbody["state_capacity"])
+        got["params"] = [to_dict(p) for p in got["params"]]
+        assert got == {k: s[k] for k in got}, s["name"]
+    # without a census that covers the declared parameters, no parameter is placed
+    sym = cat.symbols[qbody["symbols"][0]["name"]]
+    assert contract(sym, cat.module(sym.module), [], 64)["params"] == []
 
 
 # ---- the runtime table ------------------------------------------------------------------------------------
@@ -199,11 +187,18 @@ def test_runtime_table_drops_checks_toolchain_and_binding(qm):
 def test_runtime_table_bytes_is_the_verify_projection(qm, v1_body):
     body = tomllib.loads(tomli_w.dumps(to_dict(qm)))
     data = runtime_table_bytes(qm)
-    assert data == verify.runtime_table_bytes(body)
+    assert data == _projection(body)
     assert from_dict(RuntimeTable, json.loads(data)) == runtime_table(qm)
     # the same canonical form as the committed v1 table
-    assert verify.runtime_table_bytes(v1_body) == (ROOT / "manifests" / "h200.runtime.json").read_bytes()
+    assert _projection(v1_body) == (ROOT / "manifests" / "h200.runtime.json").read_bytes()
     assert to_json_bytes(qm.device) == json.dumps(to_dict(qm.device), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _projection(body: dict) -> bytes:
+    """The runtime table as the v1 qualifier wrote it from a plain body: no toolchain, binding or checks."""
+    table = {k: v for k, v in body.items() if k not in ("toolchain", "signature", *schema.RUNTIME_KEYS)}
+    table["symbols"] = [{k: v for k, v in s.items() if k != "checks"} for s in body["symbols"]]
+    return json.dumps(table, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def test_params_layout_is_the_v1_census(qm, v1_body):

@@ -12,7 +12,9 @@ import pytest
 from mamba_forge.cli import main as cli_main
 from mamba_forge.errors import ForgeError, ManifestError
 from mamba_forge.manifest import signing
-from mamba_forge.manifest.qualified import (
+from mamba_forge.manifest.qualified import body_bytes, read_verified, signed_bytes, timestamps
+from mamba_forge.manifest.schema import (
+    Param,
     QArtifact,
     QCheck,
     QDevice,
@@ -20,10 +22,6 @@ from mamba_forge.manifest.qualified import (
     QSymbol,
     QToolchain,
     QualifiedManifest,
-    body_bytes,
-    read_verified,
-    signed_bytes,
-    timestamps,
 )
 from mamba_forge.qualify.keys import resolve_key, write_signed
 
@@ -38,7 +36,9 @@ def _manifest(dev: bool = False) -> QualifiedManifest:
         artifacts=[QArtifact(module="Fixed", target="sm_90a", role="qualify", path="sm_90a/Fixed.cubin", code="cubin",
                              size=10, sha256="cd" * 32)],
         symbols=[
-            QSymbol(name="a", module="Fixed", target="sm_90a", family="a", status="admitted", params=[[0, 8]],
+            QSymbol(name="a", module="Fixed", target="sm_90a", family="a", status="admitted",
+                    params=[Param(name="x", kind="pointer", type="ptr", dtype="f32", role="in", shape=["n"], offset=0,
+                                  size=8)],
                     resources=QResources(registers=16, static_smem=0, local_bytes=0, max_threads=256, blocks_per_sm=8),
                     checks=[QCheck(name="repeat", passed=True, digest="ee" * 32, detail="5 runs")]),
             QSymbol(name="b", module="Fixed", target="sm_90a", family="b", status="rejected", check="fault",

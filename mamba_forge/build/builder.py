@@ -28,7 +28,7 @@ from mamba_forge.build.worker import die_with_parent, run_job
 from mamba_forge.catalog.model import Catalog, ModuleSpec, Symbol
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
 from mamba_forge.fsio import write_if_changed
-from mamba_forge.manifest.records import (
+from mamba_forge.manifest.schema import (
     Artifact,
     BuildManifest,
     ModuleBuild,

@@ -16,14 +16,14 @@ import tarfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 
-import tomli_w
-
 from mamba_forge import __version__
 from mamba_forge.errors import ForgeError, ManifestError
 from mamba_forge.fsio import write_atomic
-from mamba_forge.manifest import signing
+from mamba_forge.manifest import signing, toml_io
+from mamba_forge.manifest.schema import IndexEntry, ReleaseIndex
 from mamba_forge.runtime.errors import LoadError
-from mamba_forge.runtime.verify import BUNDLE_MANIFEST, RUNTIME_TABLE, Verified, is_tar_path, open_verified, sha256
+from mamba_forge.runtime.sources import BUNDLE_MANIFEST, RUNTIME_TABLE, is_tar_path, sha256
+from mamba_forge.runtime.verify import Verified, open_verified
 
 INDEX_VALIDITY_DAYS = 365
 _TIME = "%Y-%m-%dT%H:%M:%SZ"
@@ -49,11 +49,11 @@ def bundle_files(v: Verified) -> list[tuple[str, bytes]]:
     files = [(BUNDLE_MANIFEST, v.document)]
     if v.runtime_table is not None:
         files.append((RUNTIME_TABLE, v.runtime_table))
-    for a in sorted(v.body["artifacts"], key=lambda a: a["path"]):
-        data = v.source.read(a["path"])
-        if data is None or sha256(data) != a["sha256"]:  # re-read: it was verified a moment ago, check the bytes packed
-            raise BundleError(f"artifact {a['path']} changed while bundling")
-        files.append((a["path"], data))
+    for a in sorted(v.manifest.artifacts, key=lambda a: a.path):
+        data = v.source.read(a.path)
+        if data is None or sha256(data) != a.sha256:  # re-read: it was verified a moment ago, check the bytes packed
+            raise BundleError(f"artifact {a.path} changed while bundling")
+        files.append((a.path, data))
     return files
 
 
@@ -123,8 +123,8 @@ def signing_key(path: Path | None):
 # ---- release index ------------------------------------------------------------------------------------------
 
 
-def index_body(manifests: list[Path], out: Path, *, keys, now: datetime | None = None,
-               development_key: bool = False) -> dict:
+def index_record(manifests: list[Path], out: Path, *, keys, now: datetime | None = None,
+                 development_key: bool = False) -> ReleaseIndex:
     """The index over verified per-device manifests (or bundles); paths are relative to the index's folder."""
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     entries, seen = [], {}
@@ -138,10 +138,10 @@ def index_body(manifests: list[Path], out: Path, *, keys, now: datetime | None =
             raise ManifestError(str(exc)) from None
         if v.kind != "qualified":
             raise ManifestError(f"{m} is a {v.kind}; merge takes per-device qualified manifests or bundles")
-        dev = v.body["device"]
-        ident = (dev["name"], dev["cc"], dev["sm_count"])
+        dev = v.manifest.device
+        ident = (dev.name, dev.cc, dev.sm_count)
         if ident in seen:
-            raise ManifestError(f"{m} and {seen[ident]} were both qualified on {dev['name']} ({dev['sm_count']} SMs); "
+            raise ManifestError(f"{m} and {seen[ident]} were both qualified on {dev.name} ({dev.sm_count} SMs); "
                                 "an index holds one manifest per device")
         seen[ident] = m
         rel = os.path.relpath(m.resolve(), out.resolve().parent)
@@ -150,27 +150,24 @@ def index_body(manifests: list[Path], out: Path, *, keys, now: datetime | None =
         data = m.read_bytes() if m.is_file() else None
         if data is None:
             raise ManifestError(f"{m} is a folder; merge manifest files or .tar.gz bundles")
-        entries.append({
-            "path": Path(rel).as_posix(), "sha256": sha256(data), "size": len(data), "device_name": dev["name"],
-            "cc": dev["cc"], "sm_count": dev["sm_count"], "driver_version": dev["driver_version"],
-            "level": v.body.get("level", ""), "key_id": v.signature.key_id,
-        })
-        exp = datetime.fromisoformat(str(v.body["expires"]).replace("Z", "+00:00"))
+        entries.append(IndexEntry(
+            path=Path(rel).as_posix(), sha256=sha256(data), size=len(data), device_name=dev.name, cc=dev.cc,
+            sm_count=dev.sm_count, driver_version=dev.driver_version, level=v.manifest.level,
+            key_id=v.signature.key_id,
+        ))
+        exp = datetime.fromisoformat(v.manifest.expires.replace("Z", "+00:00"))
         expires = min(expires, exp if exp.tzinfo else exp.replace(tzinfo=UTC))
         dev_key = dev_key or v.signature.development_key
     if not entries:
         raise ManifestError("merge needs at least one manifest")
-    entries.sort(key=lambda e: (e["device_name"], e["cc"], e["sm_count"]))
-    return {
-        "schema_version": 1, "kind": "index", "manifest_version": 1, "created": now.strftime(_TIME),
-        "expires": expires.strftime(_TIME), "tool_version": __version__, "development_key": dev_key,
-        "entries": entries,
-    }
+    entries.sort(key=lambda e: (e.device_name, e.cc, e.sm_count))
+    return ReleaseIndex(created=now.strftime(_TIME), expires=expires.strftime(_TIME), tool_version=__version__,
+                        development_key=dev_key, entries=entries)
 
 
 def write_index(manifests: list[Path], out: Path, private, *, keys, now: datetime | None = None,
                 development_key: bool = False) -> Path:
     out = Path(out)
-    body = index_body(manifests, out, keys=keys, now=now, development_key=development_key)
-    doc = signing.sign(tomli_w.dumps(body).encode(), private, development_key=body["development_key"])
+    index = index_record(manifests, out, keys=keys, now=now, development_key=development_key)
+    doc = signing.sign(toml_io.dumps(index).encode(), private, development_key=index.development_key)
     return write_atomic(out, doc)

@@ -1,126 +1,22 @@
-"""The qualified manifest (docs/architecture.md, "Qualified manifest"): pydantic models, TOML with tomli-w,
-signed with :mod:`mamba_forge.manifest.signing`. The runtime loader reads the same bytes with ``tomllib`` alone.
+"""The qualified manifest (docs/architecture.md, "Qualified manifest"): the records of
+:mod:`mamba_forge.manifest.schema`, TOML with tomli-w, signed with :mod:`mamba_forge.manifest.signing`. The runtime
+loader reads the same bytes with ``tomllib`` and the same codec (no pydantic, no tomli-w at load time).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import tomllib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Literal
-
-import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mamba_forge.errors import ManifestError
-from mamba_forge.manifest import signing
-from mamba_forge.runtime.verify import RUNTIME_KEYS, runtime_table_bytes
+from mamba_forge.manifest import signing, toml_io
+from mamba_forge.manifest.codec import from_dict, runtime_table_bytes, to_dict
+from mamba_forge.manifest.schema import QualifiedManifest, SchemaError
 
-QUALIFIED_SCHEMA = 1
-MANIFEST_VERSION = 1
 VALIDITY_DAYS = 365
-
-
-class _Rec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class QToolchain(_Rec):
-    nvrtc_version: str
-    library: dict[str, str] = Field(default_factory=dict)
-    header_sha256: dict[str, str] = Field(default_factory=dict)
-    base_options: list[str] = Field(default_factory=list)
-    source_sha256: dict[str, str] = Field(default_factory=dict)  # "Module/target" -> composed program digest
-
-
-class QDevice(_Rec):
-    name: str
-    cc: str
-    sm_count: int
-    driver_version: int
-    count: int = 1  # GPUs of this model compared (--device all)
-
-
-class QArtifact(_Rec):
-    module: str
-    target: str
-    role: Literal["qualify", "check"]
-    path: str  # relative to the build folder (a bundle's root)
-    code: Literal["cubin", "ptx"]
-    size: int
-    sha256: str
-
-
-class QResources(_Rec):
-    registers: int
-    static_smem: int
-    local_bytes: int
-    max_threads: int
-    blocks_per_sm: int
-
-
-class QCheck(_Rec):
-    name: str  # correctness/repeat/batch/stream/neighbour/address/graph/sanitize/...
-    passed: bool
-    digest: str = ""
-    detail: str = ""
-
-
-class QSymbol(_Rec):
-    name: str
-    module: str
-    target: str
-    family: str
-    dtype: str = ""
-    status: Literal["admitted", "rejected", "checked", "built-only"]
-    reason: str = ""
-    check: str = ""
-    fallback: list[str] = Field(default_factory=list)
-    block: list[int] = Field(default_factory=lambda: [1, 1, 1])
-    dynamic_smem: int = 0
-    params: list[list[int]] = Field(default_factory=list)  # [offset, size] per parameter (the ABI census)
-    deterministic: bool = True
-    seed: int | None = None  # the random seed of the inputs
-    resources: QResources | None = None
-    checks: list[QCheck] = Field(default_factory=list)
-
-
-class QRoute(_Rec):
-    layout: str
-    a: str
-    b: str
-    c: str
-    symbols: list[str]
-
-
-class QualifiedManifest(_Rec):
-    schema_version: int = QUALIFIED_SCHEMA
-    kind: Literal["qualified"] = "qualified"
-    manifest_version: int = MANIFEST_VERSION
-    created: str
-    expires: str
-    tool_version: str
-    level: Literal["quick", "full"]
-    qualification_seconds: float
-    development_key: bool = False
-    catalog: str = ""
-    catalog_sha256: str = ""
-    state_capacity: int = 64
-    # bind the runtime table (runtime.verify.runtime_table_bytes) to the signed body; set by signed_files()
-    runtime_table_sha256: str | None = None
-    runtime_table_size: int | None = None
-    toolchain: QToolchain
-    device: QDevice
-    artifacts: list[QArtifact] = Field(default_factory=list)
-    symbols: list[QSymbol] = Field(default_factory=list)
-    routes: list[QRoute] = Field(default_factory=list)
-
-    def symbol(self, name: str, target: str | None = None) -> QSymbol:
-        for s in self.symbols:
-            if s.name == name and (target is None or s.target == target):
-                return s
-        raise KeyError(name)
 
 
 def timestamps(now: datetime | None = None, days: int = VALIDITY_DAYS) -> tuple[str, str]:
@@ -131,7 +27,7 @@ def timestamps(now: datetime | None = None, days: int = VALIDITY_DAYS) -> tuple[
 
 def body_bytes(m: QualifiedManifest) -> bytes:
     """The exact TOML body (TOML has no null: None fields are left out)."""
-    return tomli_w.dumps(m.model_dump(mode="json", exclude_none=True)).encode()
+    return toml_io.dumps(m).encode()
 
 
 def signed_bytes(m: QualifiedManifest, private) -> bytes:
@@ -139,33 +35,35 @@ def signed_bytes(m: QualifiedManifest, private) -> bytes:
     return signing.sign(body_bytes(m), private, development_key=m.development_key)
 
 
-def sign_with_runtime_table(body: dict, private, *, development_key: bool) -> tuple[bytes, bytes]:
-    """(signed document, runtime table) for a qualified body of plain values: the table is the projection of
-    the body as the loader will read it back, and its size and sha256 become top-level keys of the body."""
-    body = {k: v for k, v in body.items() if k not in RUNTIME_KEYS}
-    table = runtime_table_bytes(tomllib.loads(tomli_w.dumps(body)))
-    bound = {**body, "runtime_table_sha256": hashlib.sha256(table).hexdigest(), "runtime_table_size": len(table)}
-    return signing.sign(tomli_w.dumps(bound).encode(), private, development_key=development_key), table
+def sign_with_runtime_table(m: QualifiedManifest, private) -> tuple[bytes, bytes]:
+    """(signed document, runtime table): the table is the projection of the record as the loader will read it
+    back, and its size and sha256 become top-level keys of the body. The record first goes through the codec, so
+    the signer never signs what the loader would refuse (and an int given for a float reads back as the float)."""
+    try:
+        m = from_dict(QualifiedManifest, to_dict(m), where="the qualified manifest to sign")
+    except SchemaError as exc:
+        raise ManifestError(str(exc)) from None
+    table = runtime_table_bytes(m)
+    bound = dataclasses.replace(m, runtime_table_sha256=hashlib.sha256(table).hexdigest(), runtime_table_size=len(table))
+    return signing.sign(body_bytes(bound), private, development_key=m.development_key), table
 
 
 def signed_files(m: QualifiedManifest, private) -> tuple[bytes, bytes]:
-    """(signed manifest, runtime table): what write_signed puts at X.toml and X.runtime.json."""
-    return sign_with_runtime_table(m.model_dump(mode="json", exclude_none=True), private,
-                                   development_key=m.development_key)
+    """(signed manifest, runtime table): what the qualifier writes at X.toml and X.runtime.json."""
+    return sign_with_runtime_table(m, private)
 
 
 def parse_body(body: bytes, *, source: str = "<manifest>") -> QualifiedManifest:
     try:
-        data = tomllib.loads(body.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{source}: not valid TOML: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{source}: not valid TOML: {exc}") from None
     data.pop("signature", None)
-    try:
-        return QualifiedManifest.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise ManifestError(f"{source}: {loc}: {err['msg']}") from None
+    return toml_io.parse(data, QualifiedManifest, source=source)
 
 
 def read_verified(path: Path, trusted: dict) -> QualifiedManifest:
@@ -181,8 +79,5 @@ def read_verified(path: Path, trusted: dict) -> QualifiedManifest:
     return m
 
 
-__all__ = [
-    "QArtifact", "QCheck", "QDevice", "QResources", "QRoute", "QSymbol", "QToolchain", "QualifiedManifest",
-    "body_bytes", "parse_body", "read_verified", "sign_with_runtime_table", "signed_bytes", "signed_files",
-    "timestamps",
-]
+__all__ = ["body_bytes", "parse_body", "read_verified", "sign_with_runtime_table", "signed_bytes", "signed_files",
+           "timestamps"]

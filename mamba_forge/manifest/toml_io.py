@@ -1,4 +1,6 @@
-"""TOML input and output of records: written with tomli-w, read with tomllib into the same pydantic models."""
+"""TOML input and output of manifest records (mamba_forge/manifest/schema.py): written with tomli-w, read with
+tomllib, converted both ways by the one codec (codec.py). A document that does not fit its record is refused with
+one ManifestError line naming the file and the path."""
 
 from __future__ import annotations
 
@@ -7,38 +9,42 @@ from pathlib import Path
 from typing import TypeVar
 
 import tomli_w
-from pydantic import BaseModel, ValidationError
 
 from mamba_forge.errors import ManifestError
 from mamba_forge.fsio import write_atomic
+from mamba_forge.manifest.codec import from_dict, to_dict
+from mamba_forge.manifest.schema import SchemaError
 
-M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
 
 
-def dumps(model: BaseModel) -> str:
+def dumps(record) -> str:
     """TOML text of a record (TOML has no null: None fields are left out and read back as defaults)."""
-    return tomli_w.dumps(model.model_dump(mode="json", exclude_none=True))
+    return tomli_w.dumps(to_dict(record))
 
 
-def write(path: Path, model: BaseModel) -> None:
+def write(path: Path, record) -> None:
     """Atomic write: a reader never sees half a manifest."""
-    write_atomic(Path(path), dumps(model))
+    write_atomic(Path(path), dumps(record))
 
 
-def loads(text: str, cls: type[M], *, source: str = "<text>") -> M:
+def parse(data, cls: type[R], *, source: str) -> R:
+    """The record `cls` of plain data read from `source`; ManifestError (one line) when it does not fit."""
+    try:
+        return from_dict(cls, data, where=source)
+    except SchemaError as exc:
+        raise ManifestError(str(exc)) from None
+
+
+def loads(text: str, cls: type[R], *, source: str = "<text>") -> R:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{source}: not valid TOML: {exc}") from None
-    try:
-        return cls.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise ManifestError(f"{source}: {loc}: {err['msg']}") from None
+    return parse(data, cls, source=source)
 
 
-def read(path: Path, cls: type[M]) -> M:
+def read(path: Path, cls: type[R]) -> R:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -1,5 +1,6 @@
-"""Assembly of the qualified manifest: per symbol of the device's modules, the build verdict, the worker's
-verdict (or built-only / untested), the cubins qualified, and the GEMM route table."""
+"""Assembly of the qualified manifest (manifest_version 2): per symbol of the device's modules, the build verdict,
+the worker's verdict (or built-only / untested), the symbol's launch contract (contract.py: the catalog's params,
+grid and dims joined with the ABI census), the cubins qualified, and the GEMM route table."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from mamba_forge import __version__
-from mamba_forge.manifest.qualified import (
+from mamba_forge.manifest.qualified import timestamps
+from mamba_forge.manifest.schema import (
+    ModuleBuild,
     QArtifact,
     QCheck,
     QDevice,
@@ -16,9 +19,8 @@ from mamba_forge.manifest.qualified import (
     QSymbol,
     QToolchain,
     QualifiedManifest,
-    timestamps,
 )
-from mamba_forge.manifest.records import ModuleBuild
+from mamba_forge.qualify.contract import contract
 from mamba_forge.qualify.events import UNKNOWN_DEVICE, SymbolResult
 from mamba_forge.qualify.plan import Group, device_modules
 from mamba_forge.qualify.supervise import Outcome
@@ -53,7 +55,7 @@ def assemble(req: QualifyRequest, outcomes: dict[int, Outcome], groups: list[Gro
                                            size=a.size, sha256=a.sha256))
         for s in m.symbols:
             symbols.append(_symbol_record(m, s, first.results.get(s.name) if (m.kind, m.target) in run_targets else None,
-                                          cat_syms.get(s.name), on_device))
+                                          cat_syms.get(s.name), req.catalog, b.state_capacity, on_device))
     routes = _routes(symbols)
     return QualifiedManifest(
         created=created, expires=expires, tool_version=__version__, level=req.level,  # type: ignore[arg-type]
@@ -73,11 +75,20 @@ def _cc_tuple(text: str) -> tuple[int, int]:
     return int(a), int(b2 or 0)
 
 
-def _symbol_record(m: ModuleBuild, s, rec: SymbolResult | None, cat, on_device: bool) -> QSymbol:
-    base = dict(name=s.name, module=m.kind, target=m.target, family=s.family, dtype=s.dtype, block=s.block,
+def _launch(m: ModuleBuild, layout: list[list[int]], cat, catalog, state_capacity: int) -> dict:
+    """The symbol's launch contract (empty when the catalog no longer declares it)."""
+    if cat is None:
+        return {}
+    return contract(cat, catalog.module(m.kind), layout, state_capacity)
+
+
+def _symbol_record(m: ModuleBuild, s, rec: SymbolResult | None, cat, catalog, state_capacity: int,
+                   on_device: bool) -> QSymbol:
+    static_layout = s.resources.param_layout if s.resources else []
+    base = dict(name=s.name, module=m.kind, target=m.target, family=s.family, dtype=s.dtype, block=list(s.block),
                 dynamic_smem=s.dynamic_smem, deterministic=s.deterministic,
                 fallback=list(cat.fallback) if cat is not None else [],
-                params=s.resources.param_layout if s.resources else [])
+                **_launch(m, static_layout, cat, catalog, state_capacity))
     if s.verdict.status == "rejected":
         return QSymbol(**base, status="rejected", reason=s.verdict.reason, check=s.verdict.check)
     if not on_device:
@@ -94,8 +105,10 @@ def _symbol_record(m: ModuleBuild, s, rec: SymbolResult | None, cat, on_device: 
     checks = [QCheck(**asdict(c)) for c in rec.checks]
     if m.role == "check" and status == "checked":
         checks.append(QCheck(name="role", passed=True, detail=f"checked on {m.target}; not qualified for its own family"))
+    if rec.params:  # the live census (cuFuncGetParamInfo) decides the ABI slots of a symbol that ran
+        base.update(_launch(m, rec.params, cat, catalog, state_capacity))
     return QSymbol(
-        **{**base, "params": rec.params or base["params"]},
+        **base,
         status=status, reason=reason, check=rec.check, seed=rec.seed,
         resources=QResources(**asdict(res)) if res else None, checks=checks,
     )
@@ -105,7 +118,7 @@ def _routes(symbols: list[QSymbol]) -> list[QRoute]:
     """The GEMM route table (mamba_forge.runtime.routes): per key, the admitted symbols fastest first."""
     from mamba_forge.runtime.routes import build_route_table
 
-    return [QRoute(**r) for r in build_route_table([s.name for s in symbols if s.status == "admitted"])]
+    return build_route_table([s.name for s in symbols if s.status == "admitted"])
 
 
 __all__ = ["assemble"]

@@ -3,6 +3,7 @@ development key, made once), and the signed manifest, its runtime table and publ
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,8 +11,9 @@ from pathlib import Path
 from mamba_forge.errors import ForgeError
 from mamba_forge.fsio import write_atomic
 from mamba_forge.manifest import signing
-from mamba_forge.manifest.qualified import QualifiedManifest, signed_files
-from mamba_forge.runtime.verify import runtime_table_path
+from mamba_forge.manifest.qualified import signed_files
+from mamba_forge.manifest.schema import QualifiedManifest
+from mamba_forge.runtime.sources import runtime_table_path
 
 
 @dataclass
@@ -54,7 +56,7 @@ def resolve_key(path: Path | None) -> SigningKey:
 def write_signed(manifest: QualifiedManifest, key: SigningKey, out: Path) -> tuple[Path, Path]:
     """Write the signed manifest, its runtime table beside it (X.runtime.json) and the public key that
     verifies them (beside it, named by key id)."""
-    manifest = manifest.model_copy(update={"development_key": key.development})
+    manifest = dataclasses.replace(manifest, development_key=key.development)
     data, table = signed_files(manifest, key.private)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mamba_forge.catalog.targets import TARGETS
-from mamba_forge.manifest.records import BuildManifest
+from mamba_forge.manifest.schema import BuildManifest
 
 
 @dataclass

@@ -17,8 +17,7 @@ from pathlib import Path
 
 from mamba_forge.catalog.model import Catalog
 from mamba_forge.errors import ForgeError
-from mamba_forge.manifest.qualified import QualifiedManifest
-from mamba_forge.manifest.records import BuildManifest
+from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest
 from mamba_forge.qualify.assemble import assemble
 from mamba_forge.qualify.compare import cross_device
 from mamba_forge.qualify.plan import device_targets, plan_groups, shard

@@ -1,69 +1,102 @@
 """What changed between two manifests (build or qualified), and between a qualified manifest and a fresh
 rebuild of its kernels (the reproducibility check: a kernel change without a new qualification is stale).
 
-Manifests are read as plain dicts (tomllib); a trailing [signature] table is shown, not checked: ``verify`` checks it.
+Manifests are read into the schema's records (mamba_forge/manifest/schema.py); a trailing [signature] table is
+shown, not checked: ``verify`` checks it.
 """
 
 from __future__ import annotations
 
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from mamba_forge.errors import ManifestError
+from mamba_forge.manifest import signing, toml_io
+from mamba_forge.manifest.codec import to_dict
+from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest, ReleaseIndex
 
 RESOURCE_KEYS = ("registers", "static_smem", "local_bytes", "stack_frame", "spill_stores", "spill_loads",
                  "max_threads", "blocks_per_sm", "barriers", "param_bytes")
+_RECORDS = {"build": BuildManifest, "qualified": QualifiedManifest, "index": ReleaseIndex}
 
 
-def read_body(path: Path) -> dict:
-    """A manifest as plain dicts (its [signature] table, if any, under "signature": not verified here)."""
+@dataclass
+class Document:
+    """A manifest's record and its [signature] table, when it has a well-formed one (not verified here)."""
+
+    record: BuildManifest | QualifiedManifest | ReleaseIndex
+    signature: signing.Signature | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.record.kind
+
+
+def read_document(path: Path) -> Document:
+    """A build manifest, qualified manifest or index as its record; refuses (one line) what does not fit."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ManifestError(f"manifest not found: {path}") from None
-    except (IsADirectoryError, UnicodeDecodeError):
+    except (IsADirectoryError, PermissionError):
+        raise ManifestError(f"{path}: cannot read as a manifest") from None
+    sig = None
+    if signing.MARKER in raw:
+        try:
+            raw, sig = signing.split(raw)
+        except signing.SignatureError:
+            pass  # shown as unsigned; the TOML below refuses what is not a manifest
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
         raise ManifestError(f"{path}: cannot read as a manifest") from None
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: not valid TOML: {exc}") from None
-    if data.get("kind") not in ("build", "qualified", "index"):
-        raise ManifestError(f"{path}: kind {data.get('kind')!r} is not a build, qualified manifest or index")
-    return data
+    data.pop("signature", None)
+    kind = data["kind"] if "kind" in data else None
+    if kind not in _RECORDS:
+        raise ManifestError(f"{path}: kind {kind!r} is not a build, qualified manifest or index")
+    return Document(toml_io.parse(data, _RECORDS[kind], source=str(path)), sig)
 
 
-def normalize(body: dict) -> tuple[dict[str, dict], dict[str, dict]]:
+def _resources(res) -> dict:
+    return {k: x for k, x in to_dict(res).items() if k in RESOURCE_KEYS} if res is not None else {}
+
+
+def normalize(m: BuildManifest | QualifiedManifest | ReleaseIndex) -> tuple[dict[str, dict], dict[str, dict]]:
     """(symbols keyed 'module/target/name', artifacts keyed by path) of a build or qualified manifest."""
     symbols: dict[str, dict] = {}
     artifacts: dict[str, dict] = {}
-    if body.get("kind") == "build":
-        for m in body.get("modules", []):
-            for a in m.get("artifacts", []):
-                artifacts[a["path"]] = {"sha256": a["sha256"], "size": a["size"]}
-            for s in m.get("symbols", []):
-                v = s.get("verdict", {})
-                symbols[f"{m['kind']}/{m['target']}/{s['name']}"] = {
-                    "status": v.get("status", ""), "reason": v.get("reason", ""), "check": v.get("check", ""),
-                    "resources": {k: x for k, x in (s.get("resources") or {}).items() if k in RESOURCE_KEYS},
-                    "dynamic_smem": s.get("dynamic_smem", 0), "block": s.get("block", []), "digests": {},
+    if isinstance(m, BuildManifest):
+        for mod in m.modules:
+            for a in mod.artifacts:
+                artifacts[a.path] = {"sha256": a.sha256, "size": a.size}
+            for s in mod.symbols:
+                v = s.verdict
+                symbols[f"{mod.kind}/{mod.target}/{s.name}"] = {
+                    "status": v.status, "reason": v.reason, "check": v.check, "resources": _resources(s.resources),
+                    "dynamic_smem": s.dynamic_smem, "block": s.block, "digests": {},
                 }
-    elif body.get("kind") == "qualified":
-        for a in body.get("artifacts", []):
-            artifacts[a["path"]] = {"sha256": a["sha256"], "size": a["size"]}
-        for s in body.get("symbols", []):
-            symbols[f"{s['module']}/{s['target']}/{s['name']}"] = {
-                "status": s.get("status", ""), "reason": s.get("reason", ""), "check": s.get("check", ""),
-                "resources": {k: x for k, x in (s.get("resources") or {}).items() if k in RESOURCE_KEYS},
-                "dynamic_smem": s.get("dynamic_smem", 0), "block": s.get("block", []),
-                "digests": {c["name"]: c.get("digest", "") for c in s.get("checks", []) if c.get("digest")},
+    elif isinstance(m, QualifiedManifest):
+        for a in m.artifacts:
+            artifacts[a.path] = {"sha256": a.sha256, "size": a.size}
+        for s in m.symbols:
+            symbols[f"{s.module}/{s.target}/{s.name}"] = {
+                "status": s.status, "reason": s.reason, "check": s.check, "resources": _resources(s.resources),
+                "dynamic_smem": s.dynamic_smem, "block": s.block,
+                "digests": {c.name: c.digest for c in s.checks if c.digest},
             }
     else:
-        for e in body.get("entries", []):
-            artifacts[e["path"]] = {"sha256": e["sha256"], "size": e["size"]}
+        for e in m.entries:
+            artifacts[e.path] = {"sha256": e.sha256, "size": e.size}
     return symbols, artifacts
 
 
-def diff(a: dict, b: dict) -> dict:
-    """Symbols added/removed, newly rejected/admitted, other status changes, resource and digest changes."""
+def diff(a, b) -> dict:
+    """Between two records (build, qualified or index): symbols added/removed, newly rejected/admitted, other status changes, resource and digest changes."""
     sa, aa = normalize(a)
     sb, ab = normalize(b)
     out: dict[str, list] = {
@@ -84,13 +117,13 @@ def diff(a: dict, b: dict) -> dict:
                 out["newly_admitted"].append(rec)
             else:
                 out["status_changed"].append(rec)
-        for field in sorted(set(x["resources"]) & set(y["resources"])):  # build and qualified record different sets
-            if x["resources"].get(field) != y["resources"].get(field):
-                out["resource_changes"].append({"symbol": key, "field": field, "old": x["resources"].get(field),
-                                                "new": y["resources"].get(field)})
-        for field in ("dynamic_smem", "block"):
-            if x[field] != y[field]:
-                out["resource_changes"].append({"symbol": key, "field": field, "old": x[field], "new": y[field]})
+        for name in sorted(set(x["resources"]) & set(y["resources"])):  # build and qualified record different sets
+            if x["resources"].get(name) != y["resources"].get(name):
+                out["resource_changes"].append({"symbol": key, "field": name, "old": x["resources"].get(name),
+                                                "new": y["resources"].get(name)})
+        for name in ("dynamic_smem", "block"):
+            if x[name] != y[name]:
+                out["resource_changes"].append({"symbol": key, "field": name, "old": x[name], "new": y[name]})
         for check in sorted(set(x["digests"]) & set(y["digests"])):
             if x["digests"][check] != y["digests"][check]:
                 out["digest_changes"].append({"symbol": key, "check": check, "old": x["digests"][check],
@@ -104,9 +137,54 @@ def diff(a: dict, b: dict) -> dict:
 
 
 # ---- reproducibility: a qualified manifest against a fresh rebuild ------------------------------------------
+# The check reads only what a rebuild needs (which artifacts, their digests, the state capacity, which symbols
+# live where), so it takes a manifest of any manifest_version: the committed one may predate the current layout.
 
 
-def rebuild_and_compare(body: dict, out: Path, *, catalog: Path | None = None,
+@dataclass(kw_only=True)
+class _Pinned:
+    module: str
+    target: str
+    path: str
+    sha256: str
+
+
+@dataclass(kw_only=True)
+class _Placed:
+    name: str
+    module: str
+    target: str
+
+
+@dataclass(kw_only=True)
+class ReproPins:
+    """What a qualified manifest pins for the reproducibility check."""
+
+    kind: Literal["qualified"]
+    state_capacity: int = 64
+    artifacts: list[_Pinned]
+    symbols: list[_Placed] = field(default_factory=list)
+
+
+def _only(table, keys: tuple[str, ...]):
+    return {k: table[k] for k in keys if k in table} if type(table) is dict else table
+
+
+def repro_pins(body: dict | QualifiedManifest, *, source: str = "the manifest") -> ReproPins:
+    """The pins of a qualified record, or of a plain body of any manifest_version."""
+    if isinstance(body, QualifiedManifest):
+        body = to_dict(body)
+    if type(body) is not dict or ("kind" in body and body["kind"] != "qualified"):
+        kind = body["kind"] if type(body) is dict else type(body).__name__
+        raise ManifestError(f"the reproducibility check takes a qualified manifest, not a {kind!r}")
+    plain = _only(body, ("kind", "state_capacity", "artifacts", "symbols"))
+    for key, keys in (("artifacts", ("module", "target", "path", "sha256")), ("symbols", ("name", "module", "target"))):
+        if key in plain and type(plain[key]) is list:
+            plain[key] = [_only(x, keys) for x in plain[key]]
+    return toml_io.parse(plain, ReproPins, source=source)
+
+
+def rebuild_and_compare(body: dict | QualifiedManifest, out: Path, *, catalog: Path | None = None,
                         cache_location: Path | str | None = "default") -> list[dict]:
     """Rebuild the manifest's modules for its targets (through the build cache) into `out` and compare every
     artifact's sha256. Returns one record per stale artifact: module, target, path, expected, actual, symbols."""
@@ -114,22 +192,20 @@ def rebuild_and_compare(body: dict, out: Path, *, catalog: Path | None = None,
     from mamba_forge.catalog.model import default_catalog_path, load_catalog
     from mamba_forge.catalog.targets import get_target
 
-    if body.get("kind") != "qualified":
-        raise ManifestError(f"the reproducibility check takes a qualified manifest, not a {body.get('kind')!r}")
+    pins = repro_pins(body)
     cat = load_catalog(catalog or default_catalog_path())
-    targets = sorted({a["target"] for a in body["artifacts"]})
-    cap = int(body.get("state_capacity", 64))
-    fresh = build(BuildRequest(cat, [get_target(t) for t in targets], Path(out), state_capacity=cap,
+    targets = sorted({a.target for a in pins.artifacts})
+    fresh = build(BuildRequest(cat, [get_target(t) for t in targets], Path(out), state_capacity=pins.state_capacity,
                                cache_location=cache_location))
     built = {a.path: (m, a) for m in fresh.modules for a in m.artifacts}
     status = {(m.kind, m.target): m.status for m in fresh.modules}
     stale = []
-    for a in body["artifacts"]:
-        names = sorted(s["name"] for s in body.get("symbols", []) if (s["module"], s["target"]) == (a["module"], a["target"]))
-        got = built.get(a["path"])
-        actual = got[1].sha256 if got else ("failed to compile" if status.get((a["module"], a["target"])) == "failed" else "absent")
-        if actual != a["sha256"]:
-            stale.append({"module": a["module"], "target": a["target"], "path": a["path"], "expected": a["sha256"],
+    for a in pins.artifacts:
+        names = sorted(s.name for s in pins.symbols if (s.module, s.target) == (a.module, a.target))
+        got = built.get(a.path)
+        actual = got[1].sha256 if got else ("failed to compile" if status.get((a.module, a.target)) == "failed" else "absent")
+        if actual != a.sha256:
+            stale.append({"module": a.module, "target": a.target, "path": a.path, "expected": a.sha256,
                           "actual": actual, "symbols": names})
     return stale
 

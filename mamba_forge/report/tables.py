@@ -1,13 +1,17 @@
-"""Readable tables of build (and, via qualify, qualified) manifests."""
+"""Readable tables of build manifests, qualified manifests and release indexes (records of manifest/schema.py)."""
 
 from __future__ import annotations
 
+import base64
 from collections import defaultdict
 
 from rich.console import Console
 from rich.table import Table
 
-from mamba_forge.manifest.records import BuildManifest
+from mamba_forge.manifest import signing
+from mamba_forge.manifest.codec import to_dict
+from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest, ReleaseIndex
+from mamba_forge.report.diff import Document
 
 
 def build_summary(manifest: BuildManifest) -> list[dict]:
@@ -55,102 +59,117 @@ def render_build(manifest: BuildManifest, console: Console) -> None:
             console.print(f"  - {reason}", markup=False, highlight=False)
 
 
-# ---- qualified manifests, indexes and diffs (plain dicts, as tomllib reads them) ---------------------------
+# ---- qualified manifests and indexes (records, with the [signature] table as read, not verified) ------------
 
 
-def _artifact_roles(body: dict) -> dict[tuple[str, str], str]:
-    return {(a["module"], a["target"]): a.get("role", "") for a in body.get("artifacts", [])}
+def _artifact_roles(m: QualifiedManifest) -> dict[tuple[str, str], str]:
+    return {(a.module, a.target): a.role for a in m.artifacts}
 
 
-def qualified_summary(body: dict) -> list[dict]:
+def qualified_summary(m: QualifiedManifest) -> list[dict]:
     """One row per module kind and target: role and symbol counts by status."""
-    roles = _artifact_roles(body)
+    roles = _artifact_roles(m)
     rows: dict[tuple[str, str], dict] = {}
-    for s in body.get("symbols", []):
-        key = (s["module"], s["target"])
+    for s in m.symbols:
+        key = (s.module, s.target)
         r = rows.setdefault(key, {"module": key[0], "target": key[1], "role": roles.get(key, ""),
                                   "admitted": 0, "rejected": 0, "other": 0})
-        r[s["status"] if s["status"] in ("admitted", "rejected") else "other"] += 1
+        r[s.status if s.status in ("admitted", "rejected") else "other"] += 1
     return list(rows.values())
 
 
-def qualified_report(body: dict) -> dict:
+_HEAD = ("kind", "schema_version", "manifest_version", "created", "expires", "tool_version", "level",
+         "qualification_seconds", "development_key", "catalog_sha256", "state_capacity")
+
+
+def _signature(sig: signing.Signature | None) -> dict:
+    if sig is None:
+        return {}
+    return {"algorithm": sig.algorithm, "key_id": sig.key_id, "development_key": sig.development_key,
+            "value": base64.b64encode(sig.value).decode()}
+
+
+def qualified_report(doc: Document) -> dict:
     """Everything `report --json` prints for a qualified manifest."""
-    head = {k: body.get(k) for k in ("kind", "schema_version", "manifest_version", "created", "expires", "tool_version",
-                                      "level", "qualification_seconds", "development_key", "catalog_sha256",
-                                      "state_capacity") if k in body}
-    rejected = [{"module": s["module"], "target": s["target"], "symbol": s["name"], "check": s.get("check", ""),
-                 "reason": s.get("reason", "")} for s in body.get("symbols", []) if s["status"] == "rejected"]
-    symbols = [{"symbol": s["name"], "module": s["module"], "target": s["target"], "status": s["status"],
-                "block": s.get("block", []), "dynamic_smem": s.get("dynamic_smem", 0),
-                "resources": s.get("resources", {}), "fallback": s.get("fallback", []),
-                "checks": [{"name": c["name"], "passed": c.get("passed"), "digest": c.get("digest", ""),
-                            "detail": c.get("detail", "")} for c in s.get("checks", [])]}
-               for s in body.get("symbols", [])]
-    artifacts = [{k: a.get(k) for k in ("path", "module", "target", "role", "code", "size", "sha256")}
-                 for a in body.get("artifacts", [])]
-    return {"manifest": head, "device": body.get("device", {}), "toolchain": body.get("toolchain", {}),
-            "signature": body.get("signature", {}), "summary": qualified_summary(body), "rejected": rejected,
-            "symbols": symbols, "artifacts": artifacts, "routes": body.get("routes", [])}
+    m: QualifiedManifest = doc.record  # type: ignore[assignment]
+    rejected = [{"module": s.module, "target": s.target, "symbol": s.name, "check": s.check, "reason": s.reason}
+                for s in m.symbols if s.status == "rejected"]
+    symbols = [{"symbol": s.name, "module": s.module, "target": s.target, "status": s.status, "block": s.block,
+                "dynamic_smem": s.dynamic_smem, "resources": to_dict(s.resources) if s.resources else {},
+                "fallback": s.fallback, "params": [to_dict(p) for p in s.params],
+                "checks": [to_dict(c) for c in s.checks]}
+               for s in m.symbols]
+    artifacts = [{k: getattr(a, k) for k in ("path", "module", "target", "role", "code", "size", "sha256")}
+                 for a in m.artifacts]
+    return {"manifest": {k: getattr(m, k) for k in _HEAD}, "device": to_dict(m.device),
+            "toolchain": to_dict(m.toolchain), "signature": _signature(doc.signature),
+            "summary": qualified_summary(m), "rejected": rejected, "symbols": symbols, "artifacts": artifacts,
+            "routes": [to_dict(r) for r in m.routes]}
 
 
-def _sig_line(body: dict) -> str:
-    sig = body.get("signature") or {}
-    if not sig:
+def index_report(doc: Document) -> dict:
+    """`report --json` of a release index: its body and its [signature] table."""
+    return {**to_dict(doc.record), "signature": _signature(doc.signature)}
+
+
+def _sig_line(sig: signing.Signature | None) -> str:
+    if sig is None:
         return "unsigned"
-    dev = " (development key)" if sig.get("development_key") else ""
-    return f"signed by key {str(sig.get('key_id', ''))[:16]}…{dev}; run `mamba-forge verify` to check it"
+    dev = " (development key)" if sig.development_key else ""
+    return f"signed by key {sig.key_id[:16]}…{dev}; run `mamba-forge verify` to check it"
 
 
-def render_qualified(body: dict, console: Console) -> None:
-    dev = body.get("device", {})
+def render_qualified(doc: Document, console: Console) -> None:
+    m: QualifiedManifest = doc.record  # type: ignore[assignment]
+    dev = m.device
     console.print(
-        f"[bold]qualified on {dev.get('name')}[/bold] (cc {dev.get('cc')}, {dev.get('sm_count')} SMs, driver "
-        f"{dev.get('driver_version')}, {dev.get('count', 1)} GPU) level {body.get('level')}, "
-        f"{body.get('qualification_seconds', 0):.1f}s, created {body.get('created')}, expires {body.get('expires')}",
+        f"[bold]qualified on {dev.name}[/bold] (cc {dev.cc}, {dev.sm_count} SMs, driver {dev.driver_version}, "
+        f"{dev.count} GPU) level {m.level}, {m.qualification_seconds:.1f}s, created {m.created}, expires {m.expires}",
         highlight=False, soft_wrap=True,
     )
-    console.print(_sig_line(body), markup=False, highlight=False, soft_wrap=True)
+    console.print(_sig_line(doc.signature), markup=False, highlight=False, soft_wrap=True)
     table = Table(title="symbols per module kind")
     for col in ("module", "target", "role", "admitted", "rejected", "other"):
         table.add_column(col, justify="right" if col in ("admitted", "rejected", "other") else "left")
-    for r in qualified_summary(body):
+    for r in qualified_summary(m):
         table.add_row(r["module"], r["target"], r["role"], str(r["admitted"]), str(r["rejected"]), str(r["other"]),
                       style="yellow" if r["rejected"] else None)
     console.print(table)
     res = Table(title="resources and checks")
     for col in ("symbol", "target", "status", "regs", "smem", "dyn smem", "local", "blocks/SM", "checks"):
         res.add_column(col)
-    for s in body.get("symbols", []):
-        r = s.get("resources") or {}
-        checks = " ".join(f"{c['name']}{'' if c.get('passed') else '✗'}:{c.get('digest', '')[:8]}" if c.get("digest")
-                          else f"{c['name']}{'' if c.get('passed') else '✗'}" for c in s.get("checks", []))
-        res.add_row(s["name"], s["target"], s["status"], str(r.get("registers", "")), str(r.get("static_smem", "")),
-                    str(s.get("dynamic_smem", 0)), str(r.get("local_bytes", "")), str(r.get("blocks_per_sm", "")),
-                    checks, style="red" if s["status"] == "rejected" else None)
+    for s in m.symbols:
+        r = s.resources
+        checks = " ".join(f"{c.name}{'' if c.passed else '✗'}" + (f":{c.digest[:8]}" if c.digest else "")
+                          for c in s.checks)
+        figures = [str(x) for x in (r.registers, r.static_smem)] if r else ["", ""]
+        more = [str(x) for x in (r.local_bytes, r.blocks_per_sm)] if r else ["", ""]
+        res.add_row(s.name, s.target, s.status, *figures, str(s.dynamic_smem), *more, checks,
+                    style="red" if s.status == "rejected" else None)
     console.print(res)
-    rejected = [s for s in body.get("symbols", []) if s["status"] == "rejected"]
+    rejected = [s for s in m.symbols if s.status == "rejected"]
     if rejected:
         console.print(f"[bold]rejected[/bold] ({len(rejected)})")
         for s in rejected:
-            console.print(f"  - {s['name']} ({s['module']}/{s['target']}, check {s.get('check') or '?'}): "
-                          f"{s.get('reason') or 'no reason recorded'}", markup=False, highlight=False, soft_wrap=True)
+            console.print(f"  - {s.name} ({s.module}/{s.target}, check {s.check or '?'}): "
+                          f"{s.reason or 'no reason recorded'}", markup=False, highlight=False, soft_wrap=True)
     art = Table(title="artifacts")
     for col in ("path", "role", "code", "size", "sha256"):
         art.add_column(col)
-    for a in body.get("artifacts", []):
-        art.add_row(a["path"], a.get("role", ""), a.get("code", ""), str(a.get("size", "")), a.get("sha256", ""))
+    for a in m.artifacts:
+        art.add_row(a.path, a.role, a.code, str(a.size), a.sha256)
     console.print(art)
 
 
-def render_index(body: dict, console: Console) -> None:
-    console.print(f"[bold]release index[/bold] created {body.get('created')}, expires {body.get('expires')}", highlight=False)
-    console.print(_sig_line(body), markup=False, highlight=False)
+def render_index(doc: Document, console: Console) -> None:
+    ix: ReleaseIndex = doc.record  # type: ignore[assignment]
+    console.print(f"[bold]release index[/bold] created {ix.created}, expires {ix.expires}", highlight=False)
+    console.print(_sig_line(doc.signature), markup=False, highlight=False)
     t = Table(title="entries")
     for col in ("device", "cc", "SMs", "level", "path", "size", "sha256"):
         t.add_column(col)
-    for e in body.get("entries", []):
-        t.add_row(e["device_name"], e["cc"], str(e["sm_count"]), e.get("level", ""), e["path"], str(e["size"]), e["sha256"])
+    for e in ix.entries:
+        t.add_row(e.device_name, e.cc, str(e.sm_count), e.level, e.path, str(e.size), e.sha256)
     console.print(t)
 
 
@@ -158,38 +177,37 @@ def _md_escape(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def qualified_markdown(body: dict) -> str:
+def qualified_markdown(doc: Document) -> str:
     """Release notes for a qualified manifest (or an index): device, counts, rejections with reasons, digests."""
-    if body.get("kind") == "index":
-        lines = ["# mamba-forge release index", "", f"Created {body.get('created')}, expires {body.get('expires')}.", "",
+    if isinstance(doc.record, ReleaseIndex):
+        ix = doc.record
+        lines = ["# mamba-forge release index", "", f"Created {ix.created}, expires {ix.expires}.", "",
                  "| device | cc | SMs | level | file | sha256 |", "| --- | --- | --- | --- | --- | --- |"]
-        for e in body.get("entries", []):
-            lines.append(f"| {_md_escape(e['device_name'])} | {e['cc']} | {e['sm_count']} | {e.get('level', '')} | "
-                         f"`{e['path']}` | `{e['sha256']}` |")
+        for e in ix.entries:
+            lines.append(f"| {_md_escape(e.device_name)} | {e.cc} | {e.sm_count} | {e.level} | `{e.path}` | `{e.sha256}` |")
         return "\n".join(lines) + "\n"
-    dev = body.get("device", {})
+    m: QualifiedManifest = doc.record  # type: ignore[assignment]
+    dev = m.device
     lines = [
-        f"# mamba-forge kernels qualified on {dev.get('name')}", "",
-        f"Compute capability {dev.get('cc')}, {dev.get('sm_count')} SMs, driver {dev.get('driver_version')}; "
-        f"level `{body.get('level')}`, tool {body.get('tool_version')}, created {body.get('created')}, "
-        f"expires {body.get('expires')}.",
+        f"# mamba-forge kernels qualified on {dev.name}", "",
+        f"Compute capability {dev.cc}, {dev.sm_count} SMs, driver {dev.driver_version}; level `{m.level}`, tool "
+        f"{m.tool_version}, created {m.created}, expires {m.expires}.",
     ]
-    sig = body.get("signature") or {}
-    if sig:
-        lines.append(f"Signed by key `{sig.get('key_id')}`" + (" (development key)." if sig.get("development_key") else "."))
+    if doc.signature is not None:
+        lines.append(f"Signed by key `{doc.signature.key_id}`"
+                     + (" (development key)." if doc.signature.development_key else "."))
     lines += ["", "## Symbols", "", "| module | target | role | admitted | rejected | other |",
               "| --- | --- | --- | ---: | ---: | ---: |"]
-    for r in qualified_summary(body):
+    for r in qualified_summary(m):
         lines.append(f"| {r['module']} | {r['target']} | {r['role']} | {r['admitted']} | {r['rejected']} | {r['other']} |")
-    rejected = [s for s in body.get("symbols", []) if s["status"] == "rejected"]
+    rejected = [s for s in m.symbols if s.status == "rejected"]
     if rejected:
         lines += ["", "## Rejected", "", "| symbol | module | check | reason |", "| --- | --- | --- | --- |"]
         for s in rejected:
-            lines.append(f"| `{s['name']}` | {s['module']}/{s['target']} | {s.get('check', '')} | "
-                         f"{_md_escape(s.get('reason', ''))} |")
+            lines.append(f"| `{s.name}` | {s.module}/{s.target} | {s.check} | {_md_escape(s.reason)} |")
     lines += ["", "## Artifacts", "", "| path | role | size | sha256 |", "| --- | --- | ---: | --- |"]
-    for a in body.get("artifacts", []):
-        lines.append(f"| `{a['path']}` | {a.get('role', '')} | {a.get('size', '')} | `{a.get('sha256', '')}` |")
+    for a in m.artifacts:
+        lines.append(f"| `{a.path}` | {a.role} | {a.size} | `{a.sha256}` |")
     return "\n".join(lines) + "\n"
 
 
@@ -197,7 +215,7 @@ def render_diff(d: dict, console: Console, a: str = "A", b: str = "B") -> None:
     def line(text: str) -> None:  # plain text, one line per change however long
         console.print(text, markup=False, highlight=False, soft_wrap=True)
 
-    if not d.get("changed"):
+    if not d["changed"]:
         line(f"no differences between {a} and {b}")
         return
     line(f"changes from {a} to {b}")
@@ -212,7 +230,7 @@ def render_diff(d: dict, console: Console, a: str = "A", b: str = "B") -> None:
         if d[key]:
             console.print(f"[bold]{title}[/bold] ({len(d[key])})")
             for x in d[key]:
-                why = f": {x['reason']}" if x.get("reason") else ""
+                why = f": {x['reason']}" if x["reason"] else ""
                 line(f"  {x['symbol']}: {x['old']} -> {x['new']}{why}")
     if d["resource_changes"]:
         console.print(f"[bold]resource changes[/bold] ({len(d['resource_changes'])})")

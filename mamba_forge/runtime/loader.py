@@ -22,11 +22,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from mamba_forge.manifest.schema import Param, QArtifact, QDevice, RuntimeSymbol
 from mamba_forge.runtime.args import typed_values
 from mamba_forge.runtime.backend import CudaBackend, DeviceInfo
-from mamba_forge.runtime.errors import DeviceMismatch, LaunchRefused, ManifestRefused, SymbolUnavailable
-from mamba_forge.runtime.verify import KeySpec, Source, Verified, check_artifact_bytes, open_entry, open_verified
-from mamba_forge.runtime.verify import trusted_keys as collect_keys
+from mamba_forge.runtime.errors import DeviceMismatch, LaunchRefused, SymbolUnavailable
+from mamba_forge.runtime.sources import Source, check_artifact_bytes
+from mamba_forge.runtime.trust import KeySpec
+from mamba_forge.runtime.trust import trusted_keys as collect_keys
+from mamba_forge.runtime.verify import Verified, open_verified
 
 log = logging.getLogger("mamba_forge.runtime")
 
@@ -45,8 +48,9 @@ class Kernel:
     dtype: str
     block: tuple[int, int, int]
     dynamic_smem: int
-    params: list[list[int]]  # [offset, size] per parameter
+    params: list[list[int]]  # [offset, size] per parameter (the ABI census)
     max_threads: int
+    contract: list[Param] = field(repr=False)  # the parameters' names, types, dtypes, roles and shapes
     handle: object = field(repr=False)
     backend: object = field(repr=False)
 
@@ -85,29 +89,30 @@ class Kernels:
 
     def __init__(self, verified: Verified, device: DeviceInfo, backend):
         self.verified, self.device, self.backend = verified, device, backend
-        self.manifest = verified.body
+        self.manifest = verified.manifest  # a RuntimeTable, or the whole QualifiedManifest when none was signed
         self._lock = threading.Lock()
-        self._artifacts = {(a["module"], a["target"]): a for a in self.manifest["artifacts"] if a["code"] == "cubin"}
-        self._symbols: dict[str, dict] = {}
-        for s in self.manifest.get("symbols", []):
-            have = self._symbols.get(s["name"])
-            if have is None or (have["status"] != "admitted" and self._serves(s)):
-                self._symbols[s["name"]] = s  # a serving record wins over a rejected/checked one
+        self._artifacts: dict[tuple[str, str], QArtifact] = {
+            (a.module, a.target): a for a in self.manifest.artifacts if a.code == "cubin"}
+        self._symbols: dict[str, RuntimeSymbol] = {}  # type: ignore[valid-type]
+        for s in self.manifest.symbols:
+            have = self._symbols.get(s.name)
+            if have is None or (have.status != "admitted" and self._serves(s)):
+                self._symbols[s.name] = s  # a serving record wins over a rejected/checked one
         self._modules: dict[str, object] = {}
         self._functions: dict[str, Kernel] = {}
         self._reported: set[str] = set()
         self.fallbacks: dict[str, str] = {}  # requested -> serving symbol, once followed
 
     # ---- what is there ----
-    def _serves(self, s: dict) -> bool:
-        art = self._artifacts.get((s["module"], s["target"]))
-        return s["status"] == "admitted" and art is not None and art.get("role") == "qualify"
+    def _serves(self, s: RuntimeSymbol) -> bool:  # type: ignore[valid-type]
+        art = self._artifacts.get((s.module, s.target))
+        return s.status == "admitted" and art is not None and art.role == "qualify"
 
     def admitted(self) -> list[str]:
         """Names of the symbols that serve on this device."""
         return [n for n, s in self._symbols.items() if self._serves(s)]
 
-    def symbol(self, name: str) -> dict:
+    def symbol(self, name: str) -> RuntimeSymbol:  # type: ignore[valid-type]
         """The manifest's record of a symbol (any status); raises SymbolUnavailable when absent."""
         s = self._symbols.get(name)
         if s is None:
@@ -120,14 +125,14 @@ class Kernels:
         if s is None:
             return SymbolUnavailable(name, f"{name} is not in the manifest qualified on {self.device.name}",
                                      reason="absent", check="absent")
-        reason, check = s.get("reason", ""), s.get("check", "")
-        if s["status"] == "admitted":  # admitted but from a check-only artifact
+        reason, check = s.reason, s.check
+        if s.status == "admitted":  # admitted but from a check-only artifact
             return SymbolUnavailable(
-                name, f"{name} was built for {s['target']} only to check arithmetic on this GPU, not qualified to serve",
+                name, f"{name} was built for {s.target} only to check arithmetic on this GPU, not qualified to serve",
                 reason=reason or "check-only artifact", check=check or "role",
             )
-        why = reason or f"status {s['status']} with no recorded reason"
-        return SymbolUnavailable(name, f"{name} is {s['status']} on {self.device.name}: {why}"
+        why = reason or f"status {s.status} with no recorded reason"
+        return SymbolUnavailable(name, f"{name} is {s.status} on {self.device.name}: {why}"
                                  + (f" (check: {check})" if check else ""), reason=why, check=check)
 
     # ---- functions ----
@@ -143,7 +148,7 @@ class Kernels:
         if not follow_fallback or s is None:
             raise err
         tried = [f"{name} ({err.reason})"]
-        for fb in s.get("fallback", []):
+        for fb in s.fallback:
             fs = self._symbols.get(fb)
             if fs is not None and self._serves(fs):
                 k = self._load_function(fb, name)
@@ -168,9 +173,9 @@ class Kernels:
         """The family's serving-or-fallback variants by dtype."""
         variants: dict[str, str] = {}
         for n, s in self._symbols.items():
-            dt = s.get("dtype")
+            dt = s.dtype
             # <family>_<dtype> wins over the bare alias <family> of the same dtype
-            if s.get("family") == family and dt and (dt not in variants or variants[dt] == family):
+            if s.family == family and dt and (dt not in variants or variants[dt] == family):
                 variants[dt] = n
         if not variants:
             raise SymbolUnavailable(family, f"family {family} has no symbols in the manifest qualified on {self.device.name}")
@@ -187,16 +192,14 @@ class Kernels:
                 s = self._symbols[name]
                 module = self._module(s)
                 handle = self.backend.get_function(module, name)
-                smem = int(s.get("dynamic_smem", 0))
+                smem = s.dynamic_smem
                 # explicit, always: the qualified limit, even when it is under the 48 KB default
                 self.backend.set_max_dynamic_smem(handle, smem)
-                res = s.get("resources") or {}
-                block = tuple(int(b) for b in s.get("block", [1, 1, 1])) + (1, 1, 1)
+                block = (*s.block, 1, 1, 1)
                 k = Kernel(
-                    name=name, requested=name, module=s["module"], target=s["target"], family=s.get("family", ""),
-                    dtype=s.get("dtype", ""), block=block[:3], dynamic_smem=smem,  # type: ignore[arg-type]
-                    params=[list(p) for p in s.get("params", [])], max_threads=int(res.get("max_threads", 0)),
-                    handle=handle, backend=self.backend,
+                    name=name, requested=name, module=s.module, target=s.target, family=s.family, dtype=s.dtype,
+                    block=block[:3], dynamic_smem=smem, params=s.params_layout(), contract=list(s.params),
+                    max_threads=s.resources.max_threads if s.resources else 0, handle=handle, backend=self.backend,
                 )
                 self._functions[name] = k
             if requested != name:
@@ -204,14 +207,14 @@ class Kernels:
                 self._functions[requested] = k
             return k
 
-    def _module(self, s: dict):
-        art = self._artifacts[(s["module"], s["target"])]
-        mod = self._modules.get(art["path"])
+    def _module(self, s: RuntimeSymbol):  # type: ignore[valid-type]
+        art = self._artifacts[(s.module, s.target)]
+        mod = self._modules.get(art.path)
         if mod is None:
             src: Source = self.verified.source
-            data = check_artifact_bytes(art, src.read(art["path"]), src)  # the exact bytes handed to the driver
+            data = check_artifact_bytes(art, src.read(art.path), src)  # the exact bytes handed to the driver
             mod = self.backend.load_module(data)
-            self._modules[art["path"]] = mod
+            self._modules[art.path] = mod
         return mod
 
     def load_all(self) -> int:
@@ -225,28 +228,19 @@ class Kernels:
         return list(self._modules)
 
 
-def check_device(body: dict, dev: DeviceInfo, what: str) -> None:
+def check_device(want: QDevice, dev: DeviceInfo, what: str) -> None:
     """Refuse a manifest qualified for another model, compute capability, SM count or a newer CUDA major."""
-    want = body["device"]
-    if dev.name != want["name"]:
-        raise DeviceMismatch(f"{what} was qualified on {want['name']}, but device {dev.ordinal} is {dev.name}")
-    if dev.cc_text != want["cc"]:
-        raise DeviceMismatch(f"{what} was qualified for compute capability {want['cc']}, but device {dev.ordinal} has {dev.cc_text}")
-    if dev.sm_count != want["sm_count"]:
-        raise DeviceMismatch(f"{what} was qualified on {want['sm_count']} SMs, but device {dev.ordinal} has {dev.sm_count}")
-    if dev.driver_version // 1000 < want["driver_version"] // 1000:
+    if dev.name != want.name:
+        raise DeviceMismatch(f"{what} was qualified on {want.name}, but device {dev.ordinal} is {dev.name}")
+    if dev.cc_text != want.cc:
+        raise DeviceMismatch(f"{what} was qualified for compute capability {want.cc}, but device {dev.ordinal} has {dev.cc_text}")
+    if dev.sm_count != want.sm_count:
+        raise DeviceMismatch(f"{what} was qualified on {want.sm_count} SMs, but device {dev.ordinal} has {dev.sm_count}")
+    if dev.driver_version // 1000 < want.driver_version // 1000:
         raise DeviceMismatch(
-            f"{what} was qualified with CUDA {want['driver_version'] // 1000} driver {want['driver_version']}, but device "
+            f"{what} was qualified with CUDA {want.driver_version // 1000} driver {want.driver_version}, but device "
             f"{dev.ordinal}'s driver is {dev.driver_version}; update the driver"
         )
-
-
-def _pick_entry(index: Verified, dev: DeviceInfo, keys, build, now) -> Verified:
-    for e in index.body["entries"]:
-        if (e["device_name"], e["cc"], e["sm_count"]) == (dev.name, dev.cc_text, dev.sm_count):
-            return open_entry(index, e, keys=keys, build=build, hash_all=False, now=now, full_body=False)
-    have = "; ".join(f"{e['device_name']} (cc {e['cc']}, {e['sm_count']} SMs)" for e in index.body["entries"]) or "none"
-    raise DeviceMismatch(f"{index.path} has no manifest for {dev.name} (cc {dev.cc_text}, {dev.sm_count} SMs); it has: {have}")
 
 
 def load(manifest_or_bundle: str | Path, device: int = 0, trusted_keys: Iterable[KeySpec] | Mapping | None = None, *,
@@ -258,15 +252,17 @@ def load(manifest_or_bundle: str | Path, device: int = 0, trusted_keys: Iterable
     bare manifest's artifacts are (default: its folder). Raises a LoadError subclass; loads nothing on refusal.
     """
     keys = collect_keys(trusted_keys, defaults=default_keys)
-    v = open_verified(manifest_or_bundle, keys=keys, build=build, hash_all=False, follow_index=False, now=now,
-                      full_body=False)
     backend = backend or CudaBackend()
-    dev = backend.device_info(device)
-    if v.kind == "index":
-        v = _pick_entry(v, dev, keys, build, now)
-    if v.kind != "qualified":
-        raise ManifestRefused(f"{manifest_or_bundle} is not a qualified manifest")
-    check_device(v.body, dev, str(v.path))
+    seen: list[DeviceInfo] = []
+
+    def device_key() -> tuple[str, str, int]:  # asked only by an index, after the index verified
+        seen.append(backend.device_info(device))
+        return seen[0].name, seen[0].cc_text, seen[0].sm_count
+
+    v = open_verified(manifest_or_bundle, keys=keys, build=build, hash_all=False, follow_index=False, now=now,
+                      full_body=False, device=device_key)
+    dev = seen[0] if seen else backend.device_info(device)
+    check_device(v.manifest.device, dev, str(v.path))
     backend.activate(device)
     return Kernels(v, dev, backend)
 

@@ -1,6 +1,6 @@
 """GEMM route selection: which admitted symbol serves a GEMM of a given layout, dtypes and shape.
 
-Standard library only (the runtime imports it in milliseconds).
+Standard library and the manifest schema only (the runtime imports it in milliseconds).
 
 * A **route key** is ``(layout, a, b, c)``: layout ``nn`` / ``tn`` / ``nt`` (see mf/gemm_common.cuh) and the
   dtype tokens of A, B and C. ``tf32`` for A and B means "f32 storage, TF32 math accepted".
@@ -20,8 +20,10 @@ token dimension, which the reduction sums over anyway.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from mamba_forge.manifest.schema import QRoute
 
 LAYOUTS = ("nn", "tn", "nt")
 DTYPES = ("f32", "tf32", "bf16", "f16")
@@ -180,9 +182,7 @@ def route_keys(chain: Sequence[Rung] = DEFAULT_CHAIN) -> list[tuple[str, str, st
     return keys
 
 
-def build_route_table(
-    admitted: Iterable[str], chain: Sequence[Rung] = DEFAULT_CHAIN
-) -> list[dict[str, object]]:
+def build_route_table(admitted: Iterable[str], chain: Sequence[Rung] = DEFAULT_CHAIN) -> list[QRoute]:
     """The qualified manifest's [[routes]]: per key, the admitted symbols fastest first.
 
     Order per key: the chain's rungs of that key (native dtypes), then the exact f32 rungs of that layout
@@ -201,7 +201,7 @@ def build_route_table(
                 if name not in symbols:
                     symbols.append(name)
         if symbols:
-            table.append({"layout": layout, "a": a, "b": b, "c": c, "symbols": symbols})
+            table.append(QRoute(layout=layout, a=a, b=b, c=c, symbols=symbols))
     return table
 
 
@@ -218,7 +218,7 @@ def _fits(rung: Rung, m: int, n: int, k: int) -> bool:
 
 
 def select(
-    table: Iterable[Mapping[str, object]],
+    table: Iterable[QRoute],
     m: int,
     n: int,
     k: int,
@@ -232,7 +232,7 @@ def select(
 ) -> Route:
     """The first symbol of the key's route list whose constraints hold for (n, k) (and m for tn only).
 
-    `table` is the manifest's [[routes]] (plain dicts). Symbols the chain does not describe are skipped (their
+    `table` is the manifest's [[routes]] (QRoute records: `kernels.manifest.routes`). Symbols the chain does not describe are skipped (their
     constraints are unknown). When the key itself has no list, the exact f32 list of the layout serves, with
     casts. Raises NoRoute when nothing fits.
     """
@@ -242,16 +242,16 @@ def select(
             raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
     m_seen = m if layout == "tn" else 0  # nn / nt: the pick must not depend on M
     rows = list(table)
-    lists = [list(r["symbols"]) for r in rows if (r["layout"], r["a"], r["b"], r["c"]) == key]  # type: ignore[arg-type]
+    lists = [r.symbols for r in rows if (r.layout, r.a, r.b, r.c) == key]
     exact_key = (layout, "f32", "f32", "f32")
-    lists += [list(r["symbols"]) for r in rows if (r["layout"], r["a"], r["b"], r["c"]) == exact_key and key != exact_key]  # type: ignore[arg-type]
+    lists += [r.symbols for r in rows if (r.layout, r.a, r.b, r.c) == exact_key and key != exact_key]
     tried: list[str] = []
     for symbols in lists:
         for name in symbols:
-            rung = _rung_of(str(name), chain)
+            rung = _rung_of(name, chain)
             if rung is None or rung.layout != layout:
                 continue
-            tried.append(str(name))
+            tried.append(name)
             if bias and not rung.bias:
                 continue
             if not _fits(rung, m_seen, n, k):
@@ -259,7 +259,7 @@ def select(
             cast = not (_accepts(a, rung.a) and _accepts(b, rung.b) and c == rung.c)
             if cast and not (rung.a == rung.b == rung.c == "f32"):
                 continue  # only the exact f32 family serves other dtypes through casts
-            return Route(str(name), layout, rung.a, rung.b, rung.c, cast, rung.bias)
+            return Route(name, layout, rung.a, rung.b, rung.c, cast, rung.bias)
     raise NoRoute(
         f"no admitted GEMM symbol serves {layout} {a}x{b}->{c} at N={n}, K={k}"
         + (" with a bias" if bias else "")

@@ -18,6 +18,7 @@ from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.catalog.targets import get_target
 from mamba_forge.gpu import driver as cu
 from mamba_forge.manifest import signing
+from mamba_forge.manifest.codec import to_dict
 from mamba_forge.manifest.qualified import body_bytes, read_verified
 from mamba_forge.manifest.toml_io import write
 from mamba_forge.qualify import checks as C
@@ -88,7 +89,7 @@ def negative_manifest(negative_build, tmp_path_factory):
 @pytest.mark.parametrize(("name", "checks", "text"), EXPECTED, ids=[e[0] for e in EXPECTED])
 def test_negative_control_rejected_by_the_right_check(negative_manifest, name, checks, text):
     s = negative_manifest.symbol(name)
-    assert s.status == "rejected", f"{name} was admitted: {[c.model_dump() for c in s.checks]}"
+    assert s.status == "rejected", f"{name} was admitted: {[to_dict(c) for c in s.checks]}"
     assert s.check in checks, f"{name}: rejected by {s.check}: {s.reason}"
     assert text in s.reason, s.reason
 
@@ -105,7 +106,7 @@ def test_controls_admitted_with_every_check(negative_manifest, name):
     digests = {c.digest for c in s.checks if c.name in DETERMINISM}
     assert len(digests) == 1 and len(digests.pop()) == 64
     assert s.resources is not None and s.resources.blocks_per_sm >= 1 and s.seed is not None
-    assert s.params == [[0, 8], [8, 8], [16, 4], [20, 4]]
+    assert s.params_layout() == [[0, 8], [8, 8], [16, 4], [20, 4]]
 
 
 def test_negative_manifest_layout(negative_manifest):
@@ -218,7 +219,7 @@ def _gpu_count() -> int:
 def test_two_gpus_compare_digests(negative_build):
     cat = load_catalog(NEGATIVE)
     bm_path = negative_build / "manifest.toml"
-    from mamba_forge.manifest.records import BuildManifest
+    from mamba_forge.manifest.schema import BuildManifest
     from mamba_forge.manifest.toml_io import read
 
     req = runner.QualifyRequest(build_dir=negative_build, build=read(bm_path, BuildManifest), catalog=cat,

@@ -29,7 +29,7 @@ def bundle(tmp_path_factory) -> tuple[Path, Path]:
         return Path(os.environ["MF_RUNTIME_BUNDLE"]), Path(os.environ["MF_RUNTIME_KEY"])
     from mamba_forge.manifest import signing
     from mamba_forge.manifest.bundle import write_bundle
-    from mamba_forge.runtime.verify import trusted_keys
+    from mamba_forge.runtime.trust import trusted_keys
 
     root = tmp_path_factory.mktemp("runtime-gpu")
     build = root / "build"

@@ -1,0 +1,63 @@
+"""A symbol's launch contract for the qualified manifest (manifest_version 2): the catalog's declaration of the
+family (params, launch grid and dynamic shared memory), resolved for one symbol (its dtype, instance constants,
+the module's state capacity), joined with the ABI census (offset and size per parameter).
+
+The contract is what a caller needs to launch the symbol without the catalog: the expressions stay expressions
+(over `dims`, which the caller supplies, and `constants`, which the symbol fixes).
+"""
+
+from __future__ import annotations
+
+from mamba_forge.catalog import expr
+from mamba_forge.catalog.model import DTYPES, ModuleSpec, Symbol
+from mamba_forge.manifest.schema import Param, param_kind
+
+
+def _text(v) -> str:
+    """An expression as the manifest writes it: text; a float literal as its repr."""
+    return v if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)
+
+
+def _is_expression(text: str) -> bool:
+    return bool(text) and not (text[0].isdigit() or text[0] in "+-.")
+
+
+def constants_of(sym: Symbol) -> dict[str, int]:
+    """The names the symbol fixes: integer instance parameters, and sizeof_<key> for each dtype key."""
+    env = sym.params_env
+    out = {k: v for k, v in env.items() if isinstance(v, int)}
+    out.update({f"sizeof_{k}": DTYPES[v][1] for k, v in env.items() if isinstance(v, str) and v in DTYPES})
+    return out
+
+
+def contract(sym: Symbol, spec: ModuleSpec, layout: list[list[int]], state_capacity: int) -> dict:
+    """The QSymbol fields of the launch contract: grid, dynamic_smem_expr, dims, constants, state_capacity,
+    params. `layout` is the ABI census ([offset, size] per parameter, in order); where it does not cover the
+    declared parameters one for one (the module failed to compile, or the ABI check rejected the symbol), no
+    parameter can be placed and `params` stays empty: such a symbol never serves."""
+    fam = spec.family(sym.family)
+    env = sym.params_env
+    params: list[Param] = []
+    if len(layout) == len(fam.params):
+        for p, (offset, size) in zip(fam.params, layout, strict=True):
+            kind = param_kind(p.type)
+            dtype = ""
+            if kind == "pointer" and p.dtype is not None:
+                dtype = p.dtype if p.dtype in DTYPES else str(env.get(p.dtype, p.dtype))
+            params.append(Param(
+                name=p.name, kind=kind, type=p.type, dtype=dtype,  # type: ignore[arg-type]
+                role="" if kind == "scalar" else p.role, shape=[_text(x) for x in p.shape],
+                value="" if p.value is None else _text(p.value), offset=offset, size=size,
+            ))
+    grid = [_text(g) for g in fam.launch.grid]
+    constants = constants_of(sym)
+    texts = grid + [x for p in params for x in p.shape] + [p.value for p in params if _is_expression(p.value)]
+    used = set().union(*(expr.names(x) for x in texts)) if texts else set()
+    return {
+        "grid": grid, "dynamic_smem_expr": _text(fam.launch.dynamic_smem), "dims": sorted(used - set(constants)),
+        "constants": constants, "state_capacity": state_capacity if spec.module.state_capacity else 0,
+        "params": params,
+    }
+
+
+__all__ = ["constants_of", "contract"]

@@ -1,0 +1,69 @@
+"""Trusted public keys for the loader and `verify`: the shipped release keys (manifests/keys/), the user's trust
+folder and whatever the caller passes. Standard library + cryptography only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from mamba_forge.manifest import signing
+from mamba_forge.runtime.errors import SignatureRefused
+
+
+def release_keys_dir() -> Path:
+    """The shipped release keys: manifests/keys/ beside the package (a source checkout or editable install)."""
+    return Path(__file__).resolve().parents[2] / "manifests" / "keys"
+
+
+KeySpec = Path | str | bytes | Ed25519PublicKey
+
+
+def trusted_keys(extra: Iterable[KeySpec] | Mapping[str, Ed25519PublicKey] | None = None, *,
+                 defaults: bool = True) -> dict[str, Ed25519PublicKey]:
+    """Key id -> public key: the shipped release keys and the user's trust folder (when `defaults`), plus
+    `extra`: key objects, key files or folders of *.pub, or 'ed25519 <base64>' text."""
+    out: dict[str, Ed25519PublicKey] = {}
+    if defaults:
+        for folder in (release_keys_dir(), signing.user_trust_dir()):
+            if folder.is_dir():
+                out.update(_load_key_paths([folder]))
+    if extra is None:
+        return out
+    if isinstance(extra, Mapping):
+        out.update(extra)
+        return out
+    if isinstance(extra, (str, bytes, Path, Ed25519PublicKey)):
+        extra = [extra]
+    for k in extra:
+        if isinstance(k, Ed25519PublicKey):
+            out[signing.key_id(k)] = k
+        elif isinstance(k, bytes) or (isinstance(k, str) and k.strip().startswith("ed25519 ")):
+            text = k.decode() if isinstance(k, bytes) else k
+            key = _parse_key(text, "a key passed in")
+            out[signing.key_id(key)] = key
+        else:
+            out.update(_load_key_paths([Path(k)]))
+    return out
+
+
+def _parse_key(text: str, where: str) -> Ed25519PublicKey:
+    try:
+        return signing.parse_public(text)
+    except signing.SignatureError as exc:
+        raise SignatureRefused(f"{where} is not a usable public key: {exc}") from None
+
+
+def _load_key_paths(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
+    out: dict[str, Ed25519PublicKey] = {}
+    for p in paths:
+        if not p.exists():
+            raise SignatureRefused(f"trusted key path {p} does not exist")
+        for f in sorted(p.glob("*.pub")) if p.is_dir() else [p]:
+            key = _parse_key(f.read_text(encoding="utf-8", errors="replace"), str(f))
+            out[signing.key_id(key)] = key
+    return out
+
+
+__all__ = ["KeySpec", "release_keys_dir", "trusted_keys"]
