@@ -264,7 +264,7 @@ def qualify(
     build_dir: Annotated[Path | None, typer.Option("--build", help="A build folder (manifest.toml); default: build now.")] = None,
     catalog: Annotated[Path | None, typer.Option("--catalog", help="Catalog TOML (default: the built-in one).")] = None,
     level: Annotated[str, typer.Option("--level", help="quick (5 repeats) or full (50 repeats).")] = "quick",
-    sanitize: Annotated[bool, typer.Option("--sanitize", help="Also run small launches under compute-sanitizer.")] = False,
+    sanitize: Annotated[bool | None, typer.Option("--sanitize/--no-sanitize", help="Run small launches under compute-sanitizer (memcheck, racecheck, synccheck, initcheck). Default: at --level full when compute-sanitizer is found.")] = None,
     sign_key: Annotated[Path | None, typer.Option("--sign-key", help="Ed25519 private key (PEM).")] = None,
     out_path: Annotated[Path | None, typer.Option("--out", help="Signed manifest path (default manifests/<GPU>-<level>.toml).")] = None,
     module: Annotated[list[str] | None, typer.Option("--module", help="Only these module kinds (repeatable).")] = None,

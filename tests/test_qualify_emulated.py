@@ -566,7 +566,8 @@ def _live_run(live_fixed, dt):
 def test_gpu_multi_adamw_is_qualified(live_fixed, dt):
     r = _live_run(live_fixed, dt)
     assert r.status == "admitted", r.reason
-    assert [c.name for c in r.checks][-5:] == ["repeat", "stream", "neighbour", "address", "graph"]
+    assert [c.name for c in r.checks][-7:] == ["repeat", "stream", "neighbour", "address", "graph", "bounds",
+                                             "input-written"]
 
 
 @pytest.mark.gpu

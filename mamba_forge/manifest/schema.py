@@ -290,6 +290,7 @@ class QualifiedManifest(_ManifestMethods):
     level: Literal["quick", "full"]
     qualification_seconds: float
     development_key: bool = False
+    sanitizer: Literal["ran", "not-found", "off"] = "off"  # whether the compute-sanitizer passes ran
     catalog: str = ""
     catalog_sha256: str = ""
     state_capacity: int = 64

@@ -59,7 +59,7 @@ def assemble(req: QualifyRequest, outcomes: dict[int, Outcome], groups: list[Gro
     routes = _routes(symbols)
     return QualifiedManifest(
         created=created, expires=expires, tool_version=__version__, level=req.level,  # type: ignore[arg-type]
-        qualification_seconds=round(seconds, 2), development_key=False, catalog=b.catalog,
+        qualification_seconds=round(seconds, 2), development_key=False, sanitizer=req.sanitizer, catalog=b.catalog,
         catalog_sha256=b.catalog_sha256, state_capacity=b.state_capacity,
         toolchain=QToolchain(nvrtc_version=b.toolchain.nvrtc_version, library=b.toolchain.library,
                              header_sha256=b.toolchain.header_sha256, base_options=b.toolchain.base_options,

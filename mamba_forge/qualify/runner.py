@@ -21,7 +21,7 @@ from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest
 from mamba_forge.qualify.assemble import assemble
 from mamba_forge.qualify.compare import cross_device
 from mamba_forge.qualify.plan import device_targets, plan_groups, shard
-from mamba_forge.qualify.sanitize import SANITIZER_TOOLS, apply_sanitizer, sanitizer_available
+from mamba_forge.qualify.sanitize import SANITIZER_TOOLS, apply_sanitizer, sanitizer_available, sanitizer_mode
 from mamba_forge.qualify.supervise import (
     DEFAULT_WORKER,
     OnEvent,
@@ -40,7 +40,7 @@ class QualifyRequest:
     catalog: Catalog
     devices: list[int]
     level: str = "quick"
-    sanitize: bool = False
+    sanitize: bool | None = None  # None: by level (full runs it when compute-sanitizer is found)
     timeout_s: float = 20.0
     seed: int | None = None
     only_modules: set[str] | None = None
@@ -50,7 +50,11 @@ class QualifyRequest:
     @property
     def passes(self) -> int:
         """Worker passes over each symbol: the main one, then one per sanitizer tool."""
-        return 1 + (len(SANITIZER_TOOLS) if self.sanitize else 0)
+        return 1 + (len(SANITIZER_TOOLS) if self.sanitizer == "ran" else 0)
+
+    @property
+    def sanitizer(self) -> str:
+        return sanitizer_mode(self.level, self.sanitize)
 
 
 @dataclass
@@ -81,7 +85,7 @@ def qualify(req: QualifyRequest, on_event: OnEvent | None = None, cc_hint: tuple
         ws = WorkerSettings(req.build_dir, req.catalog.path, dev, req.level, seed, req.timeout_s,
                             command=req.worker_command or list(DEFAULT_WORKER))
         oc = merge_outcomes(in_parallel(lambda sh: run_groups(sh, ws, on_event), shard(groups, req.jobs)))
-        if req.sanitize:
+        if req.sanitizer == "ran":
             admitted = {n for n, r in oc.results.items() if r.admitted}
             sgroups = [g for g in (g.only(admitted) for g in groups) if g.symbols]
             for tool in SANITIZER_TOOLS:
@@ -117,7 +121,7 @@ def _probe_cc(req: QualifyRequest) -> tuple[int, int]:
 
 
 def prepare_request(devices: list[int] | None, build_dir: Path | None, catalog_path: Path | None, *, level: str,
-                    sanitize: bool, timeout_s: float, seed: int | None, modules: list[str] | None, state_cap: int,
+                    sanitize: bool | None, timeout_s: float, seed: int | None, modules: list[str] | None, state_cap: int,
                     say: Callable[[str], None], jobs: int = 4):
     """Open the device(s), load the catalog and the build (building for the device's target when none is given)."""
     from mamba_forge.build.builder import BuildRequest, build

@@ -26,12 +26,12 @@ def sanitizer_available() -> bool:
     return shutil.which("compute-sanitizer") is not None
 
 
-def sanitizer_mode(level: str, requested: bool) -> SanitizerMode:
+def sanitizer_mode(level: str, requested: bool | None) -> SanitizerMode:
     """Whether the sanitizer passes run: always with --sanitize (qualify() refuses it first when the tool is
-    missing); at --level full whenever compute-sanitizer is on PATH ("not-found" when it is not, so the
-    manifest says the full qualification went without it); else "off"."""
-    if requested:
-        return "ran"
+    missing), never with --no-sanitize ("off"); by default at --level full whenever compute-sanitizer is on PATH
+    ("not-found" when it is not, so the manifest says the full qualification went without it); else "off"."""
+    if requested is not None:
+        return "ran" if requested else "off"
     if level == "full":
         return "ran" if sanitizer_available() else "not-found"
     return "off"
