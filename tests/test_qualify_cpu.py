@@ -318,12 +318,13 @@ def test_poison_difference_finds_reads_of_unwritten_memory():
 
 def test_sanitizer_mode_full_level_runs_it_when_found(monkeypatch):
     monkeypatch.setattr(sanitize.shutil, "which", lambda exe: "/usr/local/cuda/bin/compute-sanitizer")
-    assert sanitize.sanitizer_mode("full", False) == "ran"
-    assert sanitize.sanitizer_mode("quick", False) == "off"
+    assert sanitize.sanitizer_mode("full", None) == "ran"  # None: neither --sanitize nor --no-sanitize
+    assert sanitize.sanitizer_mode("full", False) == "off"  # --no-sanitize
+    assert sanitize.sanitizer_mode("quick", None) == "off"
     assert sanitize.sanitizer_mode("quick", True) == "ran"
     monkeypatch.setattr(sanitize.shutil, "which", lambda exe: None)
-    assert sanitize.sanitizer_mode("full", False) == "not-found"
-    assert sanitize.sanitizer_mode("quick", False) == "off"
+    assert sanitize.sanitizer_mode("full", None) == "not-found"
+    assert sanitize.sanitizer_mode("quick", None) == "off"
 
 
 def test_census_names_the_first_mismatch():

@@ -478,7 +478,7 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
 def _check_launch_expressions(fam: Family, num_env: dict[str, int], where: str) -> None:
     """Grid, shape and scalar-value expressions parse within the language's bounds and name only the
     qualification dims, the instance's integers and sizeof_*: a bad one is a catalog error at load, not a
-    failure on the GPU later. Skipped families (no launch spec yet) are exempt from the name rule."""
+    failure on the GPU later. Families without qualification dims, or skipped, are only parsed."""
     known = set(num_env) | set(fam.qualify.dims)
     exprs = [("grid", g) for g in fam.launch.grid]
     for prm in fam.params:
@@ -486,14 +486,15 @@ def _check_launch_expressions(fam: Family, num_env: dict[str, int], where: str) 
         if isinstance(prm.value, str):
             exprs.append((f"value of {prm.name!r}", prm.value))
     env = {**num_env, **fam.qualify.dims}
+    qualified = bool(fam.qualify.dims) and not fam.qualify.skip  # families without dims are build-only fixtures
     for what, e in exprs:
         try:
             unknown = expr.names(e) - known
-            if not unknown and not fam.qualify.skip:
+            if not unknown and qualified:
                 expr.evaluate(e, env)  # at the qualification dims: zero divisors, overflow, log2(0)...
         except expr.ExprError as exc:
             raise CatalogError(f"{where}: {what}: {exc}") from None
-        if unknown and not fam.qualify.skip:
+        if unknown and qualified:
             raise CatalogError(f"{where}: {what} {e!r} names {sorted(unknown)}, which are neither qualification "
                                f"dims nor instance parameters (known: {sorted(known)})")
 

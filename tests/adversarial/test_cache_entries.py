@@ -115,7 +115,7 @@ def test_build_workers_die_with_their_parent(tmp_path, guarded):
         "import multiprocessing as mp\n"
         "from mamba_forge.build.worker import die_with_parent\n"
         "def work(_):\n"
-        "    print(os.getpid(), flush=True); time.sleep(30)\n"
+        "    os.write(1, f'{os.getpid()}\\n'.encode()); time.sleep(30)\n"  # one write: lines never interleave
         f"with ProcessPoolExecutor(2, mp_context=mp.get_context('fork'), initializer={init}) as p:\n"
         "    list(p.map(work, range(2)))\n"
     )
