@@ -81,6 +81,50 @@ def test_instances_times_variants_with_expressions(tmp_path):
     assert s.macro_args == ["__nv_bfloat16", "128", "64", "2"]
 
 
+# one tile instance naming its layout
+LAYOUT_FAMILY = FAMILY.replace('"scale"', '"gemm_tn"').replace(
+    'bare = "f32"\nvariants = ["bf16", "f16"]',
+    'symbol = "{name}_m{BM}"\nargs = ["L", "BM"]\ninstances = [{ L = "tn", BM = 128 }]',
+)
+
+
+def test_layout_name_becomes_the_one_enumerator(tmp_path):
+    s = load_catalog(make(tmp_path, family=LAYOUT_FAMILY)).symbols["gemm_tn_m128"]
+    assert s.macro_args == ["mf::Layout::TN", "128"]
+    assert s.params_env["L"] == "tn"
+
+
+@pytest.mark.parametrize("bad", ['"tt"', '"TN"', "1"])
+def test_unknown_layout_is_refused_naming_file_family_and_value(tmp_path, bad):
+    msg = error_of(make(tmp_path, family=LAYOUT_FAMILY.replace('L = "tn"', f"L = {bad}")))
+    assert str(tmp_path / "f.toml") in msg and "family[0] (name=gemm_tn)" in msg
+    assert f"unknown layout L = {bad.replace(chr(34), chr(39))}" in msg and "nn, tn, nt" in msg
+
+
+def test_layout_enum_in_the_header_matches_the_catalog():
+    """mf/layout.cuh declares exactly the enumerators the catalog maps layout names to."""
+    from mamba_forge.catalog.model import LAYOUTS
+
+    header = (default_catalog_path().parent / "include" / "mf" / "layout.cuh").read_text()
+    assert "enum Layout : int { NN = 0, TN = 1, NT = 2 };" in header
+    assert LAYOUTS == {"nn": "mf::Layout::NN", "tn": "mf::Layout::TN", "nt": "mf::Layout::NT"}
+
+
+def test_a_source_file_belongs_to_one_module(tmp_path):
+    second = ROOT.split("[[module]]")[1].replace('kind = "M"', 'kind = "N"').replace('families = ["f.toml"]', "")
+    msg = error_of(make(tmp_path, root=ROOT + "\n[[module]]" + second))
+    assert "module[1] (kind=N)" in msg and "source 'k.cu' is already a source of module M" in msg
+    assert "header" in msg  # says where shared code goes
+
+
+def test_builtin_modules_share_code_through_headers_only():
+    """No source file in two modules, and every source is a family .cu (shared device code is in include/mf)."""
+    cat = load_catalog(default_catalog_path())
+    sources = [rel for m in cat.modules for rel in m.module.sources]
+    assert len(sources) == len(set(sources))
+    assert all(rel.endswith(".cu") and not rel.startswith("include/") for rel in sources)
+
+
 def test_policy_inherits_defaults_module_then_family(tmp_path):
     root = ROOT.replace("[[module]]", "[defaults]\npolicy = { max_regs = 200, max_stack = 16 }\n\n[[module]]")
     root = root.replace('include = []', 'include = []\npolicy = { max_regs = 128 }')

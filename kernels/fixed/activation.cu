@@ -1,6 +1,7 @@
-// Activation kernels: softplus forward/backward and the softplus copy. One typed implementation per family,
-// instantiated per dtype by the catalog (kernels/fixed/activation.toml). All three are elementwise over a flat
-// n, computed in f32, 16-byte vectorized with a scalar tail, 2-4 chunks per thread per tile (mf/elementwise.cuh).
+// Activation kernels: softplus forward/backward and the softplus copy, instantiated per dtype by the catalog
+// (kernels/fixed/activation.toml). All three are elementwise over a flat n, computed in f32, 16-byte vectorized
+// with a scalar tail, 2-4 chunks per thread per tile: forward and backward are the flat maps of mf/elementwise.cuh
+// with the ops below; the copy writes two outputs.
 #include "mf/common.cuh"
 #include "mf/elementwise.cuh"
 
@@ -9,50 +10,8 @@ namespace mf {
 // d/dx softplus(x) with torch's threshold: 1 above 20 (where the forward is the identity), else sigmoid(x).
 MF_DEVICE float softplus_grad(float x) { return x > 20.f ? 1.f : sigmoid(x); }
 
-// y[i] = softplus(x[i]) (threshold 20), elementwise over n.
-template <typename T> MF_DEVICE void softplus_forward(T* __restrict__ y, const T* __restrict__ x, i64 n) {
-  constexpr int W = 8, U = flat_chunks<W>(W * (int)sizeof(T));
-  const bool vec = aligned16(y) && aligned16(x);
-  const i64 span = tile_span<W>();
-  for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) {
-    const i64 i0 = tile_thread_start<W>(t0);
-    float v[U][W];
-    if (group_whole<U, W>(vec, i0, span, n)) {
-      load_whole(v, x, i0, span);
-    } else {
-      load_each(v, x, i0, span, n, vec);
-    }
-#pragma unroll
-    for (int j = 0; j < U; ++j)
-#pragma unroll
-      for (int k = 0; k < W; ++k) v[j][k] = softplus(v[j][k]);
-    store_each(y, v, i0, span, n, vec);
-  }
-}
-
-// dx[i] = dy[i] * softplus'(x[i]).
-template <typename T>
-MF_DEVICE void softplus_backward(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x, i64 n) {
-  constexpr int W = 8, U = flat_chunks<W>(2 * W * (int)sizeof(T));
-  const bool vec = aligned16(dx) && aligned16(dy) && aligned16(x);
-  const i64 span = tile_span<W>();
-  for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) {
-    const i64 i0 = tile_thread_start<W>(t0);
-    float g[U][W], v[U][W];
-    if (group_whole<U, W>(vec, i0, span, n)) {
-      load_whole(g, dy, i0, span);
-      load_whole(v, x, i0, span);
-    } else {
-      load_each(g, dy, i0, span, n, vec);
-      load_each(v, x, i0, span, n, vec);
-    }
-#pragma unroll
-    for (int j = 0; j < U; ++j)
-#pragma unroll
-      for (int k = 0; k < W; ++k) g[j][k] = g[j][k] * softplus_grad(v[j][k]);
-    store_each(dx, g, i0, span, n, vec);
-  }
-}
+struct OpSoftplus { static MF_DEVICE float f(float x) { return softplus(x); } };
+struct OpSoftplusGrad { static MF_DEVICE float f(float dy, float x) { return dy * softplus_grad(x); } };
 
 // y[i] = softplus(x[i]) and x_saved[i] = x[i] in one pass: the forward keeps the pre-activation for the
 // backward without a second read of x.
@@ -61,15 +20,12 @@ MF_DEVICE void softplus_copy(T* __restrict__ y, T* __restrict__ x_saved, const T
   // Sized as if it loaded two arrays: the chunks and their softplus are both live (4 chunks of bf16 need 80 registers).
   constexpr int W = 8, U = flat_chunks<W>(2 * W * (int)sizeof(T));
   const bool vec = aligned16(y) && aligned16(x_saved) && aligned16(x);
+  // The tile loop written out, not flat_tiles: through the lambda ptxas scheduled this kernel differently.
   const i64 span = tile_span<W>();
   for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) {
     const i64 i0 = tile_thread_start<W>(t0);
     float v[U][W], s[U][W];
-    if (group_whole<U, W>(vec, i0, span, n)) {
-      load_whole(v, x, i0, span);
-    } else {
-      load_each(v, x, i0, span, n, vec);
-    }
+    load_group<U, W>(i0, span, n, vec, v, x, vec);
 #pragma unroll
     for (int j = 0; j < U; ++j)
 #pragma unroll
@@ -83,12 +39,12 @@ MF_DEVICE void softplus_copy(T* __restrict__ y, T* __restrict__ x_saved, const T
 
 #define MF_SOFTPLUS_FORWARD(NAME, T) \
   extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ y, const T* __restrict__ x, long long n) { \
-    mf::softplus_forward<T>(y, x, n); \
+    mf::map1<8, mf::OpSoftplus>(y, x, n); \
   }
 #define MF_SOFTPLUS_BACKWARD(NAME, T) \
   extern "C" __global__ void __launch_bounds__(256) \
   NAME(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x, long long n) { \
-    mf::softplus_backward<T>(dx, dy, x, n); \
+    mf::map2<8, mf::OpSoftplusGrad>(dx, dy, x, n); \
   }
 #define MF_SOFTPLUS_COPY(NAME, T) \
   extern "C" __global__ void __launch_bounds__(256) \

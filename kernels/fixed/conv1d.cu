@@ -66,6 +66,15 @@ template <int N> MF_DEVICE void silu_n(float* out, const float* z) {
   }
 }
 
+// A backward channel c: its W taps widened to f64 (exact) and its f64 weight-gradient accumulators, zeroed.
+template <int W>
+MF_DEVICE void conv_bwd_channel_init(double (&w)[W], double (&dw)[W], const float* __restrict__ weight, i64 c) {
+#pragma unroll
+  for (int k = 0; k < W; ++k) w[k] = weight[c * W + k];
+#pragma unroll
+  for (int k = 0; k < W; ++k) dw[k] = 0.0;
+}
+
 // dpre = g * d silu(z)/dz = g * s * (1 + z * (1 - s)), s = sigmoid(z), in f64: dweight sums thousands of these
 // with cancellation, so f32 rounding here would show in the result. Explicit roundings: the tiled and the
 // serial backward agree bit for bit.
@@ -199,12 +208,8 @@ MF_DEVICE void conv1d_bwd_tiled_w(T* __restrict__ dx, float* __restrict__ dweigh
   const i64 steps = batch * tiles;  // (batch, tile) in walk order
   const bool vec = L % N == 0 && aligned16(x) && aligned16(pre) && aligned16(dout) && aligned16(dx);
   for (i64 c = blockIdx.x; c < d; c += gridDim.x) {
-    double w[W];
-#pragma unroll
-    for (int k = 0; k < W; ++k) w[k] = weight[c * W + k];
-    double dw[W], db = 0.0;
-#pragma unroll
-    for (int k = 0; k < W; ++k) dw[k] = 0.0;
+    double w[W], dw[W], db = 0.0;
+    conv_bwd_channel_init(w, dw, weight, c);
     // software pipeline: step i+1's loads are in flight while step i computes (the walk order is unchanged)
     // (16-bit types only: for f32, ptxas spills around the f64 slow-path calls with the extra live registers)
     constexpr bool PREFETCH = sizeof(T) == 2;
@@ -316,12 +321,8 @@ MF_DEVICE void conv1d_bwd_serial_w(T* __restrict__ dx, float* __restrict__ dweig
                                    const T* __restrict__ x, const float* __restrict__ weight, const T* __restrict__ pre,
                                    const T* __restrict__ dout, i64 batch, i64 d, i64 L) {
   for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < d; c += (i64)gridDim.x * blockDim.x) {
-    double w[W];
-#pragma unroll
-    for (int k = 0; k < W; ++k) w[k] = weight[c * W + k];
-    double dw[W], db = 0.0;
-#pragma unroll
-    for (int k = 0; k < W; ++k) dw[k] = 0.0;
+    double w[W], dw[W], db = 0.0;
+    conv_bwd_channel_init(w, dw, weight, c);
     for (i64 b = 0; b < batch; ++b) {
       const i64 off = (b * d + c) * L;
       float xw[W];   // x[s-(W-1) .. s]

@@ -1,9 +1,9 @@
 // Elementwise, gather/scatter and column-reduction kernels of the Mamba-1 block. Contracts live in
 // kernels/fixed/elementwise.toml. Everything computes in f32 and is deterministic by construction: every output
 // element is written by exactly one thread, and the column sums fold rows in one fixed order (no atomics).
-// Flat maps use 8-element chunks (16-byte vectors when aligned, scalar tail; mf/elementwise.cuh), 2-4 chunks per
-// thread per tile so several loads are in flight; W = 1 marks the plain scalar forms (symbols without _v where a
-// _v sibling exists).
+// Flat maps (map1, map2, map2_inplace: mf/elementwise.cuh) use 8-element chunks (16-byte vectors when aligned,
+// scalar tail), 2-4 chunks per thread per tile so several loads are in flight; W = 1 marks the plain scalar forms
+// (symbols without _v where a _v sibling exists).
 #include "mf/common.cuh"
 #include "mf/elementwise.cuh"
 
@@ -11,82 +11,11 @@ namespace mf {
 
 // ---- pointwise operations ----
 struct OpMul { static MF_DEVICE float f(float a, float b) { return a * b; } };
-struct OpAdd { static MF_DEVICE float f(float a, float b) { return a + b; } };
 struct OpGateSilu { static MF_DEVICE float f(float y, float z) { return y * silu(z); } };  // Mamba: y * silu(z)
 struct OpIdentity { static MF_DEVICE float f(float a) { return a; } };
 struct OpExpNegate { static MF_DEVICE float f(float a) { return -expf(a); } };  // A = -exp(A_log)
 
 constexpr float LOG2E = 1.4426950408889634f;
-
-// out[i] = Op(a[i]) over a flat n.
-template <int W, typename Op, typename TO, typename TA>
-MF_DEVICE void map1(TO* __restrict__ out, const TA* __restrict__ a, i64 n) {
-  constexpr int U = flat_chunks<W>(W * (int)sizeof(TA));
-  const bool vec = W > 1 && aligned16(out) && aligned16(a);
-  const i64 span = tile_span<W>();
-  for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) {
-    const i64 i0 = tile_thread_start<W>(t0);
-    float u[U][W];
-    if (group_whole<U, W>(vec, i0, span, n)) {
-      load_whole(u, a, i0, span);
-    } else {
-      load_each(u, a, i0, span, n, vec);
-    }
-#pragma unroll
-    for (int j = 0; j < U; ++j)
-#pragma unroll
-      for (int k = 0; k < W; ++k) u[j][k] = Op::f(u[j][k]);
-    store_each(out, u, i0, span, n, vec);
-  }
-}
-
-// out[i] = Op(a[i], b[i]) over a flat n.
-template <int W, typename Op, typename TO, typename TA, typename TB>
-MF_DEVICE void map2(TO* __restrict__ out, const TA* __restrict__ a, const TB* __restrict__ b, i64 n) {
-  constexpr int U = flat_chunks<W>(W * (int)(sizeof(TA) + sizeof(TB)));
-  const bool vec = W > 1 && aligned16(out) && aligned16(a) && aligned16(b);
-  const i64 span = tile_span<W>();
-  for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) {
-    const i64 i0 = tile_thread_start<W>(t0);
-    float u[U][W], v[U][W];
-    if (group_whole<U, W>(vec, i0, span, n)) {
-      load_whole(u, a, i0, span);
-      load_whole(v, b, i0, span);
-    } else {
-      load_each(u, a, i0, span, n, vec);
-      load_each(v, b, i0, span, n, vec);
-    }
-#pragma unroll
-    for (int j = 0; j < U; ++j)
-#pragma unroll
-      for (int k = 0; k < W; ++k) u[j][k] = Op::f(u[j][k], v[j][k]);
-    store_each(out, u, i0, span, n, vec);
-  }
-}
-
-// io[i] = Op(io[i], b[i]) in place over a flat n. Each element is read and then written by the same thread.
-template <int W, typename Op, typename TO, typename TB>
-MF_DEVICE void map2_inplace(TO* __restrict__ io, const TB* __restrict__ b, i64 n) {
-  constexpr int U = flat_chunks<W>(W * (int)(sizeof(TO) + sizeof(TB)));
-  const bool vec = W > 1 && aligned16(io) && aligned16(b);
-  const i64 span = tile_span<W>();
-  for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) {
-    const i64 i0 = tile_thread_start<W>(t0);
-    float u[U][W], v[U][W];
-    if (group_whole<U, W>(vec, i0, span, n)) {
-      load_whole(u, io, i0, span);
-      load_whole(v, b, i0, span);
-    } else {
-      load_each(u, io, i0, span, n, vec);
-      load_each(v, b, i0, span, n, vec);
-    }
-#pragma unroll
-    for (int j = 0; j < U; ++j)
-#pragma unroll
-      for (int k = 0; k < W; ++k) u[j][k] = Op::f(u[j][k], v[j][k]);
-    store_each(io, u, i0, span, n, vec);
-  }
-}
 
 // Backward of out = y * silu(z): dy = dout * silu(z); dz = dout * y * sigmoid(z) * (1 + z * (1 - sigmoid(z))).
 template <typename T>
@@ -288,22 +217,15 @@ MF_DEVICE void pack_xdbl_cols(T* __restrict__ x_dbl, const T* __restrict__ dt, c
 #define MF_KERNEL extern "C" __global__ void __launch_bounds__(256)
 
 // ---- flat maps ----
-#define MF_GATE_MUL_SILU(NAME, T) \
-  MF_KERNEL NAME(T* __restrict__ out, const T* __restrict__ y, const T* __restrict__ z, long long n) { \
-    mf::map2<1, mf::OpGateSilu>(out, y, z, n); \
+// out[i] = OP(a[i], b[i]); W = 1: the plain scalar form, W = 8: 16-byte vectors and several chunks in flight.
+#define MF_MAP2_KERNEL(NAME, T, W, OP) \
+  MF_KERNEL NAME(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, long long n) { \
+    mf::map2<W, OP>(out, a, b, n); \
   }
-#define MF_GATE_MUL_SILU_V(NAME, T) \
-  MF_KERNEL NAME(T* __restrict__ out, const T* __restrict__ y, const T* __restrict__ z, long long n) { \
-    mf::map2<8, mf::OpGateSilu>(out, y, z, n); \
-  }
-#define MF_ELEMENTWISE_MUL(NAME, T) \
-  MF_KERNEL NAME(T* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b, long long n) { \
-    mf::map2<1, mf::OpMul>(c, a, b, n); \
-  }
-#define MF_ELEMENTWISE_MUL_V(NAME, T) \
-  MF_KERNEL NAME(T* __restrict__ c, const T* __restrict__ a, const T* __restrict__ b, long long n) { \
-    mf::map2<8, mf::OpMul>(c, a, b, n); \
-  }
+#define MF_GATE_MUL_SILU(NAME, T) MF_MAP2_KERNEL(NAME, T, 1, mf::OpGateSilu)  // out = y * silu(z)
+#define MF_GATE_MUL_SILU_V(NAME, T) MF_MAP2_KERNEL(NAME, T, 8, mf::OpGateSilu)
+#define MF_ELEMENTWISE_MUL(NAME, T) MF_MAP2_KERNEL(NAME, T, 1, mf::OpMul)  // c = a * b
+#define MF_ELEMENTWISE_MUL_V(NAME, T) MF_MAP2_KERNEL(NAME, T, 8, mf::OpMul)
 #define MF_GATING_BACKWARD(NAME, T) \
   MF_KERNEL NAME(T* __restrict__ dy, T* __restrict__ dz, const T* __restrict__ dout, const T* __restrict__ y, \
                  const T* __restrict__ z, long long n) { \

@@ -90,8 +90,8 @@ struct Matvec {
 
 // Exact f32 FFMA-chain GEMM, NN layout (the qualification oracle and its faster tilings).
 #define MF_GEMM_BI_EXACT_F32(NAME, BM, BN, BK, TM, TN, NBUF) \
-  MF_GEMM_EXACT_F32_KERNEL(NAME, mf::gemm::NN, BM, BN, BK, TM, TN, NBUF)
+  MF_GEMM_EXACT_F32_KERNEL(NAME, mf::Layout::NN, BM, BN, BK, TM, TN, NBUF)
 
 // Tensor-core NN GEMM: TI inputs, TO outputs and bias, R = TF32 rounding (0 for bf16/f16).
 #define MF_GEMM_BI_TC(NAME, TI, TO, BM, BN, BK, WM, WN, S, R) \
-  MF_GEMM_TC_KERNEL(NAME, TI, TO, mf::gemm::NN, BM, BN, BK, WM, WN, S, R)
+  MF_GEMM_TC_KERNEL(NAME, TI, TO, mf::Layout::NN, BM, BN, BK, WM, WN, S, R)

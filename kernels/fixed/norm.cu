@@ -20,6 +20,30 @@ constexpr int NORM_C = 2;
 // Rows are vector-loaded only when every row start stays 16-byte aligned: base aligned and dim % 8 == 0.
 MF_DEVICE bool rows_vec(const void* p, i64 dim) { return aligned16(p) && dim % NORM_W == 0; }
 
+// ss += v^2 over a group of a row, chunk by chunk in row order; chunks past the row add nothing.
+MF_DEVICE void add_squares(float& ss, const float (&v)[NORM_C][NORM_W], i64 i0, i64 dim) {
+#pragma unroll
+  for (int c = 0; c < NORM_C; ++c)
+    if (i0 + c * NORM_SPAN < dim)
+#pragma unroll
+      for (int k = 0; k < NORM_W; ++k) ss += v[c][k] * v[c][k];
+}
+
+// The normalising pass of a row: yr[j] = (src[j] * r) * w[j], src being the row the sum of squares was taken over.
+template <typename TS, typename TY>
+MF_DEVICE void rms_scale_row(TY* __restrict__ yr, bool vy, const TS* __restrict__ src, bool vs,
+                             const float* __restrict__ w, bool vw, float r, i64 dim) {
+  for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
+    float v[NORM_C][NORM_W], g[NORM_C][NORM_W];
+    load_group<NORM_C, NORM_W>(i0, NORM_SPAN, dim, vs && vw, v, src, vs, g, w, vw);
+#pragma unroll
+    for (int c = 0; c < NORM_C; ++c)
+#pragma unroll
+      for (int k = 0; k < NORM_W; ++k) v[c][k] = (v[c][k] * r) * g[c][k];
+    store_each(yr, v, i0, NORM_SPAN, dim, vy);
+  }
+}
+
 // y[r,:] = x[r,:] * rstd[r] * w, rstd[r] = 1/sqrt(sum(x[r,:]^2)/dim + eps). TX: input, TY: output.
 template <typename TX, typename TY>
 MF_DEVICE void rmsnorm_forward(TY* __restrict__ y, float* __restrict__ rstd, const TX* __restrict__ x,
@@ -32,35 +56,13 @@ MF_DEVICE void rmsnorm_forward(TY* __restrict__ y, float* __restrict__ rstd, con
     float ss = 0.f;
     for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
       float v[NORM_C][NORM_W];
-      if (group_whole<NORM_C, NORM_W>(vx, i0, NORM_SPAN, dim)) {
-        load_whole(v, xr, i0, NORM_SPAN);
-      } else {
-        load_each(v, xr, i0, NORM_SPAN, dim, vx);
-      }
-#pragma unroll
-      for (int c = 0; c < NORM_C; ++c)
-        if (i0 + c * NORM_SPAN < dim)  // chunks past the row add nothing
-#pragma unroll
-          for (int k = 0; k < NORM_W; ++k) ss += v[c][k] * v[c][k];
+      load_group<NORM_C, NORM_W>(i0, NORM_SPAN, dim, vx, v, xr, vx);
+      add_squares(ss, v, i0, dim);
     }
     ss = block_sum(ss, scratch);
     const float r = rsqrtf(ss / (float)dim + eps);
     if (threadIdx.x == 0) rstd[row] = r;
-    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
-      float v[NORM_C][NORM_W], g[NORM_C][NORM_W];
-      if (group_whole<NORM_C, NORM_W>(vx && vw, i0, NORM_SPAN, dim)) {
-        load_whole(v, xr, i0, NORM_SPAN);  // second read of the row: served by L2, not HBM
-        load_whole(g, w, i0, NORM_SPAN);
-      } else {
-        load_each(v, xr, i0, NORM_SPAN, dim, vx);
-        load_each(g, w, i0, NORM_SPAN, dim, vw);
-      }
-#pragma unroll
-      for (int c = 0; c < NORM_C; ++c)
-#pragma unroll
-        for (int k = 0; k < NORM_W; ++k) v[c][k] = (v[c][k] * r) * g[c][k];
-      store_each(yr, v, i0, NORM_SPAN, dim, vy);
-    }
+    rms_scale_row(yr, vy, xr, vx, w, vw, r, dim);  // second read of the row: served by L2, not HBM
   }
 }
 
@@ -78,43 +80,33 @@ MF_DEVICE void rmsnorm_forward_resadd(T* __restrict__ y, float* __restrict__ rst
     float ss = 0.f;
     for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
       float h[NORM_C][NORM_W], v[NORM_C][NORM_W];
-      if (group_whole<NORM_C, NORM_W>(vr && vx, i0, NORM_SPAN, dim)) {
-        load_whole(h, rr, i0, NORM_SPAN);
-        load_whole(v, xr, i0, NORM_SPAN);
-      } else {
-        load_each(h, rr, i0, NORM_SPAN, dim, vr);
-        load_each(v, xr, i0, NORM_SPAN, dim, vx);
-      }
-#pragma unroll
-      for (int c = 0; c < NORM_C; ++c)
-#pragma unroll
-        for (int k = 0; k < NORM_W; ++k) h[c][k] = h[c][k] + v[c][k];
-#pragma unroll
-      for (int c = 0; c < NORM_C; ++c)
-        if (i0 + c * NORM_SPAN < dim)  // chunks past the row add nothing
-#pragma unroll
-          for (int k = 0; k < NORM_W; ++k) ss += h[c][k] * h[c][k];
+      load_group<NORM_C, NORM_W>(i0, NORM_SPAN, dim, vr && vx, h, rr, vr, v, xr, vx);
+      apply<OpAdd>(h, v);
+      add_squares(ss, h, i0, dim);
       store_each(rr, h, i0, NORM_SPAN, dim, vr);  // writes nothing past the row
     }
     ss = block_sum(ss, scratch);
     const float r = rsqrtf(ss / (float)dim + eps);
     if (threadIdx.x == 0) rstd[row] = r;
     // Each thread re-reads exactly the chunks it wrote above (same i0, span and path), so no barrier is needed.
-    for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
-      float h[NORM_C][NORM_W], g[NORM_C][NORM_W];
-      if (group_whole<NORM_C, NORM_W>(vr && vw, i0, NORM_SPAN, dim)) {
-        load_whole(h, rr, i0, NORM_SPAN);
-        load_whole(g, w, i0, NORM_SPAN);
-      } else {
-        load_each(h, rr, i0, NORM_SPAN, dim, vr);
-        load_each(g, w, i0, NORM_SPAN, dim, vw);
-      }
-#pragma unroll
-      for (int c = 0; c < NORM_C; ++c)
-#pragma unroll
-        for (int k = 0; k < NORM_W; ++k) h[c][k] = (h[c][k] * r) * g[c][k];
-      store_each(yr, h, i0, NORM_SPAN, dim, vy);
-    }
+    rms_scale_row(yr, vy, rr, vr, w, vw, r, dim);
+  }
+}
+
+// The backward's three row arrays (x, dy, w) at i0 as one load group. Written out rather than through the variadic
+// load_group: with three arrays that form changed the code ptxas generates for sm_100a and sm_120a.
+template <typename TX, typename TG>
+MF_DEVICE void load_bwd_group(float (&v)[NORM_C][NORM_W], float (&g)[NORM_C][NORM_W], float (&ww)[NORM_C][NORM_W],
+                              const TX* __restrict__ xr, bool vx, const TG* __restrict__ gr, bool vdy,
+                              const float* __restrict__ w, bool vw, i64 i0, i64 dim) {
+  if (group_whole<NORM_C, NORM_W>(vx && vdy && vw, i0, NORM_SPAN, dim)) {
+    load_whole(v, xr, i0, NORM_SPAN);
+    load_whole(g, gr, i0, NORM_SPAN);
+    load_whole(ww, w, i0, NORM_SPAN);
+  } else {
+    load_each(v, xr, i0, NORM_SPAN, dim, vx);
+    load_each(g, gr, i0, NORM_SPAN, dim, vdy);
+    load_each(ww, w, i0, NORM_SPAN, dim, vw);
   }
 }
 
@@ -134,15 +126,7 @@ MF_DEVICE void rmsnorm_backward(TDX* __restrict__ dx, float* __restrict__ dw_row
     float s = 0.f;
     for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
       float v[NORM_C][NORM_W], g[NORM_C][NORM_W], ww[NORM_C][NORM_W];
-      if (group_whole<NORM_C, NORM_W>(vx && vdy && vw, i0, NORM_SPAN, dim)) {
-        load_whole(v, xr, i0, NORM_SPAN);
-        load_whole(g, gr, i0, NORM_SPAN);
-        load_whole(ww, w, i0, NORM_SPAN);
-      } else {
-        load_each(v, xr, i0, NORM_SPAN, dim, vx);
-        load_each(g, gr, i0, NORM_SPAN, dim, vdy);
-        load_each(ww, w, i0, NORM_SPAN, dim, vw);
-      }
+      load_bwd_group(v, g, ww, xr, vx, gr, vdy, w, vw, i0, dim);
 #pragma unroll
       for (int c = 0; c < NORM_C; ++c)
         if (i0 + c * NORM_SPAN < dim)  // chunks past the row add nothing
@@ -154,15 +138,7 @@ MF_DEVICE void rmsnorm_backward(TDX* __restrict__ dx, float* __restrict__ dw_row
     const float coef = ((r * r) * r) * (s / (float)dim);
     for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
       float v[NORM_C][NORM_W], g[NORM_C][NORM_W], ww[NORM_C][NORM_W];
-      if (group_whole<NORM_C, NORM_W>(vx && vdy && vw, i0, NORM_SPAN, dim)) {
-        load_whole(v, xr, i0, NORM_SPAN);
-        load_whole(g, gr, i0, NORM_SPAN);
-        load_whole(ww, w, i0, NORM_SPAN);
-      } else {
-        load_each(v, xr, i0, NORM_SPAN, dim, vx);
-        load_each(g, gr, i0, NORM_SPAN, dim, vdy);
-        load_each(ww, w, i0, NORM_SPAN, dim, vw);
-      }
+      load_bwd_group(v, g, ww, xr, vx, gr, vdy, w, vw, i0, dim);
       float d[NORM_C][NORM_W], pw[NORM_C][NORM_W];
 #pragma unroll
       for (int c = 0; c < NORM_C; ++c)

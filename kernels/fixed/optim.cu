@@ -7,6 +7,7 @@
 // block folds the partials in a fixed order. The only atomic is the integer arrival counter of the capturable
 // AdamW, whose result (the step count) does not depend on arrival order.
 #include "mf/common.cuh"
+#include "mf/elementwise.cuh"
 
 namespace mf {
 
@@ -234,20 +235,6 @@ static_assert(sizeof(AdamWTensorDesc) == 48, "descriptor layout is part of the A
 constexpr int MULTI_EPT = 8;  // elements per thread per chunk: one 16-byte vector of 16-bit T, two of f32
 constexpr int MULTI_CHUNK = OPT_BLOCK * MULTI_EPT;
 
-template <typename T> MF_DEVICE void load8(float* dst, const T* base, i64 i, i64 n, bool vec) {
-  constexpr int N = Vec<T>::N;
-  if (vec && i + MULTI_EPT <= n) {
-#pragma unroll
-    for (int h = 0; h < MULTI_EPT / N; ++h) {
-      const Vec<T> r = load_vec(base + i + h * N);
-#pragma unroll
-      for (int j = 0; j < N; ++j) dst[h * N + j] = to_f32(r.v[j]);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < MULTI_EPT; ++j) dst[j] = i + j < n ? to_f32(base[i + j]) : 0.f;
-  }
-}
 template <typename T> MF_DEVICE void store8(T* base, const float* src, i64 i, i64 n, bool vec) {
   constexpr int N = Vec<T>::N;
   if (vec && i + MULTI_EPT <= n) {
@@ -285,10 +272,10 @@ MF_DEVICE void adamw_multi(const AdamWTensorDesc* __restrict__ descs, int num_te
     for (; c < chunks; c += gridDim.x) {
       const i64 i = c * MULTI_CHUNK + (i64)threadIdx.x * MULTI_EPT;
       float pv[MULTI_EPT], gv[MULTI_EPT], mv[MULTI_EPT], vv[MULTI_EPT];
-      load8<T>(pv, p, i, n, vec);
-      load8<T>(gv, g, i, n, vec);
-      load8<float>(mv, m, i, n, vec);
-      load8<float>(vv, v, i, n, vec);
+      load_chunk<MULTI_EPT>(pv, p, i, n, vec);
+      load_chunk<MULTI_EPT>(gv, g, i, n, vec);
+      load_chunk<MULTI_EPT>(mv, m, i, n, vec);
+      load_chunk<MULTI_EPT>(vv, v, i, n, vec);
 #pragma unroll
       for (int j = 0; j < MULTI_EPT; ++j) adamw_elem(pv[j], gv[j], mv[j], vv[j], k, decay);
       store8<T>(p, pv, i, n, vec);

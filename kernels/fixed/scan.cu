@@ -106,12 +106,8 @@ MF_DEVICE void ssm_burnin(T* __restrict__ out, float* __restrict__ state, float*
   const int lane = threadIdx.x & 31;
   const long long ch = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (ch >= (long long)batch * d_inner || d_state > MF_STATE_CAP) return;  // whole warp
-  const long long b = ch / d_inner;
-  const int d = (int)(ch % d_inner);
-  const long long row = ch * L, bc = b * d_state * L;
+  const auto [b, d, row, bc, bias, Dd] = scan_channel(ch, d_inner, d_state, L, delta_bias, Dp);
   const long long nsaved = (L + kScanSaveChunk - 1) / kScanSaveChunk;
-  const float bias = delta_bias ? delta_bias[d] : 0.f;
-  const float Dd = Dp ? Dp[d] : 0.f;
   float h[KS], a2[KS];
 #pragma unroll
   for (int k = 0; k < KS; ++k) {
@@ -176,13 +172,9 @@ MF_DEVICE void ssm_parallel_fwd(T* __restrict__ out, float* __restrict__ last_st
   const int lane = threadIdx.x & 31;
   const long long ch = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (ch >= (long long)batch * d_inner || d_state > MF_STATE_CAP) return;  // whole warp
-  const long long b = ch / d_inner;
-  const int d = (int)(ch % d_inner);
-  const long long row = ch * L, bc = b * d_state * L;
+  const auto [b, d, row, bc, bias, Dd] = scan_channel(ch, d_inner, d_state, L, delta_bias, Dp);
   const long long nchunks = (L + CH - 1) / CH;
   const long long nsaved = (L + kScanSaveChunk - 1) / kScanSaveChunk;
-  const float bias = delta_bias ? delta_bias[d] : 0.f;
-  const float Dd = Dp ? Dp[d] : 0.f;
   for (int n = lane; n < d_state; n += 32) carry[n] = 0.f;
   __syncwarp();
   for (long long c = 0; c < nchunks; ++c) {
@@ -276,13 +268,9 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
   // Block-uniform exits only (the block synchronizes below).
   if (d_state > MF_STATE_CAP || d_inner % W != 0 || (long long)blockIdx.x * W >= (long long)batch * d_inner) return;
   const long long ch = (long long)blockIdx.x * W + w;
-  const long long b = ch / d_inner;
-  const int d = (int)(ch % d_inner);
+  const auto [b, d, row, bc, bias, Dd] = scan_channel(ch, d_inner, d_state, L, delta_bias, Dp);
   const long long groups = d_inner / W, g = d / W;
-  const long long row = ch * L, bc = b * d_state * L;
   const long long nchunks = (L + CH - 1) / CH;
-  const float bias = delta_bias ? delta_bias[d] : 0.f;
-  const float Dd = Dp ? Dp[d] : 0.f;
   for (int n = lane; n < d_state; n += 32) qcarry[w][n] = LOCAL ? dh_last[ch * d_state + n] : 0.f;
   __syncwarp();
   float dD_acc = 0.f, dbias_acc = 0.f;

@@ -70,16 +70,6 @@ MF_DEVICE void tmem_ld32(u32 taddr, u32 (&r)[32]) {
   asm volatile("tcgen05.wait::ld.sync.aligned;\n" ::: "memory");
 }
 
-template <typename T> MF_DEVICE u32 pack2(float a, float b);
-template <> MF_DEVICE u32 pack2<__nv_bfloat16>(float a, float b) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<u32*>(&v);
-}
-template <> MF_DEVICE u32 pack2<__half>(float a, float b) {
-  __half2 v = __floats2half2_rn(a, b);
-  return *reinterpret_cast<u32*>(&v);
-}
-
 template <typename T>
 MF_DEVICE void gemm_tcgen05_nn(const TmaDesc* tmA, const TmaDesc* tmB, T* __restrict__ C, int M, int N, int K) {
   extern __shared__ unsigned char umma_smem_raw[];
@@ -92,12 +82,7 @@ MF_DEVICE void gemm_tcgen05_nn(const TmaDesc* tmA, const TmaDesc* tmB, T* __rest
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
   if ((int)blockIdx.x >= tiles_m * tiles_n) return;
   int tm, tn;
-  {  // grouped tile order: 8 row tiles walk the column tiles together
-    const int t = blockIdx.x, per_group = 8 * tiles_n, group = t / per_group, first = group * 8;
-    const int rows = min(tiles_m - first, 8), r = t - group * per_group;
-    tm = first + r % rows;
-    tn = r / rows;
-  }
+  grouped_tile_coords<8>(blockIdx.x, tiles_m, tiles_n, tm, tn);
   const int m0 = tm * BM, n0 = tn * BN;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int k_tiles = (K + BK - 1) / BK;

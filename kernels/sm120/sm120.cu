@@ -1,2 +1,5 @@
 // Blackwell GeForce (sm_120a) GEMM module: symbols instantiated by kernels/sm120/sm120.toml from the portable
-// tile GEMMs in kernels/sm89/tile_{mma,tf32,fma}.cu (composed before this file).
+// tile GEMMs (MF_TILE_MMA_NN, MF_TILE_TF32_NN, MF_TILE_FMA_NN, MF_TILE_FMA_BIAS_NN).
+#include "mf/tile_mma.cuh"
+#include "mf/tile_tf32.cuh"
+#include "mf/tile_fma.cuh"

@@ -1,2 +1,3 @@
-// Ada (sm_89) exact f32 GEMM module: symbols instantiated by kernels/sm89/exact_f32.toml from
-// kernels/sm89/tile_fma.cu (composed before this file).
+// Ada (sm_89) exact f32 GEMM module: every symbol is MF_TILE_FMA_NN from the portable FFMA tile GEMM,
+// instantiated by kernels/sm89/exact_f32.toml.
+#include "mf/tile_fma.cuh"

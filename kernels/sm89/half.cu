@@ -1,2 +1,3 @@
-// Ada (sm_89) f16/bf16 GEMM module: every symbol is instantiated by kernels/sm89/half.toml from
-// kernels/sm89/tile_mma.cu (composed before this file); nothing module-specific is needed here.
+// Ada (sm_89) f16/bf16 GEMM module: every symbol is MF_TILE_MMA_NN from the portable tensor-core tile GEMM,
+// instantiated by kernels/sm89/half.toml; nothing module-specific is needed here.
+#include "mf/tile_mma.cuh"

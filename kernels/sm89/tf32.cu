@@ -1,2 +1,3 @@
-// Ada (sm_89) TF32 GEMM module: symbols instantiated by kernels/sm89/tf32.toml from
-// kernels/sm89/tile_tf32.cu (composed before this file).
+// Ada (sm_89) TF32 GEMM module: every symbol is MF_TILE_TF32_NN from the portable TF32 tile GEMM,
+// instantiated by kernels/sm89/tf32.toml.
+#include "mf/tile_tf32.cuh"

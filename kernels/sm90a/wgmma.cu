@@ -17,6 +17,7 @@
 // N (C's rows are stored as 4-byte pairs) must be multiples of 8: NN needs K % 8 == 0 and N % 8 == 0; NT needs
 // K % 8 and N % 8; TN needs M % 8 and N % 8. The host (mamba_forge/tma.py) refuses anything else.
 #include "mf/common.cuh"
+#include "mf/layout.cuh"
 #include "mf/tma.cuh"
 #include "mf/wgmma.cuh"
 
@@ -25,8 +26,6 @@ namespace mf {
 constexpr int WG_BK = 64;         // k elements per stage: one 128-byte swizzle row of 16-bit elements
 constexpr int WG_BOX = 64;        // every TMA box is 64 x 64 elements = 8 KB
 constexpr int WG_GROUP_M = 8;     // grouped tile order: 8 row tiles walk the N tiles together (L2 reuse)
-
-enum GemmLayout { LAYOUT_NN = 0, LAYOUT_NT = 1, LAYOUT_TN = 2 };
 
 template <int BM, int BN, int STAGES, int TMASTORE>
 struct WgSmem {
@@ -40,27 +39,6 @@ struct WgSmem {
   static constexpr int TOTAL = BAR_OFFSET + 2 * STAGES * 8 + 1024;
 };
 
-// Tile t of the grouped order -> (row tile, column tile). Depends only on t and the matrix shape.
-MF_DEVICE void wg_tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
-  const int per_group = WG_GROUP_M * tiles_n;
-  const int group = t / per_group;
-  const int first_m = group * WG_GROUP_M;
-  const int rows_in_group = min(tiles_m - first_m, WG_GROUP_M);
-  const int r = t - group * per_group;
-  tm = first_m + r % rows_in_group;
-  tn = r / rows_in_group;
-}
-
-template <typename T> MF_DEVICE u32 pack2(float a, float b);
-template <> MF_DEVICE u32 pack2<__nv_bfloat16>(float a, float b) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<u32*>(&v);
-}
-template <> MF_DEVICE u32 pack2<__half>(float a, float b) {
-  __half2 v = __floats2half2_rn(a, b);
-  return *reinterpret_cast<u32*>(&v);
-}
-
 #if defined(MF_HAS_WGMMA)
 
 template <typename T, int BM, int BN, int NC, int STAGES, int LAYOUT, int TMASTORE>
@@ -71,8 +49,8 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
   static_assert(MB >= 1 && MB * 64 * NC == BM, "BM must be 64 * NC * MB");
   static_assert(BN == 128 || BN == 256, "wgmma N is 128 or 256 here");
   static_assert(BM % WG_BOX == 0 && BN % WG_BOX == 0, "tiles are whole TMA boxes");
-  constexpr int TA = LAYOUT == LAYOUT_TN ? 1 : 0;  // A is M-major (transposed) in TN
-  constexpr int TB = LAYOUT == LAYOUT_NT ? 0 : 1;  // B is N-major in NN and TN, K-major in NT
+  constexpr int TA = LAYOUT == Layout::TN ? 1 : 0;  // A is M-major (transposed) in TN
+  constexpr int TB = LAYOUT == Layout::NT ? 0 : 1;  // B is N-major in NN and TN, K-major in NT
   constexpr u32 BOX_BYTES = WG_BOX * WG_BOX * 2;
 
   extern __shared__ unsigned char wg_smem_raw[];
@@ -106,7 +84,7 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
       u32 phase = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         int tm, tn;
-        wg_tile_coords(t, tiles_m, tiles_n, tm, tn);
+        grouped_tile_coords<WG_GROUP_M>(t, tiles_m, tiles_n, tm, tn);
         const int m0 = tm * BM, n0 = tn * BN;
         for (int kt = 0; kt < k_tiles; ++kt) {
           const int k0 = kt * WG_BK;
@@ -117,12 +95,12 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
           const u32 sb = sa + S::A_BYTES;
 #pragma unroll
           for (int j = 0; j < BM / WG_BOX; ++j) {
-            if (LAYOUT == LAYOUT_TN) tma_load_2d(sa + j * BOX_BYTES, tmA, fb, m0 + j * WG_BOX, k0);  // A is K x M
+            if (LAYOUT == Layout::TN) tma_load_2d(sa + j * BOX_BYTES, tmA, fb, m0 + j * WG_BOX, k0);  // A is K x M
             else tma_load_2d(sa + j * BOX_BYTES, tmA, fb, k0, m0 + j * WG_BOX);                      // A is M x K
           }
 #pragma unroll
           for (int j = 0; j < BN / WG_BOX; ++j) {
-            if (LAYOUT == LAYOUT_NT) tma_load_2d(sb + j * BOX_BYTES, tmB, fb, k0, n0 + j * WG_BOX);  // B is N x K
+            if (LAYOUT == Layout::NT) tma_load_2d(sb + j * BOX_BYTES, tmB, fb, k0, n0 + j * WG_BOX);  // B is N x K
             else tma_load_2d(sb + j * BOX_BYTES, tmB, fb, n0 + j * WG_BOX, k0);                      // B is K x N
           }
           if (++stage == STAGES) { stage = 0; phase ^= 1u; }
@@ -141,7 +119,7 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
   u32 phase = 0;
   for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
     int tm, tn;
-    wg_tile_coords(t, tiles_m, tiles_n, tm, tn);
+    grouped_tile_coords<WG_GROUP_M>(t, tiles_m, tiles_n, tm, tn);
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb)
 #pragma unroll

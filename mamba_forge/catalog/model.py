@@ -47,6 +47,10 @@ DTYPES: dict[str, tuple[str, int, str]] = {
     "i64": ("long long", 8, "int64"),
     "u64": ("unsigned long long", 8, "uint64"),
 }
+# GEMM layout names (the instance key L) -> the enumerators of kernels/include/mf/layout.cuh; family files name
+# a layout, never its number, and any other value is refused when the catalog loads
+LAYOUT_KEY = "L"
+LAYOUTS: dict[str, str] = {"nn": "mf::Layout::NN", "tn": "mf::Layout::TN", "nt": "mf::Layout::NT"}
 # scalar parameter types -> (size, alignment)
 SCALAR_TYPES: dict[str, tuple[int, int]] = {
     "i32": (4, 4), "u32": (4, 4), "i64": (8, 8), "u64": (8, 8), "f32": (4, 4), "f64": (8, 8), "ptr": (8, 8),
@@ -212,6 +216,9 @@ class Family(_Model):
             problem = template_problem(template)
             if problem:
                 raise ValueError(f"name template {template!r}: {problem}")
+        for inst in self.instances:
+            if LAYOUT_KEY in inst and inst[LAYOUT_KEY] not in LAYOUTS:
+                raise ValueError(f"unknown layout {LAYOUT_KEY} = {inst[LAYOUT_KEY]!r} (known: {', '.join(LAYOUTS)})")
         seen = set()
         for p in self.params:
             if p.name in seen:
@@ -412,6 +419,15 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise CatalogError(f"{path}: not UTF-8 text") from None
 
 
+def _c_token(key: str, value: int | str) -> str:
+    """An instance value as the macro sees it: a layout name becomes its enumerator, a dtype token its C type."""
+    if key == LAYOUT_KEY:
+        return LAYOUTS[str(value)]
+    if isinstance(value, str) and value in DTYPES:
+        return DTYPES[value][0]
+    return str(value)
+
+
 def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> list[Symbol]:
     dtypes: list[tuple[str | None, str | None]] = [(d, None) for d in fam.variants]  # (dtype, name override)
     if fam.bare:
@@ -444,7 +460,7 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
             if a not in env:
                 raise CatalogError(f"{where}: macro argument {a!r} is not an instance key (have {sorted(env)})")
             v = env[a]
-            macro_args.append(DTYPES[v][0] if isinstance(v, str) and v in DTYPES else str(v))
+            macro_args.append(_c_token(a, v))
         num_env = {k: v for k, v in env.items() if isinstance(v, int)}
         num_env.update({f"sizeof_{k}": DTYPES[v][1] for k, v in env.items() if isinstance(v, str) and v in DTYPES})
         try:
@@ -510,14 +526,23 @@ def load_catalog(path: str | Path) -> Catalog:
         raise CatalogError(f"{path}: catalog.schema is {root.catalog.schema_}; this tool reads schema {SCHEMA_VERSION}")
     base = path.parent
     modules, seen_kinds, seen_symbols = [], set(), {}
+    seen_sources: dict[Path, str] = {}  # source file -> the module kind that owns it
     for mi, mod in enumerate(root.module):
         where = f"{path}: module[{mi}] (kind={mod.kind})"
         if mod.kind in seen_kinds:
             raise CatalogError(f"{where}: module kind declared twice")
         seen_kinds.add(mod.kind)
         for rel in mod.sources:
-            if not (base / rel).is_file():
+            src = (base / rel).resolve()
+            if not src.is_file():
                 raise CatalogError(f"{where}: source {rel!r} not found under {base}")
+            # shared device code lives in headers (include folders); a source file belongs to one module only
+            if src in seen_sources:
+                raise CatalogError(
+                    f"{where}: source {rel!r} is already a source of module {seen_sources[src]}",
+                    hint="move the shared code into a header under kernels/include/mf/ and #include it",
+                )
+            seen_sources[src] = mod.kind
         for rel in mod.include:
             if not (base / rel).is_dir():
                 raise CatalogError(f"{where}: include folder {rel!r} not found under {base}")
@@ -562,6 +587,6 @@ def iter_targets(names: list[str] | None) -> Iterator[Target]:
 
 
 __all__ = [
-    "Catalog", "DTYPES", "Family", "Module", "ModuleSpec", "Param", "Policy", "Symbol", "TARGETS",
+    "Catalog", "DTYPES", "LAYOUTS", "Family", "Module", "ModuleSpec", "Param", "Policy", "Symbol", "TARGETS",
     "load_catalog", "state_capacity", "default_catalog_path",
 ]

@@ -22,6 +22,30 @@ template <> MF_DEVICE float from_f32<float>(float x) { return x; }
 template <> MF_DEVICE __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <> MF_DEVICE __half from_f32<__half>(float x) { return __float2half_rn(x); }
 
+// Two f32 values rounded to a 16-bit T (nearest even) and packed low, high into one 32-bit word: the epilogues'
+// paired column stores (wgmma, tcgen05).
+template <typename T> MF_DEVICE u32 pack2(float a, float b);
+template <> MF_DEVICE u32 pack2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<u32*>(&v);
+}
+template <> MF_DEVICE u32 pack2<__half>(float a, float b) {
+  __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<u32*>(&v);
+}
+
+// Tile t of the grouped order -> (row tile, column tile): GROUP_M row tiles walk the column tiles together (L2
+// reuse of B). Depends only on t and the matrix shape, never on which CTA asks.
+template <int GROUP_M> MF_DEVICE void grouped_tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int per_group = GROUP_M * tiles_n;
+  const int group = t / per_group;
+  const int first_m = group * GROUP_M;
+  const int rows_in_group = min(tiles_m - first_m, GROUP_M);
+  const int r = t - group * per_group;
+  tm = first_m + r % rows_in_group;
+  tn = r / rows_in_group;
+}
+
 // ---- 16-byte vectors: VEC<T>::N elements of T moved as one uint4 ----
 template <typename T> struct Vec {
   static constexpr int N = 16 / sizeof(T);

@@ -81,6 +81,44 @@ MF_DEVICE void load_each(float (&v)[C][W], const T* __restrict__ p, i64 i0, i64 
   for (int c = 0; c < C; ++c) load_chunk<W>(v[c], p, i0 + c * span, n, vec);
 }
 
+// Load groups: the chunks at i0 + c * span of one or two arrays, given as (v, p, vec) triples in load order: the C
+// chunks of W of array p land in v; vec: p may be read with 16-byte vectors. all_vec (every vec, as the caller
+// writes the condition) and a whole group: all 16-byte loads are issued in one branch-free block (load_whole);
+// otherwise chunk by chunk (load_each). The forms that keep the generated code of the loops written out before
+// (checked on the cubins of every target): plain argument lists and the caller's own condition. A struct of array
+// references, the condition folded here, or three arrays (rmsnorm_backward: on sm_100a/sm_120a) changed it.
+MF_DEVICE void group_load_whole(i64, i64) {}
+template <int C, int W, typename T, typename... R>
+MF_DEVICE void group_load_whole(i64 i0, i64 span, float (&v)[C][W], const T* __restrict__ p, bool, R&&... rest) {
+  load_whole(v, p, i0, span);
+  group_load_whole(i0, span, rest...);
+}
+MF_DEVICE void group_load_each(i64, i64, i64) {}
+template <int C, int W, typename T, typename... R>
+MF_DEVICE void group_load_each(i64 i0, i64 span, i64 n, float (&v)[C][W], const T* __restrict__ p, bool vec,
+                               R&&... rest) {
+  load_each(v, p, i0, span, n, vec);
+  group_load_each(i0, span, n, rest...);
+}
+template <int C, int W, typename... A>
+MF_DEVICE void load_group(i64 i0, i64 span, i64 n, bool all_vec, A&&... arrays) {
+  if (group_whole<C, W>(all_vec, i0, span, n)) {
+    group_load_whole(i0, span, arrays...);
+  } else {
+    group_load_each(i0, span, n, arrays...);
+  }
+}
+
+struct OpAdd { static MF_DEVICE float f(float a, float b) { return a + b; } };  // for apply and the maps
+
+// u[c][k] = Op::f(u[c][k], v[c][k]...) over a group, in place.
+template <typename Op, int C, int W, typename... V> MF_DEVICE void apply(float (&u)[C][W], const V&... v) {
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int k = 0; k < W; ++k) u[c][k] = Op::f(u[c][k], v[c][k]...);
+}
+
 // One 16-byte global store, written as PTX so it stays one vector instruction. Through a C++ uint4 store the
 // compiler may split an f32 vector back into 4-byte stores (it did in rmsnorm_forward's unrolled loop: eight
 // st.global.f32 per chunk, 0.39 of copy bandwidth). p must be 16-byte aligned.
@@ -111,6 +149,53 @@ template <int C, int W, typename T>
 MF_DEVICE void store_each(T* __restrict__ p, const float (&v)[C][W], i64 i0, i64 span, i64 n, bool vec) {
 #pragma unroll
   for (int c = 0; c < C; ++c) store_chunk<W>(p, v[c], i0 + c * span, n, vec);
+}
+
+// ---- flat maps over n elements, shared by the activation and elementwise families ----
+// The tile loop: body(i0, span) handles this thread's U chunks of W at i0 + c * span, tile after tile. The maps
+// below compile through it to the cubins of their former written-out loops; softplus_copy did not (it keeps its own).
+template <int W, int U, typename F> MF_DEVICE void flat_tiles(i64 n, F&& body) {
+  const i64 span = tile_span<W>();
+  for (i64 t0 = first_tile<W, U>(); t0 < n; t0 += tile_stride<W, U>()) body(tile_thread_start<W>(t0), span);
+}
+
+// out[i] = Op::f(a[i]).
+template <int W, typename Op, typename TO, typename TA>
+MF_DEVICE void map1(TO* __restrict__ out, const TA* __restrict__ a, i64 n) {
+  constexpr int U = flat_chunks<W>(W * (int)sizeof(TA));
+  const bool vec = W > 1 && aligned16(out) && aligned16(a);
+  flat_tiles<W, U>(n, [&](i64 i0, i64 span) {
+    float u[U][W];
+    load_group<U, W>(i0, span, n, vec, u, a, vec);
+    apply<Op>(u);
+    store_each(out, u, i0, span, n, vec);
+  });
+}
+
+// out[i] = Op::f(a[i], b[i]) with U chunks per thread per tile; out may be a (in place: each element is read and
+// then written by the same thread).
+template <int W, int U, typename Op, typename TO, typename TA, typename TB>
+MF_DEVICE void map2_tiles(TO* out, const TA* a, const TB* b, i64 n, bool vec) {
+  flat_tiles<W, U>(n, [&](i64 i0, i64 span) {
+    float u[U][W], v[U][W];
+    load_group<U, W>(i0, span, n, vec, u, a, vec, v, b, vec);
+    apply<Op>(u, v);
+    store_each(out, u, i0, span, n, vec);
+  });
+}
+
+// out[i] = Op::f(a[i], b[i]) over a flat n.
+template <int W, typename Op, typename TO, typename TA, typename TB>
+MF_DEVICE void map2(TO* __restrict__ out, const TA* __restrict__ a, const TB* __restrict__ b, i64 n) {
+  constexpr int U = flat_chunks<W>(W * (int)(sizeof(TA) + sizeof(TB)));
+  map2_tiles<W, U, Op>(out, a, b, n, W > 1 && aligned16(out) && aligned16(a) && aligned16(b));
+}
+
+// io[i] = Op::f(io[i], b[i]) in place over a flat n.
+template <int W, typename Op, typename TO, typename TB>
+MF_DEVICE void map2_inplace(TO* __restrict__ io, const TB* __restrict__ b, i64 n) {
+  constexpr int U = flat_chunks<W>(W * (int)(sizeof(TO) + sizeof(TB)));
+  map2_tiles<W, U, Op>(io, io, b, n, W > 1 && aligned16(io) && aligned16(b));
 }
 
 }  // namespace mf

@@ -1,4 +1,4 @@
-// Portable batch-invariant GEMM building blocks: layouts, cp.async helpers, and the exact f32 FFMA tile GEMM.
+// Portable batch-invariant GEMM building blocks: layout contract (mf/layout.cuh), cp.async helpers, and the exact f32 FFMA tile GEMM.
 //
 // Contract shared by every GEMM here (dense row-major storage, no leading-dimension params):
 //   NN: A [M, K], B [K, N], C [M, N] = A B        (inference; dX = dY W^T is NT, dW = X^T dY is TN)
@@ -12,11 +12,10 @@
 // path loads, so the choice never changes a result bit.
 #pragma once
 #include "mf/common.cuh"
+#include "mf/layout.cuh"
 
 namespace mf {
 namespace gemm {
-
-enum Layout { NN = 0, TN = 1, NT = 2 };
 
 MF_DEVICE u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
@@ -174,8 +173,8 @@ struct ExactF32 {
   static MF_DEVICE void mainloop(float (&acc)[TM][TN], float* smem, const float* __restrict__ A,
                                  const float* __restrict__ B, int M, int N, int K, int m0, int n0, int tx, int ty, bool vec) {
     const int tid = threadIdx.x;
-    Tile<L == mf::gemm::TN, BM> ta(A, tid, m0, M, K, L == mf::gemm::TN ? M : K, vec);
-    Tile<L != NT, BN> tb(B, tid, n0, N, K, L == NT ? K : N, vec);
+    Tile<L == Layout::TN, BM> ta(A, tid, m0, M, K, L == Layout::TN ? M : K, vec);
+    Tile<L != Layout::NT, BN> tb(B, tid, n0, N, K, L == Layout::NT ? K : N, vec);
     float4 ra[decltype(ta)::LOADS], rb[decltype(tb)::LOADS];
     ta.load(ra, 0, K, neg_zero());
     tb.load(rb, 0, K, 0.f);
@@ -223,7 +222,7 @@ struct ExactF32 {
     __shared__ __align__(16) float smem[NBUF * STAGE];
     if ((int)blockIdx.y * BM >= M || (int)blockIdx.x * BN >= N) return;  // uniform per CTA
     // vector loads when the contiguous dimension keeps every float4 inside one row and 16-byte aligned
-    const int a_contig = L == mf::gemm::TN ? M : K, b_contig = L == NT ? K : N;
+    const int a_contig = L == Layout::TN ? M : K, b_contig = L == Layout::NT ? K : N;
     const bool vec = (a_contig % 4 == 0) && aligned16(A) && (b_contig % 4 == 0) && aligned16(B);
 
     float acc[TM][TN];
@@ -274,7 +273,7 @@ struct ExactF32 {
 }  // namespace gemm
 }  // namespace mf
 
-// extern "C" exact f32 GEMM entry point: C [M,N] = op(A) op(B) (+ bias), layout L (mf::gemm::NN/TN/NT).
+// extern "C" exact f32 GEMM entry point: C [M,N] = op(A) op(B) (+ bias), layout L (mf::Layout::NN/TN/NT).
 // 8x8 outputs per thread need <= 128 registers for two 256-thread CTAs per SM (latency hiding across barriers).
 #define MF_GEMM_EXACT_F32_KERNEL(NAME, L, BM, BN, BK, TM, TN, NBUF)                                               \
   extern "C" __global__ void __launch_bounds__((BM / TM) * (BN / TN), (TM) * (TN) >= 64 ? 2 : 1)                 \

@@ -84,8 +84,8 @@ struct TileGemm {
   static constexpr int KPAD = 16 / SZ, MNPAD = 8;
   // A: NN/NT [BM][A_LD] (k contiguous); TN [BK][A_LD] (m contiguous).
   // B: NN/TN [BK][B_LD] (n contiguous); NT [BN][B_LD] (k contiguous).
-  static constexpr int A_LD = L == gemm::TN ? BM + MNPAD : BK + KPAD;
-  static constexpr int B_LD = L == gemm::NT ? BK + KPAD : BN + MNPAD;
+  static constexpr int A_LD = L == Layout::TN ? BM + MNPAD : BK + KPAD;
+  static constexpr int B_LD = L == Layout::NT ? BK + KPAD : BN + MNPAD;
   static constexpr int A_ELEMS = (BM + P) * (BK + P), B_ELEMS = (BK + P) * (BN + P);
   static constexpr int STAGE_ELEMS = A_ELEMS + B_ELEMS;
   static constexpr int C_LD = BN + 4;
@@ -94,8 +94,8 @@ struct TileGemm {
   static_assert(S >= 2, "the cp.async pipeline needs at least 2 stages");
   static_assert(BM % (16 * WM) == 0 && BN % (8 * WN) == 0 && BK % KSTEP == 0 && BK % VEC == 0, "tile must divide");
   static_assert(BM % VEC == 0 && BN % VEC == 0, "16-byte chunks must tile the rows");
-  static_assert(L == gemm::TN ? BK * A_LD <= A_ELEMS : BM * A_LD <= A_ELEMS, "A region too small");
-  static_assert(L == gemm::NT ? BN * B_LD <= B_ELEMS : BK * B_LD <= B_ELEMS, "B region too small");
+  static_assert(L == Layout::TN ? BK * A_LD <= A_ELEMS : BM * A_LD <= A_ELEMS, "A region too small");
+  static_assert(L == Layout::NT ? BN * B_LD <= B_ELEMS : BK * B_LD <= B_ELEMS, "B region too small");
   static_assert((A_ELEMS * SZ) % 16 == 0 && (A_LD * SZ) % 16 == 0 && (B_LD * SZ) % 16 == 0, "16-byte rows");
 
   // Copy a ROWS x COLS tile of a dense row-major global matrix (rows_total x ld) starting at (row0, col0) into
@@ -126,22 +126,22 @@ struct TileGemm {
                                    int k0, int M, int N, int K, bool a_vec, bool b_vec) {
     TI* as = st;
     TI* bs = st + A_ELEMS;
-    if (L == gemm::TN) load_tile<BK, BM, A_LD>(as, A, k0, m0, K, M, a_vec);  // A [K, M]
+    if (L == Layout::TN) load_tile<BK, BM, A_LD>(as, A, k0, m0, K, M, a_vec);  // A [K, M]
     else load_tile<BM, BK, A_LD>(as, A, m0, k0, M, K, a_vec);                // A [M, K]
-    if (L == gemm::NT) load_tile<BN, BK, B_LD>(bs, B, n0, k0, N, K, b_vec);  // B [N, K]
+    if (L == Layout::NT) load_tile<BN, BK, B_LD>(bs, B, n0, k0, N, K, b_vec);  // B [N, K]
     else load_tile<BK, BN, B_LD>(bs, B, k0, n0, K, N, b_vec);                // B [K, N]
   }
 
   // Element accessors on a stage: A(m, k) and B(k, n) in tile coordinates.
-  static MF_DEVICE TI a_at(const TI* as, int m, int k) { return L == gemm::TN ? as[k * A_LD + m] : as[m * A_LD + k]; }
-  static MF_DEVICE TI b_at(const TI* bs, int k, int n) { return L == gemm::NT ? bs[n * B_LD + k] : bs[k * B_LD + n]; }
+  static MF_DEVICE TI a_at(const TI* as, int m, int k) { return L == Layout::TN ? as[k * A_LD + m] : as[m * A_LD + k]; }
+  static MF_DEVICE TI b_at(const TI* bs, int k, int n) { return L == Layout::NT ? bs[n * B_LD + k] : bs[k * B_LD + n]; }
   // Two k-consecutive 16-bit elements packed low = k, high = k + 1 (one 32-bit load when k is contiguous).
   static MF_DEVICE u32 a_pair(const TI* as, int m, int k) {
-    if (L != gemm::TN) return *reinterpret_cast<const u32*>(as + m * A_LD + k);
+    if (L != Layout::TN) return *reinterpret_cast<const u32*>(as + m * A_LD + k);
     return pack16(as[k * A_LD + m], as[(k + 1) * A_LD + m]);
   }
   static MF_DEVICE u32 b_pair(const TI* bs, int k, int n) {
-    if (L == gemm::NT) return *reinterpret_cast<const u32*>(bs + n * B_LD + k);
+    if (L == Layout::NT) return *reinterpret_cast<const u32*>(bs + n * B_LD + k);
     return pack16(bs[k * B_LD + n], bs[(k + 1) * B_LD + n]);
   }
 
@@ -178,7 +178,7 @@ struct TileGemm {
     if (m0 >= M || n0 >= N) return;  // uniform per CTA
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp / WN, wn = warp % WN;
     const int g = lane / 4, t = lane % 4;
-    const int a_contig = L == gemm::TN ? M : K, b_contig = L == gemm::NT ? K : N;
+    const int a_contig = L == Layout::TN ? M : K, b_contig = L == Layout::NT ? K : N;
     const bool a_vec = (a_contig % VEC == 0) && aligned16(A);
     const bool b_vec = (b_contig % VEC == 0) && aligned16(B);
 

@@ -101,4 +101,19 @@ MF_DEVICE void warp_scan_affine_rev(float& q, float& s, int lane) {
   }
 }
 
+// A scanned channel ch = b * d_inner + d: its batch and channel, the offset of its [L] row in u/delta/z/out, the
+// offset of batch b's B/C rows, and its delta bias and skip weight (0 where the pointer is null).
+struct ScanChannel {
+  long long b;
+  int d;
+  long long row, bc;
+  float bias, Dd;
+};
+MF_DEVICE ScanChannel scan_channel(long long ch, int d_inner, int d_state, long long L,
+                                   const float* __restrict__ delta_bias, const float* __restrict__ Dp) {
+  const long long b = ch / d_inner;
+  const int d = (int)(ch % d_inner);
+  return {b, d, ch * L, b * d_state * L, delta_bias ? delta_bias[d] : 0.f, Dp ? Dp[d] : 0.f};
+}
+
 }  // namespace mf

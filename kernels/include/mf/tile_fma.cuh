@@ -1,4 +1,4 @@
-// Exact f32 tile GEMM on FFMA, shared by the Ada exact-f32 and Sm120 modules (sm_80+ instructions only).
+// Exact f32 tile GEMM on FFMA, included by the Ada exact-f32 and Sm120 modules (sm_80+ instructions only).
 //
 // Every output element is the chain acc = 0; for k = 0..K-1 ascending: acc = fmaf(A[m,k], B[k,n], acc); then,
 // with a bias, c = acc + bias[n]. The tile shape, thread count and pipeline depth only decide which thread runs
@@ -6,7 +6,8 @@
 // The k loop stops at K exactly (no padded steps). Layout NN, dense row-major f32, any M, N, K >= 0.
 // Loads: element-wise cp.async (4 bytes, zero-fill outside the matrices) into STAGES shared-memory buffers;
 // A is stored transposed (As[k][m]) so each thread reads its TM rows as float4s.
-#include "mf/common.cuh"
+#pragma once
+#include "mf/tile_common.cuh"
 
 namespace mf {
 namespace tile {

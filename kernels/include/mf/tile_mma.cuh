@@ -1,6 +1,5 @@
 // Portable tensor-core tile GEMM (mma.sync m16n8k16, bf16/f16 in, f32 accumulate) with a cp.async multi-stage
-// shared-memory pipeline and ldmatrix fragment loads. Shared by the Ada (sm_89), Sm120 and Sm100 modules (their
-// catalog entries list this file first); only sm_80+ instructions, so it also builds for sm_90a (check role).
+// shared-memory pipeline and ldmatrix fragment loads. Included by the Ada (sm_89) and Sm120 modules; only sm_80+ instructions, so it also builds for sm_90a (check role).
 //
 // Layout NN, dense row-major: C[M,N] = A[M,K] B[K,N] (+ nothing); C is T or f32 (TO).
 // Batch invariance by construction: one tile shape per symbol; each C element is accumulated by one warp over
@@ -8,7 +7,8 @@
 // tiles outside M/N/K are zero-filled in shared memory (zeros add nothing). No split-K, no atomics.
 // Any M, N, K >= 0: 16-byte cp.async when the row's contiguous extent is a multiple of 8 and the base is 16-byte
 // aligned, element loads otherwise; both put the same values in shared memory.
-#include "mf/common.cuh"
+#pragma once
+#include "mf/tile_common.cuh"
 
 namespace mf {
 namespace tile {

@@ -1,12 +1,13 @@
 // Portable TF32 tensor-core tile GEMM (mma.sync m16n8k8 tf32, f32 accumulate) with a cp.async multi-stage pipeline.
-// Shared by the Ada TF32 and Sm120 modules; only sm_80+ instructions (also built for sm_90a, check role).
+// Included by the Ada TF32 and Sm120 modules; only sm_80+ instructions (also built for sm_90a, check role).
 //
 // Layout NN, dense row-major f32: C[M,N] = tf32(A)[M,K] tf32(B)[K,N], inputs rounded to TF32 with cvt.rna
 // (round to nearest, ties away) at fragment load, f32 accumulation. Batch invariant by construction: one warp owns
 // each C element for the whole K range, k-tiles and k8 steps ascending; out-of-range elements are zero-filled.
 // PRODUCER = 1: one extra warp issues every global->shared copy and the compute warps only compute.
 // PAIR = 1: the epilogue writes adjacent column pairs as one 8-byte store when N is even (same values).
-#include "mf/common.cuh"
+#pragma once
+#include "mf/tile_common.cuh"
 
 namespace mf {
 namespace tile {

@@ -1,5 +1,6 @@
-// Shared primitives of the portable tile GEMMs (tile_mma.cu, tile_tf32.cu, tile_fma.cu): cp.async with zero
-// fill, ldmatrix, tile order, typed stores. Listed first in every module that uses those files.
+// Shared primitives of the portable tile GEMMs (mf/tile_mma.cuh, mf/tile_tf32.cuh, mf/tile_fma.cuh): cp.async
+// with zero fill, ldmatrix, tile order, typed stores.
+#pragma once
 #include "mf/common.cuh"
 
 namespace mf {
@@ -29,10 +30,7 @@ MF_DEVICE void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
 // otherwise row-major tile order. Depends only on t and the shape.
 template <bool GROUPED> MF_DEVICE void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
   if (GROUPED) {
-    const int per_group = 8 * tiles_n, group = t / per_group, first = group * 8;
-    const int rows = min(tiles_m - first, 8), r = t - group * per_group;
-    tm = first + r % rows;
-    tn = r / rows;
+    grouped_tile_coords<8>(t, tiles_m, tiles_n, tm, tn);
   } else {
     tm = t / tiles_n;
     tn = t % tiles_n;
