@@ -27,6 +27,7 @@ from mamba_forge.build.cache import Cache, CacheRefused, cache_key, default_loca
 from mamba_forge.build.worker import die_with_parent, run_job
 from mamba_forge.catalog.model import Catalog, ModuleSpec, Symbol
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
+from mamba_forge.errors import CatalogError
 from mamba_forge.fsio import write_if_changed
 from mamba_forge.manifest.schema import (
     Artifact,
@@ -338,11 +339,18 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
 
 
 def collect_headers_at(base: Path) -> dict[str, bytes]:
-    return {
-        p.relative_to(base).as_posix(): p.read_bytes()
-        for p in sorted(base.rglob("*"))
-        if p.is_file() and p.suffix in HEADER_SUFFIXES
-    }
+    """Every header under an include folder, by relative name; a header that is a link out of the folder is
+    refused (the catalog's path rule, applied to what the folder holds)."""
+    root = base.resolve()
+    out = {}
+    for p in sorted(base.rglob("*")):
+        if p.suffix not in HEADER_SUFFIXES or not p.is_file():
+            continue
+        if not p.resolve().is_relative_to(root):
+            raise CatalogError(f"header {p} leads out of its include folder {root} (to {p.resolve()})",
+                               hint="keep headers inside the catalog's folder")
+        out[p.relative_to(base).as_posix()] = p.read_bytes()
+    return out
 
 
 def count_jobs(req: BuildRequest) -> int:
