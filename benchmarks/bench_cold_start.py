@@ -134,11 +134,11 @@ def main() -> int:
         info = cu.Device(0).info()
         symbols: dict[str, list[str]] = {}
         for name in k.admitted():
-            symbols.setdefault(k.symbol(name)["module"], []).append(name)
-        targets = {k.symbol(n)["target"] for n in k.admitted()}
+            symbols.setdefault(k.symbol(name).module, []).append(name)
+        targets = {k.symbol(n).target for n in k.admitted()}
         if len(targets) != 1:
             raise SystemExit(f"admitted symbols span targets {sorted(targets)}; expected one")
-        want = {"target": targets.pop(), "state_capacity": int(k.manifest.get("state_capacity", 64)), "symbols": symbols}
+        want = {"target": targets.pop(), "state_capacity": k.manifest.state_capacity, "symbols": symbols}
         sources = {"tar.gz bundle": bundle}
         if Path(bundle).name.endswith((".tar.gz", ".tgz")):
             sources["folder bundle"] = unpack(Path(bundle), work / "unpacked")

@@ -17,6 +17,7 @@ anyway, write nothing); capacities 16 and 256 build without spills and compute c
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -61,10 +62,11 @@ families = ["fixed/scan.toml"]
 
 
 def scan_catalog_path() -> Path:
-    """A one-module catalog over the repo's scan sources (symlinked, so the kernels are the same files)."""
+    """A one-module catalog over copies of the repo's scan sources (copied, not linked: a catalog's paths must
+    stay inside its folder, so the same bytes travel instead)."""
     d = Path(tempfile.mkdtemp(prefix="mf-scan-cat-"))
-    (d / "fixed").symlink_to(KERNELS / "fixed")
-    (d / "include").symlink_to(KERNELS / "include")
+    shutil.copytree(KERNELS / "fixed", d / "fixed")
+    shutil.copytree(KERNELS / "include", d / "include")
     (d / "catalog.toml").write_text(_CATALOG)
     return d / "catalog.toml"
 
