@@ -256,3 +256,39 @@ def test_summary_kinds_checked_built_only_and_not_qualified_here(tiny, caplog):
     assert {u.kind for u in k2.summary().unavailable} >= {NOT_HERE} and k2.summary().available == {}
     with pytest.raises(IncompleteOnDevice, match="scale f32 \\(not qualified here: its artifact is only for checking"):
         _load(tiny, p2, strict=True)
+
+
+# ---- the torch op table (torch itself is needed only to register: tests/gpu/test_runtime_gpu.py) ---------------
+
+
+def test_torch_op_table_names_catalog_kernels_and_refuses_what_it_cannot_serve():
+    from runtime_fakes import catalog_records
+
+    from mamba_forge.runtime import torch_ops
+    from mamba_forge.runtime.families import index_families
+
+    assert all(schema.startswith(f"{name}(") for name, schema in torch_ops.SCHEMAS.items())
+    families = index_families(r for r, _ in catalog_records())
+    for family, dtype in torch_ops.kernels_used():
+        assert tuple(families[family][dtype]) == ("",), (family, dtype)  # one tile: nothing to choose
+    assert torch_ops.rms_norm_kernel("f32", "bf16") == ("rmsnorm_forward_f32in", "bf16")
+    assert torch_ops.rms_norm_shapes((2, 3, 8), (8,)) == (6, 8)
+    for call, match in ((lambda: torch_ops.softplus_kernel("f64"), "x is f64; it takes f32, bf16, f16"),
+                        (lambda: torch_ops.rms_norm_kernel("bf16", "bf16"), "no kernel for x bf16 -> bf16"),
+                        (lambda: torch_ops.rms_norm_shapes((2, 8), (4,)), r"x \[2, 8\] and weight \[4\] do not fit"),
+                        (lambda: torch_ops.rms_norm_shapes((), (4,)), "do not fit")):
+        with pytest.raises(LaunchRefused, match=match):
+            call()
+
+
+def test_torch_ops_register_refuses_kernels_without_the_families():
+    pytest.importorskip("torch")
+    import mamba_forge.runtime.torch as mft
+
+    def fn(family, dtype):
+        raise SymbolUnavailable(family, f"no {family}")
+
+    before = mft._state["kernels"]
+    with pytest.raises(SymbolUnavailable, match="no softplus_forward"):
+        mft.register(SimpleNamespace(fn=fn))
+    assert mft._state["kernels"] is before  # refused before anything changed
