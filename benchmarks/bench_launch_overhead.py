@@ -6,13 +6,15 @@ cuLaunchKernel of the same kernel).
 CPU part (always): bind + pack per call on fake tensors (tests/runtime_fakes.py) for contracts shaped like
 softplus (2 tensors), the fused scan step (9 tensors) and the wgmma GEMM (2 blobs): keyword =
 ``contract(symbol).bind(kwargs)`` + ``Contract.packer.pack``; positional = ``args.typed_params(params, args)``
-+ the same packer. Also printed: bind alone, the packer alone, and bind + driver.PackedParams (the packer the
-loader uses today: one ctypes buffer and one struct.pack per value). Figures are CPU microseconds per call (thread CPU time, so a loaded machine's waiting is not
++ the same packer. Also printed: bind alone, the packer alone, and bind + driver.PackedParams (the general
+packer: one ctypes buffer and one struct.pack per value; the loader uses ParamPacker). Figures are CPU microseconds per call (thread CPU time, so a loaded machine's waiting is not
 counted): the median over --batches batches of --calls calls each. Goals: keyword <= 15 us, positional <= 5 us.
 
-GPU part (with torch, a GPU and --bundle, a signed bundle holding softplus_forward_f32): the same kernel on
-torch tensors, launched keyword (bind + pack + cuLaunchKernel), positional (typed_params + pack + launch) and raw
-(cuLaunchKernel with parameters packed once), CPU microseconds per enqueue, synchronised per batch.
+GPU part (with torch, a GPU and --bundle [--key], a signed bundle holding softplus_forward_f32): the real loader
+path on torch tensors: keyword ``kernels.function(name)(y=y, x=x)`` (bind + torch's current stream + pack +
+cuLaunchKernel), positional ``launch(fn, grid, block, (y, x, n))`` (typed_params + pack + launch) and raw
+cuLaunchKernel of the same function with parameters packed once, CPU microseconds per enqueue, synchronised per
+batch.
 Records go to benchmarks/results/summary.json (benchmarks/summary.py).
 """
 
@@ -104,40 +106,31 @@ def cpu_records(batches: int, calls: int) -> list[dict]:
     return out
 
 
-def gpu_records(bundle: Path, batches: int, calls: int) -> list[dict]:
-    import torch  # noqa: F401 - only here: the CPU part runs without it
-    from runtime_fakes import catalog_records
+def gpu_records(bundle: Path, key: Path | None, batches: int, calls: int) -> list[dict]:
+    """The real loader path on the GPU: keyword Kernel.__call__, positional launch(), raw cuLaunchKernel."""
+    import torch  # only here: the CPU part runs without it
 
-    from mamba_forge.gpu import driver as cuda
-    from mamba_forge.runtime import load
-    from mamba_forge.runtime.streams import resolve_stream
+    from mamba_forge.gpu import core
+    from mamba_forge.runtime import launch, load
 
     name = "softplus_forward_f32"
-    sym = next(r for r, _ in catalog_records() if r.name == name)
-    kernels = load(bundle)
+    kernels = load(bundle, trusted_keys=[key] if key else None)
     fn = kernels.function(name)
     n = 1 << 20
     y, x = torch.empty(n, device="cuda"), torch.randn(n, device="cuda")
-    stream = cuda.Stream(cuda._drv().CUstream(torch.cuda.current_stream().cuda_stream), owned=False)
-    c = contract(sym)
+    grid = fn.contract.bind({"y": y, "x": x}).grid
 
     def keyword():
-        b = c.bind({"y": y, "x": x}, device=0)
-        s = resolve_stream(None, b.owner, b.ordinal)
-        cuda.launch(fn.handle, b.grid, b.block, PackedParams(b.values, b.aligns), smem=b.shared_mem,
-                    stream=cuda.Stream(cuda._drv().CUstream(s), owned=False))
-
-    grid = c.bind({"y": y, "x": x}).grid
+        fn(y=y, x=x)  # bind + torch's current stream + pack + cuLaunchKernel
 
     def positional():
-        values, aligns = typed_params(sym.params, (y, x, n), name, 0)
-        cuda.launch(fn.handle, grid, fn.block, PackedParams(values, aligns), smem=0, stream=stream)
+        launch(fn, grid, fn.block, (y, x, n))
 
-    packed = PackedParams([("ptr", y.data_ptr()), ("ptr", x.data_ptr()), ("i64", n)])
-    drv, h, g = cuda._drv(), fn.handle.handle if hasattr(fn.handle, "handle") else fn.handle, grid
+    packed = fn.packer().pack([("ptr", y.data_ptr()), ("ptr", x.data_ptr()), ("i64", n)])  # packed once
+    drv, h, stream = core.bindings(), fn.handle.handle, torch.cuda.current_stream().cuda_stream
 
     def raw():
-        drv.cuLaunchKernel(h, g[0], 1, 1, 256, 1, 1, 0, stream.handle, packed.address, 0)
+        drv.cuLaunchKernel(h, grid[0], 1, 1, *fn.block, 0, stream, packed.address, 0)
 
     def timed(f):
         def batch():
@@ -147,17 +140,17 @@ def gpu_records(bundle: Path, batches: int, calls: int) -> list[dict]:
         return per_call_us(batch, batches, 1, clock=time.process_time) / calls
 
     kw_us, pos_us, raw_us = timed(keyword), timed(positional), timed(raw)
+    torch.testing.assert_close(y, torch.nn.functional.softplus(x), rtol=1e-5, atol=1e-6)  # every path ran it
     gpu = torch.cuda.get_device_name()
     print(f"{name} on {gpu}: keyword {kw_us:.2f} us  positional {pos_us:.2f} us  raw cuLaunchKernel {raw_us:.2f} us")
     shape = f"n={n}"
+    common = {"family": "softplus_forward", "shape": shape, "dtype": "f32", "baseline": round(raw_us, 3),
+              "baseline_name": "raw cuLaunchKernel", "unit": "us/call (CPU)", "gpu": gpu}
     return [
-        summary.record(family="softplus_forward", symbol=f"{name}:keyword-launch", shape=shape, dtype="f32",
-                       ours=round(kw_us, 3), baseline=round(raw_us, 3), baseline_name="raw cuLaunchKernel",
-                       unit="us/call (CPU)", goal=f"<= {KEYWORD_GOAL_US} us", met=kw_us <= KEYWORD_GOAL_US, gpu=gpu),
-        summary.record(family="softplus_forward", symbol=f"{name}:positional-launch", shape=shape, dtype="f32",
-                       ours=round(pos_us, 3), baseline=round(raw_us, 3), baseline_name="raw cuLaunchKernel",
-                       unit="us/call (CPU)", goal=f"<= {POSITIONAL_GOAL_US} us", met=pos_us <= POSITIONAL_GOAL_US,
-                       gpu=gpu),
+        summary.record(symbol=f"{name}:keyword-launch", ours=round(kw_us, 3), goal=f"<= {KEYWORD_GOAL_US} us",
+                       met=kw_us <= KEYWORD_GOAL_US, **common),
+        summary.record(symbol=f"{name}:positional-launch", ours=round(pos_us, 3), goal=f"<= {POSITIONAL_GOAL_US} us",
+                       met=pos_us <= POSITIONAL_GOAL_US, **common),
     ]
 
 
@@ -166,11 +159,12 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=41)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--bundle", type=Path, help="a signed bundle with softplus_forward_f32 (GPU part)")
+    ap.add_argument("--key", type=Path, help="the bundle's public key (file or folder), besides the trusted ones")
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
     records = cpu_records(a.batches, a.calls)
     if a.bundle is not None:
-        records += gpu_records(a.bundle, a.batches, max(1, a.calls // 10))
+        records += gpu_records(a.bundle, a.key, a.batches, max(1, a.calls // 10))
     if not a.no_write:
         summary.append(records)
         print(f"{len(records)} records -> {summary.SUMMARY.relative_to(ROOT)}")

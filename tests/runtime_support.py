@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import struct
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -71,6 +72,7 @@ params = [
   { name = "a", type = "f32", value = 2 },
   { name = "n", type = "i64", value = "n" },
 ]
+qualify = { dims = { n = 4096 } }
 
 [[family]]
 name = "fast_copy"
@@ -83,6 +85,7 @@ params = [
   { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
   { name = "n", type = "i64", value = "n" },
 ]
+qualify = { dims = { n = 4096 } }
 
 [[family]]
 name = "mid_copy"
@@ -94,6 +97,7 @@ params = [
   { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
   { name = "n", type = "i64", value = "n" },
 ]
+qualify = { dims = { n = 4096 } }
 
 [[family]]
 name = "slow_copy"
@@ -105,6 +109,7 @@ params = [
   { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
   { name = "n", type = "i64", value = "n" },
 ]
+qualify = { dims = { n = 4096 } }
 """
 
 CATALOG_TOML = """
@@ -130,12 +135,30 @@ REJECTED = {
 }
 
 
-def write_tiny_catalog(root: Path) -> Path:
+# a multi-tile family (two instances per dtype), for the tile-selection tests
+TILED_TOML = """
+[[family]]
+name = "tiled_copy"
+instantiate = "TINY_COPY"
+variants = ["bf16", "f16"]
+instances = [{ W = 1 }, { W = 2 }]
+symbol = "{name}_w{W}_{dtype}"
+launch = { block = 128, grid = ["ceil_div(n, 128 * W)"] }
+params = [
+  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
+  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
+  { name = "n", type = "i64", value = "n" },
+]
+qualify = { dims = { n = 4096 } }
+"""
+
+
+def write_tiny_catalog(root: Path, extra_families: str = "") -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "include").mkdir(exist_ok=True)
     (root / "include" / "tiny.cuh").write_text(TINY_CUH)
     (root / "tiny.cu").write_text(TINY_CU)
-    (root / "tiny.toml").write_text(TINY_TOML)
+    (root / "tiny.toml").write_text(TINY_TOML + extra_families)
     (root / "catalog.toml").write_text(CATALOG_TOML)
     return root / "catalog.toml"
 
@@ -248,12 +271,16 @@ class FakeBackend:
     def set_max_dynamic_smem(self, fn: str, nbytes: int) -> None:
         self.smem[fn] = nbytes
 
-    def launch(self, fn, grid, block, values, aligns, shared_mem, stream) -> None:
-        from mamba_forge.gpu.driver import PackedParams
-
-        params = PackedParams(values, aligns)  # the real packing; read the bytes back as the driver would
-        arr = (ctypes.c_void_p * max(1, len(values))).from_address(params.address)
-        sizes = [len(v) if t == "bytes" else (4 if t in ("i32", "u32", "f32") else 8) for t, v in values]
-        raw = [ctypes.string_at(arr[i], sizes[i]) for i in range(len(values))]
+    def launch(self, fn, grid, block, params, shared_mem, stream) -> None:
+        """params: packed once by the loader (packing.Packed); read the bytes back as the driver would."""
+        layout = params.layout
+        n = len(layout.types)
+        arr = (ctypes.c_void_p * max(1, n)).from_address(params.address)
+        raw = [ctypes.string_at(arr[i], layout.sizes[i]) for i in range(n)]
+        values = [(t, r if t == "bytes" else struct.unpack("<" + CODES[t], r)[0])
+                  for t, r in zip(layout.types, raw, strict=True)]
         self.launches.append({"fn": fn, "grid": grid, "block": block, "shared_mem": shared_mem, "stream": stream,
-                              "values": values, "raw": raw, "aligns": [arr[i] % 64 for i in range(len(values))]})
+                              "values": values, "raw": raw, "aligns": [arr[i] % 64 for i in range(n)]})
+
+
+CODES = {"ptr": "Q", "i32": "i", "u32": "I", "i64": "q", "u64": "Q", "f32": "f", "f64": "d"}

@@ -32,7 +32,7 @@ from runtime_fakes import params as make_params
 from mamba_forge.catalog import expr
 from mamba_forge.gpu.driver import PACK_FORMATS, PackedParams
 from mamba_forge.runtime import streams
-from mamba_forge.runtime.args import typed_params, typed_values
+from mamba_forge.runtime.args import typed_params
 from mamba_forge.runtime.contract import GRID_LIMITS, Contract, contract
 from mamba_forge.runtime.errors import LaunchRefused
 from mamba_forge.runtime.tensors import describe
@@ -452,6 +452,5 @@ def test_typed_positional_path():
         typed_params(g, [bytes(64), *gargs[1:]], "g")
     with pytest.raises(LaunchRefused, match="the parameter is a 128-byte blob"):
         typed_params(g, [5, *gargs[1:]], "g")
-    # the [offset, size] path keeps working until the loader switches
-    dl = FakeDLPack([4])
-    assert typed_values([[0, 8], [8, 4]], [dl, 3], "old")[0] == [("ptr", dl.ptr), ("u32", 3)]
+    dl = FakeDLPack([100])  # a DLPack producer is a tensor here too
+    assert typed_params(ps, [dl, *args[1:]], "k", device=0)[0][0] == ("ptr", dl.ptr)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tomli_w
+from runtime_fakes import FakeCAI
 from runtime_support import (
     H200,
     REJECTED,
@@ -39,6 +40,7 @@ from mamba_forge.runtime import (
     SymbolUnavailable,
     launch,
     load,
+    streams,
 )
 from mamba_forge.runtime import verify as rt_verify
 from mamba_forge.runtime.sources import runtime_table_path
@@ -266,27 +268,25 @@ def test_check_only_artifacts_do_not_serve(tiny, tmp_path):
         k.function("scale_f32")
 
 
-class FakeCAI:
-    def __init__(self, ptr):
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (4,), "typestr": "<f4", "version": 3}
-
-
 class FakeStream:
     cuda_stream = 0x5150
 
 
-def test_launch_types_arguments_from_the_recorded_layout(tiny):
+def test_positional_launch_types_arguments_from_the_param_records(tiny):
     fake = FakeBackend()
     k = load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake)
-    f = k.function("scale_bf16")
-    launch(f, grid=(8,), block=(128,), args=(0x7F0000001000, FakeCAI(0x7F0000002000), 2.5, 1000), stream=FakeStream())
+    f = k.function("scale_f32")
+    x = FakeCAI([1000], ptr=0x7F0000002000)
+    launch(f, grid=(8,), block=(128,), args=(0x7F0000001000, x, 2.5, 1000), stream=FakeStream())
     rec = fake.launches[-1]
     assert rec["grid"] == (8, 1, 1) and rec["block"] == (128, 1, 1) and rec["shared_mem"] == 0
     assert rec["stream"] == 0x5150
     assert rec["raw"] == [struct.pack("<Q", 0x7F0000001000), struct.pack("<Q", 0x7F0000002000), struct.pack("<f", 2.5),
                           struct.pack("<q", 1000)]
-    f((2,), (0x10, 0x20, np.float32(1.0), np.int64(-3)))  # Kernel.__call__: the recorded block and smem
+    launch(f, (2,), f.block, (0x10, 0x20, np.float32(1.0), np.int64(-3)))  # numpy scalars are numbers
     assert fake.launches[-1]["raw"][2:] == [struct.pack("<f", 1.0), struct.pack("<q", -3)]
+    # no stream, raw addresses only: the per-thread default stream, never the legacy stream 0
+    assert fake.launches[-1]["stream"] == streams.CU_STREAM_PER_THREAD
 
 
 def test_launch_takes_a_driver_layer_stream_by_its_handle(tiny):
@@ -308,13 +308,18 @@ def test_launch_takes_a_driver_layer_stream_by_its_handle(tiny):
         ({"shared_mem": 1024}, "qualified with 0 bytes of dynamic shared memory"),
         ({"grid": (0,)}, "dimension below 1"),
         ({"grid": (1, 70000)}, "exceeds the CUDA limits"),
-        ({"args": (1, 2, FakeCAI(3), 4)}, "array but the parameter is 4 bytes"),
+        ({"args": (1, 2, FakeCAI([4]), 4)}, r"argument 2 \(a\) of scale_f32 is a FakeCAI"),
         ({"args": (1, 2, 1e39, 4)}, "overflows the f32 parameter"),
-        ({"args": (1, 2, 1.0, True)}, "is a bool"),
-        ({"args": (1, 2, 1.0, 1 << 64)}, "does not fit the 8-byte parameter"),
-        ({"args": (1, "x", 1.0, 4)}, "of type str cannot be passed"),
-        ({"args": (np.zeros(4, np.float32), 2, 1.0, 4)}, r"host \(CPU\) memory, not CUDA memory"),
-        ({"stream": object()}, "is not a CUDA stream handle"),
+        ({"args": (1, 2, 1.0, True)}, r"argument 3 \(n\) of scale_f32 is a bool"),
+        ({"args": (1, 2, 1.0, 4.0)}, r"argument 3 \(n\) of scale_f32 is a float \(4.0\); the parameter is i64"),
+        ({"args": (1, 2, 1.0, 1 << 64)}, "does not fit i64"),
+        ({"args": (1, "x", 1.0, 4)}, "of type str is neither a tensor nor an int address"),
+        ({"args": (np.zeros(4, np.float32), 2, 1.0, 4)}, "lives in cpu memory"),
+        ({"args": (FakeCAI([4], "<f2"), 2, 1.0, 4)}, "is f16; the parameter is f32"),
+        ({"args": (FakeCAI([4], device=1), 2, 1.0, 4)}, "is on device 1; the kernels are loaded on device 0"),
+        ({"args": (FakeCAI([4], readonly=True), 2, 1.0, 4)}, "read-only but the kernel writes it"),
+        ({"stream": object()}, "is not a CUDA stream"),
+        ({"stream": True}, "stream is a bool"),
     ],
 )
 def test_launch_refusals(tiny, kwargs, message):
@@ -380,6 +385,10 @@ def test_runtime_imports_stay_light():
                "mamba_forge.gpu", "mamba_forge.gpu.driver", "mamba_forge.gpu.core", "mamba_forge.gpu.graph",
                "mamba_forge.gpu.launcher", "mamba_forge.runtime"}
     assert {m for m in eval(out[1]) if not m.startswith("mamba_forge.runtime.")} <= allowed
+    # the keyword launch (contract, expressions, streams, packing, tensors, args) and the torch ops load on first use
+    runtime = {m for m in eval(out[1]) if m.startswith("mamba_forge.runtime.")}
+    assert runtime == {f"mamba_forge.runtime.{m}" for m in
+                       ("backend", "errors", "families", "loader", "sources", "trust", "verify")}, runtime
 
 
 def test_sha256_of_loaded_bytes_matches_the_manifest(tiny):

@@ -1,7 +1,7 @@
 """The runtime's GPU backend: the five operations the loader needs, on mamba_forge.gpu's public API.
 
 The loader talks to a backend object only (device_info, activate, load_module, get_function,
-set_max_dynamic_smem, launch), so tests substitute a fake (tests/runtime_support.py). The driver layer is
+set_max_dynamic_smem, launch of packed parameters), so tests substitute a fake (tests/runtime_support.py). The driver layer is
 imported when a CudaBackend is made, not when the runtime is imported: a process that only verifies manifests
 never pays for it. Every driver failure becomes a DriverError naming the call and the CUresult.
 """
@@ -36,6 +36,7 @@ class CudaBackend:
 
         self.cuda = cuda
         self._devices: dict[int, object] = {}
+        self._streams: dict[int, object] = {}  # raw handle -> borrowed driver.Stream
 
     def _call(self, fn, *args):
         try:
@@ -64,9 +65,15 @@ class CudaBackend:
     def set_max_dynamic_smem(self, fn, nbytes: int) -> None:
         self._call(fn.set_max_dynamic_smem, nbytes)
 
-    def launch(self, fn, grid, block, values, aligns, shared_mem: int, stream: int) -> None:
-        """Pack (type, value) pairs with their blob alignments and launch on the raw stream handle."""
-        cuda = self.cuda
-        params = cuda.PackedParams(values, aligns)
-        s = cuda.Stream.wrap(stream)
-        self._call(lambda: cuda.launch(fn, grid, block, params, smem=shared_mem, stream=s))
+    def launch(self, fn, grid, block, params, shared_mem: int, stream: int) -> None:
+        """Launch on the raw stream handle; params: packed once by the caller (anything with ``.address``, the
+        void** kernelParams: packing.Packed or driver.PackedParams), kept referenced until this returns."""
+        s = self._streams.get(stream)
+        if s is None:
+            if len(self._streams) >= 64:  # bounded: handles of destroyed streams do not pile up
+                self._streams.clear()
+            s = self._streams[stream] = self.cuda.Stream.wrap(stream)
+        try:
+            self.cuda.launch(fn, grid, block, params, smem=shared_mem, stream=s)
+        except self.cuda.CudaError as exc:
+            raise DriverError(str(exc)) from None

@@ -5,7 +5,7 @@
     params = c.packer.pack(b.values)                       # or driver.PackedParams(b.values, b.aligns)
     driver.launch(fn, b.grid, b.block, params, smem=b.shared_mem, stream=resolve_stream(None, b.owner, b.ordinal))
 
-The rules (docs/runtime-contracts.md has them in full): arguments are parameter names; a scalar whose recorded
+The rules (docs/architecture.md, "Runtime loader", has them): arguments are parameter names; a scalar whose recorded
 ``value`` is exactly a dim's name carries that dim, and when omitted the dim is the element count of a pointer
 shaped exactly ``[dim]`` (the first input, else output); a value over dims ("d_state * L") is derived, and if
 given must agree; a literal value ("1e-05": the qualification value) or "" is a required argument, never a

@@ -40,3 +40,23 @@ class LaunchRefused(LoadError, ValueError):
 
 class DriverError(LoadError):
     """A CUDA driver call failed; names the call and the CUresult."""
+
+
+class TileRequired(SymbolUnavailable):
+    """A family variant has several tiles and none was named; carries the tile names (never picked silently)."""
+
+    def __init__(self, name: str, message: str, tiles: tuple[str, ...]):
+        self.tiles = tiles
+        super().__init__(name, message, reason="several tiles", check="tile")
+
+
+class FamilyUnavailable(SymbolUnavailable, AttributeError):
+    """`kernels.<name>` names no family of the manifest (an AttributeError too, so hasattr() answers False)."""
+
+
+class IncompleteOnDevice(LoadError):
+    """load(strict=True): something the manifest lists for this device does not serve; carries the summary."""
+
+    def __init__(self, message: str, summary):
+        self.summary = summary
+        super().__init__(message)

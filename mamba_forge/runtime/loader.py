@@ -1,14 +1,18 @@
 """The runtime loader: signed, qualified kernels in milliseconds, with nothing loaded after a failed check.
 
-    kernels = load("h200.tar.gz")                            # verify signature, device, artifacts
-    f = kernels.typed("softplus_forward").get("bf16")        # or kernels.function("softplus_forward_bf16")
-    launch(f, grid=(n_blocks,), block=f.block, args=(y, x, n))  # torch/CuPy tensors, ints, floats
+    kernels = load("h200.tar.gz", device=0)                  # verify signature, device, artifacts
+    kernels.softplus_forward.bf16(y=y, x=x)                  # checked keyword launch: n and the grid derived
+    kernels.fn("gemm_bi_nn_tc", "bf16", tile="tc64")(C=c, A=a, B=b, M=m, N=n, K=k)  # a tile, by name
+    launch(kernels.function("softplus_forward_bf16"), grid, block, (y, x, n))   # positional, for power users
 
 Order of checks in :func:`load`: signature against trusted keys (canonical table), the runtime table the signed
 body names (size and sha256; the manifest's TOML is read no further than its top-level keys), layout and expiry,
 every artifact's presence and size (and completeness of a bundle), then the device: model name, compute
 capability, SM count, and a driver whose CUDA major is at least the qualifying one. Cubins load lazily, on the
 first function taken from them, from bytes whose size and sha256 are checked right before cuModuleLoadData.
+At load, one logging warning (logger "mamba_forge.runtime") lists the family variants that do not serve here and
+why; Kernels.summary() returns it as data; load(strict=True) raises IncompleteOnDevice instead. The keyword launch
+(runtime/contract.py, runtime/streams.py, runtime/packing.py) is imported on a kernel's first keyword call.
 Standard library, cryptography and cuda-bindings only (through mamba_forge.manifest.signing and mamba_forge.gpu.driver).
 """
 
@@ -18,14 +22,20 @@ import logging
 import threading
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
 from mamba_forge.manifest.schema import Param, QArtifact, QDevice, RuntimeSymbol
-from mamba_forge.runtime.args import typed_values
 from mamba_forge.runtime.backend import CudaBackend, DeviceInfo
-from mamba_forge.runtime.errors import DeviceMismatch, LaunchRefused, SymbolUnavailable
+from mamba_forge.runtime.errors import (
+    DeviceMismatch,
+    FamilyUnavailable,
+    IncompleteOnDevice,
+    LaunchRefused,
+    SymbolUnavailable,
+)
+from mamba_forge.runtime.families import LoadSummary, Typed, index_families, summarize
 from mamba_forge.runtime.sources import Source, check_artifact_bytes
 from mamba_forge.runtime.trust import KeySpec
 from mamba_forge.runtime.trust import trusted_keys as collect_keys
@@ -38,7 +48,7 @@ GRID_LIMITS = (2**31 - 1, 65535, 65535)
 
 @dataclass
 class Kernel:
-    """A loaded, admitted symbol: what launch() needs, with the recorded ABI and launch shape."""
+    """A loaded, admitted symbol: call it with keyword arguments (the checked launch of its signed contract)."""
 
     name: str  # the symbol that serves (a fallback's name when one was followed)
     requested: str  # the name asked for
@@ -50,38 +60,54 @@ class Kernel:
     dynamic_smem: int
     params: list[list[int]]  # [offset, size] per parameter (the ABI census)
     max_threads: int
-    contract: list[Param] = field(repr=False)  # the parameters' names, types, dtypes, roles and shapes
+    symbol: RuntimeSymbol = field(repr=False)  # type: ignore[valid-type] # the serving record: Params, grid, dims
     handle: object = field(repr=False)
     backend: object = field(repr=False)
-
-    def __call__(self, grid, args: Sequence, *, block=None, shared_mem: int | None = None, stream=None) -> None:
-        launch(self, grid, self.block if block is None else block, args, shared_mem=shared_mem, stream=stream)
-
-
-class Typed:
-    """A family's dtype variants, like the reference library's typed holders: get("bf16") -> Kernel."""
-
-    def __init__(self, kernels: Kernels, family: str, variants: dict[str, str]):
-        self.family, self._kernels, self.variants = family, kernels, dict(variants)
+    ordinal: int = 0  # the device the kernels are loaded on
+    _call: object = field(default=None, init=False, repr=False, compare=False)  # (bind, pack, resolve) once compiled
+    _packer: object = field(default=None, init=False, repr=False, compare=False)
 
     @property
-    def dtypes(self) -> tuple[str, ...]:
-        return tuple(self.variants)
+    def param_specs(self) -> list[Param]:
+        """The parameters' names, types, dtypes, roles and shapes, in ABI order."""
+        return list(self.symbol.params)
 
     @property
-    def half_only(self) -> bool:
-        """Only bf16/f16 variants (the half-precision holders)."""
-        return bool(self.variants) and set(self.variants) <= {"bf16", "f16"}
+    def contract(self):
+        """The compiled launch contract (runtime.contract.Contract): what the keyword call checks and derives."""
+        from mamba_forge.runtime.contract import contract
 
-    def get(self, dtype: str) -> Kernel:
-        name = self.variants.get(dtype)
-        if name is None:
-            have = ", ".join(self.variants) or "none"
-            raise SymbolUnavailable(f"{self.family}_{dtype}", f"family {self.family} has no {dtype} variant (has {have})")
-        return self._kernels.function(name)
+        return contract(self.symbol)
 
-    def __repr__(self) -> str:
-        return f"Typed({self.family!r}, {self.dtypes})"
+    def _compile(self):
+        from mamba_forge.runtime.streams import resolve_stream
+
+        c = self.contract
+        self._call = (c.bind, c.packer.pack, resolve_stream)
+        return self._call
+
+    def __call__(self, /, *positional, stream=None, **kwargs) -> None:
+        """bind (check every argument, derive dims and grid) -> resolve the stream -> pack -> launch.
+
+        stream: None = the tensors' framework's current stream (torch, CuPy), else the per-thread default stream;
+        or a torch/CuPy stream, an object with __cuda_stream__, a mamba_forge Stream, an int handle."""
+        if positional:
+            raise LaunchRefused(f"{self.name} takes keyword arguments ({', '.join(self.contract.accepted)}); "
+                                "for positional arguments use launch(fn, grid, block, args)")
+        bind, pack, resolve = self._call or self._compile()
+        b = bind(kwargs, self.ordinal)
+        handle = resolve(stream, b.owner, b.ordinal)
+        self.backend.launch(self.handle, b.grid, b.block, pack(b.values), b.shared_mem, handle)
+
+    def packer(self):
+        """The parameter packer of this symbol's layout (the positional path's; the contract has its own)."""
+        if self._packer is None:
+            from mamba_forge.runtime.packing import ParamPacker
+
+            ps = self.symbol.params
+            self._packer = ParamPacker([p.type if p.kind == "scalar" else "ptr" if p.kind == "pointer" else "bytes"
+                                        for p in ps], [p.size if p.kind == "blob" else 0 for p in ps])
+        return self._packer
 
 
 class Kernels:
@@ -102,6 +128,33 @@ class Kernels:
         self._functions: dict[str, Kernel] = {}
         self._reported: set[str] = set()
         self.fallbacks: dict[str, str] = {}  # requested -> serving symbol, once followed
+        self._families = index_families(self._symbols.values())
+        self._summary: LoadSummary | None = None
+
+    def summary(self) -> LoadSummary:
+        """What serves on this device: families available, variants unavailable with reasons, fallbacks in effect."""
+        if self._summary is None:
+            self._summary = summarize(self.device.name, self._families, self._symbols, self._serves)
+        return self._summary
+
+    def __getattr__(self, family: str) -> Typed:
+        """kernels.<family>: the family holder (methods and attributes of Kernels win over family names)."""
+        fams = self.__dict__.get("_families")
+        if family.startswith("_") or fams is None:
+            raise AttributeError(family)
+        if family not in fams:
+            raise FamilyUnavailable(family, f"no family {family} in the manifest qualified on {self.device.name}",
+                                    reason="absent", check="absent")
+        return self.typed(family)
+
+    def fn(self, family: str, dtype: str | None = None, *, tile: str | None = None) -> Kernel:
+        """A family's kernel by dtype (None: the family's only dtype) and, for multi-tile variants, tile name."""
+        t = self.typed(family)
+        if dtype is None:
+            if len(t.dtypes) != 1:
+                raise SymbolUnavailable(family, f"family {family} has several dtypes; name one: {', '.join(t.dtypes)}")
+            dtype = t.dtypes[0]
+        return t.get(dtype, tile)
 
     # ---- what is there ----
     def _serves(self, s: RuntimeSymbol) -> bool:  # type: ignore[valid-type]
@@ -164,22 +217,16 @@ class Kernels:
         self.fallbacks[name] = fb
         if name in self._reported:
             return
-        self._reported.add(name)
+        self._reported.add(name)  # the load summary logged it; the caller is warned where it takes the kernel
         msg = f"mamba-forge: {name} is unavailable on {self.device.name} ({reason}); using its fallback {fb}"
-        log.warning(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
     def typed(self, family: str) -> Typed:
-        """The family's serving-or-fallback variants by dtype."""
-        variants: dict[str, str] = {}
-        for n, s in self._symbols.items():
-            dt = s.dtype
-            # <family>_<dtype> wins over the bare alias <family> of the same dtype
-            if s.family == family and dt and (dt not in variants or variants[dt] == family):
-                variants[dt] = n
-        if not variants:
+        """The family's variants by dtype, each with its tiles (served directly or through a fallback)."""
+        tiles = self._families.get(family)
+        if not tiles:
             raise SymbolUnavailable(family, f"family {family} has no symbols in the manifest qualified on {self.device.name}")
-        return Typed(self, family, variants)
+        return Typed(self, family, tiles)
 
     def _load_function(self, name: str, requested: str) -> Kernel:
         with self._lock:
@@ -198,12 +245,13 @@ class Kernels:
                 block = (*s.block, 1, 1, 1)
                 k = Kernel(
                     name=name, requested=name, module=s.module, target=s.target, family=s.family, dtype=s.dtype,
-                    block=block[:3], dynamic_smem=smem, params=s.params_layout(), contract=list(s.params),
+                    block=block[:3], dynamic_smem=smem, params=s.params_layout(), symbol=s,
                     max_threads=s.resources.max_threads if s.resources else 0, handle=handle, backend=self.backend,
+                    ordinal=self.device.ordinal,
                 )
                 self._functions[name] = k
             if requested != name:
-                k = Kernel(**{**k.__dict__, "requested": requested})
+                k = replace(k, requested=requested)
                 self._functions[requested] = k
             return k
 
@@ -244,12 +292,16 @@ def check_device(want: QDevice, dev: DeviceInfo, what: str) -> None:
 
 
 def load(manifest_or_bundle: str | Path, device: int = 0, trusted_keys: Iterable[KeySpec] | Mapping | None = None, *,
-         default_keys: bool = True, build: str | Path | None = None, backend=None, now: datetime | None = None) -> Kernels:
+         default_keys: bool = True, build: str | Path | None = None, backend=None, now: datetime | None = None,
+         strict: bool = False) -> Kernels:
     """Verify and open a signed qualified manifest, bundle (.tar.gz or folder) or release index for a device.
 
     trusted_keys: public keys (objects, 'ed25519 <base64>' text, files or folders of *.pub) trusted besides the
     shipped release keys and the user's trust folder (`default_keys=False` trusts only these). build: where a
     bare manifest's artifacts are (default: its folder). Raises a LoadError subclass; loads nothing on refusal.
+    Logs one warning listing the family variants that do not serve here (Kernels.summary() has it as data);
+    strict=True raises IncompleteOnDevice instead when a kernel qualified for this device is rejected or cannot
+    serve (checked-only and built-only symbols belong to other GPUs and do not count).
     """
     keys = collect_keys(trusted_keys, defaults=default_keys)
     backend = backend or CudaBackend()
@@ -263,23 +315,15 @@ def load(manifest_or_bundle: str | Path, device: int = 0, trusted_keys: Iterable
                       full_body=False, device=device_key)
     dev = seen[0] if seen else backend.device_info(device)
     check_device(v.manifest.device, dev, str(v.path))
+    kernels = Kernels(v, dev, backend)
+    summary = kernels.summary()
+    if strict and summary.strict_problems:
+        raise IncompleteOnDevice(f"{v.path} (strict): {len(summary.strict_problems)} kernels do not serve on "
+                                 f"{dev.name}: {'; '.join(summary.strict_problems)}", summary)
     backend.activate(device)
-    return Kernels(v, dev, backend)
-
-
-def _stream_handle(stream) -> int:
-    if stream is None:
-        return 0
-    if isinstance(stream, int) and not isinstance(stream, bool):
-        return stream
-    if hasattr(stream, "__cuda_stream__"):
-        v = stream.__cuda_stream__()
-        return int(v[1] if isinstance(v, tuple) else v)
-    for attr in ("cuda_stream", "ptr", "handle"):  # torch, CuPy, mamba_forge.gpu.driver.Stream
-        h = getattr(stream, attr, None)
-        if h is not None:
-            return int(h) if not hasattr(h, "getPtr") else int(h.getPtr())
-    raise LaunchRefused(f"stream of type {type(stream).__name__} is not a CUDA stream handle")
+    if summary.unavailable or summary.fallbacks:
+        log.warning("%s", summary.text())
+    return kernels
 
 
 def _dims(v, what: str) -> tuple[int, int, int]:
@@ -292,9 +336,19 @@ def _dims(v, what: str) -> tuple[int, int, int]:
     return t  # type: ignore[return-value]
 
 
+def _owner(args: Sequence) -> str:
+    """The framework of the first tensor argument ('' when every argument is a number or bytes)."""
+    for a in args:
+        if not isinstance(a, (int, float, bytes, bytearray, memoryview)):
+            return type(a).__module__.partition(".")[0]
+    return ""
+
+
 def launch(fn: Kernel, grid, block, args: Sequence, shared_mem: int | None = None, stream=None) -> None:
-    """Launch a loaded kernel. Arguments are typed by the symbol's recorded parameter layout; the block must be
-    the qualified one, and dynamic shared memory the qualified figure (None: that figure)."""
+    """Launch a loaded kernel positionally (the power user's path: you compute the grid; int addresses pass
+    unchecked). Arguments are typed by the symbol's Param records (args.typed_params); the block must be the
+    qualified one, and dynamic shared memory the qualified figure (None: that figure). stream: as the keyword call's
+    (None: the tensors' framework's current stream, else the per-thread default stream, never legacy 0)."""
     if not isinstance(fn, Kernel):
         raise LaunchRefused(f"launch takes a Kernel from Kernels.function(), not {type(fn).__name__}")
     g, b = _dims(grid, "grid"), _dims(block, "block")
@@ -312,5 +366,10 @@ def launch(fn: Kernel, grid, block, args: Sequence, shared_mem: int | None = Non
         )
     if not fn.params and args:
         raise LaunchRefused(f"{fn.name} has no recorded parameter layout, so its arguments cannot be typed")
-    values, aligns = typed_values(fn.params, list(args), fn.name)
-    fn.backend.launch(fn.handle, g, b, values, aligns, shared_mem, _stream_handle(stream))
+    from mamba_forge.runtime.args import typed_params
+    from mamba_forge.runtime.streams import resolve_stream
+
+    args = list(args)
+    values, _ = typed_params(fn.symbol.params, args, fn.name, fn.ordinal)
+    handle = resolve_stream(stream, _owner(args), fn.ordinal)
+    fn.backend.launch(fn.handle, g, b, fn.packer().pack(values), shared_mem, handle)

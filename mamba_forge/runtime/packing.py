@@ -21,10 +21,10 @@ _BASE_ALIGN = 64  # the buffer's start is rounded up to this: every slot alignme
 class Packed:
     """One launch's parameter buffer; keep it referenced until the launch is enqueued."""
 
-    __slots__ = ("_buf", "address")
+    __slots__ = ("_buf", "address", "layout")
 
-    def __init__(self, buf, address: int):
-        self._buf, self.address = buf, address
+    def __init__(self, buf, address: int, layout: ParamPacker):
+        self._buf, self.address, self.layout = buf, address, layout  # layout: the types and sizes, for readers
 
 
 class ParamPacker:
@@ -50,6 +50,8 @@ class ParamPacker:
         self._size = self._struct.size + _BASE_ALIGN
         self._slots = tuple(slots)
         self.types = tuple(types)
+        self.sizes = tuple(size if t == "bytes" else struct.calcsize("<" + _CODES[t]) for t, size in
+                           zip(types, blob_sizes, strict=True))
 
     def pack(self, values: Sequence[tuple[str, object]]) -> Packed:
         """values: (type, value) per parameter as Contract.bind / args.typed_params return them (already checked)."""
@@ -58,7 +60,7 @@ class ParamPacker:
         shift = -base % _BASE_ALIGN
         start = base + shift
         self._struct.pack_into(buf, shift, *[v for _, v in values], *[start + s for s in self._slots])
-        return Packed(buf, start + self._array_at)
+        return Packed(buf, start + self._array_at, self)
 
 
 __all__ = ["Packed", "ParamPacker"]

@@ -46,7 +46,7 @@ def _info(*fields) -> TensorInfo:
     return tuple.__new__(TensorInfo, fields)  # skips NamedTuple's Python-level __new__
 
 
-# ---- DLPack (shared with args.device_pointer) ---------------------------------------------------------------
+# ---- DLPack -------------------------------------------------------------------------------------------------
 
 
 class DLDevice(ctypes.Structure):

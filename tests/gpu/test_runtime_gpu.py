@@ -1,14 +1,17 @@
-"""The runtime loader on a real GPU: a bundle built and qualified here (or given by MF_RUNTIME_BUNDLE and
-MF_RUNTIME_KEY, e.g. the committed H200 bundle), loaded with load(), kernels launched through launch() on torch
-tensors and compared with the float64 reference.
+"""The runtime loader on a real GPU: a bundle built and qualified here (the Fixed and TriadSm90a modules), or given
+by MF_RUNTIME_BUNDLE and MF_RUNTIME_KEY, loaded with load(); kernels launched through the keyword API on torch
+tensors and compared with the float64 references; refusals leave the context usable; streams order with torch;
+the torch custom ops under torch.compile and CUDA-graph capture.
 
-    python -m pytest -q tests/gpu/test_runtime_gpu.py            # builds + qualifies the Fixed module first
+    python -m pytest -q tests/gpu/test_runtime_gpu.py            # builds + qualifies Fixed and TriadSm90a first
     MF_RUNTIME_BUNDLE=dist/h200.tar.gz MF_RUNTIME_KEY=manifests/keys python -m pytest -q tests/gpu/test_runtime_gpu.py
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -18,13 +21,15 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
 
 N = 1_000_003  # not a multiple of any vector width: the scalar tail runs too
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> tuple[Path, Path]:
-    """(bundle, public key): from the environment, else build and qualify the Fixed module on this GPU now."""
+    """(bundle, public key): from the environment, else build and qualify Fixed and TriadSm90a on this GPU now."""
     if os.environ.get("MF_RUNTIME_BUNDLE"):
         return Path(os.environ["MF_RUNTIME_BUNDLE"]), Path(os.environ["MF_RUNTIME_KEY"])
     from mamba_forge.manifest import signing
@@ -37,8 +42,8 @@ def bundle(tmp_path_factory) -> tuple[Path, Path]:
                    check=True, timeout=900)
     priv, pub, _ = signing.write_keypair(root / "keys", "gpu-test")
     res = subprocess.run(
-        [sys.executable, "-m", "mamba_forge.cli", "qualify", "--build", str(build), "--module", "Fixed", "--level", "quick",
-         "--sign-key", str(priv), "--out", str(root / "h200.toml"), "-q"],
+        [sys.executable, "-m", "mamba_forge.cli", "qualify", "--build", str(build), "--module", "Fixed",
+         "--module", "TriadSm90a", "--level", "quick", "--sign-key", str(priv), "--out", str(root / "h200.toml"), "-q"],
         capture_output=True, text=True, timeout=1800,
     )
     assert res.returncode == 0, res.stderr[-4000:]
@@ -54,45 +59,185 @@ def kernels(bundle):
     return load(path, trusted_keys=[key])
 
 
-def _grid(family: str, n: int) -> tuple[int, ...]:
-    from mamba_forge.catalog import expr
-    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+def _np(t) -> np.ndarray:
+    return t.double().cpu().numpy().ravel()
 
-    cat = load_catalog(default_catalog_path())
-    fam = next(m.family(family) for m in cat.modules if any(f.name == family for f in m.families))
-    return tuple(int(expr.evaluate(g, {"n": n})) for g in fam.launch.grid)
+
+def _rand(shape, lo, hi, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.rand(shape, dtype=torch.float64, device="cuda", generator=g) * (hi - lo) + lo).to(dtype)
+
+
+def test_readme_example_runs_as_written(bundle, tmp_path, monkeypatch):
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"Loading qualified kernels.*?```python\n(.*?)```", text, re.S).group(1)
+    path, key = bundle
+    trust = tmp_path / "trust"
+    if key.is_dir():
+        shutil.copytree(key, trust)
+    else:
+        trust.mkdir()
+        shutil.copy(key, trust / key.name)
+    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(trust))
+    if path.is_file():
+        shutil.copy(path, tmp_path / "h200.tar.gz")
+    else:
+        shutil.copytree(path, tmp_path / "h200.tar.gz")
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(code, "README.md", "exec"), ns)  # noqa: S102 - the README's own example
+    torch.cuda.synchronize()
+    assert ns["y"].shape == ns["x"].shape and torch.isfinite(ns["y"]).all()
 
 
 @pytest.mark.parametrize(("dtype", "rtol", "atol"), [("f32", 2e-6, 1e-30), ("bf16", 8e-3, 1e-30), ("f16", 1e-3, 1e-7)])
-def test_softplus_through_launch_matches_the_reference(kernels, dtype, rtol, atol):
-    torch = pytest.importorskip("torch")
+def test_softplus_keyword_matches_the_reference(kernels, dtype, rtol, atol):
     from mamba_forge.references.activation import softplus_forward
     from mamba_forge.runtime import launch
 
     tdt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
-    g = torch.Generator(device="cuda").manual_seed(7)
-    x = (torch.rand(N, dtype=torch.float64, device="cuda", generator=g) * 60 - 30).to(tdt)
+    x = _rand(N, -30, 30, tdt, 7)
     y = torch.full((N,), float("nan"), dtype=tdt, device="cuda")
-    f = kernels.typed("softplus_forward").get(dtype)
-    assert f.name == f"softplus_forward_{dtype}", kernels.fallbacks
-    stream = torch.cuda.Stream()
-    # y as a raw device pointer, x as a tensor (bf16 goes through DLPack: torch has no CAI for it)
-    launch(f, _grid("softplus_forward", N), f.block, (y.data_ptr(), x, N), stream=stream)
-    stream.synchronize()
-    ref = softplus_forward({"x": x.double().cpu().numpy()}, {"n": N})["y"]
-    got = y.double().cpu().numpy()
+    f = getattr(kernels.softplus_forward, dtype)
+    assert f.name == f"softplus_forward_{dtype}", kernels.summary()
+    f(y=y, x=x)  # n and the grid from the contract, torch's current stream
+    ref = softplus_forward({"x": _np(x)}, {"n": N})["y"]
+    got = _np(y)
     assert np.isfinite(got).all(), "unwritten (NaN) elements remain"
     np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol)
-    # deterministic: a second launch writes the same bytes
+    # the positional path (y as a raw address) writes the same bytes
     y2 = torch.full_like(y, float("nan"))
-    f(_grid("softplus_forward", N), (y2, x, N))
-    torch.cuda.synchronize()
+    launch(f, f.contract.bind({"y": y, "x": x}).grid, f.block, (y2.data_ptr(), x, N))
     bits = torch.int32 if dtype == "f32" else torch.int16
     assert torch.equal(y.view(bits), y2.view(bits))
 
 
+def test_rmsnorm_f32in_bf16_matches_the_reference(kernels):
+    from mamba_forge.references.norm import rmsnorm_forward
+
+    rows, dim = 257, 2560
+    x = _rand((rows, dim), -2, 2, torch.float32, 1)
+    w = _rand(dim, 0.5, 1.5, torch.float32, 2)
+    y = torch.empty((rows, dim), dtype=torch.bfloat16, device="cuda")
+    rstd = torch.empty(rows, dtype=torch.float32, device="cuda")
+    kernels.rmsnorm_forward_f32in.bf16(y=y, rstd=rstd, x=x, w=w, eps=1e-5)  # rows, dim from rstd and w
+    ref = rmsnorm_forward({"x": _np(x), "w": _np(w), "rows": rows, "dim": dim, "eps": 1e-5}, {})
+    np.testing.assert_allclose(_np(rstd), ref["rstd"], rtol=1e-5)
+    np.testing.assert_allclose(_np(y), ref["y"], rtol=8e-3, atol=1e-6)
+
+
+def test_conv1d_forward_matches_the_reference(kernels):
+    from mamba_forge.references.conv1d import forward_nosave_tiled
+
+    batch, d, L, width = 2, 256, 1000, 4
+    x = _rand((batch, d, L), -2, 2, torch.bfloat16, 3)
+    weight, bias = _rand((d, width), -1, 1, torch.float32, 4), _rand(d, -1, 1, torch.float32, 5)
+    out = torch.empty_like(x)
+    kernels.conv1d_burnin_forward_nosave_tiled.bf16(out=out, x=x, weight=weight, bias=bias, batch=batch, L=L,
+                                                    width=width)  # d from bias
+    ref = forward_nosave_tiled({"x": _np(x), "weight": _np(weight), "bias": _np(bias), "batch": batch, "d": d,
+                                "L": L, "width": width}, {})["out"]
+    np.testing.assert_allclose(_np(out), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_scan_forward_matches_the_reference(kernels):
+    from mamba_forge.references.scan import ssm_burnin_forward_nosave
+
+    b, d, n, L = 2, 64, 16, 301
+    f32 = torch.float32
+    a = {"u": _rand((b, d, L), -1, 1, f32, 10), "delta": _rand((b, d, L), -4, 0, f32, 11),
+         "A_log": _rand((d, n), -1, 1.5, f32, 12), "Bm": _rand((b, n, L), -1, 1, f32, 13),
+         "Cm": _rand((b, n, L), -1, 1, f32, 14), "Dp": _rand(d, -1, 1, f32, 15), "z": _rand((b, d, L), -3, 3, f32, 16),
+         "delta_bias": _rand(d, -1, 1, f32, 17)}
+    state = _rand((b, d, n), -1, 1, f32, 18)
+    ref = ssm_burnin_forward_nosave({**{k: _np(v) for k, v in a.items()}, "state": _np(state), "delta_softplus": 1},
+                                    {"batch": b, "d_inner": d, "d_state": n, "L": L})
+    out = torch.empty((b, d, L), dtype=f32, device="cuda")
+    kernels.ssm_burnin_forward_nosave.f32(out=out, state=state, **a, batch=b, d_state=n, L=L, delta_softplus=1)
+    np.testing.assert_allclose(_np(out), ref["out"], rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(_np(state), ref["state"], rtol=1e-3, atol=1e-4)
+
+
+def test_wgmma_gemm_with_caller_built_tensor_maps(kernels):
+    from mamba_forge.gpu.tma import gemm_tensor_maps
+    from mamba_forge.references.gemm import gemm_nn
+
+    M, N_, K = 523, 392, 328
+    A, B = _rand((M, K), -1, 1, torch.bfloat16, 20), _rand((K, N_), -1, 1, torch.bfloat16, 21)
+    C = torch.empty((M, N_), dtype=torch.bfloat16, device="cuda")
+    maps = gemm_tensor_maps("nn", A.data_ptr(), B.data_ptr(), M, N_, K)  # {"tmA": bytes, "tmB": bytes}
+    kernels.fn("gemm_bi_nn_sm90a_wgmma_wg1", "bf16")(C=C, A=A, B=B, M=M, N=N_, K=K, **maps)
+    ref = gemm_nn({"A": _np(A), "B": _np(B), "M": M, "N": N_, "K": K}, {})["C"]
+    np.testing.assert_allclose(_np(C), ref, rtol=8e-3, atol=2e-2)
+
+
+def test_a_float_for_an_int_is_refused_and_the_context_stays_usable(kernels):
+    from mamba_forge.runtime import LaunchRefused, launch
+
+    f = kernels.softplus_forward.f32
+    x, y = torch.linspace(-3, 3, 4096, device="cuda"), torch.zeros(4096, device="cuda")
+    with pytest.raises(LaunchRefused, match="n of softplus_forward_f32 is a float"):
+        f(y=y, x=x, n=4096.0)
+    with pytest.raises(LaunchRefused, match=r"argument 2 \(n\) of softplus_forward_f32 is a float"):
+        launch(f, (2,), f.block, (y, x, 4096.0))
+    with pytest.raises(LaunchRefused, match="lives in cpu memory"):
+        f(y=y, x=torch.zeros(4096))
+    with pytest.raises(LaunchRefused, match="dynamic shared memory"):
+        launch(f, (1,), f.block, (y, x, 4096), shared_mem=4096)
+    f(y=y, x=x)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, torch.nn.functional.softplus(x), rtol=1e-5, atol=1e-6)
+
+
+def test_side_stream_orders_with_torch_work(kernels):
+    f = kernels.softplus_forward.f32
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):  # the default: torch's current stream, here s
+        x = torch.randn(1 << 24, device="cuda") * 4  # a long producer on s just before the launch
+        y = torch.empty_like(x)
+        f(y=y, x=x)
+        z = y * 2
+    s.synchronize()
+    torch.testing.assert_close(z, 2 * torch.nn.functional.softplus(x), rtol=1e-5, atol=1e-6)
+    x2 = torch.empty(1 << 22, device="cuda")
+    with torch.cuda.stream(s):
+        x2.copy_(torch.linspace(-5, 5, 1 << 22, device="cuda"))
+    y2 = torch.empty_like(x2)
+    f(y=y2, x=x2, stream=s)  # explicit: ordered after the copy on s, not on the current (default) stream
+    s.synchronize()
+    torch.testing.assert_close(y2, torch.nn.functional.softplus(x2), rtol=1e-5, atol=1e-6)
+
+
+def test_torch_ops_compile_and_capture(kernels):
+    import mamba_forge.runtime.torch as mft
+
+    assert mft.register(kernels) == ["mamba_forge::softplus_forward", "mamba_forge::rms_norm"]
+    x = torch.randn(3, 4096, device="cuda")
+    torch.testing.assert_close(torch.ops.mamba_forge.softplus_forward(x), torch.nn.functional.softplus(x),
+                               rtol=1e-5, atol=1e-6)
+    w = torch.rand(4096, device="cuda") + 0.5
+    y, rstd = torch.ops.mamba_forge.rms_norm(x, w, 1e-5, torch.bfloat16)
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+    assert y.dtype == torch.bfloat16 and rstd.shape == (3,)
+    torch.testing.assert_close(y.float(), want, rtol=8e-3, atol=1e-5)
+    compiled = torch.compile(lambda t: torch.ops.mamba_forge.softplus_forward(t) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(x), 2 * torch.nn.functional.softplus(x), rtol=1e-5, atol=1e-6)
+    static_x = torch.zeros(1 << 16, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.ops.mamba_forge.softplus_forward(static_x)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_y = torch.ops.mamba_forge.softplus_forward(static_x)
+    static_x.copy_(torch.linspace(-8, 8, 1 << 16, device="cuda"))
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static_y, torch.nn.functional.softplus(static_x), rtol=1e-5, atol=1e-6)
+
+
 def test_loaded_device_matches_torch(kernels):
-    torch = pytest.importorskip("torch")
     assert kernels.device.name == torch.cuda.get_device_name(0)
     major, minor = torch.cuda.get_device_capability(0)
     assert kernels.device.cc == (major, minor)
@@ -108,15 +253,3 @@ def test_every_admitted_symbol_loads_quickly(bundle):
     seconds = time.perf_counter() - t0
     assert modules >= 1 and len(k.admitted()) >= 3
     assert seconds < 2.0, f"verify + load of {modules} modules took {seconds:.3f}s"
-
-
-def test_wrong_shared_memory_and_host_tensors_are_refused_on_the_gpu(kernels):
-    torch = pytest.importorskip("torch")
-    from mamba_forge.runtime import LaunchRefused, launch
-
-    f = kernels.function("softplus_forward_f32")
-    x = torch.zeros(16, device="cuda")
-    with pytest.raises(LaunchRefused, match="host"):
-        launch(f, (1,), f.block, (x, torch.zeros(16), 16))
-    with pytest.raises(LaunchRefused, match="dynamic shared memory"):
-        launch(f, (1,), f.block, (x, x, 16), shared_mem=4096)

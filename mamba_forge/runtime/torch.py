@@ -1,0 +1,104 @@
+"""torch integration (imported only when asked: ``import mamba_forge.runtime.torch``): the main families as
+``torch.library`` custom ops, so they compose with torch.compile and CUDA graphs.
+
+    import mamba_forge.runtime.torch as mft
+    mft.register(load("h200.tar.gz", device=0))
+    y = torch.ops.mamba_forge.softplus_forward(x)
+    y, rstd = torch.ops.mamba_forge.rms_norm(x, w, 1e-5, torch.bfloat16)   # x f32 [..., dim], w f32 [dim]
+
+Each op allocates its outputs with torch (so a CUDA-graph capture takes them from the graph's pool), derives the
+grid from the signed contract and launches on torch's current stream of the tensors' device; nothing syncs with
+the host. register() loads every kernel the ops may launch up front, so no module is loaded during a capture.
+Fake (meta) implementations give torch.compile the output shapes and dtypes. The op table is
+mamba_forge/runtime/torch_ops.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mamba_forge.runtime.errors import LaunchRefused
+from mamba_forge.runtime.tensors import torch_dtype
+from mamba_forge.runtime.torch_ops import (
+    LIBRARY,
+    SCHEMAS,
+    kernels_used,
+    rms_norm_kernel,
+    rms_norm_shapes,
+    softplus_kernel,
+)
+
+_state: dict = {"kernels": None, "functions": {}}
+_lib = None
+
+
+def _kernel(family: str, dtype: str):
+    k = _state["functions"].get((family, dtype))
+    if k is None:
+        if _state["kernels"] is None:
+            raise LaunchRefused("mamba_forge torch ops: call mamba_forge.runtime.torch.register(kernels) first")
+        k = _state["functions"][(family, dtype)] = _state["kernels"].fn(family, dtype)
+    return k
+
+
+def _softplus_forward(x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    _kernel(*softplus_kernel(torch_dtype(x.dtype)))(y=y, x=x)
+    return y
+
+
+def _softplus_forward_fake(x: torch.Tensor) -> torch.Tensor:
+    softplus_kernel(torch_dtype(x.dtype))
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _rms_norm_out(x: torch.Tensor, weight: torch.Tensor, out_dtype):
+    dt = x.dtype if out_dtype is None else out_dtype
+    family, dtype = rms_norm_kernel(torch_dtype(x.dtype), torch_dtype(dt))
+    rows, dim = rms_norm_shapes(tuple(x.shape), tuple(weight.shape))
+    y = torch.empty(x.shape, dtype=dt, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    return family, dtype, y, rstd
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype=None):
+    family, dtype, y, rstd = _rms_norm_out(x, weight, out_dtype)
+    _kernel(family, dtype)(y=y, rstd=rstd, x=x.contiguous(), w=weight.contiguous(), eps=float(eps))
+    return y, rstd
+
+
+def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype=None):
+    _, _, y, rstd = _rms_norm_out(x, weight, out_dtype)
+    return y, rstd
+
+
+_IMPLS = {"softplus_forward": (_softplus_forward, _softplus_forward_fake), "rms_norm": (_rms_norm, _rms_norm_fake)}
+
+
+def _register_fake(qualname: str, fn) -> None:
+    register_fake = getattr(torch.library, "register_fake", None)  # torch >= 2.4
+    if register_fake is None:
+        torch.library.impl_abstract(qualname)(fn)
+    else:
+        register_fake(qualname)(fn)
+
+
+def register(kernels) -> list[str]:
+    """Point the ops at a loaded Kernels (the first call defines them); loads every kernel they may launch now.
+    Returns the ops' qualified names. Raises SymbolUnavailable when the manifest lacks one of them."""
+    global _lib
+    functions = {fd: kernels.fn(*fd) for fd in kernels_used()}  # refuse before anything is changed
+    _state["kernels"], _state["functions"] = kernels, functions
+    if _lib is None:
+        lib = torch.library.Library(LIBRARY, "DEF")
+        for name, schema in SCHEMAS.items():
+            impl, fake = _IMPLS[name]
+            lib.define(schema)
+            lib.impl(name, impl, "CUDA")
+            _register_fake(f"{LIBRARY}::{name}", fake)
+        _lib = lib
+    return [f"{LIBRARY}::{n}" for n in SCHEMAS]
+
+
+__all__ = ["register"]
