@@ -412,6 +412,8 @@ def test_streams(monkeypatch):
                        (types.SimpleNamespace(ptr="x"), "gave a str")):
         with pytest.raises(LaunchRefused, match=match):
             streams.stream_handle(bad)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # other tests on a GPU machine import both
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
     assert streams.resolve_stream(None) == streams.CU_STREAM_PER_THREAD == 2
     assert streams.resolve_stream(None, "torch", 1) == 2  # torch not imported: the per-thread stream
     calls = []

@@ -171,7 +171,8 @@ def test_every_keyword_refusal_launches_nothing(tiny, dtype):
 def test_stream_defaults(tiny, monkeypatch):
     k, fake = _load(tiny)
     f = k.fn("scale", "f32")
-    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # other tests on a GPU machine import both
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
     f(y=T(N), x=T(N), a=1.0)  # torch tensors but no torch module: the per-thread default stream
     f(y=FakeCAI([N]), x=FakeCAI([N]), a=1.0)  # CuPy-like, CuPy not imported: per-thread as well
     assert [r["stream"] for r in fake.launches] == [streams.CU_STREAM_PER_THREAD] * 2
