@@ -352,6 +352,11 @@ def keygen(
     out.print(f"private key {priv} (mode 0600), public key {pub}, key id {kid}", markup=False, highlight=False)
 
 
+from mamba_forge.cli_env import register as _register_env_and_cache  # noqa: E402 - needs `app` above
+
+_register_env_and_cache(app)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns every user-facing error into one line and an exit code."""
     if argv is None:
