@@ -105,8 +105,8 @@ ARCH_ENV = "MAMBA_FORGE_ARCH"
 TORCH_ARCH_ENV = "TORCH_CUDA_ARCH_LIST"  # honoured like FlashInfer does, after ours; `build` says when it used it
 ALL = "all"  # every target mamba-forge knows
 NATIVE = "native"  # the attached GPUs' architectures
-_OURS = re.compile(r"^sm_\d{2,3}a?$")
-_TORCH = re.compile(r"^(\d{1,2})\.(\d)(a?)(\+PTX)?$", re.IGNORECASE)  # 8.0, 9.0a, 12.0, 8.6+PTX
+_OURS = re.compile(r"^sm_\d{2,3}a?$", re.ASCII)
+_TORCH = re.compile(r"^(\d{1,2})\.(\d)(a?)(\+PTX)?$", re.IGNORECASE | re.ASCII)  # 8.0, 9.0a, 12.0, 8.6+PTX
 _SEPARATORS = re.compile(r"[\s,;]+")
 _SHOWN = 40  # characters of a hostile token echoed back
 
