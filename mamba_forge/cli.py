@@ -37,12 +37,6 @@ out = Console()
 err = Console(stderr=True)
 
 
-def _split_archs(values: list[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    return [a.strip() for v in values for a in v.split(",") if a.strip()]
-
-
 def _version_callback(value: bool) -> None:
     if value:
         out.print(f"mamba-forge {__version__}")
@@ -62,7 +56,13 @@ def _main(
 def build(
     arch: Annotated[
         list[str] | None,
-        typer.Option("--arch", help="Target architecture(s), e.g. sm_90a; repeat or comma-separate. Default: all."),
+        typer.Option("--arch", help="Target architecture(s): sm_90a, 9.0a (TORCH_CUDA_ARCH_LIST spelling), all or "
+                     "native; repeat or comma-separate. Default: $MAMBA_FORGE_ARCH, else $TORCH_CUDA_ARCH_LIST, "
+                     "else sm_80,sm_89,sm_90a,sm_100a,sm_120a."),
+    ] = None,
+    kernels: Annotated[
+        list[str] | None,
+        typer.Option("--kernels", help="Only symbols whose name matches this glob (repeatable), e.g. 'softplus*'."),
     ] = None,
     catalog: Annotated[Path | None, typer.Option("--catalog", help="Catalog TOML (default: the built-in one).")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Output folder for artifacts and manifest.toml.")] = Path("build"),
@@ -73,16 +73,23 @@ def build(
     as_json: Annotated[bool, typer.Option("--json", help="Print the build manifest as JSON on stdout.")] = False,
 ) -> None:
     """Compile every module kind for the target architectures, read resources and admit each symbol."""
+    import os
+
     from mamba_forge.build.builder import BuildRequest, count_jobs, timed_build
-    from mamba_forge.catalog.model import default_catalog_path, iter_targets, load_catalog, state_capacity
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
+    from mamba_forge.catalog.targets import get_target, select_targets
     from mamba_forge.manifest.toml_io import write
     from mamba_forge.report.tables import render_build
 
-    targets = list(iter_targets(_split_archs(arch)))
+    chosen = select_targets(arch, os.environ)
+    targets = [get_target(n) for n in chosen.names]
     cap = state_capacity(state_cap)
     cat = load_catalog(catalog or default_catalog_path())
-    req = BuildRequest(cat, targets, out_dir, jobs=jobs, state_capacity=cap, cache_location=None if no_cache else "default")
+    req = BuildRequest(cat, targets, out_dir, jobs=jobs, state_capacity=cap, cache_location=None if no_cache else "default",
+                       kernels=tuple(kernels or ()))
     show = not quiet and not as_json
+    for note in chosen.notes if not quiet else ():
+        err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if show:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -343,6 +350,11 @@ def keygen(
     except FileExistsError as exc:
         raise ForgeError(str(exc), hint="choose another --name or --out") from None
     out.print(f"private key {priv} (mode 0600), public key {pub}, key id {kid}", markup=False, highlight=False)
+
+
+from mamba_forge.cli_env import register as _register_env_and_cache  # noqa: E402 - needs `app` above
+
+_register_env_and_cache(app)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ a structural check of what each workflow has to do runs with or without actionli
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +16,9 @@ yaml = pytest.importorskip("yaml", reason="PyYAML is in the test extras: pip ins
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
 CI, RELEASE = WORKFLOWS / "ci.yml", WORKFLOWS / "release.yml"
+DEPENDABOT = ROOT / ".github" / "dependabot.yml"
+# `uses: owner/repo[/path]@<40 hex> # vX[.Y.Z]`: a tag can be moved, a commit cannot; the comment says which tag
+PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40} # v\d+(\.\d+)*$")
 
 
 def actionlint() -> str | None:
@@ -123,6 +127,92 @@ def workflow_problems(ci: dict, release: dict) -> list[str]:
     return p
 
 
+def unpinned_uses(text: str) -> list[str]:
+    """Every `uses:` line of a workflow that is not pinned by full commit SHA with its tag in a comment."""
+    bad = []
+    for line in text.splitlines():
+        m = re.match(r"^\s*(?:-\s+)?uses:\s*(.+?)\s*$", line)
+        if m and not m.group(1).startswith("./") and not PINNED.match(m.group(1)):
+            bad.append(m.group(1))
+    return bad
+
+
+def conventions_problems(ci_text: str, release_text: str) -> list[str]:
+    """Supply-chain and packaging conventions: pinned actions, pip cache, the Python matrix, the wheel job, the
+    release's Python distributions with provenance."""
+    p = [f"unpinned: {u}" for u in unpinned_uses(ci_text) + unpinned_uses(release_text)]
+    ci, release = _load(ci_text), _load(release_text)
+    for name, wf in (("ci", ci), ("release", release)):
+        for jname, job in wf.get("jobs", {}).items():
+            for s in job.get("steps", []):
+                if s.get("uses", "").startswith("actions/setup-python@") and s.get("with", {}).get("cache") != "pip":
+                    p.append(f"{name}/{jname}: setup-python without cache: pip")
+    matrix = ci.get("jobs", {}).get("test", {}).get("strategy", {}).get("matrix", {}).get("python-version", [])
+    if not {"3.11", "3.13"} <= set(map(str, matrix)):
+        p.append("ci: a Python 3.11 and 3.13 matrix")
+    wheel = ci.get("jobs", {}).get("wheel", {})
+    if "python -m build" not in _runs(wheel) or "tests/test_wheel.py" not in _runs(wheel):
+        p.append("ci: builds the wheel and runs the installed-wheel smoke test")
+    if "permissions" not in ci or ci["permissions"] != {"contents": "read"}:
+        p.append("ci: least-privilege permissions (contents: read)")
+    rj = release.get("jobs", {})
+    if "python -m build" not in _runs(rj.get("build", {})):
+        p.append("release: builds the wheel and sdist")
+    attest = [s for s in rj.get("release", {}).get("steps", []) if "attest-build-provenance" in s.get("uses", "")]
+    subjects = attest[0].get("with", {}).get("subject-path", "") if attest else ""
+    if "pydist/*.whl" not in subjects or "pydist/*.tar.gz" not in subjects:
+        p.append("release: attests the wheel and sdist")
+    if "pydist/*" not in _runs(rj.get("release", {})):
+        p.append("release: uploads the wheel and sdist")
+    return p
+
+
+def test_conventions_hold():
+    assert conventions_problems(CI.read_text(), RELEASE.read_text()) == []
+
+
+def test_dependabot_updates_actions_and_pip():
+    data = yaml.safe_load(DEPENDABOT.read_text())
+    assert data["version"] == 2
+    assert {u["package-ecosystem"] for u in data["updates"]} == {"github-actions", "pip"}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "problem"),
+    [
+        ("actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0", "actions/checkout@v6", "unpinned"),
+        ("actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0", "actions/checkout@main", "unpinned"),
+        ("actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0",
+         "actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803", "unpinned"),  # no tag comment
+        ("actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0",
+         "actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af8 # v6.1.0", "unpinned"),  # short SHA
+        ("          cache: pip\n", "", "cache: pip"),
+        ('python-version: ["3.11", "3.13"]', 'python-version: ["3.12"]', "3.11 and 3.13"),
+        ("python -m pytest -q tests/test_wheel.py", "echo skipped", "installed-wheel smoke test"),
+        ("contents: read", "contents: write", "least-privilege"),
+    ],
+)
+def test_conventions_check_has_teeth(old, new, problem):
+    text = CI.read_text()
+    assert old in text
+    broken = text.replace(old, new, 1)
+    assert any(problem in x for x in conventions_problems(broken, RELEASE.read_text()))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "problem"),
+    [
+        ("pydist/*.whl\n", "\n", "attests the wheel"),
+        ("python -m build --outdir pydist .", "echo none", "builds the wheel and sdist"),
+        ("dist/release.pub pydist/* ", "dist/release.pub ", "uploads the wheel"),
+    ],
+)
+def test_release_conventions_check_has_teeth(old, new, problem):
+    text = RELEASE.read_text()
+    assert old in text
+    assert any(problem in x for x in conventions_problems(CI.read_text(), text.replace(old, new, 1)))
+
+
 def test_workflows_do_what_the_issue_asks():
     assert workflow_problems(_load(CI), _load(RELEASE)) == []
 
@@ -130,7 +220,8 @@ def test_workflows_do_what_the_issue_asks():
 @pytest.mark.parametrize(
     ("which", "old", "new", "problem"),
     [
-        ("release", "actions/attest-build-provenance@v3", "actions/upload-artifact@v6", "records build provenance"),
+        ("release", "actions/attest-build-provenance@977bb373ede98d70efdf65b84cb5f73e068dcc2a # v3.0.0",
+         "actions/upload-artifact@b7c566a772e6b6bfb58ed0dc250532a479d7789f # v6.0.0", "records build provenance"),
         ("release", "runs-on: [self-hosted, linux, \"${{ matrix.gpu }}\"]", "runs-on: ubuntu-latest", "self-hosted"),
         ("release", "${{ secrets.MAMBA_FORGE_SIGNING_KEY }}", "${{ secrets.OTHER }}", "repository secret"),
         ("release", 'tags: ["v*"]', 'branches: ["main"]', "version tag"),

@@ -55,6 +55,13 @@ class BuildRequest:
     state_capacity: int = 64
     cache_location: Path | None | str = "default"  # "default": from the environment; None: no cache
     warnings: list[str] = field(default_factory=list)
+    kernels: tuple[str, ...] = ()  # symbol-name globs (`build --kernels`); empty: every symbol
+
+    def __post_init__(self) -> None:
+        if self.kernels:
+            from mamba_forge.catalog.select import select_symbols
+
+            self.catalog = select_symbols(self.catalog, self.kernels)
 
 
 @dataclass

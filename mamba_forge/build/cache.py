@@ -12,6 +12,9 @@ process, so no lock can go stale.
 The location must be private: a path with a symlinked component, a group- or world-writable ancestor that
 neither root nor you own, or a final folder that is not yours with mode 0700 is refused (one warning, then the
 build goes on without a cache).
+
+Housekeeping (`mamba-forge cache size|clean|prune`, :mod:`mamba_forge.build.cache_admin`) touches only regular
+files named like entries under ``<root>/v1/<xx>/``, never follows a symlink and leaves the folders and locks.
 """
 
 from __future__ import annotations
@@ -163,6 +166,8 @@ class Cache:
                 return self._refuse(path)
             with os.fdopen(fd, "rb", closefd=False) as f:
                 blob = f.read(MAX_ENTRY_BYTES + 1)
+            with contextlib.suppress(OSError):  # a hit renews the entry's mtime, so `cache prune` drops the LRU
+                os.utime(fd)
         except OSError:
             return self._refuse(path)
         finally:

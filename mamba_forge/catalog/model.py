@@ -257,8 +257,13 @@ def load_catalog(path: str | Path) -> Catalog:
 
 
 def default_catalog_path() -> Path:
-    """The built-in catalog: kernels/catalog.toml beside the package (a source checkout or editable install)."""
-    return Path(__file__).resolve().parents[2] / "kernels" / "catalog.toml"
+    """The built-in catalog: the package data of a wheel install, or kernels/catalog.toml of a source checkout."""
+    from mamba_forge.resources import KERNELS, data_folder
+
+    path = data_folder(KERNELS) / "catalog.toml"
+    if not path.is_file():
+        raise ForgeError(f"the built-in catalog {path} is missing", hint="reinstall mamba-forge, or pass --catalog")
+    return path
 
 
 def iter_targets(names: list[str] | None) -> Iterator[Target]:

@@ -97,3 +97,105 @@ def validate_gate(gate: str) -> str:
     if m is None or (m.group(2) and m.group(3)):
         raise ValueError(f"bad architecture gate {gate!r}: write sm_NN, sm_NNa or sm_NN+")
     return gate
+
+
+# --- choosing targets: --arch, MAMBA_FORGE_ARCH, TORCH_CUDA_ARCH_LIST -------------------------------------------
+
+ARCH_ENV = "MAMBA_FORGE_ARCH"
+TORCH_ARCH_ENV = "TORCH_CUDA_ARCH_LIST"  # honoured like FlashInfer does, after ours; `build` says when it used it
+ALL = "all"  # every target mamba-forge knows
+NATIVE = "native"  # the attached GPUs' architectures
+_OURS = re.compile(r"^sm_\d{2,3}a?$", re.ASCII)
+_TORCH = re.compile(r"^(\d{1,2})\.(\d)(a?)(\+PTX)?$", re.IGNORECASE | re.ASCII)  # 8.0, 9.0a, 12.0, 8.6+PTX
+_SEPARATORS = re.compile(r"[\s,;]+")
+_SHOWN = 40  # characters of a hostile token echoed back
+
+
+@dataclass(frozen=True)
+class ArchSelection:
+    names: tuple[str, ...]  # target names, in the order given, without repeats
+    source: str  # "--arch", ARCH_ENV, TORCH_ARCH_ENV or "default"
+    notes: tuple[str, ...] = ()
+
+
+def _shown(token: str) -> str:
+    return repr(token if len(token) <= _SHOWN else token[:_SHOWN] + "…")
+
+
+def _native_ccs() -> list[tuple[int, int]]:
+    from mamba_forge.gpu.probe import attached_ccs
+
+    return attached_ccs()
+
+
+def parse_arch_list(text: str, source: str, native=_native_ccs) -> ArchSelection:
+    """Target names from one spelling list: ours (sm_90a,sm_80) or TORCH_CUDA_ARCH_LIST's (`8.0 9.0a 12.0`,
+    `8.0;9.0`, `9.0+PTX`: the PTX part is ignored with a note), `all` or `native`; separated by spaces, commas
+    or semicolons. Raises ForgeError (bad input) naming `source` and the token."""
+    tokens = [t for t in _SEPARATORS.split(text) if t]
+    if not tokens:
+        raise ForgeError(f"{source} {text!r} names no architecture",
+                         hint=f"e.g. sm_90a, sm_80,sm_90a, 9.0a or all; known: {', '.join(TARGETS)}")
+    names: list[str] = []
+    notes: list[str] = []
+    for token in tokens:
+        if token.lower() == ALL:
+            names.extend(TARGETS)
+        elif token.lower() == NATIVE:
+            names.extend(_native_names(native, source))
+        elif _OURS.match(token):
+            names.append(get_target(token).name)
+        elif m := _TORCH.match(token):
+            name = f"sm_{int(m.group(1))}{m.group(2)}{m.group(3).lower()}"
+            if name not in TARGETS:
+                raise ForgeError(f"{source}: {token!r} is {name}, which mamba-forge does not build",
+                                 hint=f"known: {', '.join(TARGETS)}")
+            if m.group(4):
+                notes.append(f"{source}: {token} builds {name} cubins; the +PTX part is ignored "
+                             "(mamba-forge ships cubins qualified on the GPU they run on)")
+            names.append(name)
+        else:
+            raise ForgeError(f"{source}: {_shown(token)} is not an architecture",
+                             hint=f"write sm_90a, 9.0a, all or native; known: {', '.join(TARGETS)}")
+    return ArchSelection(tuple(dict.fromkeys(names)), source, tuple(notes))
+
+
+def _native_names(native, source: str) -> list[str]:
+    ccs = native()
+    if not ccs:
+        raise ForgeError(f"{source}: native needs an attached NVIDIA GPU, and none is visible",
+                         hint="name the architectures instead, e.g. sm_90a")
+    out = []
+    for major, minor in ccs:
+        found = target_for_cc(major, minor)
+        if not found:
+            raise ForgeError(f"{source}: native: the attached GPU is compute capability {major}.{minor}, "
+                             "which mamba-forge does not build", hint=f"known: {', '.join(TARGETS)}")
+        out.append(found[0].name)  # arch-specific first: what qualifies there
+    return out
+
+
+def select_targets(cli_values: list[str] | None, env, native=_native_ccs) -> ArchSelection:
+    """The build's targets: `--arch` values (repeatable, each a list), else $MAMBA_FORGE_ARCH, else
+    $TORCH_CUDA_ARCH_LIST (with a note saying so), else DEFAULT_TARGETS. An environment variable set to an
+    empty value counts as unset; an empty --arch is bad input."""
+    if cli_values is not None:
+        if not cli_values:
+            raise ForgeError("--arch names no architecture", hint="e.g. --arch sm_90a")
+        names: list[str] = []
+        notes: list[str] = []
+        for value in cli_values:
+            sel = parse_arch_list(value, "--arch", native)
+            names.extend(sel.names)
+            notes.extend(sel.notes)
+        return ArchSelection(tuple(dict.fromkeys(names)), "--arch", tuple(notes))
+    for var in (ARCH_ENV, TORCH_ARCH_ENV):
+        value = env.get(var, "")
+        if value.strip():
+            sel = parse_arch_list(value, var, native)
+            if var == TORCH_ARCH_ENV:
+                used = f"targets from {TORCH_ARCH_ENV}={value.strip()!r}: {', '.join(sel.names)} " \
+                       f"(set {ARCH_ENV} or pass --arch to choose others)"
+                sel = ArchSelection(sel.names, var, (used, *sel.notes))
+            return sel
+    return ArchSelection(DEFAULT_TARGETS, "default")

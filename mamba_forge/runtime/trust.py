@@ -13,8 +13,11 @@ from mamba_forge.runtime.errors import SignatureRefused
 
 
 def release_keys_dir() -> Path:
-    """The shipped release keys: manifests/keys/ beside the package (a source checkout or editable install)."""
-    return Path(__file__).resolve().parents[2] / "manifests" / "keys"
+    """The shipped release keys: the package data of a wheel install (only those: never a manifests/keys folder
+    found near site-packages), or manifests/keys/ of a source checkout."""
+    from mamba_forge.resources import RELEASE_KEYS, data_folder
+
+    return data_folder(RELEASE_KEYS)
 
 
 KeySpec = Path | str | bytes | Ed25519PublicKey
