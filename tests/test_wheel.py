@@ -19,8 +19,19 @@ from runtime_support import build_tiny, keypair, qualified_body, sign_body
 
 ROOT = Path(__file__).resolve().parent.parent
 _EMPTY_ZIP = b"PK\x05\x06" + b"\0" * 18
-RELEASE_KEY_ID = "44b7c773a60532488eeebef1f13a71269a2f2c6e23bed418d5691e3395568b43"
-TOP_LEVEL_IGNORED = {".git", "build", "dist", ".venv", ".pytest_cache", ".ruff_cache", ".whl"}  # not mamba_forge/build
+RELEASE_KEYS = sorted((ROOT / "manifests" / "keys").glob("*.pub"))
+
+
+def _key_id(pub: Path) -> str:
+    from mamba_forge.manifest import signing
+
+    return signing.key_id(signing.parse_public(pub.read_text()))
+
+
+RELEASE_KEY_ID = _key_id(RELEASE_KEYS[0])  # the one shipped release key (tests below demand exactly one)
+# never copied into the throwaway source tree: VCS and build output, and private material (.keys) on dev machines
+TOP_LEVEL_IGNORED = {".git", "build", "dist", ".venv", ".pytest_cache", ".ruff_cache", ".whl", ".keys", ".artifacts",
+                     ".gl"}  # not mamba_forge/build
 
 
 def _copy_ignore(folder: str, names: list[str]) -> set[str]:
@@ -36,11 +47,8 @@ def test_every_subpackage_is_in_the_wheel_list():
 
 
 def _write_fixture_catalog(root: Path) -> Path:
-    """runtime_support's tiny catalog, each family given qualification dims (its grid names `n`)."""
-    cat = runtime_support.write_tiny_catalog(root)
-    families = (root / "tiny.toml").read_text()
-    (root / "tiny.toml").write_text(families.replace("launch = {", "qualify = { dims = { n = 4096 } }\nlaunch = {"))
-    return cat
+    """runtime_support's tiny catalog (its families declare qualification dims)."""
+    return runtime_support.write_tiny_catalog(root)
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -82,7 +90,7 @@ def test_wheel_carries_the_package_data(installed):
     assert "mamba_forge/_kernels/catalog.toml" in names
     assert "mamba_forge/_kernels/fixed/activation.cu" in names
     assert "mamba_forge/_kernels/include/mf/common.cuh" in names
-    assert "mamba_forge/_keys/release-44b7c773a6053248.pub" in names
+    assert len(RELEASE_KEYS) == 1 and f"mamba_forge/_keys/{RELEASE_KEYS[0].name}" in names
     shipped = {p.relative_to(ROOT / "kernels").as_posix() for p in (ROOT / "kernels").rglob("*")
                if p.suffix in (".toml", ".cu", ".cuh")}
     assert {f"mamba_forge/_kernels/{s}" for s in shipped} <= names

@@ -41,7 +41,7 @@ from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catal
     template_problem,
 )
 from mamba_forge.catalog.targets import TARGETS, Target
-from mamba_forge.errors import CatalogError
+from mamba_forge.errors import CatalogError, ForgeError
 
 
 def _fmt_loc(loc: tuple[Any, ...], data: Any) -> str:
