@@ -77,10 +77,15 @@ def build(
     from mamba_forge.catalog.model import default_catalog_path, iter_targets, load_catalog, state_capacity
     from mamba_forge.manifest.toml_io import write
     from mamba_forge.report.tables import render_build
+    from mamba_forge.safety import PathRefused, prepare_output_dir
 
     targets = list(iter_targets(_split_archs(arch)))
     cap = state_capacity(state_cap)
     cat = load_catalog(catalog or default_catalog_path())
+    try:  # a bad --out is one line before anything compiles
+        prepare_output_dir(out_dir, what="--out folder")
+    except PathRefused as exc:
+        raise ForgeError(str(exc)) from None
     req = BuildRequest(cat, targets, out_dir, jobs=jobs, state_capacity=cap, cache_location=None if no_cache else "default")
     show = not quiet and not as_json
     if show:

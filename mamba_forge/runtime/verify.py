@@ -10,7 +10,6 @@ and never calls back. Where the bytes come from: sources.py; trusted keys: trust
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -42,6 +41,7 @@ from mamba_forge.runtime.sources import (
     read_indexed,
     sha256,
 )
+from mamba_forge.safety import parse_json, parse_toml
 
 _RECORDS = {"qualified": QualifiedManifest, "index": ReleaseIndex}
 _VERSION = {"qualified": MANIFEST_VERSION, "index": ReleaseIndex.__dataclass_fields__["manifest_version"].default}
@@ -63,7 +63,7 @@ def _signed_body(document: bytes, keys: Mapping[str, Ed25519PublicKey], what: st
 
 def _parse_body(body_bytes: bytes, what: str) -> dict:
     try:
-        return tomllib.loads(body_bytes.decode("utf-8"))
+        return parse_toml(body_bytes.decode("utf-8"), what=what)
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ManifestRefused(f"{what} is signed but its body is not valid TOML ({exc})") from None
 
@@ -76,7 +76,7 @@ def body_head(body_bytes: bytes) -> dict | None:
     The bytes were verified first, so reading a prefix of them reads what the signer wrote."""
     m = _FIRST_TABLE.search(body_bytes)
     try:
-        return tomllib.loads(body_bytes[: m.start() if m else len(body_bytes)].decode("utf-8"))
+        return parse_toml(body_bytes[: m.start() if m else len(body_bytes)].decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None
 
@@ -159,7 +159,7 @@ def _is_table(v) -> bool:
 def _table_record(head: dict, data: bytes, what: str) -> RuntimeTable:  # type: ignore[valid-type]
     """The runtime table's record; its top-level values must be exactly the signed head's."""
     try:
-        plain = json.loads(data)
+        plain = parse_json(data)
     except (UnicodeDecodeError, ValueError):
         plain = None
     if type(plain) is not dict:
@@ -181,6 +181,8 @@ def check_complete(m: QualifiedManifest | RuntimeTable, source: Source, *, hash_
                    runtime_table: bool = False) -> None:
     """Every admitted symbol lives in a listed cubin; every artifact is present (and hashes, when `hash_all`);
     an exact source (bundle) holds nothing else."""
+    # a .tar.gz bundle's remaining members must be exactly these, at these sizes, before their data is read
+    source.expect({a.path: a.size for a in m.artifacts})
     cubins = {(a.module, a.target) for a in m.artifacts if a.code == "cubin"}
     for s in m.symbols:
         if s.status == "admitted" and (s.module, s.target) not in cubins:
