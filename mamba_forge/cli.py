@@ -193,8 +193,9 @@ def verify(
     from mamba_forge.runtime.trust import trusted_keys
     from mamba_forge.runtime.verify import open_verified
 
+    keys = trusted_keys(key or None)  # an unsafe trust folder or key is bad input (TrustRefused: exit 2)
     try:
-        v = open_verified(target, keys=trusted_keys(key or None), build=build_dir)
+        v = open_verified(target, keys=keys, build=build_dir)
     except LoadError as exc:
         if as_json:
             sys.stdout.write(json.dumps({"ok": False, "path": str(target), "reason": str(exc)}) + "\n")

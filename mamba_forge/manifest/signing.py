@@ -90,7 +90,7 @@ def write_keypair(folder: Path, name: str = "mamba-forge") -> tuple[Path, Path, 
     Both files are created exclusively (never over an existing file) and atomically; when the second cannot be
     written (a full disk), the first is removed again, so a failed run leaves nothing and a rerun succeeds.
     Raises ForgeError (one line) for a bad name or folder, FileExistsError for an existing key."""
-    if not KEY_NAME.match(name) or ".." in name:
+    if not KEY_NAME.fullmatch(name) or ".." in name:
         raise ForgeError(f"key name {name!r} is not a plain file-name stem",
                          hint="use letters, digits, '_', '-' and '.', not starting with a dot, without '/' or '..'")
     try:
