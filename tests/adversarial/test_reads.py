@@ -60,11 +60,10 @@ COMMANDS = {
 }
 
 
-@pytest.mark.parametrize("kind", KINDS + ["dev-null"])
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+# /dev/null as a catalog is an empty file (a schema error, covered in test_catalog_input), not a read refusal
+@pytest.mark.parametrize(("command", "kind"), [(c, k) for c in sorted(COMMANDS) for k in KINDS + ["dev-null"]
+                                               if (c, k) != ("build-catalog", "dev-null")])
 def test_non_regular_and_oversized_inputs(tmp_path, command, kind):
-    if kind == "dev-null" and command == "build-catalog":
-        pytest.skip("an empty catalog is a schema error, covered in test_catalog_input")
     argv, limit, codes = COMMANDS[command]
     p = _hostile(tmp_path, kind, limit)
     t0 = time.monotonic()
