@@ -80,11 +80,16 @@ def build(
     from mamba_forge.catalog.targets import get_target, select_targets
     from mamba_forge.manifest.toml_io import write
     from mamba_forge.report.tables import render_build
+    from mamba_forge.safety import PathRefused, prepare_output_dir
 
     chosen = select_targets(arch, os.environ)
     targets = [get_target(n) for n in chosen.names]
     cap = state_capacity(state_cap)
     cat = load_catalog(catalog or default_catalog_path())
+    try:  # a bad --out is one line before anything compiles
+        prepare_output_dir(out_dir, what="--out folder")
+    except PathRefused as exc:
+        raise ForgeError(str(exc)) from None
     req = BuildRequest(cat, targets, out_dir, jobs=jobs, state_capacity=cap, cache_location=None if no_cache else "default",
                        kernels=tuple(kernels or ()))
     show = not quiet and not as_json
@@ -195,8 +200,9 @@ def verify(
     from mamba_forge.runtime.trust import trusted_keys
     from mamba_forge.runtime.verify import open_verified
 
+    keys = trusted_keys(key or None)  # an unsafe trust folder or key is bad input (TrustRefused: exit 2)
     try:
-        v = open_verified(target, keys=trusted_keys(key or None), build=build_dir)
+        v = open_verified(target, keys=keys, build=build_dir)
     except LoadError as exc:
         if as_json:
             sys.stdout.write(json.dumps({"ok": False, "path": str(target), "reason": str(exc)}) + "\n")

@@ -383,7 +383,8 @@ def test_runtime_imports_stay_light():
     allowed = {"mamba_forge", "mamba_forge.manifest", "mamba_forge.manifest.signing", "mamba_forge.fsio",
                "mamba_forge.manifest.schema", "mamba_forge.manifest.codec",
                "mamba_forge.gpu", "mamba_forge.gpu.driver", "mamba_forge.gpu.core", "mamba_forge.gpu.graph",
-               "mamba_forge.gpu.launcher", "mamba_forge.runtime"}
+               "mamba_forge.gpu.launcher", "mamba_forge.runtime",
+               "mamba_forge.safety", "mamba_forge.errors"}  # both standard library only (bounded reads, trust rules)
     assert {m for m in eval(out[1]) if not m.startswith("mamba_forge.runtime.")} <= allowed
     # the keyword launch (contract, expressions, streams, packing, tensors, args) and the torch ops load on first use
     runtime = {m for m in eval(out[1]) if m.startswith("mamba_forge.runtime.")}

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mamba_forge.fsio import write_atomic
+from mamba_forge.safety import PathRefused, check_components
 
 MAGIC = b"MFCACHE1"
 DISABLED_VALUES = {"0", "off"}
@@ -67,24 +68,10 @@ def default_location(env: Mapping[str, str] | None = None) -> Path | None:
 def check_private(path: Path, *, uid: int | None = None) -> None:
     """Refuse an unsafe cache path (see module doc). Creates missing folders with mode 0700."""
     uid = os.getuid() if uid is None else uid
-    path = Path(os.path.abspath(path))
-    # walk every ancestor that exists: no symlinks, no foreign group/world-writable folders
-    current = Path(path.anchor)
-    for part in path.parts[1:]:
-        current = current / part
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            break
-        if stat.S_ISLNK(st.st_mode):
-            raise CacheRefused(f"cache path {path} has a symlinked component {current}; point MAMBA_FORGE_CACHE at a real folder")
-        if not stat.S_ISDIR(st.st_mode):
-            raise CacheRefused(f"cache path component {current} is not a folder")
-        if current != path and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and st.st_uid not in (0, uid):
-            raise CacheRefused(
-                f"cache path ancestor {current} is group- or world-writable and owned by uid {st.st_uid}; "
-                "choose a cache folder under a directory only you can write"
-            )
+    try:  # the rule shared with the trust folders: no symlinked component, no foreign writable ancestor
+        path = check_components(path, uid=uid, what="cache path")
+    except PathRefused as exc:
+        raise CacheRefused(f"{exc}; point MAMBA_FORGE_CACHE at a folder only you can write") from None
     if not path.exists():
         try:
             # parents too, each 0700 as it is made (umask cannot widen them)

@@ -42,6 +42,7 @@ from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catal
 )
 from mamba_forge.catalog.targets import TARGETS, Target
 from mamba_forge.errors import CatalogError, ForgeError
+from mamba_forge.safety import MAX_CATALOG_BYTES, PathRefused, parse_toml, read_bounded
 
 
 def _fmt_loc(loc: tuple[Any, ...], data: Any) -> str:
@@ -74,12 +75,14 @@ def _validate(model: type[BaseModel], data: Any, path: Path) -> Any:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    if not (path.exists() or path.is_symlink()):
+        raise CatalogError(f"catalog file not found: {path}", hint="pass --catalog PATH to an existing catalog")
+    if path.is_dir():
+        raise CatalogError(f"{path} is a folder, not a catalog file", hint="pass the catalog's .toml file")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CatalogError(f"catalog file not found: {path}", hint="pass --catalog PATH to an existing catalog") from None
-    except IsADirectoryError:
-        raise CatalogError(f"{path} is a folder, not a catalog file", hint="pass the catalog's .toml file") from None
+        return parse_toml(read_bounded(path, MAX_CATALOG_BYTES, what="catalog file").decode("utf-8"), what=str(path))
+    except PathRefused as exc:
+        raise CatalogError(str(exc)) from None
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(f"{path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError:

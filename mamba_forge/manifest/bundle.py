@@ -16,7 +16,7 @@ import tarfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 
-from mamba_forge import __version__
+from mamba_forge import __version__, safety
 from mamba_forge.errors import ForgeError, ManifestError
 from mamba_forge.fsio import write_atomic
 from mamba_forge.manifest import signing, toml_io
@@ -77,26 +77,56 @@ def tar_bytes(files: list[tuple[str, bytes]]) -> bytes:
 def write_bundle(manifest: Path, out: Path, *, keys, build: Path | None = None) -> Path:
     """Pack a verified manifest and exactly its artifacts into `out` (.tar.gz / .tgz, else a new folder)."""
     manifest, out = Path(manifest), Path(out)
+    if is_tar_path(out) and out.name.endswith(".tar"):
+        raise ForgeError(f"{out}: write a compressed bundle (.tar.gz or .tgz) or a folder")
     v = _verified(manifest, keys, build)
     files = bundle_files(v)
+    inputs = [manifest, *([v.source.table_file] if v.source.table_file else []),
+              *((v.source.root / a.path) for a in v.manifest.artifacts if v.source.root is not None)]
     if is_tar_path(out):
-        if out.name.endswith(".tar"):
-            raise BundleError(f"{out}: write a compressed bundle (.tar.gz or .tgz) or a folder")
-        return write_atomic(out, tar_bytes(files))
+        _check_output(out, inputs, "bundle")
+        return _write(out, tar_bytes(files))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BundleError(f"{out} exists and is not an empty folder; a folder bundle holds exactly its files")
+    _check_output_dir(out.parent, "the folder of bundle")
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    for name, data in files:
-        p = tmp / PurePosixPath(name)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
-        os.chmod(p, 0o644)
-    if out.exists():
-        out.rmdir()
-    os.replace(tmp, out)
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        for name, data in files:
+            p = tmp / PurePosixPath(name)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+            os.chmod(p, 0o644)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ForgeError(f"cannot write bundle {out}: {exc.strerror or exc}") from None
     return out
+
+
+def _check_output(out: Path, inputs, what: str) -> None:
+    """The output rule (safety.py): not one of the command's inputs, and a path that can take a file."""
+    try:
+        safety.check_output_file(out, inputs=inputs, what=what)
+    except safety.PathRefused as exc:
+        raise ForgeError(str(exc)) from None
+
+
+def _check_output_dir(folder: Path, what: str) -> None:
+    try:
+        safety.prepare_output_dir(folder, what=what)
+    except safety.PathRefused as exc:
+        raise ForgeError(str(exc)) from None
+
+
+def _write(out: Path, data: bytes) -> Path:
+    try:
+        return write_atomic(out, data)
+    except OSError as exc:
+        raise ForgeError(f"cannot write {out}: {exc.strerror or exc}") from None
 
 
 # ---- signing keys ---------------------------------------------------------------------------------------
@@ -106,9 +136,9 @@ def signing_key(path: Path | None):
     """The private key from a PEM file, else from $MAMBA_FORGE_SIGNING_KEY (CI secrets)."""
     if path is not None:
         try:
-            pem = Path(path).read_bytes()
-        except OSError as exc:
-            raise ForgeError(f"cannot read signing key {path}: {exc.strerror}") from None
+            pem = safety.read_bounded(Path(path), safety.MAX_KEY_BYTES, what="signing key")
+        except safety.PathRefused as exc:
+            raise ForgeError(str(exc)) from None
     else:
         text = os.environ.get(signing.KEY_ENV, "")
         if not text.strip():
@@ -147,7 +177,7 @@ def index_record(manifests: list[Path], out: Path, *, keys, now: datetime | None
         rel = os.path.relpath(m.resolve(), out.resolve().parent)
         if rel.startswith(".."):
             raise ManifestError(f"{m} is not under the index's folder {out.parent}; write the index beside the manifests")
-        data = m.read_bytes() if m.is_file() else None
+        data = v.document if m.is_file() and not is_tar_path(m) else (_read_bundle_bytes(m) if m.is_file() else None)
         if data is None:
             raise ManifestError(f"{m} is a folder; merge manifest files or .tar.gz bundles")
         entries.append(IndexEntry(
@@ -168,6 +198,14 @@ def index_record(manifests: list[Path], out: Path, *, keys, now: datetime | None
 def write_index(manifests: list[Path], out: Path, private, *, keys, now: datetime | None = None,
                 development_key: bool = False) -> Path:
     out = Path(out)
+    _check_output(out, [Path(m) for m in manifests], "index")
     index = index_record(manifests, out, keys=keys, now=now, development_key=development_key)
     doc = signing.sign(toml_io.dumps(index).encode(), private, development_key=index.development_key)
-    return write_atomic(out, doc)
+    return _write(out, doc)
+
+
+def _read_bundle_bytes(path: Path) -> bytes:
+    try:
+        return safety.read_bounded(path, safety.MAX_BUNDLE_BYTES, what="bundle")
+    except safety.PathRefused as exc:
+        raise ManifestError(str(exc)) from None

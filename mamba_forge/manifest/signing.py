@@ -19,6 +19,7 @@ Key files: private keys are PKCS#8 PEM (mode 0600), public keys are the raw key 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import re
@@ -30,6 +31,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from mamba_forge import safety
+from mamba_forge.errors import ForgeError
 from mamba_forge.fsio import write_atomic
 
 MARKER = b"\n[signature]\n"
@@ -78,16 +81,38 @@ def parse_private(pem: bytes) -> Ed25519PrivateKey:
     return key
 
 
+KEY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")  # a plain file-name stem: no '/', no leading dot
+
+
 def write_keypair(folder: Path, name: str = "mamba-forge") -> tuple[Path, Path, str]:
-    """Generate a key pair: <name>.key (PEM, 0600) and <name>.pub. Returns (private, public, key id)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Generate a key pair: <name>.key (PEM, 0600) and <name>.pub. Returns (private, public, key id).
+
+    Both files are created exclusively (never over an existing file) and atomically; when the second cannot be
+    written (a full disk), the first is removed again, so a failed run leaves nothing and a rerun succeeds.
+    Raises ForgeError (one line) for a bad name or folder, FileExistsError for an existing key."""
+    if not KEY_NAME.fullmatch(name) or ".." in name:
+        raise ForgeError(f"key name {name!r} is not a plain file-name stem",
+                         hint="use letters, digits, '_', '-' and '.', not starting with a dot, without '/' or '..'")
+    try:
+        safety.prepare_output_dir(Path(folder), what="key folder")
+    except safety.PathRefused as exc:
+        raise ForgeError(str(exc)) from None
     private = Ed25519PrivateKey.generate()
     priv_path, pub_path = folder / f"{name}.key", folder / f"{name}.pub"
     for p in (priv_path, pub_path):
         if p.exists() or p.is_symlink():
             raise FileExistsError(f"{p} exists; remove it or choose another name")
-    write_atomic(priv_path, private_pem(private), mode=0o600, exclusive=True)
-    write_atomic(pub_path, public_text(private.public_key()), exclusive=True)
+    written: list[Path] = []
+    try:
+        written.append(write_atomic(priv_path, private_pem(private), mode=0o600, exclusive=True))
+        written.append(write_atomic(pub_path, public_text(private.public_key()), exclusive=True))
+    except BaseException as exc:
+        for p in written:  # ours: created exclusively a moment ago
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+        if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
+            raise ForgeError(f"cannot write the key pair in {folder}: {exc.strerror or exc}") from None
+        raise
     return priv_path, pub_path, key_id(private.public_key())
 
 
@@ -125,8 +150,10 @@ def split(document: bytes) -> tuple[bytes, Signature]:
     if at < 0:
         raise SignatureError("the manifest is not signed (no [signature] table at its end)")
     body, tail = document[: at + 1], document[at + len(MARKER) :]
+    if len(tail) > safety.MAX_SIGNATURE_TAIL:  # the canonical table is ~190 bytes: never parse more
+        raise SignatureError("the [signature] table is malformed (too long)")
     try:
-        table = tomllib.loads(tail.decode("utf-8"))
+        table = safety.parse_toml(tail.decode("utf-8"), what="the [signature] table")
         sig = Signature(
             algorithm=table["algorithm"],
             key_id=table["key_id"],
@@ -157,14 +184,29 @@ def verify(document: bytes, trusted: dict[str, Ed25519PublicKey]) -> tuple[bytes
     return body, sig
 
 
-def load_trusted(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
-    """Public keys from files or folders (every *.pub inside), keyed by key id."""
+def load_trusted(paths: list[Path], *, installed: bool = False) -> dict[str, Ed25519PublicKey]:
+    """Public keys from files or folders (every *.pub inside), keyed by key id. Unless `installed` (the shipped
+    release keys, trusted as the package is), every folder and key file must be private (safety.py: no
+    symlinked component, owned by you or root, writable by nobody else); each key is read bounded."""
     out: dict[str, Ed25519PublicKey] = {}
-    for p in paths:
-        files = sorted(p.glob("*.pub")) if p.is_dir() else [p]
-        for f in files:
-            key = parse_public(f.read_text())
-            out[key_id(key)] = key
+    for p in map(Path, paths):
+        if not (p.exists() or p.is_symlink()):
+            raise SignatureError(f"trusted key path {p} does not exist")
+        try:
+            if p.is_dir() and not installed:
+                safety.check_trusted_dir(p)
+            files = sorted(p.glob("*.pub")) if p.is_dir() and not p.is_symlink() else [p]
+            for f in files:
+                if not installed:
+                    safety.check_trusted_file(f)
+                data = safety.read_bounded(f, safety.MAX_KEY_BYTES, what="trusted key")
+                try:
+                    key = parse_public(data.decode("utf-8", errors="replace"))
+                except SignatureError as exc:
+                    raise SignatureError(f"{f} is not a usable public key: {exc}") from None
+                out[key_id(key)] = key
+        except safety.PathRefused as exc:
+            raise SignatureError(f"refused: {exc}") from None
     return out
 
 

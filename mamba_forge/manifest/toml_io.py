@@ -10,10 +10,11 @@ from typing import TypeVar
 
 import tomli_w
 
-from mamba_forge.errors import ManifestError
+from mamba_forge.errors import ForgeError, ManifestError
 from mamba_forge.fsio import write_atomic
 from mamba_forge.manifest.codec import from_dict, to_dict
 from mamba_forge.manifest.schema import SchemaError
+from mamba_forge.safety import MAX_MANIFEST_BYTES, PathRefused, parse_toml, read_bounded
 
 R = TypeVar("R")
 
@@ -24,8 +25,11 @@ def dumps(record) -> str:
 
 
 def write(path: Path, record) -> None:
-    """Atomic write: a reader never sees half a manifest."""
-    write_atomic(Path(path), dumps(record))
+    """Atomic write: a reader never sees half a manifest; a path that cannot take it is one line."""
+    try:
+        write_atomic(Path(path), dumps(record))
+    except OSError as exc:
+        raise ForgeError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def parse(data, cls: type[R], *, source: str) -> R:
@@ -38,18 +42,27 @@ def parse(data, cls: type[R], *, source: str) -> R:
 
 def loads(text: str, cls: type[R], *, source: str = "<text>") -> R:
     try:
-        data = tomllib.loads(text)
+        data = parse_toml(text, what=source)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{source}: not valid TOML: {exc}") from None
     return parse(data, cls, source=source)
 
 
+def read_input(path: Path) -> bytes:
+    """A manifest's bytes through the one bounded reader: a regular file of at most MAX_MANIFEST_BYTES."""
+    path = Path(path)
+    if not (path.exists() or path.is_symlink()):
+        raise ManifestError(f"manifest not found: {path}", hint="run `mamba-forge build` first or pass its path")
+    try:
+        return read_bounded(path, MAX_MANIFEST_BYTES, what="manifest")
+    except PathRefused as exc:
+        raise ManifestError(str(exc)) from None
+
+
 def read(path: Path, cls: type[R]) -> R:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ManifestError(f"manifest not found: {path}", hint="run `mamba-forge build` first or pass its path") from None
-    except (IsADirectoryError, UnicodeDecodeError) as exc:
+        text = read_input(path).decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise ManifestError(f"{path}: cannot read as a manifest ({type(exc).__name__})") from None
     return loads(text, cls, source=str(path))

@@ -16,6 +16,7 @@ from mamba_forge.errors import ManifestError
 from mamba_forge.manifest import signing, toml_io
 from mamba_forge.manifest.codec import to_dict
 from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest, ReleaseIndex
+from mamba_forge.safety import parse_toml
 
 RESOURCE_KEYS = ("registers", "static_smem", "local_bytes", "stack_frame", "spill_stores", "spill_loads",
                  "max_threads", "blocks_per_sm", "barriers", "param_bytes")
@@ -37,12 +38,7 @@ class Document:
 def read_document(path: Path) -> Document:
     """A build manifest, qualified manifest or index as its record; refuses (one line) what does not fit."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ManifestError(f"manifest not found: {path}") from None
-    except (IsADirectoryError, PermissionError):
-        raise ManifestError(f"{path}: cannot read as a manifest") from None
+    raw = toml_io.read_input(path)
     sig = None
     if signing.MARKER in raw:
         try:
@@ -50,7 +46,7 @@ def read_document(path: Path) -> Document:
         except signing.SignatureError:
             pass  # shown as unsigned; the TOML below refuses what is not a manifest
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = parse_toml(raw.decode("utf-8"), what=str(path))
     except UnicodeDecodeError:
         raise ManifestError(f"{path}: cannot read as a manifest") from None
     except tomllib.TOMLDecodeError as exc:

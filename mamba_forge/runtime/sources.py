@@ -12,69 +12,87 @@ Every artifact read is checked by size and sha256 against the record that names 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
+import stat
 import tarfile
+import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from mamba_forge.manifest.schema import RESERVED_PATHS
 from mamba_forge.runtime.errors import ArtifactRefused
+from mamba_forge.safety import MAX_BUNDLE_BYTES, MAX_MANIFEST_BYTES, PathRefused, read_bounded
 
 BUNDLE_MANIFEST, RUNTIME_TABLE = RESERVED_PATHS  # a bundle's own files; beside a bare X.toml: X.runtime.json
-MAX_BUNDLE_BYTES = 1 << 31  # a bundle larger than 2 GiB is refused before it is read into memory
+_BLOCK = 512
 
 
-
-def _read_regular(p: Path) -> bytes | None:
-    """The bytes of a regular file (not a symlink), or None."""
+def _read_regular(p: Path, limit: int = MAX_BUNDLE_BYTES) -> bytes | None:
+    """The bytes of a regular file (not a symlink, not above `limit`), or None."""
     try:
-        if p.is_symlink() or not p.is_file():
-            return None
-        return p.read_bytes()
-    except OSError:
+        return read_bounded(p, limit, follow=False)
+    except PathRefused:
         return None
+
+
+def _read_input(p: Path, what: str) -> bytes:
+    try:
+        return read_bounded(p, MAX_MANIFEST_BYTES, what=what)
+    except PathRefused as exc:
+        raise ArtifactRefused(str(exc)) from None
 
 
 @dataclass
 class Source:
-    """Where artifact bytes come from. `exact`: the source holds exactly the manifest and its artifacts."""
+    """Where artifact bytes come from. `exact`: the source holds exactly the manifest and its artifacts.
+    A .tar.gz bundle is read as it is needed: its manifest and runtime table first, then, once the verified
+    record says what the rest must be, every other member (`expect`)."""
 
     label: str
     root: Path | None = None
     members: dict[str, bytes] | None = None
     exact: bool = False
     table_file: Path | None = None  # a bare manifest's runtime table (a bundle holds RUNTIME_TABLE)
+    tar: TarReader | None = None  # the rest of a .tar.gz bundle, not yet read
+
+    def expect(self, sizes: Mapping[str, int] | None) -> None:
+        """Read the rest of a .tar.gz bundle; with `sizes`, each member's header must name one of them with
+        that exact size before its data is read."""
+        if self.tar is not None:
+            tar, self.tar = self.tar, None
+            _tar_errors(tar.path, lambda: tar.read_rest(self.members, sizes))  # type: ignore[arg-type]
 
     def read_runtime_table(self) -> bytes | None:
         if self.exact:
             return self.read(RUNTIME_TABLE)
-        return None if self.table_file is None else _read_regular(self.table_file)
+        return None if self.table_file is None else _read_regular(self.table_file, MAX_MANIFEST_BYTES)
 
     def runtime_table_label(self) -> str:
         return f"{RUNTIME_TABLE} in {self.label}" if self.exact else str(self.table_file)
 
     def read(self, rel: str) -> bytes | None:
         if self.members is not None:
+            if rel not in self.members:
+                self.expect(None)
             return self.members.get(rel)
         assert self.root is not None
         return _read_regular(self.root / rel)
 
     def size(self, rel: str) -> int | None:
         if self.members is not None:
-            data = self.members.get(rel)
+            data = self.read(rel)
             return None if data is None else len(data)
         assert self.root is not None
-        p = self.root / rel
         try:
-            if p.is_symlink() or not p.is_file():
-                return None
-            return p.stat().st_size
+            st = os.lstat(self.root / rel)
         except OSError:
             return None
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
 
     def names(self) -> set[str]:
         if self.members is not None:
+            self.expect(None)
             return set(self.members)
         assert self.root is not None
         out = set()
@@ -84,34 +102,169 @@ class Source:
         return out
 
 
-def read_tar_bundle(path: Path) -> dict[str, bytes]:
-    """Members of a .tar.gz bundle, in memory; refuses links, devices, unsafe or duplicate names."""
-    try:
-        if path.stat().st_size > MAX_BUNDLE_BYTES:
+class _Inflater:
+    """The bytes of a (gzip-compressed or plain) tar file, decompressed as they are asked for, never more than
+    `cap` in all: a small archive of a huge zero stream costs the bytes asked for, not the stream."""
+
+    def __init__(self, f, cap: int, label: str):
+        self.f, self.cap, self.label, self.total = f, cap, label, 0
+        self.raw = f.read(2)
+        self.zlib = zlib.decompressobj(wbits=31) if self.raw == b"\x1f\x8b" else None
+        self.buf = bytearray()
+
+    def _fill(self, want: int) -> bool:
+        want = min(max(want, 1 << 16), 1 << 22)
+        if self.zlib is None:
+            data = self.raw or self.f.read(want)
+            self.raw = b""
+        else:
+            if self.zlib.eof:
+                return False
+            src = self.zlib.unconsumed_tail or self.raw or self.f.read(1 << 16)
+            self.raw = b""
+            if not src:
+                return False
+            data = self.zlib.decompress(src, want)
+        self.total += len(data)
+        if self.total > self.cap:
+            raise ArtifactRefused(f"{self.label} decompresses to more than {self.cap} bytes")
+        self.buf += data
+        return bool(data) or self.zlib is not None
+
+    def read(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            if not self._fill(n - len(self.buf)):
+                raise ArtifactRefused(f"{self.label} is truncated")
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def remaining(self) -> int:
+        return self.cap - self.total + len(self.buf)
+
+
+class TarReader:
+    """A tar bundle's members, one header at a time: each header is checked (a regular file with a safe, new
+    name, no larger than what is left of the cap) before a byte of its data is decompressed."""
+
+    def __init__(self, path: Path):
+        self.path, self.label = path, f"bundle {path}"
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise ArtifactRefused(f"bundle {path} cannot be opened ({exc.strerror or exc})") from None
+        self.f = os.fdopen(fd, "rb")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            self.f.close()
+            raise ArtifactRefused(f"bundle {path} is not a regular file")
+        if st.st_size > MAX_BUNDLE_BYTES:
+            self.f.close()
             raise ArtifactRefused(f"bundle {path} is larger than {MAX_BUNDLE_BYTES} bytes")
-        raw = path.read_bytes()
+        self.stream = _Inflater(self.f, MAX_BUNDLE_BYTES, self.label)
+        self.seen: set[str] = set()
+        self.peeked: tuple[str, int] | None = None
+
+    def close(self) -> None:
+        self.f.close()
+
+    def next(self) -> tuple[str, int] | None:
+        """(name, size) of the next regular member, or None at the end; folders are skipped."""
+        if self.peeked is not None:
+            out, self.peeked = self.peeked, None
+            return out
+        while True:
+            block = self.stream.read(_BLOCK)
+            if block == bytes(_BLOCK):
+                return None
+            try:
+                info = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+            except tarfile.HeaderError as exc:
+                raise ArtifactRefused(f"{self.label} is not a readable .tar.gz (a bad header: {exc})") from None
+            if info.isdir() and info.size == 0:
+                continue
+            if not info.isreg():
+                raise ArtifactRefused(f"{self.label} holds {info.name!r}, which is not a regular file")
+            name = info.name.removeprefix("./")
+            p = PurePosixPath(name)
+            if not name or p.is_absolute() or ".." in p.parts or str(p) != name:
+                raise ArtifactRefused(f"{self.label} holds an unsafe member name {info.name!r}")
+            if name in self.seen:
+                raise ArtifactRefused(f"{self.label} holds {name} twice")
+            if info.size > self.stream.remaining():
+                raise ArtifactRefused(f"{self.label} member {name} is {info.size} bytes, above the limit of "
+                                      f"{MAX_BUNDLE_BYTES} for a whole bundle")
+            self.seen.add(name)
+            return name, info.size
+
+    def data(self, size: int) -> bytes:
+        out = self.stream.read(size)
+        self.stream.read(-size % _BLOCK)
+        return out
+
+    def read_first(self, name: str, limit: int, *, required: bool) -> bytes | None:
+        """The next member's bytes when it is `name` (at most `limit` bytes); else it stays for the next call."""
+        head = self.next()
+        if head is None or head[0] != name:
+            if required:
+                raise ArtifactRefused(f"bundle {self.path} holds no {name} as its first member")
+            self.peeked = head
+            return None
+        if head[1] > limit:
+            raise ArtifactRefused(f"{self.label} member {name} is {head[1]} bytes, above the limit of {limit}")
+        return self.data(head[1])
+
+    def read_rest(self, members: dict[str, bytes], sizes: Mapping[str, int] | None) -> None:
+        try:
+            while (head := self.next()) is not None:
+                name, size = head
+                if sizes is not None and name not in sizes:
+                    raise ArtifactRefused(f"{self.label} holds files its manifest does not name: {name}")
+                if sizes is not None and size != sizes[name]:
+                    raise ArtifactRefused(f"artifact {name} in {self.label} is {size} bytes, the manifest says "
+                                          f"{sizes[name]}")
+                members[name] = self.data(size)
+        finally:
+            self.close()
+
+
+def _tar_errors(path: Path, fn):
+    try:
+        return fn()
+    except ArtifactRefused:
+        raise
+    except (OSError, EOFError, ValueError, zlib.error) as exc:
+        raise ArtifactRefused(f"bundle {path} is not a readable .tar.gz ({type(exc).__name__}: {exc})") from None
+
+
+def read_tar_bundle(path: Path) -> dict[str, bytes]:
+    """Members of a .tar.gz bundle, in memory; refuses links, devices, unsafe or duplicate names, and more
+    than MAX_BUNDLE_BYTES decompressed."""
+    def read() -> dict[str, bytes]:
         members: dict[str, bytes] = {}
-        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:*") as tar:
-            for m in tar:
-                if m.isdir():
-                    continue
-                if not m.isreg():
-                    raise ArtifactRefused(f"bundle {path} holds {m.name!r}, which is not a regular file")
-                name = m.name.removeprefix("./")
-                p = PurePosixPath(name)
-                if p.is_absolute() or ".." in p.parts or str(p) != name:
-                    raise ArtifactRefused(f"bundle {path} holds an unsafe member name {m.name!r}")
-                if name in members:
-                    raise ArtifactRefused(f"bundle {path} holds {name} twice")
-                f = tar.extractfile(m)
-                members[name] = f.read() if f else b""
-    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:  # zlib.error is an Exception subclass below
-        raise ArtifactRefused(f"bundle {path} is not a readable .tar.gz ({type(exc).__name__}: {exc})") from None
-    except Exception as exc:  # noqa: BLE001 - zlib.error and friends from a corrupted stream
-        if isinstance(exc, ArtifactRefused):
+        TarReader(Path(path)).read_rest(members, None)
+        return members
+
+    return _tar_errors(Path(path), read)
+
+
+def _open_tar(path: Path) -> tuple[bytes, Source]:
+    """The manifest (first member) and runtime table (second, when there is one) of a .tar.gz bundle; the rest
+    is read when the verified record says what it must be (Source.expect)."""
+    def start() -> tuple[bytes, Source]:
+        tar = TarReader(path)
+        try:
+            doc = tar.read_first(BUNDLE_MANIFEST, MAX_MANIFEST_BYTES, required=True)
+            members = {BUNDLE_MANIFEST: doc}
+            table = tar.read_first(RUNTIME_TABLE, MAX_MANIFEST_BYTES, required=False)
+            if table is not None:
+                members[RUNTIME_TABLE] = table
+        except BaseException:
+            tar.close()
             raise
-        raise ArtifactRefused(f"bundle {path} is not a readable .tar.gz ({type(exc).__name__}: {exc})") from None
-    return members
+        return doc, Source(label=f"bundle {path}", members=members, exact=True, tar=tar)  # type: ignore[arg-type]
+
+    return _tar_errors(path, start)
 
 
 def is_tar_path(path: Path) -> bool:
@@ -119,24 +272,21 @@ def is_tar_path(path: Path) -> bool:
 
 
 def open_source(path: str | Path, build: str | Path | None = None) -> tuple[bytes, Source]:
-    """(signed document bytes, artifact source) for a manifest file, a folder bundle or a .tar.gz bundle."""
+    """(signed document bytes, artifact source) for a manifest file, a folder bundle or a .tar.gz bundle. Every
+    read is bounded (safety.read_bounded): a FIFO, a device or an oversized file is refused before it is read."""
     path = Path(path)
-    if not path.exists():
+    if not (path.exists() or path.is_symlink()):
         raise ArtifactRefused(f"{path} does not exist")
     if path.is_dir():
         src = Source(label=f"bundle {path}", root=path, exact=True)  # a folder bundle: exactly its files
         doc = path / BUNDLE_MANIFEST
         if not doc.is_file():
             raise ArtifactRefused(f"folder {path} holds no {BUNDLE_MANIFEST}")
-        return doc.read_bytes(), src
+        return _read_input(doc, "bundle manifest"), src
     if is_tar_path(path):
-        members = read_tar_bundle(path)
-        doc = members.get(BUNDLE_MANIFEST)
-        if doc is None:
-            raise ArtifactRefused(f"bundle {path} holds no {BUNDLE_MANIFEST}")
-        return doc, Source(label=f"bundle {path}", members=members, exact=True)
+        return _open_tar(path)
     root = Path(build) if build is not None else path.parent
-    return path.read_bytes(), Source(label=f"folder {root}", root=root, table_file=runtime_table_path(path))
+    return _read_input(path, "manifest"), Source(label=f"folder {root}", root=root, table_file=runtime_table_path(path))
 
 
 def runtime_table_path(manifest: Path) -> Path:
@@ -168,5 +318,5 @@ def read_indexed(index_path: Path, entry) -> Path:
     return base / entry.path
 
 
-__all__ = ["BUNDLE_MANIFEST", "MAX_BUNDLE_BYTES", "RUNTIME_TABLE", "Source", "check_artifact_bytes", "is_tar_path",
+__all__ = ["BUNDLE_MANIFEST", "MAX_BUNDLE_BYTES", "RUNTIME_TABLE", "Source", "TarReader", "check_artifact_bytes", "is_tar_path",
            "open_source", "read_indexed", "read_tar_bundle", "runtime_table_path", "sha256"]

@@ -1,5 +1,10 @@
 """Trusted public keys for the loader and `verify`: the shipped release keys (manifests/keys/), the user's trust
-folder and whatever the caller passes. Standard library + cryptography only."""
+folder and whatever the caller passes. Standard library + cryptography only.
+
+Every trust folder and key file except the shipped release keys must be private (mamba_forge/safety.py: the
+cache's rules): a key anyone else could write or swap would let them sign manifests we trust. A refusal is a
+TrustRefused: a loader refusal (SignatureRefused) and, at the command line, bad input (exit 2).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,15 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from mamba_forge.errors import ForgeError
 from mamba_forge.manifest import signing
 from mamba_forge.runtime.errors import SignatureRefused
+
+
+class TrustRefused(SignatureRefused, ForgeError):
+    """A trust folder or key file is unsafe, missing or not a key; names the path and the rule."""
+
+    exit_code = 2
 
 
 def release_keys_dir() -> Path:
@@ -29,9 +41,11 @@ def trusted_keys(extra: Iterable[KeySpec] | Mapping[str, Ed25519PublicKey] | Non
     `extra`: key objects, key files or folders of *.pub, or 'ed25519 <base64>' text."""
     out: dict[str, Ed25519PublicKey] = {}
     if defaults:
-        for folder in (release_keys_dir(), signing.user_trust_dir()):
-            if folder.is_dir():
-                out.update(_load_key_paths([folder]))
+        if release_keys_dir().is_dir():
+            out.update(_load_key_paths([release_keys_dir()], installed=True))
+        user = signing.user_trust_dir()
+        if user.exists() or user.is_symlink():  # an absent trust folder trusts nothing more; a present one is checked
+            out.update(_load_key_paths([user]))
     if extra is None:
         return out
     if isinstance(extra, Mapping):
@@ -55,18 +69,14 @@ def _parse_key(text: str, where: str) -> Ed25519PublicKey:
     try:
         return signing.parse_public(text)
     except signing.SignatureError as exc:
-        raise SignatureRefused(f"{where} is not a usable public key: {exc}") from None
+        raise TrustRefused(f"{where} is not a usable public key: {exc}") from None
 
 
-def _load_key_paths(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
-    out: dict[str, Ed25519PublicKey] = {}
-    for p in paths:
-        if not p.exists():
-            raise SignatureRefused(f"trusted key path {p} does not exist")
-        for f in sorted(p.glob("*.pub")) if p.is_dir() else [p]:
-            key = _parse_key(f.read_text(encoding="utf-8", errors="replace"), str(f))
-            out[signing.key_id(key)] = key
-    return out
+def _load_key_paths(paths: list[Path], *, installed: bool = False) -> dict[str, Ed25519PublicKey]:
+    try:
+        return signing.load_trusted(paths, installed=installed)
+    except signing.SignatureError as exc:
+        raise TrustRefused(str(exc)) from None
 
 
-__all__ = ["KeySpec", "release_keys_dir", "trusted_keys"]
+__all__ = ["KeySpec", "TrustRefused", "release_keys_dir", "trusted_keys"]

@@ -10,7 +10,6 @@ and never calls back. Where the bytes come from: sources.py; trusted keys: trust
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -42,6 +41,7 @@ from mamba_forge.runtime.sources import (
     read_indexed,
     sha256,
 )
+from mamba_forge.safety import parse_json, parse_toml
 
 _RECORDS = {"qualified": QualifiedManifest, "index": ReleaseIndex}
 _VERSION = {"qualified": MANIFEST_VERSION, "index": ReleaseIndex.__dataclass_fields__["manifest_version"].default}
@@ -63,7 +63,7 @@ def _signed_body(document: bytes, keys: Mapping[str, Ed25519PublicKey], what: st
 
 def _parse_body(body_bytes: bytes, what: str) -> dict:
     try:
-        return tomllib.loads(body_bytes.decode("utf-8"))
+        return parse_toml(body_bytes.decode("utf-8"), what=what)
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ManifestRefused(f"{what} is signed but its body is not valid TOML ({exc})") from None
 
@@ -73,12 +73,18 @@ _FIRST_TABLE = re.compile(rb"^\[", re.MULTILINE)
 
 def body_head(body_bytes: bytes) -> dict | None:
     """The body's top-level keys (everything before its first table header), or None when unreadable.
-    The bytes were verified first, so reading a prefix of them reads what the signer wrote."""
+    The bytes were verified first, so reading a prefix of them reads what the signer wrote. The first header
+    line is parsed with the prefix (its table, empty here, then dropped): a broken header that a full parse
+    refuses (`[x`) is refused here too, rather than ending the head unnoticed."""
     m = _FIRST_TABLE.search(body_bytes)
+    end = len(body_bytes) if m is None else body_bytes.find(b"\n", m.start()) + 1 or len(body_bytes)
     try:
-        return tomllib.loads(body_bytes[: m.start() if m else len(body_bytes)].decode("utf-8"))
+        head = parse_toml(body_bytes[:end].decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None
+    if m is not None and head:
+        head.pop(next(reversed(head)))  # the header's table: tomllib keeps insertion order, it came last
+    return head
 
 
 def _kind(head: dict, what: str) -> str:
@@ -86,12 +92,12 @@ def _kind(head: dict, what: str) -> str:
     def get(k):
         return head[k] if k in head else None
 
-    if get("schema_version") != QUALIFIED_SCHEMA:
+    if not _same(get("schema_version"), QUALIFIED_SCHEMA):  # type-strict: `true` is not 1, 1.0 is not 1
         raise ManifestRefused(f"{what} has schema_version {get('schema_version')!r}; this loader reads {QUALIFIED_SCHEMA}")
     kind = get("kind")
-    if kind not in _RECORDS:
+    if type(kind) is not str or kind not in _RECORDS:
         raise ManifestRefused(f"{what} has kind {kind!r}; expected a qualified manifest or an index")
-    if get("manifest_version") != _VERSION[kind]:
+    if not _same(get("manifest_version"), _VERSION[kind]):
         raise ManifestRefused(f"{what} has manifest_version {get('manifest_version')!r}; this loader reads "
                               f"{_VERSION[kind]} (re-qualify with this tool version)")
     return kind
@@ -127,6 +133,16 @@ def verify_document(document: bytes, keys: Mapping[str, Ed25519PublicKey], *, wh
 
 
 # ---- the runtime table: what loading reads, as JSON bound to the signed body ------------------------------
+# Parity with full verification (tests/adversarial/test_loader_parity.py): the loader path refuses whatever the
+# full path refuses in the bytes it reads: the signature and canonical tail (same code), the head (parsed with
+# the same tomllib: duplicate keys and bad TOML refuse; an unreadable head falls back to the full parse), the
+# table's size and sha256, the table's schema (unknown keys, types: the same codec), and the head's values
+# against the table's, type-strict. One difference remains and cannot matter: the loader does not parse the
+# body below the head (that is the cold start), so a body whose tables disagree with its runtime table loads
+# where `verify` refuses it. Producing one needs the trusted private key, and the loader then serves only bytes
+# that key bound by sha256 in the signed head: a holder of that key could as well sign a consistent manifest
+# with the same table, so the difference grants no one anything they could not sign; `verify`, `bundle` and
+# `merge` (which publish) refuse it.
 # Parsing a whole qualified manifest with tomllib costs ~100 ms (2,500 check tables); the loader needs none of
 # the checks. The qualifier writes beside the manifest the body's projection without the toolchain and the
 # per-symbol checks, as canonical JSON, and signs its size and sha256 as top-level keys of the body. The loader
@@ -156,20 +172,32 @@ def _is_table(v) -> bool:
     return type(v) is dict or (type(v) is list and bool(v) and all(type(x) is dict for x in v))
 
 
+def _same(a, b) -> bool:
+    """Equal values of equal types: Python's == takes 0 for false and 1 for 1.0, which the full verification's
+    schema tells apart (a head saying `development_key = 0` is refused there, so here too)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is list:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
 def _table_record(head: dict, data: bytes, what: str) -> RuntimeTable:  # type: ignore[valid-type]
     """The runtime table's record; its top-level values must be exactly the signed head's."""
     try:
-        plain = json.loads(data)
+        plain = parse_json(data)
     except (UnicodeDecodeError, ValueError):
         plain = None
     if type(plain) is not dict:
         raise ManifestRefused(f"the runtime table of {what} is not a JSON object")
     table = _record(RuntimeTable, plain, f"the runtime table of {what}")
     for k, v in head.items():
-        if k not in RUNTIME_KEYS and (k not in plain or plain[k] != v):
+        if k not in RUNTIME_KEYS and (k not in plain or not _same(plain[k], v)):
             raise ManifestRefused(f"the runtime table of {what} disagrees with its signed body on {k!r}")
     for k, v in plain.items():  # a key the head leaves out reads as its default: the table must say the same
-        if k not in head and not _is_table(v) and v != _HEAD_DEFAULTS.get(k, _ABSENT):
+        if k not in head and not _is_table(v) and not _same(v, _HEAD_DEFAULTS.get(k, _ABSENT)):
             raise ManifestRefused(f"the runtime table of {what} disagrees with its signed body on {k!r}")
     return table
 
@@ -181,6 +209,8 @@ def check_complete(m: QualifiedManifest | RuntimeTable, source: Source, *, hash_
                    runtime_table: bool = False) -> None:
     """Every admitted symbol lives in a listed cubin; every artifact is present (and hashes, when `hash_all`);
     an exact source (bundle) holds nothing else."""
+    # a .tar.gz bundle's remaining members must be exactly these, at these sizes, before their data is read
+    source.expect({a.path: a.size for a in m.artifacts})
     cubins = {(a.module, a.target) for a in m.artifacts if a.code == "cubin"}
     for s in m.symbols:
         if s.status == "admitted" and (s.module, s.target) not in cubins:
