@@ -86,12 +86,12 @@ def build(
     targets = [get_target(n) for n in chosen.names]
     cap = state_capacity(state_cap)
     cat = load_catalog(catalog or default_catalog_path())
+    req = BuildRequest(cat, targets, out_dir, jobs=jobs, state_capacity=cap, cache_location=None if no_cache else "default",
+                       kernels=tuple(kernels or ()))  # checks --kernels: bad input leaves no --out folder behind
     try:  # a bad --out is one line before anything compiles
         prepare_output_dir(out_dir, what="--out folder")
     except PathRefused as exc:
         raise ForgeError(str(exc)) from None
-    req = BuildRequest(cat, targets, out_dir, jobs=jobs, state_capacity=cap, cache_location=None if no_cache else "default",
-                       kernels=tuple(kernels or ()))
     show = not quiet and not as_json
     for note in chosen.notes if not quiet else ():
         err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)

@@ -8,6 +8,7 @@ be a real folder on disk: a wheel install is; an install whose files are not on 
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 from mamba_forge.errors import ForgeError
@@ -17,8 +18,6 @@ RELEASE_KEYS = ("_keys", "manifests/keys")
 
 
 def _package_folder() -> Path:
-    from importlib import resources  # here, not at import: it pulls zipfile, and the runtime imports this module
-
     root = resources.files("mamba_forge")
     if not isinstance(root, Path):
         raise ForgeError(

@@ -133,11 +133,11 @@ def test_backend_translates_devices_launches_and_errors(monkeypatch):
         b.device_info(1)
     blob = bytes(range(128))
     values = [("ptr", 0x1000), ("i32", 7), ("bytes", blob)]
-    b.launch("k", (2, 1, 1), (128, 1, 1), values, [0, 0, 64], 512, 0x77)
+    b.launch("k", (2, 1, 1), (128, 1, 1), cu.PackedParams(values, [0, 0, 64]), 512, 0x77)  # packed once, by the caller
     assert launched[-1] == ("k", (2, 1, 1), (128, 1, 1), [struct.pack("<Q", 0x1000), struct.pack("<i", 7), blob], 0,
                             512, (0, 0x77))
     with pytest.raises(DriverError, match=r"cuLaunchKernel\(k\) failed with CUDA_ERROR_INVALID_VALUE"):
-        b.launch("k", (1, 1, 1), (128, 1, 1), values, [0, 0, 64], 4096, 0)
+        b.launch("k", (1, 1, 1), (128, 1, 1), cu.PackedParams(values, [0, 0, 64]), 4096, 0)
 
 
 # ---- the GPU tests' argument conversion ----------------------------------------------------------------------

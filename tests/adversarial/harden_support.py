@@ -12,14 +12,9 @@ from types import SimpleNamespace
 
 from runtime_support import build_tiny, keypair, qualified_body, write_tiny_catalog, write_with_runtime_table
 
-# the tiny families' expressions name `n`: the catalog now demands it be a qualification dim
-_DIMS = 'qualify = { dims = { n = 4096 } }\nlaunch = {'
-
 
 def make_fixture(root: Path) -> SimpleNamespace:
-    cat = write_tiny_catalog(root / "cat")
-    families = cat.parent / "tiny.toml"
-    families.write_text(families.read_text().replace("launch = {", _DIMS))
+    cat = write_tiny_catalog(root / "cat")  # its families declare their qualification dims
     bm = build_tiny(cat, root / "build", root / "cache")
     priv, pub, kid = keypair(root / "keys", "release")
     body = qualified_body(bm, cat)
