@@ -32,6 +32,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 out = Console()
 err = Console(stderr=True)
@@ -139,7 +140,7 @@ def report(
     manifest: Annotated[Path, typer.Argument(help="A manifest.toml (build or qualified), or an index.")],
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     diff_with: Annotated[
-        Path | None, typer.Option("--diff", help="`report --diff A B`: what changed from manifest A to MANIFEST (B).")
+        Path | None, typer.Option("--diff", help="`report --diff A B`: what changed from manifest A to MANIFEST (B); exit 1 when they differ, as diff does.")
     ] = None,
     fmt: Annotated[str, typer.Option("--format", help="text or markdown (release notes).")] = "text",
 ) -> None:
@@ -156,6 +157,8 @@ def report(
             sys.stdout.write(json.dumps(d, indent=1) + "\n")
         else:
             rpt.render_diff(d, out, str(diff_with), str(manifest))
+        if d["changed"]:  # like diff(1): 0 the same, 1 they differ
+            raise typer.Exit(1)
         return
     if doc.kind != "build":
         if as_json:

@@ -125,7 +125,7 @@ def test_report_diff(tiny, tmp_path, capsys):
     pb = tmp_path / "b.toml"
     pb.write_bytes(sign_body(b, tiny.priv))
     rc, out, _ = run(capsys, "report", "--diff", tiny.manifest, pb, "--json")  # from A to B
-    assert rc == 0
+    assert rc == 1  # they differ: exit 1, like diff(1)
     d = json.loads(out)
     assert d["changed"] is True
     assert d["added"] == ["Tiny/sm_90a/scale_new"] and d["removed"] == ["Tiny/sm_90a/slow_copy_f16"]
@@ -138,15 +138,15 @@ def test_report_diff(tiny, tmp_path, capsys):
     assert [x["symbol"] for x in d["digest_changes"]] == ["Tiny/sm_90a/scale"]
     assert [x["path"] for x in d["artifact_changes"]] == [b["artifacts"][0]["path"]]
     rc, out, _ = run(capsys, "report", "--diff", tiny.manifest, pb)
-    assert rc == 0 and "newly rejected (1)" in out and "scale_f16: admitted -> rejected" in out
+    assert rc == 1 and "newly rejected (1)" in out and "scale_f16: admitted -> rejected" in out
     rc, out, _ = run(capsys, "report", "--diff", tiny.manifest, tiny.manifest, "--json")
     assert rc == 0 and json.loads(out)["changed"] is False
     rc, out, _ = run(capsys, "report", "--diff", tiny.manifest, tiny.manifest)
-    assert "no differences" in out
+    assert rc == 0 and "no differences" in out
     # a build manifest against its qualified manifest: the same artifacts, no digest change
     rc, out, _ = run(capsys, "report", "--diff", tiny.build / "manifest.toml", tiny.manifest, "--json")
     d = json.loads(out)
-    assert rc == 0 and d["artifact_changes"] == [] and len(d["newly_rejected"]) == len(REJECTED)
+    assert rc == 1 and d["artifact_changes"] == [] and len(d["newly_rejected"]) == len(REJECTED)
     assert d["resource_changes"] == [] and d["digest_changes"] == []  # registers/max_threads agree
 
 
@@ -204,3 +204,14 @@ def test_merge_refusals(tiny, tmp_path, capsys):
     h200.write_bytes(sign_body(dict(tiny.body, level="fullx"), tiny.priv))
     rc, _, err = run(capsys, "verify", tmp_path / "b" / "ok.toml", "--key", tiny.pub)
     assert rc == 1 and "sha256 in the index" in err
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["build", "-h"], ["report", "-h"], ["verify", "-h"], ["qualify", "-h"]])
+def test_short_help_option(capsys, argv):
+    rc, out, err = run(capsys, *argv)
+    assert rc == 0 and "Usage:" in out and "--help" in out and not err
+
+
+def test_an_unknown_short_option_is_bad_input(capsys):
+    rc, _, err = run(capsys, "build", "-Z")
+    assert rc == 2 and "Traceback" not in err
