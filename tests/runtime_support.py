@@ -272,7 +272,7 @@ class FakeBackend:
         self.smem[fn] = nbytes
 
     def launch(self, fn, grid, block, params, shared_mem, stream) -> None:
-        """params: packed once by the loader (packing.Packed); read the bytes back as the driver would."""
+        """params: packed once by the loader (launcher.Packed); read the bytes back as the driver would."""
         layout = params.layout
         n = len(layout.types)
         arr = (ctypes.c_void_p * max(1, n)).from_address(params.address)

@@ -6,6 +6,7 @@ pyelftools (no pydantic, rich or typer): worker start-up stays short.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict
@@ -41,13 +42,12 @@ def run_job(job: dict) -> dict[str, bytes]:
     key = job["key"]
     if cache is None:
         return compile_parts(job["source"], job["name"], job["options"], job["headers"])
-    try:
-        lock = cache.lock(key)
-        lock.__enter__()
-    except OSError as exc:
-        parts = compile_parts(job["source"], job["name"], job["options"], job["headers"])
-        return dict(parts, cache_warning=f"build cache not usable ({exc.strerror or exc}); built without it".encode())
-    try:
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(cache.lock(key))
+        except OSError as exc:  # a cache folder that cannot even hold a lock file: build without it
+            parts = compile_parts(job["source"], job["name"], job["options"], job["headers"])
+            return dict(parts, cache_warning=f"build cache not usable ({exc.strerror or exc}); built without it".encode())
         parts = cache.get(key)
         if parts is not None:
             return dict(parts, cached=b"1")
@@ -57,9 +57,6 @@ def run_job(job: dict) -> dict[str, bytes]:
             if warning:
                 parts = dict(parts, cache_warning=warning.encode())
         return parts
-    finally:
-        lock.__exit__(None, None, None)
-
 
 def die_with_parent() -> None:
     """Pool initializer: the kernel kills this worker when the build's parent dies (Linux PR_SET_PDEATHSIG), so

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -40,7 +39,7 @@ from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catal
     state_capacity,
     template_problem,
 )
-from mamba_forge.catalog.targets import TARGETS, Target
+from mamba_forge.catalog.targets import TARGETS
 from mamba_forge.errors import CatalogError, ForgeError
 from mamba_forge.safety import MAX_CATALOG_BYTES, PathRefused, parse_toml, read_bounded
 
@@ -267,13 +266,6 @@ def default_catalog_path() -> Path:
     if not path.is_file():
         raise ForgeError(f"the built-in catalog {path} is missing", hint="reinstall mamba-forge, or pass --catalog")
     return path
-
-
-def iter_targets(names: list[str] | None) -> Iterator[Target]:
-    from mamba_forge.catalog.targets import DEFAULT_TARGETS, get_target
-
-    for n in names or DEFAULT_TARGETS:
-        yield get_target(n)
 
 
 __all__ = [

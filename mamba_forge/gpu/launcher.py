@@ -1,7 +1,8 @@
 """The one launch path: kernel parameters packed as the driver reads them, and cuLaunchKernel.
 
-Every caller (the qualifier, the runtime backend, the GPU tests and benchmarks) packs its arguments into a
-:class:`PackedParams` and calls :func:`launch`. By-value blobs (a CUtensorMap, a descriptor struct) are
+Every caller (the qualifier, the runtime backend, the GPU tests and benchmarks) packs its arguments through a
+:class:`ParamPacker` (the runtime keeps one per symbol; :class:`PackedParams` makes one for its values) and calls
+:func:`launch`. By-value blobs (a CUtensorMap, a descriptor struct) are
 ``("bytes", data)`` entries with their own alignment.
 """
 
@@ -22,52 +23,93 @@ PACK_FORMATS = {"ptr": "<Q", "i32": "<i", "u32": "<I", "i64": "<q", "u64": "<Q",
 DEFAULT_ALIGN = 16  # every scalar and, unless told otherwise, every blob
 
 
-class PackedParams:
-    """Kernel parameters as the driver wants them: a void*[] whose entries point at each value's bytes.
+class Packed:
+    """One launch's parameter buffer: the values and the void*[] pointing at them; keep it referenced until the
+    launch is enqueued (a graph capture copies the values when it records the node)."""
 
-    `values` are (type, value) pairs: a type of PACK_FORMATS with an int or float, or ("bytes", data) for a
-    by-value blob. Each value lives in its own buffer aligned to 16 bytes; `blob_align[i]` (0 = 16) raises a
-    blob's alignment (a CUtensorMap wants 64: its buffer is over-allocated and offset). Keep the object alive
-    until the launch is enqueued (a graph capture copies the values when it records the node).
-    """
+    __slots__ = ("_buf", "address", "layout")
+
+    def __init__(self, buf, address: int, layout: ParamPacker):
+        self._buf, self.address, self.layout = buf, address, layout  # address: cuLaunchKernel's kernelParams
+
+
+class ParamPacker:
+    """The layout of one parameter list, computed once: each value in its slot, 16-byte aligned (a blob at its
+    own alignment, `blob_aligns[i]`, 0 = 16), then the void*[] of slot addresses. pack() is one buffer and one
+    ``Struct.pack_into`` per launch: the runtime's per-launch path packs through it, PackedParams too."""
+
+    def __init__(self, types: Sequence[str], blob_sizes: Sequence[int], blob_aligns: Sequence[int] | None = None):
+        aligns = list(blob_aligns) if blob_aligns is not None else [0] * len(types)
+        if len(aligns) != len(types):
+            raise ValueError(f"{len(aligns)} alignments for {len(types)} parameters")
+        fmt, at, slots, widths, base = "<", 0, [], [], 64
+        for i, (t, size, a) in enumerate(zip(types, blob_sizes, aligns, strict=True)):
+            if t == "bytes":
+                code, width, align = f"{size}s", size, a or DEFAULT_ALIGN
+                if align & (align - 1):
+                    raise ValueError(f"parameter {i}: alignment {align} is not a power of two")
+            elif t in PACK_FORMATS:
+                code, align = PACK_FORMATS[t][1], DEFAULT_ALIGN
+                width = struct.calcsize(PACK_FORMATS[t])
+            else:
+                raise ValueError(f"parameter {i}: unknown type {t!r} (known: {', '.join([*PACK_FORMATS, 'bytes'])})")
+            base = max(base, align)
+            pad = -at % align
+            fmt += f"{pad}x{code}" if pad else code
+            slots.append(at + pad)
+            widths.append(width)
+            at += pad + width
+        pad = -at % 8
+        self._array_at = at + pad
+        self._struct = struct.Struct(fmt + (f"{pad}x" if pad else "") + "Q" * len(slots))
+        self._base = base  # the buffer start is rounded up to this: every slot alignment divides it
+        self._slots = tuple(slots)
+        self.types, self.sizes = tuple(types), tuple(widths)  # what each slot holds, for readers of a Packed
+
+    def pack(self, values: Sequence[tuple[str, object]]) -> Packed:
+        """values: (type, value) per parameter, in this layout's order (blobs as bytes)."""
+        buf = ctypes.create_string_buffer(self._struct.size + self._base)
+        shift = -ctypes.addressof(buf) % self._base
+        start = ctypes.addressof(buf) + shift
+        try:
+            self._struct.pack_into(buf, shift, *[v for _, v in values], *[start + s for s in self._slots])
+        except struct.error:
+            self._name_the_misfit(values)
+            raise
+        return Packed(buf, start + self._array_at, self)
+
+    def _name_the_misfit(self, values: Sequence[tuple[str, object]]) -> None:
+        for i, (t, v) in enumerate(values):
+            if t in PACK_FORMATS:
+                try:
+                    struct.pack(PACK_FORMATS[t], v)
+                except struct.error as exc:
+                    raise ValueError(f"parameter {i}: {v!r} does not fit {t} ({exc})") from None
+
+
+class PackedParams:
+    """Kernel parameters as the driver wants them, from (type, value) pairs: a type of PACK_FORMATS with an int or
+    float, or ("bytes", data) for a by-value blob with `blob_align[i]` (0 = 16; a CUtensorMap wants 64). The
+    general entry: it checks the values and packs them through a ParamPacker made for them."""
 
     def __init__(self, values: Sequence[tuple[str, object]], blob_align: Sequence[int] | None = None):
         if blob_align is not None and len(blob_align) != len(values):
             raise ValueError(f"{len(blob_align)} alignments for {len(values)} parameters")
-        self._bufs = []
-        n = len(values)
-        self._array = (ctypes.c_void_p * max(1, n))()
         for i, (typ, val) in enumerate(values):
-            if typ == "bytes":
-                if not isinstance(val, (bytes, bytearray, memoryview)):
-                    raise TypeError(f"parameter {i}: a bytes parameter takes bytes, not {type(val).__name__}")
-                data = bytes(val)
-                align = (blob_align[i] if blob_align else 0) or DEFAULT_ALIGN
-                if align & (align - 1):
-                    raise ValueError(f"parameter {i}: alignment {align} is not a power of two")
-            elif typ in PACK_FORMATS:
-                try:
-                    data = struct.pack(PACK_FORMATS[typ], val)
-                except struct.error as exc:
-                    raise ValueError(f"parameter {i}: {val!r} does not fit {typ} ({exc})") from None
-                align = DEFAULT_ALIGN
-            else:
-                known = ", ".join([*PACK_FORMATS, "bytes"])
-                raise ValueError(f"parameter {i}: unknown type {typ!r} (known: {known})")
-            raw = ctypes.create_string_buffer(len(data) + align)
-            base = ctypes.addressof(raw)
-            at = (base + align - 1) // align * align
-            ctypes.memmove(at, data, len(data))
-            self._bufs.append(raw)
-            self._array[i] = at
+            if typ == "bytes" and not isinstance(val, (bytes, bytearray, memoryview)):
+                raise TypeError(f"parameter {i}: a bytes parameter takes bytes, not {type(val).__name__}")
+        values = [(t, bytes(v)) if t == "bytes" else (t, v) for t, v in values]
+        packer = ParamPacker([t for t, _ in values], [len(v) if t == "bytes" else 0 for t, v in values], blob_align)
+        self._packed = packer.pack(values)
+        self._n = len(values)
 
     def __len__(self) -> int:
-        return len(self._bufs)
+        return self._n
 
     @property
     def address(self) -> int:
         """The void** kernelParams argument of cuLaunchKernel."""
-        return ctypes.addressof(self._array)
+        return self._packed.address
 
 
 def _dims3(v: Sequence[int], what: str) -> list[int]:
@@ -81,7 +123,7 @@ def launch(
     fn: Function,
     grid: Sequence[int],
     block: Sequence[int],
-    params: PackedParams,
+    params: PackedParams | Packed,
     *,
     smem: int = 0,
     stream: Stream | None = None,

@@ -9,7 +9,7 @@
   f32/f64 (an f32 that overflows is refused);
 * blobs: bytes-like objects of exactly the parameter's size.
 
-Packing goes through :class:`mamba_forge.runtime.packing.ParamPacker` (Kernel.packer()).
+Packing goes through :class:`mamba_forge.gpu.launcher.ParamPacker` (:func:`param_packer`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,15 @@ def blob_align(size: int) -> int:
     """Alignment of a by-value blob's buffer: a CUtensorMap (128 bytes) wants 64."""
     return 64 if size >= 64 else 16
 
+
+
+def param_packer(params: Sequence[Param]):
+    """The one packer of a symbol's recorded parameters (gpu.launcher.ParamPacker, layout computed once)."""
+    from mamba_forge.gpu.launcher import ParamPacker  # on first launch: the runtime's import stays light
+
+    return ParamPacker([p.type if p.kind == "scalar" else "ptr" if p.kind == "pointer" else "bytes" for p in params],
+                       [p.size if p.kind == "blob" else 0 for p in params],
+                       [blob_align(p.size) if p.kind == "blob" else 0 for p in params])
 
 def scalar_value(ptype: str, v, what: str) -> int | float:
     """v checked for a scalar parameter of type ptype (i32/u32/i64/u64/f32/f64), as the int or float to pack."""

@@ -67,7 +67,7 @@ class CudaBackend:
 
     def launch(self, fn, grid, block, params, shared_mem: int, stream: int) -> None:
         """Launch on the raw stream handle; params: packed once by the caller (anything with ``.address``, the
-        void** kernelParams: packing.Packed or driver.PackedParams), kept referenced until this returns."""
+        void** kernelParams: launcher.Packed or PackedParams), kept referenced until this returns."""
         s = self._streams.get(stream)
         if s is None:
             if len(self._streams) >= 64:  # bounded: handles of destroyed streams do not pile up

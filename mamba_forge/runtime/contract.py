@@ -30,10 +30,9 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
-from mamba_forge.runtime.args import INT_RANGES, blob_align, check_tensor, scalar_value
+from mamba_forge.runtime.args import INT_RANGES, blob_align, check_tensor, param_packer, scalar_value
 from mamba_forge.runtime.errors import LaunchRefused
 from mamba_forge.runtime.expressions import compile_expressions, literal
-from mamba_forge.runtime.packing import ParamPacker
 from mamba_forge.runtime.tensors import DEVICE_KINDS_A_KERNEL_READS as _READABLE
 from mamba_forge.runtime.tensors import TORCH_DTYPE_TOKENS, describe
 from mamba_forge.runtime.tensors import TORCH_TYPES as _TORCH_TYPES
@@ -127,8 +126,7 @@ class Contract:
         self._aligns = tuple(blob_align(p.size) if p.kind == "blob" else 0 for p in params)
         self._block = tuple(int(b) for b in symbol.block) + (1,) * (3 - len(symbol.block))
         self._smem = int(symbol.dynamic_smem)
-        self.packer = ParamPacker([p.type if p.kind == "scalar" else "ptr" if p.kind == "pointer" else "bytes"
-                                   for p in params], [p.size if p.kind == "blob" else 0 for p in params])
+        self.packer = param_packer(params)
 
     def bind(self, kwargs: dict, device: int = 0, locate=None) -> Bound:
         """Check every argument against the contract and return the launch; raises LaunchRefused otherwise.

@@ -12,7 +12,7 @@ capability, SM count, and a driver whose CUDA major is at least the qualifying o
 first function taken from them, from bytes whose size and sha256 are checked right before cuModuleLoadData.
 At load, one logging warning (logger "mamba_forge.runtime") lists the family variants that do not serve here and
 why; Kernels.summary() returns it as data; load(strict=True) raises IncompleteOnDevice instead. The keyword launch
-(runtime/contract.py, runtime/streams.py, runtime/packing.py) is imported on a kernel's first keyword call.
+(runtime/contract.py, runtime/streams.py, gpu/launcher.py) is imported on a kernel's first keyword call.
 Standard library, cryptography and cuda-bindings only (through mamba_forge.manifest.signing and mamba_forge.gpu.driver).
 """
 
@@ -102,11 +102,9 @@ class Kernel:
     def packer(self):
         """The parameter packer of this symbol's layout (the positional path's; the contract has its own)."""
         if self._packer is None:
-            from mamba_forge.runtime.packing import ParamPacker
+            from mamba_forge.runtime.args import param_packer
 
-            ps = self.symbol.params
-            self._packer = ParamPacker([p.type if p.kind == "scalar" else "ptr" if p.kind == "pointer" else "bytes"
-                                        for p in ps], [p.size if p.kind == "blob" else 0 for p in ps])
+            self._packer = param_packer(self.symbol.params)
         return self._packer
 
 
