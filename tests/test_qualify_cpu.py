@@ -31,8 +31,8 @@ from mamba_forge.manifest.schema import (
     Toolchain,
     Verdict,
 )
-from mamba_forge.qualify import assemble, compare, fills, keys, plan, runner, sanitize, supervise
 from mamba_forge.qualify import checks as C
+from mamba_forge.qualify import compare, fills, keys, plan, runner, sanitize, supervise
 from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import spec as S
 from mamba_forge.qualify.events import (
@@ -638,18 +638,6 @@ def test_unattributed_sanitizer_summary_rejects_the_run(tmp_path, fake_worker):
     sanitize.apply_sanitizer(main, under_tool, "memcheck")
     assert {r.check for r in main.results.values()} == {"sanitize"}
     assert "ERROR SUMMARY: 2 errors" in main.results["ok2"].reason
-
-
-def test_route_table_lists_admitted_gemms_only():
-    from mamba_forge.manifest.schema import QSymbol
-
-    def sym(name, status):
-        return QSymbol(name=name, module="TriadScalar", target="sm_90a", family="f", status=status)
-
-    routes = assemble._routes([sym("triad_scalar_nn_f32", "admitted"), sym("triad_scalar_tn_f32", "rejected")])
-    listed = {n for r in routes for n in r.symbols}
-    assert "triad_scalar_nn_f32" in listed and "triad_scalar_tn_f32" not in listed
-    assert {r.layout for r in routes} == {"nn"}
 
 
 def test_shard_spreads_symbols_and_keeps_groups():

@@ -73,6 +73,8 @@ SIGNATURES = {  # emulated kernels: parameter types as the kernel declares them
     **{k: ["ptr", "ptr", "i64"] for k in ("writes_past_end", "writes_before_start", "writes_input",
                                           "accumulates_into_output")},
     "mf_guard_check": ["ptr", "ptr", "i32"],
+    **{k: ["ptr", "ptr", "ptr", "i32", "i32", "i32"] for k in ("control_gemm_chain", "control_gemm_chain_2d",
+                                                              "pairwise_gemm")},
     # the real catalog's multi-tensor AdamW: descs, num_tensors, lr, beta1, beta2, eps, step
     **{f"adamw_step_multi_{dt}": ["ptr", "i32", "f32", "f32", "f32", "f32", "i32"] for dt in ("f32", "bf16", "f16")},
 }
@@ -205,6 +207,16 @@ def run_kernel(name, v, mem, rng, stream):
             out[:] = (parts[0] + parts[1]) + (parts[2] + parts[3])
         else:
             out[:] = np.cumsum(x, axis=1, dtype=f32)[:, -1]  # sequential column order
+    elif name in ("control_gemm_chain", "control_gemm_chain_2d", "pairwise_gemm"):
+        c_p, a_p, b_p, m, n, k = v
+        a = mem.view(a_p, f32, m * k).reshape(m, k)
+        b = mem.view(b_p, f32, k * n).reshape(k, n)
+        c = np.frombuffer(mem.at(c_p)[0], f32, m * n, mem.at(c_p)[1]).reshape(m, n)
+        chains = [np.zeros((m, n), f32), np.zeros((m, n), f32)]
+        for kk in range(k):  # one f32 chain per output (two interleaved ones for the pairwise rung)
+            j = kk % 2 if name == "pairwise_gemm" else 0
+            chains[j] = (chains[j] + a[:, kk, None] * b[None, kk, :]).astype(f32)
+        c[:] = chains[0] + chains[1] if name == "pairwise_gemm" else chains[0]
     elif name == "control_smem_reverse":
         y_p, x_p, rows, cols = v
         x = mem.view(x_p, f32, rows * cols).reshape(rows, cols)
@@ -460,7 +472,7 @@ def multi(emulated, monkeypatch):
         sym = cat.symbols[name]
         fam = cat.module(sym.module).family(sym.family)
         small = fam.model_copy(update={"qualify": fam.qualify.model_copy(update={"dims": {"tensors": tensors, "total": total}})})
-        shim = types.SimpleNamespace(symbols=cat.symbols, module=lambda kind: types.SimpleNamespace(family=lambda f: small))
+        shim = types.SimpleNamespace(symbols=cat.symbols, routes=cat.routes, module=lambda kind: types.SimpleNamespace(family=lambda f: small))
         group = {"module": sym.module, "target": "sm_90a"}
         return W.SymbolRun(ctx, shim, FakeModule(), {"seed": 5, "level": "quick"}, {"name": name, "build_layout": []},
                            group).run()
@@ -591,3 +603,41 @@ def test_gpu_multi_adamw_negative_controls(live_fixed, monkeypatch):
     monkeypatch.setattr(R, "adamw_step_multi", reference_without_decay)
     r = _live_run(live_fixed, "f32")
     assert (r.status, r.check) == ("rejected", "correctness"), r.reason
+
+
+def test_route_equivalence_rejects_a_rung_with_other_bits(emulated):
+    """A class of three rungs: the 2-D twin computes the chain's bits at every check M and stays admitted; the
+    pairwise rung is correct to rounding (it passes correctness) but differs in bits, so it is rejected."""
+    from mamba_forge.catalog.routes import check_m_values
+    from mamba_forge.qualify import equivalence as E
+
+    ctx, launches = emulated
+    cat = load_catalog(FIXTURE / "catalog.toml")
+    results = {n: _run(ctx, n) for n in ("control_gemm_chain", "control_gemm_chain_2d", "pairwise_gemm")}
+    assert all(r.status == "admitted" for r in results.values()), {n: r.reason for n, r in results.items()}
+    ms = check_m_values(cat.routes[0].classes[0].rungs[0])
+    assert ms == [1, 3, 17, 64, 256, 1000]
+    for r in results.values():  # one digest per check M, recorded by the worker
+        assert [c.detail.rsplit("=", 1)[1] for c in r.checks if c.name == E.CHECK] == [str(m) for m in ms]
+    notes = E.apply(results, cat.routes)
+    assert notes == ["nn f32xf32->f32 / fma-chain: 1 rungs equal to control_gemm_chain"]
+    assert results["control_gemm_chain_2d"].status == "admitted"
+    assert results["control_gemm_chain"].status == "admitted"
+    bad = results["pairwise_gemm"]
+    assert (bad.status, bad.check) == ("rejected", "route-equivalence")
+    assert "its output at M=1, N=40, K=96 differs in some bit from the class reference control_gemm_chain" in bad.reason
+    assert results["control_gemm_chain_2d"].checks[-1].detail.startswith("nn f32xf32->f32 / fma-chain: bitwise equal")
+
+
+def test_route_equivalence_hands_the_reference_on_and_skips_one_rung_classes(emulated):
+    """With the reference rejected by an earlier check, no unbounded rung is left to compare with: nothing more
+    is rejected. A symbol outside every multi-rung class records no digests."""
+    from mamba_forge.qualify import equivalence as E
+
+    ctx, launches = emulated
+    cat = load_catalog(FIXTURE / "catalog.toml")
+    results = {n: _run(ctx, n) for n in ("control_gemm_chain", "control_gemm_chain_2d", "pairwise_gemm")}
+    results["control_gemm_chain"].reject("repeat", "pretend")
+    assert E.apply(results, cat.routes) == []
+    assert results["pairwise_gemm"].status == "admitted"
+    assert not [c for c in _run(ctx, "control_row_sum").checks if c.name == E.CHECK]

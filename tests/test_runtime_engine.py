@@ -293,3 +293,25 @@ def test_torch_ops_register_refuses_kernels_without_the_families():
     with pytest.raises(SymbolUnavailable, match="no softplus_forward"):
         mft.register(SimpleNamespace(fn=fn))
     assert mft._state["kernels"] is before  # refused before anything changed
+
+
+def test_gemm_routes_skip_rejected_rungs_and_say_so(tiny, caplog):
+    """The manifest's route table through the loader: a rejected rung (fast_copy_bf16 stands in for a skinny
+    rung) is skipped in favour of its class's rung that serves every M, the summary and the one warning say
+    which, and a force rung serves only by name."""
+    caplog.set_level(logging.WARNING, logger="mamba_forge.runtime")
+    body = dict(tiny.body)
+    rungs = [{"symbol": "fast_copy_bf16", "eq_class": "k16", "m_min": 1, "m_max": 64},
+             {"symbol": "slow_copy_bf16", "eq_class": "k16"},
+             {"symbol": "scale_bf16", "eq_class": "", "mode": "force"}]
+    body["routes"] = [{"layout": "nn", "a": "bf16", "b": "bf16", "c": "bf16",
+                       "symbols": [r["symbol"] for r in rungs], "rungs": rungs}]
+    k, _ = _load(tiny, _signed(tiny, body, "routes.toml"))
+    assert {m: k.gemm_route(m, 64, 64, "bf16").symbol for m in (1, 64, 65)} == {
+        1: "slow_copy_bf16", 64: "slow_copy_bf16", 65: "slow_copy_bf16"}
+    assert k.gemm_route(1, 64, 64, "bf16", symbol="scale_bf16").symbol == "scale_bf16"
+    with pytest.raises(LookupError, match="does not serve on this device"):
+        k.gemm_route(1, 64, 64, "bf16", symbol="fast_copy_bf16")
+    assert k.summary().skipped_rungs == {"nn bf16xbf16->bf16": ["fast_copy_bf16"]}
+    text = _runtime_warnings(caplog)[0].getMessage()
+    assert "GEMM route rungs skipped (the rest of their routes serve): nn bf16xbf16->bf16: fast_copy_bf16" in text

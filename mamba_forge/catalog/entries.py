@@ -282,6 +282,7 @@ class Defaults(_Model):
 class CatalogHeader(_Model):
     schema_: int = Field(alias="schema")
     name: str = "catalog"
+    routes: list[str] = Field(default_factory=list, max_length=16)  # GEMM route files (catalog/routes.py)
 
 
 class RootFile(_Model):
@@ -356,6 +357,8 @@ class Catalog(BaseModel):
     path: Path
     name: str
     modules: tuple[ModuleSpec, ...]
+    route_files: tuple[str, ...] = ()
+    routes: tuple = ()  # mamba_forge.catalog.routes.Route records, in file order
 
     @cached_property
     def symbols(self) -> dict[str, Symbol]:
@@ -370,6 +373,8 @@ class Catalog(BaseModel):
     def digest(self) -> str:
         """sha256 over the catalog's own files (root and family files)."""
         h = hashlib.sha256()
-        for p in [self.path] + sorted({self.path.parent / f for m in self.modules for f in m.module.families}):
+        files = {self.path.parent / f for m in self.modules for f in m.module.families}
+        files |= {self.path.parent / f for f in self.route_files}
+        for p in [self.path] + sorted(files):
             h.update(p.name.encode() + b"\0" + p.read_bytes())
         return h.hexdigest()

@@ -255,7 +255,20 @@ def load_catalog(path: str | Path) -> Catalog:
                 options=tuple(root.defaults.options) + tuple(mod.options),
             )
         )
-    return Catalog(path=path, name=root.catalog.name, modules=tuple(modules))
+    catalog = Catalog(path=path, name=root.catalog.name, modules=tuple(modules))
+    if not root.catalog.routes:
+        return catalog
+    from mamba_forge.catalog.routes import expand_routes
+
+    routes = []
+    for rel in root.catalog.routes:
+        rpath = inside_catalog(base, rel, f"{path}: routes file")
+        routes += expand_routes(_read_toml(rpath), rpath, catalog)
+    keys = [r.key for r in routes]
+    dup = next((k for k in keys if keys.count(k) > 1), None)
+    if dup:
+        raise CatalogError(f"{path}: GEMM key {' '.join(dup)} is routed by two route files")
+    return catalog.model_copy(update={"route_files": tuple(root.catalog.routes), "routes": tuple(routes)})
 
 
 def default_catalog_path() -> Path:

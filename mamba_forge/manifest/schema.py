@@ -271,12 +271,27 @@ class QSymbol(_SymbolMethods):
 
 
 @record
+class QRung:
+    """One admitted rung of a GEMM route (kernels/routes.toml, mamba_forge/catalog/routes.py): what the runtime's
+    selector needs to choose it without the catalog."""
+
+    symbol: str
+    eq_class: str = ""  # its equivalence class; "" for a force rung
+    mode: Literal["auto", "force"] = "auto"
+    m_min: int = 1
+    m_max: int = 0  # 0: unbounded
+    needs: dict[str, int] = field(default_factory=dict)  # dim (m, n, k) -> the multiple it needs
+    bias: bool = False  # takes a bias pointer
+
+
+@record
 class QRoute:
     layout: str
     a: str
     b: str
     c: str
-    symbols: list[str]
+    symbols: list[str]  # the admitted rungs' symbols, in order (auto rungs class by class, then force rungs)
+    rungs: list[QRung] = field(default_factory=list)
 
 
 class _ManifestMethods:
@@ -388,7 +403,7 @@ def param_kind(type_: str) -> str:
 __all__ = [
     "BUILD_SCHEMA", "INDEX_VERSION", "MANIFEST_VERSION", "QUALIFIED_SCHEMA", "RUNTIME_KEYS",
     "Artifact", "BuildManifest", "IndexEntry", "ModuleBuild", "Param", "QArtifact", "QCheck", "QDevice",
-    "QResources", "QRoute", "QSymbol", "QToolchain", "QualifiedManifest", "ReleaseIndex", "Resources",
+    "QResources", "QRoute", "QRung", "QSymbol", "QToolchain", "QualifiedManifest", "ReleaseIndex", "Resources",
     "RuntimeSymbol", "RuntimeTable", "SchemaError", "SymbolBuild", "Toolchain", "Verdict", "param_kind",
     "runtime_table",
 ]

@@ -16,6 +16,7 @@ from mamba_forge.manifest.schema import (
     QDevice,
     QResources,
     QRoute,
+    QRung,
     QSymbol,
     QToolchain,
     QualifiedManifest,
@@ -56,7 +57,7 @@ def assemble(req: QualifyRequest, outcomes: dict[int, Outcome], groups: list[Gro
         for s in m.symbols:
             symbols.append(_symbol_record(m, s, first.results.get(s.name) if (m.kind, m.target) in run_targets else None,
                                           cat_syms.get(s.name), req.catalog, b.state_capacity, on_device))
-    routes = _routes(symbols)
+    routes = route_table(req.catalog.routes, symbols)
     return QualifiedManifest(
         created=created, expires=expires, tool_version=__version__, level=req.level,  # type: ignore[arg-type]
         qualification_seconds=round(seconds, 2), development_key=False, sanitizer=req.sanitizer, catalog=b.catalog,
@@ -114,11 +115,18 @@ def _symbol_record(m: ModuleBuild, s, rec: SymbolResult | None, cat, catalog, st
     )
 
 
-def _routes(symbols: list[QSymbol]) -> list[QRoute]:
-    """The GEMM route table (mamba_forge.runtime.routes): per key, the admitted symbols fastest first."""
-    from mamba_forge.runtime.routes import build_route_table
+def route_table(routes, symbols: list[QSymbol]) -> list[QRoute]:
+    """The manifest's [[routes]]: per catalog route key, its rungs whose symbols this manifest holds on its device
+    (admitted or rejected: the runtime serves the admitted ones and reports the rejected), in route order.
+    Keys with no such rung are left out."""
+    here = {s.name for s in symbols if s.status in ("admitted", "rejected")}
+    table = []
+    for r in routes:
+        rungs = [QRung(symbol=x.symbol, eq_class=x.klass, mode=x.mode, m_min=x.m_min, m_max=x.m_max,
+                       needs=dict(x.needs), bias=x.bias) for x in r.rungs() if x.symbol in here]
+        if rungs:
+            table.append(QRoute(layout=r.layout, a=r.a, b=r.b, c=r.c, symbols=[x.symbol for x in rungs], rungs=rungs))
+    return table
 
-    return build_route_table([s.name for s in symbols if s.status == "admitted"])
 
-
-__all__ = ["assemble"]
+__all__ = ["assemble", "route_table"]

@@ -1,7 +1,8 @@
 """The qualification, end to end (the orchestration only):
 
     plan (plan.py) -> supervise workers (supervise.py; the checks run in worker.py, checks.py) -> sanitize
-    (sanitize.py) -> compare GPUs (compare.py) -> assemble the manifest (assemble.py) -> sign (keys.py)
+    (sanitize.py) -> compare GPUs (compare.py) -> route classes (equivalence.py) -> assemble the manifest
+    (assemble.py) -> sign (keys.py)
 
 Progress reaches the caller through `on_event` (the worker events of events.py); rendering is the CLI's.
 """
@@ -20,6 +21,7 @@ from mamba_forge.errors import ForgeError
 from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest
 from mamba_forge.qualify.assemble import assemble
 from mamba_forge.qualify.compare import cross_device
+from mamba_forge.qualify.equivalence import apply as route_equivalence
 from mamba_forge.qualify.plan import device_targets, plan_groups, shard
 from mamba_forge.qualify.sanitize import SANITIZER_TOOLS, apply_sanitizer, sanitizer_available, sanitizer_mode
 from mamba_forge.qualify.supervise import (
@@ -105,6 +107,9 @@ def qualify(req: QualifyRequest, on_event: OnEvent | None = None, cc_hint: tuple
         th.join()
     if len(req.devices) > 1:
         notes += cross_device(outcomes)
+    for i, dev in enumerate(sorted(outcomes)):  # rungs of a route class must compute the same bits
+        class_notes = route_equivalence(outcomes[dev].results, req.catalog.routes)
+        notes += class_notes if i == 0 else []
     seconds = time.perf_counter() - t0
     manifest = assemble(req, outcomes, groups, seconds)
     return QualifyResult(manifest, outcomes, notes)

@@ -24,6 +24,7 @@ import numpy as np
 from mamba_forge.catalog.model import Catalog, load_catalog
 from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import checks as C
+from mamba_forge.qualify import equivalence as E
 from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import spec as S
 from mamba_forge.qualify.events import (
@@ -61,7 +62,7 @@ class SymbolRun:
     """Qualifies one symbol; collects check records; raises CudaError/Hang for the worker to handle."""
 
     def __init__(self, ctx: C.Context, catalog: Catalog, module: cu.Module, job: dict, entry: dict, group: dict):
-        self.ctx, self.job, self.entry, self.group = ctx, job, entry, group
+        self.ctx, self.job, self.entry, self.group, self.catalog = ctx, job, entry, group, catalog
         self.name = entry["name"]
         self.sym = catalog.symbols[self.name]
         self.fam = catalog.module(self.sym.module).family(self.sym.family)
@@ -148,6 +149,10 @@ class SymbolRun:
                 verdict = self.determinism(spec, fn, base_inst, base_inputs, base_outs, prepare, checked)
                 if verdict is not None:
                     return verdict
+            if not sanitize and E.memberships(self.catalog, self.name):
+                for rec in E.digests(self, fn, prepare, self.job["seed"]):
+                    self.checks.append(rec)  # compared across the class's rungs after all workers (runner.py)
+                emit(CheckDone(self.name, E.CHECK, True))
         except G.GuardViolation as exc:
             return self.fail(exc.check, exc.reason)
         finally:

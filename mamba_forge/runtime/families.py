@@ -65,6 +65,7 @@ class LoadSummary:
     available: dict[str, tuple[str, ...]]  # family -> dtypes that serve (directly or through a fallback)
     unavailable: tuple[Unavailable, ...]
     fallbacks: dict[str, str] = field(default_factory=dict)  # symbol that does not serve -> its serving fallback
+    skipped_rungs: dict[str, list[str]] = field(default_factory=dict)  # GEMM route -> its rungs not serving here
 
     @property
     def strict_problems(self) -> list[str]:
@@ -86,6 +87,9 @@ class LoadSummary:
                 parts.append(f"{kind} ({len(items)} variants): {', '.join(fams)}")
         if self.fallbacks:
             parts.append("fallbacks in effect: " + ", ".join(f"{a} -> {b}" for a, b in self.fallbacks.items()))
+        if self.skipped_rungs:
+            parts.append("GEMM route rungs skipped (the rest of their routes serve): " + "; ".join(
+                f"{route}: {', '.join(names)}" for route, names in self.skipped_rungs.items()))
         n = len(self.unavailable)
         return f"mamba-forge: on {self.device}, {n} kernel variant{'s' * (n != 1)} unavailable; " + " | ".join(parts)
 

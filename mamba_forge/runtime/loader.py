@@ -130,10 +130,28 @@ class Kernels:
         self._summary: LoadSummary | None = None
 
     def summary(self) -> LoadSummary:
-        """What serves on this device: families available, variants unavailable with reasons, fallbacks in effect."""
+        """What serves on this device: families available, variants unavailable with reasons, fallbacks in effect,
+        and the GEMM route rungs skipped (rejected here: their classes' other rungs serve instead)."""
         if self._summary is None:
-            self._summary = summarize(self.device.name, self._families, self._symbols, self._serves)
+            from mamba_forge.runtime.routes import skipped
+
+            s = summarize(self.device.name, self._families, self._symbols, self._serves)
+            self._summary = replace(s, skipped_rungs=skipped(self.manifest.routes, self._serves_name))
         return self._summary
+
+    def gemm_route(self, m: int, n: int, k: int, a: str, b: str | None = None, c: str | None = None,
+                   layout: str = "nn", *, bias: bool = False, symbol: str | None = None):
+        """The GEMM rung that serves C = op(A) op(B) at (M, N, K) here (mamba_forge.runtime.routes.select):
+        the class is chosen from (N, K, bias) alone and the rung within it by M, so rows are bit-identical for
+        every M. `symbol=` asks for one rung by name (force rungs serve only so). Returns a routes.Route."""
+        from mamba_forge.runtime.routes import select
+
+        return select(self.manifest.routes, m, n, k, a, b or a, c or (b or a), layout, bias=bias, symbol=symbol,
+                      serves=self._serves_name)
+
+    def _serves_name(self, name: str) -> bool:
+        s = self._symbols.get(name)
+        return s is not None and self._serves(s)
 
     def __getattr__(self, family: str) -> Typed:
         """kernels.<family>: the family holder (methods and attributes of Kernels win over family names)."""
@@ -319,7 +337,7 @@ def load(manifest_or_bundle: str | Path, device: int = 0, trusted_keys: Iterable
         raise IncompleteOnDevice(f"{v.path} (strict): {len(summary.strict_problems)} kernels do not serve on "
                                  f"{dev.name}: {'; '.join(summary.strict_problems)}", summary)
     backend.activate(device)
-    if summary.unavailable or summary.fallbacks:
+    if summary.unavailable or summary.fallbacks or summary.skipped_rungs:
         log.warning("%s", summary.text())
     return kernels
 
