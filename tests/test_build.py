@@ -51,6 +51,10 @@ def verdicts(m: BuildManifest, target: str) -> dict[str, tuple[str, str, str]]:
         ("spiller", "spills", r"\d+ bytes spill stores \+ \d+ loads > allowed 0"),
         ("stack_user", "stack", r"\d+ bytes stack frame > allowed 0"),
         ("float_atomic", "float-atomics", r"floating-point atomics \(atom\.global\.add\.f32\)"),
+        ("int_ticket", "static-tokens", r"forbids atom\.\*, red\.\*, local memory and call in its PTX; "
+                                        r"found atom\.global\.add\.u32$"),
+        ("printf_call", "static-tokens", r"found .*call\.uni"),
+        ("local_scratch", "static-tokens", r"found .*local"),
         ("too_wide", "block", r"block of 2048 threads > 1024 per block"),
         ("missing_kernel", "exports", r"declared in the catalog but not exported"),
         ("stowaway", "exports", r"exported by module Controls but not declared"),
@@ -77,6 +81,7 @@ def test_siblings_of_rejected_symbols_stay_admitted(negative):
         v = verdicts(negative, target)
         assert v["good"][0] == "admitted"
         assert v["float_atomic_nondet"][0] == "admitted"  # does not claim determinism
+        assert v["int_ticket_allowed"][0] == "admitted"  # the token policy lifted for its family
 
 
 def test_block_limit_is_checked(tmp_path):

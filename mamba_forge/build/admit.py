@@ -73,3 +73,13 @@ def reject_float_atomics(sym: Symbol, target: Target, atomics: list[str]) -> Ver
         check="float-atomics",
         reason=f"{sym.name} on {target.name}: deterministic symbol uses floating-point atomics ({shown})",
     )
+
+
+def reject_order_tokens(sym: Symbol, target: Target, tokens: list[str]) -> Verdict:
+    shown = ", ".join(tokens[:4]) + (f" and {len(tokens) - 4} more" if len(tokens) > 4 else "")
+    return Verdict(
+        status="rejected",
+        check="static-tokens",
+        reason=f"{sym.name} on {target.name}: the deterministic token policy forbids atom.*, red.*, local memory "
+               f"and call in its PTX; found {shown}",
+    )

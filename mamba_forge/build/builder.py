@@ -39,6 +39,7 @@ from mamba_forge.manifest.schema import (
     Verdict,
 )
 
+META_VERSION = 2  # the worker's metadata layout (build/worker.py): part of every cache key
 BASE_OPTIONS = ["-std=c++17", "--fmad=true", "-DNDEBUG", "--frandom-seed=mamba-forge"]
 HEADER_SUFFIXES = {".h", ".cuh", ".hpp", ".inl"}
 LOG_HEAD_LINES = 12
@@ -136,6 +137,7 @@ def plan(req: BuildRequest) -> list[Job]:
             key = cache_key(
                 {
                     "tool": __version__,
+                    "meta": META_VERSION,
                     "source_sha256": _sha(source),
                     "headers": {k: _sha(v) for k, v in sorted(headers.items())},
                     "options": options,
@@ -188,6 +190,10 @@ def judge(job: Job, meta: dict) -> tuple[list[SymbolBuild], list[str]]:
             atomics = meta["float_atomics"].get(sym.name, []) + func_atomics
             if verdict.status == "admitted" and sym.deterministic and atomics:
                 verdict = admit.reject_float_atomics(sym, job.target, atomics)
+            tokens = sorted(set(meta["order_tokens"].get(sym.name, []) + meta["order_tokens_funcs"]))
+            if (verdict.status == "admitted" and sym.deterministic and sym.policy.static_tokens == "deterministic"
+                    and tokens):
+                verdict = admit.reject_order_tokens(sym, job.target, tokens)
         out.append(_symbol_record(sym, res, verdict))
     foreign = sorted(set(meta["kernels"]) - declared)
     return out, foreign

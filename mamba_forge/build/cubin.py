@@ -185,23 +185,47 @@ _PTX_ENTRY = re.compile(r"^\s*\.visible\s+\.entry\s+(\w+)", re.M)
 _FLOAT_ATOMIC = re.compile(r"\b(atom|red)(\.[a-z0-9:_]+)*\.(f16x2|bf16x2|f16|bf16|f32|f64)\b")
 
 
-def float_atomics_by_entry(ptx: str) -> dict[str, list[str]]:
-    """Floating-point atomics (atom/red on float types) in each .entry body of a PTX module.
+# The deterministic token policy (catalog policy static_tokens = "deterministic"): instructions whose effect may
+# depend on arrival order or that hide work from static admission: atomics and reductions of any type (TMA
+# cp.reduce too), local memory, and calls to functions that were not inlined.
+ORDER_TOKENS = re.compile(r"\b(?:atom|red|cp\.reduce)(?:\.[a-z0-9:_]+)+|\b(?:ld|st)\.local\b|^\s*\.local\b"
+                          r"|\bcall(?:\.uni)?\b", re.M)
 
-    Device functions are inlined into entries by NVRTC at -O3 unless marked noinline; a `call` to a
-    non-inlined function is attributed to the calling entry's module-wide scan (see admit)."""
+
+def order_tokens_by_entry(ptx: str) -> dict[str, list[str]]:
+    """Per .entry body of a PTX module, the distinct ORDER_TOKENS it holds (sorted); entries without any are absent."""
+    return _by_entry(ptx, ORDER_TOKENS)
+
+
+def order_tokens_outside_entries(ptx: str) -> list[str]:
+    """ORDER_TOKENS in the module's non-entry functions (.func bodies), which an entry may call."""
+    return _outside_entries(ptx, ORDER_TOKENS)
+
+
+def _outside_entries(ptx: str, pattern: re.Pattern) -> list[str]:
+    first = _PTX_ENTRY.search(ptx)
+    return sorted({m.group(0).strip() for m in pattern.finditer(ptx[: first.start()] if first else ptx)})
+
+
+def _by_entry(ptx: str, pattern: re.Pattern) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     starts = [(m.start(), m.group(1)) for m in _PTX_ENTRY.finditer(ptx)]
     for i, (start, name) in enumerate(starts):
         end = starts[i + 1][0] if i + 1 < len(starts) else len(ptx)
-        hits = [m.group(0) for m in _FLOAT_ATOMIC.finditer(ptx, start, end)]
+        hits = sorted({m.group(0).strip() for m in pattern.finditer(ptx, start, end)})
         if hits:
             found[name] = hits
     return found
 
 
+def float_atomics_by_entry(ptx: str) -> dict[str, list[str]]:
+    """Floating-point atomics (atom/red on float types) in each .entry body of a PTX module.
+
+    Device functions are inlined into entries by NVRTC at -O3 unless marked noinline; a `call` to a
+    non-inlined function is attributed to the calling entry's module-wide scan (see admit)."""
+    return _by_entry(ptx, _FLOAT_ATOMIC)
+
+
 def float_atomics_outside_entries(ptx: str) -> list[str]:
     """Float atomics in non-entry functions (.func bodies), which any entry might call."""
-    first = _PTX_ENTRY.search(ptx)
-    head = ptx[: first.start()] if first else ptx
-    return [m.group(0) for m in _FLOAT_ATOMIC.finditer(head)]
+    return _outside_entries(ptx, _FLOAT_ATOMIC)

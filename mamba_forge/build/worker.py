@@ -27,6 +27,8 @@ def compile_parts(source: str, name: str, options: list[str], headers: dict[str,
         meta["ptxas"] = {k: asdict(v) for k, v in cubin.parse_ptxas_log(res.log).items()}
         meta["float_atomics"] = cubin.float_atomics_by_entry(ptx_text)
         meta["float_atomics_funcs"] = cubin.float_atomics_outside_entries(ptx_text)
+        meta["order_tokens"] = cubin.order_tokens_by_entry(ptx_text)
+        meta["order_tokens_funcs"] = cubin.order_tokens_outside_entries(ptx_text)
     return {
         "cubin": res.cubin,
         "ptx": res.ptx,

@@ -85,6 +85,9 @@ class Policy(_Model):
     max_stack: int = Field(0, ge=0)  # allowed stack frame bytes
     max_spill: int = Field(0, ge=0)  # allowed spill store + load bytes
     min_blocks_per_sm: int = Field(1, ge=1)  # occupancy at the declared launch shape
+    # "deterministic": the PTX of the symbol may hold no atom.*, red.*, local memory or call (mamba_forge/build/
+    # cubin.py ORDER_TOKENS), which also catches integer-ticket reductions whose result depends on arrival order
+    static_tokens: Literal["any", "deterministic"] = "any"
 
 
 class PolicyOverride(_Model):
@@ -92,6 +95,7 @@ class PolicyOverride(_Model):
     max_stack: int | None = Field(None, ge=0)
     max_spill: int | None = Field(None, ge=0)
     min_blocks_per_sm: int | None = Field(None, ge=1)
+    static_tokens: Literal["any", "deterministic"] | None = None
 
     def apply(self, base: Policy) -> Policy:
         return base.model_copy(update=self.model_dump(exclude_none=True))

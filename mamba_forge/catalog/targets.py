@@ -50,14 +50,22 @@ TARGETS: dict[str, Target] = {
         Target("sm_90a", 90, True, "Hopper", optin_smem_per_block=227 * KIB, smem_per_sm=228 * KIB),
         Target("sm_100a", 100, True, "Blackwell", optin_smem_per_block=227 * KIB, smem_per_sm=228 * KIB),
         Target("sm_103a", 103, True, "Blackwell", optin_smem_per_block=227 * KIB, smem_per_sm=228 * KIB),
+        # Thor (CUDA 13 renamed sm_101 to sm_110; NVRTC 13.0 refuses sm_101a): the datacenter Blackwell limits
+        Target("sm_110a", 110, True, "Blackwell-Thor", optin_smem_per_block=227 * KIB, smem_per_sm=228 * KIB),
         Target("sm_120", 120, False, "Blackwell-GeForce", optin_smem_per_block=99 * KIB,
                smem_per_sm=100 * KIB, max_blocks_per_sm=24, max_threads_per_sm=1536),
         Target("sm_120a", 120, True, "Blackwell-GeForce", optin_smem_per_block=99 * KIB,
                smem_per_sm=100 * KIB, max_blocks_per_sm=24, max_threads_per_sm=1536),
+        # GB10 (DGX Spark): CC 12.1, the CC 12.x limits
+        Target("sm_121", 121, False, "Blackwell-GB10", optin_smem_per_block=99 * KIB,
+               smem_per_sm=100 * KIB, max_blocks_per_sm=24, max_threads_per_sm=1536),
+        Target("sm_121a", 121, True, "Blackwell-GB10", optin_smem_per_block=99 * KIB,
+               smem_per_sm=100 * KIB, max_blocks_per_sm=24, max_threads_per_sm=1536),
     ]
 }
 
-DEFAULT_TARGETS: tuple[str, ...] = ("sm_80", "sm_89", "sm_90a", "sm_100a", "sm_120a")
+# NVRTC 13.0 (cuda-bindings 13) accepts every target above; it refuses sm_101a (docs/targets.md).
+DEFAULT_TARGETS: tuple[str, ...] = ("sm_80", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_110a", "sm_120a", "sm_121a")
 
 _GATE = re.compile(r"^sm_(\d+)(a?)(\+?)$")
 
