@@ -8,6 +8,21 @@
 // sequence whatever M, N or the CTA that runs it. No split-K, no atomics. TMA zero-fills rows/columns outside the
 // matrices, so ragged M, N and K need no different code path (zeros add exactly).
 //
+// Skinny-M rungs (gemm_bi_nn_sm90a_wgmma_skinny_m{BM}n{BN}_s{STAGES}: decode, M = 1..256): the same template with
+// a small tile (BM = 64 or 128, BN = 32, 64 or 128) so that splitting N alone fills the GPU, and a deep ring (8-18
+// stages, ~192 KB) so that enough weight bytes are in flight per SM. Why a row of C has exactly the bits of the
+// m64n256k16 reference rung (gemm_bi_nn_sm90a_wgmma_ws2_m128n256_s4), whatever M and whichever rung serves it:
+//  * an output element C[m,n] depends only on row m of A, column n of B and the accumulation sequence; the tile
+//    shape decides which CTA / warpgroup / accumulator register holds it, never what is added to it;
+//  * the sequence is the same: one f32 accumulator starting at +0, k-tiles of 64 ascending over ceil(K/64) tiles,
+//    inside each the four k16 slices ascending, each slice one wgmma.mma_async m64nNk16 .f32.{bf16,f16} step
+//    (d = A[m, k16] . B[k16, n] + d), the same K-tail zero fill (TMA, +0 bits) in the same slices; no split-K;
+//  * the final rounding is the same cvt.rn to T (pack2) of the f32 accumulator;
+//  * what differs is only the instruction's N (32/64/128 vs 256) and the B operand's shared-memory swizzle (64 B
+//    for BN = 32). Both select which columns one instruction covers; the assumption (proved on the GPU by
+//    tests/gpu/test_gemm_skinny.py and the qualifier's route-equivalence check, not by this argument) is that the
+//    tensor core's per-element k16 dot product and accumulate do not depend on the instruction's N.
+//
 // Layouts (all matrices row-major, 16-bit elements; C = op(A) * op(B), C is M x N with row stride N):
 //   NN: A is M x K, B is K x N      (forward: Y = X W)
 //   NT: A is M x K, B is N x K      (dX = dY W^T)
@@ -47,11 +62,15 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
   using S = WgSmem<BM, BN, STAGES, TMASTORE>;
   constexpr int MB = BM / (64 * NC);  // m64 blocks per consumer warpgroup
   static_assert(MB >= 1 && MB * 64 * NC == BM, "BM must be 64 * NC * MB");
-  static_assert(BN == 128 || BN == 256, "wgmma N is 128 or 256 here");
-  static_assert(BM % WG_BOX == 0 && BN % WG_BOX == 0, "tiles are whole TMA boxes");
+  static_assert(BN == 32 || BN == 64 || BN == 128 || BN == 256, "wgmma N is 32, 64, 128 or 256 here");
+  static_assert(BM % WG_BOX == 0 && (BN % WG_BOX == 0 || BN == 32), "tiles are whole TMA boxes");
+  static_assert(BN >= 64 || (LAYOUT == Layout::NN && !TMASTORE), "BN = 32 (64-byte swizzled B box) is NN only");
   constexpr int TA = LAYOUT == Layout::TN ? 1 : 0;  // A is M-major (transposed) in TN
   constexpr int TB = LAYOUT == Layout::NT ? 0 : 1;  // B is N-major in NN and TN, K-major in NT
   constexpr u32 BOX_BYTES = WG_BOX * WG_BOX * 2;
+  // B boxes: 64 x 64 (128-byte swizzle) for BN >= 64; for BN = 32 one 32 (n) x 64 (k) box, 64-byte swizzle.
+  constexpr int B_BOX_N = BN < WG_BOX ? BN : WG_BOX;
+  constexpr int B_BOXES = BN / B_BOX_N;
 
   extern __shared__ unsigned char wg_smem_raw[];
   const u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;  // 128-byte swizzle atoms need 1024 alignment
@@ -99,9 +118,9 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
             else tma_load_2d(sa + j * BOX_BYTES, tmA, fb, k0, m0 + j * WG_BOX);                      // A is M x K
           }
 #pragma unroll
-          for (int j = 0; j < BN / WG_BOX; ++j) {
+          for (int j = 0; j < B_BOXES; ++j) {
             if (LAYOUT == Layout::NT) tma_load_2d(sb + j * BOX_BYTES, tmB, fb, k0, n0 + j * WG_BOX);  // B is N x K
-            else tma_load_2d(sb + j * BOX_BYTES, tmB, fb, n0 + j * WG_BOX, k0);                      // B is K x N
+            else tma_load_2d(sb + j * BOX_BYTES, tmB, fb, n0 + j * B_BOX_N, k0);                     // B is K x N
           }
           if (++stage == STAGES) { stage = 0; phase ^= 1u; }
         }
@@ -134,7 +153,10 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
       for (int kk = 0; kk < WG_BK / 16; ++kk) {
         // B: NT is K-major (rows of 128 B over n, step 32 B per k16); NN/TN are N-major (64-column chunks 8 KB
         // apart, step 16 rows = 2048 B per k16).
-        const u64 db = TB ? wgmma_desc_sw128(sb + kk * 2048, BOX_BYTES, 1024) : wgmma_desc_sw128(sb + kk * 32, 16, 1024);
+        // BN = 32: one 64-byte-swizzled N-major box, rows of 64 B, step 16 rows = 1024 B per k16.
+        const u64 db = BN == 32 ? wgmma_desc_sw64(sb + kk * 1024, 16, 512)
+                       : TB     ? wgmma_desc_sw128(sb + kk * 2048, BOX_BYTES, 1024)
+                                : wgmma_desc_sw128(sb + kk * 32, 16, 1024);
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) {
           const u32 a_blk = sa + (c * MB + mb) * BOX_BYTES;  // 64 rows of the tile = one 8 KB box in both majors

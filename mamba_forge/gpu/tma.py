@@ -14,6 +14,10 @@ What the TMA path supports, and what is refused here before the driver is asked:
   handled by the hardware's zero fill;
 * base addresses 16-byte aligned; dimensions below 2**31 (the kernel's coordinates are 32-bit signed).
 
+One exception to the 64 x 64 box: the skinny-M NN rungs with BN = 32 (gemm_bi_nn_sm90a_wgmma_skinny_m64n32_*) read
+B through a 32 (columns) x 64 (rows) box with 64-byte swizzle (``box_cols=32``; ``b_box_cols`` of the GEMM helpers,
+``skinny_b_box_cols(BN)`` picks it). Every other map keeps the default 64-wide, 128-byte-swizzled box.
+
 Standard library + cuda-bindings only (the qualifier calls the prepare hooks; the driver is imported on use).
 """
 
@@ -79,10 +83,18 @@ def check_gemm(layout: str, M: int, N: int, K: int) -> None:
         raise TmaError(f"{layout.upper()}: K = {b_cols} is not a multiple of 8 (B's row stride must be 16-byte aligned)")
 
 
-def encode_2d(ptr: int, rows: int, cols: int, name: str = "matrix") -> bytes:
-    """The 128 bytes of a CUtensorMap for a row-major rows x cols 16-bit matrix, 64x64 box, 128-byte swizzle."""
+SWIZZLE_BYTES = {64: 128, 32: 64}  # box columns (16-bit elements) -> swizzle span in bytes (one box row)
+
+
+def encode_2d(ptr: int, rows: int, cols: int, name: str = "matrix", box_cols: int = BOX) -> bytes:
+    """The 128 bytes of a CUtensorMap for a row-major rows x cols 16-bit matrix: a box of box_cols x 64 rows with
+    the swizzle one box row spans (64 columns: 128-byte swizzle, the default; 32 columns: 64-byte swizzle)."""
     check_matrix(ptr, rows, cols, name)
+    if box_cols not in SWIZZLE_BYTES:
+        raise TmaError(f"{name}: box of {box_cols} columns not supported (known: {sorted(SWIZZLE_BYTES)})")
     drv = bindings()
+    swizzle = {128: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+               64: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B}[SWIZZLE_BYTES[box_cols]]
 
     err, tmap = drv.cuTensorMapEncodeTiled(
         drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16,
@@ -90,10 +102,10 @@ def encode_2d(ptr: int, rows: int, cols: int, name: str = "matrix") -> bytes:
         ptr,
         [drv.cuuint64_t(cols), drv.cuuint64_t(rows)],  # innermost dimension first
         [drv.cuuint64_t(cols * ELEMENT_BYTES)],  # stride of dimension 1 in bytes (dimension 0 is packed)
-        [drv.cuuint32_t(BOX), drv.cuuint32_t(BOX)],
+        [drv.cuuint32_t(box_cols), drv.cuuint32_t(BOX)],
         [drv.cuuint32_t(1), drv.cuuint32_t(1)],
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        swizzle,
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # NONE = zero fill
     )
@@ -104,11 +116,20 @@ def encode_2d(ptr: int, rows: int, cols: int, name: str = "matrix") -> bytes:
     return raw
 
 
-def gemm_tensor_maps(layout: str, a_ptr: int, b_ptr: int, M: int, N: int, K: int) -> dict[str, bytes]:
-    """{"tmA": ..., "tmB": ...} for a wgmma GEMM launch; refuses unsupported shapes first."""
+def gemm_tensor_maps(layout: str, a_ptr: int, b_ptr: int, M: int, N: int, K: int, *,
+                     b_box_cols: int = BOX) -> dict[str, bytes]:
+    """{"tmA": ..., "tmB": ...} for a wgmma GEMM launch; refuses unsupported shapes first. b_box_cols = 32 only
+    for the NN skinny rungs with BN = 32 (B read through a 32 x 64 box, 64-byte swizzle)."""
     check_gemm(layout, M, N, K)
+    if b_box_cols != BOX and layout != "nn":
+        raise TmaError(f"a {b_box_cols}-column B box is for the NN layout only, not {layout.upper()}")
     (ar, ac), (br, bc) = operand_shapes(layout, M, N, K)
-    return {"tmA": encode_2d(a_ptr, ar, ac, "A"), "tmB": encode_2d(b_ptr, br, bc, "B")}
+    return {"tmA": encode_2d(a_ptr, ar, ac, "A"), "tmB": encode_2d(b_ptr, br, bc, "B", box_cols=b_box_cols)}
+
+
+def skinny_b_box_cols(bn: int) -> int:
+    """The B box width a skinny NN rung of tile width BN reads: BN itself below 64 (32), else 64."""
+    return bn if bn < BOX else BOX
 
 
 def gemm_tensor_maps_with_c(layout: str, a_ptr: int, b_ptr: int, c_ptr: int, M: int, N: int, K: int) -> dict[str, bytes]:
@@ -121,6 +142,12 @@ def gemm_tensor_maps_with_c(layout: str, a_ptr: int, b_ptr: int, c_ptr: int, M: 
 # QualifySpec.prepare hooks: prepare(pointers, scalars, dims) -> {param name: bytes}.
 def prepare_gemm_nn(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
     return gemm_tensor_maps("nn", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"])
+
+
+def prepare_gemm_nn_skinny(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
+    """The skinny NN rungs: as prepare_gemm_nn, the B box as wide as the instance's BN (dims carries it) up to 64."""
+    return gemm_tensor_maps("nn", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"],
+                            b_box_cols=skinny_b_box_cols(int(dims.get("BN", BOX))))
 
 
 def prepare_gemm_nt(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:

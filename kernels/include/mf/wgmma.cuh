@@ -23,6 +23,19 @@ MF_DEVICE u64 wgmma_desc_sw128(u32 smem_byte_addr, u32 lbo_bytes, u32 sbo_bytes)
   return d;
 }
 
+// The same with 64-byte swizzle (layout type 2): what a TMA box of 32 16-bit elements x R rows with
+// CU_TENSOR_MAP_SWIZZLE_64B writes: rows of 64 bytes, 8-row (512-byte) swizzle atoms, atom bases 512-byte aligned.
+// Used for an MN-major operand only 32 wide (one atom across MN: LBO unused): SBO = 512 (next 8 k-rows), and the
+// k-th 16-row slice starts 16*64*k bytes in.
+MF_DEVICE u64 wgmma_desc_sw64(u32 smem_byte_addr, u32 lbo_bytes, u32 sbo_bytes) {
+  u64 d = 0;
+  d |= (u64)((smem_byte_addr & 0x3FFFF) >> 4);
+  d |= (u64)((lbo_bytes & 0x3FFFF) >> 4) << 16;
+  d |= (u64)((sbo_bytes & 0x3FFFF) >> 4) << 32;
+  d |= 2ull << 62;
+  return d;
+}
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MF_HAS_WGMMA 1
 
@@ -35,6 +48,46 @@ template <int R> MF_DEVICE void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.
 template <int R> MF_DEVICE void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
 
 // d += A(64x16) * B(16xN); TA/TB: 1 = operand is MN-major (transposed), 0 = K-major. Generated code below.
+template <int TA, int TB> MF_DEVICE void wgmma_m64n32k16_bf16(float (&d)[16], u64 da, u64 db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, %19, %20;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+}
+
+template <int TA, int TB> MF_DEVICE void wgmma_m64n32k16_f16(float (&d)[16], u64 da, u64 db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, %19, %20;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+}
+
+template <int TA, int TB> MF_DEVICE void wgmma_m64n64k16_bf16(float (&d)[32], u64 da, u64 db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, %35, %36;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+}
+
+template <int TA, int TB> MF_DEVICE void wgmma_m64n64k16_f16(float (&d)[32], u64 da, u64 db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, %35, %36;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+}
+
 template <int TA, int TB> MF_DEVICE void wgmma_m64n128k16_bf16(float (&d)[64], u64 da, u64 db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -77,6 +130,18 @@ template <int TA, int TB> MF_DEVICE void wgmma_m64n256k16_f16(float (&d)[128], u
 
 // Typed dispatch: one call site for bf16 and f16.
 template <typename T, int N, int TA, int TB> struct Wgmma;
+template <int TA, int TB> struct Wgmma<__nv_bfloat16, 32, TA, TB> {
+  static MF_DEVICE void run(float (&d)[16], u64 a, u64 b) { wgmma_m64n32k16_bf16<TA, TB>(d, a, b); }
+};
+template <int TA, int TB> struct Wgmma<__half, 32, TA, TB> {
+  static MF_DEVICE void run(float (&d)[16], u64 a, u64 b) { wgmma_m64n32k16_f16<TA, TB>(d, a, b); }
+};
+template <int TA, int TB> struct Wgmma<__nv_bfloat16, 64, TA, TB> {
+  static MF_DEVICE void run(float (&d)[32], u64 a, u64 b) { wgmma_m64n64k16_bf16<TA, TB>(d, a, b); }
+};
+template <int TA, int TB> struct Wgmma<__half, 64, TA, TB> {
+  static MF_DEVICE void run(float (&d)[32], u64 a, u64 b) { wgmma_m64n64k16_f16<TA, TB>(d, a, b); }
+};
 template <int TA, int TB> struct Wgmma<__nv_bfloat16, 128, TA, TB> {
   static MF_DEVICE void run(float (&d)[64], u64 a, u64 b) { wgmma_m64n128k16_bf16<TA, TB>(d, a, b); }
 };

@@ -1,0 +1,194 @@
+"""Decode (skinny-M) GEMM benchmark: the skinny rungs, the current large rungs, matvec_bi_* at M = 1 and cuBLAS
+(torch `a @ b`, TF32 off for f32) in the same run, plus device-to-device copy bandwidth (a 1 GiB torch copy).
+
+bf16 (f16 with --f16 or briefly by default at two shapes) and exact f32; M in {1, 2, 4, ..., 256}; (N, K) in
+{(4096, 4096), (8192, 8192), (8192, 2048), (2048, 4096)}. CUDA-event timing, warm-up first, median of --iters.
+Each of our symbols is checked once per shape against torch in float64 (a wrong result aborts the run). Prints a
+table, appends it to benchmarks/results/decode_gemm.md and records to benchmarks/results/summary.json
+(benchmarks/summary.py). Not a test.
+
+    python benchmarks/bench_decode_gemm.py [--quick] [--iters 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+from summary import append, record  # benchmarks/summary.py
+from timing import copy_seconds, median_ms  # benchmarks/timing.py
+
+from mamba_forge.build.builder import BuildRequest, build
+from mamba_forge.catalog import expr
+from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
+from mamba_forge.catalog.targets import get_target
+from mamba_forge.gpu import tma
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from gpu_support import bind, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
+
+RESULTS = Path(__file__).parent / "results" / "decode_gemm.md"
+HEADER = ("| date | GPU | dtype | symbol | M | N | K | ms | GB/s | cuBLAS ms | vs cuBLAS | % copy BW |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+MS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+NKS = ((4096, 4096), (8192, 8192), (8192, 2048), (2048, 4096))
+WG_SKINNY = ("gemm_bi_nn_sm90a_wgmma_skinny_m64n64_s12", "gemm_bi_nn_sm90a_wgmma_skinny_m64n32_s18",
+             "gemm_bi_nn_sm90a_wgmma_skinny_m64n128_s8", "gemm_bi_nn_sm90a_wgmma_skinny_m128n64_s8")
+WG_LARGE = "gemm_bi_nn_sm90a_wgmma_ws2_m128n256_s4"
+F32_SKINNY = ("gemm_bi_f32_f32_skinny_n64", "gemm_bi_f32_f32_skinny_n32")
+F32_LARGE = "gemm_bi_f32_f32_s2"
+
+
+def build_modules(names: list[str]):
+    """Build only the modules holding `names` for sm_90a; {symbol: (cubin path, catalog symbol)} (admitted only)."""
+    cat = load_catalog(default_catalog_path())
+    kinds = {cat.symbols[n].module for n in names}
+    sub = Catalog(path=cat.path, name=cat.name, modules=tuple(m for m in cat.modules if m.kind in kinds))
+    out = Path(tempfile.mkdtemp(prefix="mf-bench-decode-"))
+    man = build(BuildRequest(sub, [get_target("sm_90a")], out, kernels=tuple(names)))  # only these symbols
+    found = {}
+    for mod in man.modules:
+        if mod.target != "sm_90a":
+            continue
+        if mod.status != "compiled":
+            raise SystemExit(f"{mod.kind} failed to compile:\n{mod.log_head}")
+        cubin = out / next(a for a in mod.artifacts if a.code == "cubin").path
+        for s in mod.symbols:
+            if s.name in names and s.verdict.status == "admitted":
+                found[s.name] = (cubin, cat.symbols[s.name])
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise SystemExit(f"not built or not admitted: {missing}")
+    return cat, found
+
+
+def grid_of(cat, sym, M, N, K) -> tuple[int, ...]:
+    fam = cat.module(sym.module).family(sym.family)
+    e = {k: v for k, v in sym.params_env.items() if isinstance(v, int)}
+    e.update({"M": M, "N": N, "K": K})
+    return tuple(int(expr.evaluate(g, e)) for g in fam.launch.grid)
+
+
+def launcher(torch, cat, found, name, A, B, C, bias=None):
+    cubin, sym = found[name]
+    fn = load_cubin(cubin).function(name)
+    M, K = A.shape
+    N = B.shape[1]
+    stream = torch.cuda.current_stream().cuda_stream
+    ptrs = [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr())]
+    if "_sm90a_wgmma_" in name:
+        box = tma.skinny_b_box_cols(sym.params_env["BN"]) if "_skinny_" in name else tma.BOX
+        maps = tma.gemm_tensor_maps("nn", A.data_ptr(), B.data_ptr(), M, N, K, b_box_cols=box)
+        args = [maps["tmA"], maps["tmB"], *ptrs]
+    else:  # the Fixed ABI: C, A, B, bias (null: none)
+        args = [*ptrs, ("ptr", bias.data_ptr() if bias is not None else 0)]
+    args += [("i32", M), ("i32", N), ("i32", K)]
+    return bind(fn, grid_of(cat, sym, M, N, K), sym.block, args, smem=sym.dynamic_smem, stream=stream)
+
+
+def check(torch, name, C, A, B, tol):
+    ref = A.double() @ B.double()
+    rel = float((C.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+    if not math.isfinite(rel) or rel > tol:
+        raise SystemExit(f"WRONG: {name} M={A.shape[0]} N={B.shape[1]} K={A.shape[1]}: relative error {rel:.3e}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--quick", action="store_true", help="M in {1, 8, 64, 256}, fewer iterations, no f16")
+    ap.add_argument("--f16", action="store_true", help="f16 at every shape (default: M = 1 and 64 only)")
+    ap.add_argument("--no-record", action="store_true", help="print only: no results/*.md or summary.json rows")
+    args = ap.parse_args()
+    iters = 15 if args.quick else args.iters
+    ms_list = (1, 8, 64, 256) if args.quick else MS
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    props = torch.cuda.get_device_properties(0)
+    gpu = props.name
+    dtypes = ["bf16", "f32"] + ([] if args.quick else ["f16"])
+    wanted = [f"{n}_{d}" for n in (*WG_SKINNY, WG_LARGE) for d in ("bf16", "f16")]
+    wanted += [*F32_SKINNY, F32_LARGE, "matvec_bi_bf16_bf16", "matvec_bi_f16_f16", "matvec_bi_f32_f32"]
+    cat, found = build_modules(wanted)
+
+    copy_s = copy_seconds(1 << 30, 20)
+    copy_tbs = 2 * (1 << 30) / copy_s / 1e12
+    print(f"{gpu}: device copy {copy_tbs:.2f} TB/s (1 GiB, read + write)")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    rows, recs = [], []
+    for dt in dtypes:
+        tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dt]
+        esz = 4 if dt == "f32" else 2
+        if dt == "f32":
+            ours = [*F32_SKINNY, F32_LARGE]
+        else:
+            ours = [f"{n}_{dt}" for n in (*WG_SKINNY, WG_LARGE)]
+        mv = f"matvec_bi_{dt}_{dt}"
+        tol = 1e-5 if dt == "f32" else 1e-2
+        for N, K in NKS:
+            g = torch.Generator(device="cuda").manual_seed(0)
+            B = (torch.rand((K, N), generator=g, device="cuda") * 2 - 1).to(tdt)
+            for M in ms_list:
+                if dt == "f16" and not args.f16 and M not in (1, 64):
+                    continue
+                A = (torch.rand((M, K), generator=g, device="cuda") * 2 - 1).to(tdt)
+                ms_ref = median_ms(lambda A=A, B=B: A @ B, iters)
+                nbytes = (M * K + K * N + M * N) * esz
+                names = ours + ([mv] if M == 1 else [])
+                best = None
+                for name in names:
+                    C = torch.empty((M, N), dtype=tdt, device="cuda")
+                    run = launcher(torch, cat, found, name, A, B, C)
+                    ms = median_ms(run, iters)
+                    check(torch, name, C, A, B, tol)
+                    gbs = nbytes / ms / 1e6
+                    row = (date, gpu, dt, name, M, N, K, ms, gbs, ms_ref, ms_ref / ms, gbs / 1e3 / copy_tbs)
+                    rows.append(row)
+                    print(f"{dt:4s} {name:48s} M={M:4d} N={N:5d} K={K:5d}  {ms * 1e3:8.1f} us  {gbs:7.0f} GB/s  "
+                          f"cuBLAS {ms_ref * 1e3:8.1f} us  x{ms_ref / ms:5.2f}  {100 * row[11]:5.1f}% copy")
+                    headline = M == 1 and (N, K) == (8192, 8192)
+                    goal = ">=1.0x cuBLAS and >=85% copy" if headline else ">=0.9x cuBLAS"
+                    met = (ms_ref / ms >= 1.0 and row[11] >= 0.85) if headline else ms_ref / ms >= 0.9
+                    shape = f"M{M}xN{N}xK{K}"
+                    fam = cat.symbols[name].family
+                    recs.append(record(family=fam, symbol=name, shape=shape, dtype=dt, ours=round(ms, 5),
+                                       baseline=round(ms_ref, 5), baseline_name="cuBLAS (torch)", unit="ms",
+                                       goal=goal, met=met, gpu=gpu))
+                    if M == 1:
+                        tbs = gbs / 1e3
+                        recs.append(record(family=fam, symbol=name, shape=shape + "-bandwidth", dtype=dt,
+                                           ours=round(tbs, 3), baseline=round(copy_tbs, 3), baseline_name="device copy",
+                                           unit="TB/s", goal=">=85% copy" if headline else "", speedup=round(tbs / copy_tbs, 3),
+                                           met=tbs / copy_tbs >= 0.85, gpu=gpu))
+                    if "_skinny" in name and (best is None or ms < best[1]):
+                        best = (name, ms)
+                    del C
+                if best is not None:
+                    print(f"     best skinny {best[0]}: x{ms_ref / best[1]:.2f} cuBLAS")
+            del B
+            torch.cuda.empty_cache()
+    if args.no_record:
+        return
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    new = not RESULTS.exists()
+    with RESULTS.open("a") as fh:
+        if new:
+            fh.write("# Decode (skinny-M) GEMMs vs torch (cuBLAS), same run\n\n")
+        fh.write(f"\n{date} {gpu}: device copy {copy_tbs:.2f} TB/s\n\n" + HEADER)
+        for r in rows:
+            fh.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.4f} | {r[8]:.0f} | "
+                     f"{r[9]:.4f} | {r[10]:.3f} | {100 * r[11]:.1f} |\n")
+    append(recs)
+    print(f"wrote {len(rows)} rows to {RESULTS} and {len(recs)} records to the summary")
+
+
+if __name__ == "__main__":
+    main()
