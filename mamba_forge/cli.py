@@ -36,6 +36,11 @@ EXIT_CODES = {
 }
 EPILOG = "\b\nExit codes (every command):\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
 
+# Help in plain words: typer >= 0.29 prints each argument's Python type beside it (`MANIFEST <list[Path]>`); the
+# metavar already says what to pass, so the type is left out (tests/test_cli_conventions.py checks every -h).
+if hasattr(getattr(typer, "core", None), "TyperArgument") and hasattr(typer.core.TyperArgument, "display_type_rich"):
+    typer.core.TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
+
 app = typer.Typer(
     name="mamba-forge",
     help="Build, qualify, sign and load deterministic Mamba SSM CUDA kernels.",
@@ -318,7 +323,7 @@ def verify(
 
 @app.command()
 def merge(
-    manifests: Annotated[list[Path], typer.Argument(metavar="MANIFEST...", help="Per-device signed manifests (or .tar.gz bundles).")],
+    manifests: Annotated[list[Path], typer.Argument(metavar="MANIFEST", help="Per-device signed manifests (or .tar.gz bundles).")],
     output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="The signed index to write (beside the manifests).")],
     sign_key: Annotated[
         Path | None, typer.Option("--sign-key", metavar="KEY", help="PEM private key (default: $MAMBA_FORGE_SIGNING_KEY).")
@@ -614,12 +619,14 @@ def main(argv: list[str] | None = None) -> int:
     except _click_exc.UsageError as exc:
         cmd = exc.ctx.command_path if exc.ctx else "mamba-forge"
         return fail(f"{exc.format_message().rstrip('.')}; see `{cmd} --help`", 2)
-    except _click_exc.Abort:
+    except typer.Abort:
         return fail("aborted", 130)
     except typer.Exit as exc:
         rc = exc.exit_code
     except KeyboardInterrupt:
         return fail("interrupted", 130)
+    except SystemExit as exc:  # typer's --show-completion and --install-completion end this way
+        rc = exc.code if isinstance(exc.code, int) else 0
     rc = rc if isinstance(rc, int) else 0
     if rc:
         js.emit_error("failed; see the error on stderr", rc)  # only when the command printed no envelope

@@ -121,7 +121,7 @@ def _results(defs: dict) -> dict[str, dict]:
                                          "digest_changes")},
                   "artifact_changes": _rows({"path": _S, "old": _S, "new": _S})}),
         ]},
-        "verify": _obj({"path": _S, "kind": {"enum": ["manifest", "bundle", "index"]}, "key_id": _S,
+        "verify": _obj({"path": _S, "kind": _S, "key_id": _S,
                         "development_key": _B, "summary": _S}),
         "merge": _obj({"path": _S, "manifests": _STRS}),
         "bundle": _obj({"path": _S}),
