@@ -3,7 +3,6 @@ dir|size|clean|prune` (like `uv cache`). Registered on the main app by :func:`re
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -34,11 +33,21 @@ _SHOWN = 200
 
 cache_app = typer.Typer(help="The private build cache: dir, size, clean, prune.", no_args_is_help=True,
                         add_completion=False, rich_markup_mode=None)
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout (schema: mamba-forge schema).")]
 
 
 def _say(text: str) -> None:
     sys.stdout.write(text + "\n")
+
+
+def _show(as_json: bool, result: dict, text: str) -> None:
+    """The result as the --json envelope, or as a line for a person."""
+    if as_json:
+        from mamba_forge.cli_json import emit
+
+        emit(result)
+    else:
+        _say(text)
 
 
 def _dist(name: str) -> str | None:
@@ -149,7 +158,7 @@ def _text(report: dict) -> list[str]:
 def env(as_json: JsonOpt = False) -> None:
     """Versions, compiler, driver and GPUs, cache, trusted keys, catalog, targets and environment variables."""
     report = environment_report()
-    _say(json.dumps(report, indent=1) if as_json else "\n".join(_text(report)))
+    _show(as_json, report, "\n".join(_text(report)))
 
 
 @cache_app.command("dir")
@@ -158,7 +167,7 @@ def cache_dir(as_json: JsonOpt = False) -> None:
     from mamba_forge.build import cache_admin
 
     root = cache_admin.cache_root()
-    _say(json.dumps({"path": str(root)}) if as_json else str(root))
+    _show(as_json, {"path": str(root)}, str(root))
 
 
 @cache_app.command("size")
@@ -168,8 +177,8 @@ def cache_size(as_json: JsonOpt = False) -> None:
 
     root = cache_admin.cache_root()
     used = cache_admin.usage(root)
-    _say(json.dumps({"path": str(root), "bytes": used.bytes, "entries": used.entries}) if as_json
-         else f"{used.bytes} bytes in {used.entries} entries ({root})")
+    _show(as_json, {"path": str(root), "bytes": used.bytes, "entries": used.entries},
+          f"{used.bytes} bytes in {used.entries} entries ({root})")
 
 
 @cache_app.command("clean")
@@ -179,13 +188,13 @@ def cache_clean(as_json: JsonOpt = False) -> None:
 
     root = cache_admin.cache_root()
     gone = cache_admin.clean(root)
-    _say(json.dumps({"path": str(root), "removed_bytes": gone.bytes, "removed_entries": gone.entries}) if as_json
-         else f"removed {gone.entries} entries, {gone.bytes} bytes ({root})")
+    _show(as_json, {"path": str(root), "removed_bytes": gone.bytes, "removed_entries": gone.entries},
+          f"removed {gone.entries} entries, {gone.bytes} bytes ({root})")
 
 
 @cache_app.command("prune")
 def cache_prune(
-    max_size: Annotated[str | None, typer.Option("--max-size", help="Cap: 500M, 2G, 1.5GiB or bytes "
+    max_size: Annotated[str | None, typer.Option("--max-size", metavar="SIZE", help="Cap: 500M, 2G, 1.5GiB or bytes "
                                                  "(default: $MAMBA_FORGE_CACHE_MAX).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -201,9 +210,9 @@ def cache_prune(
     root = cache_admin.cache_root()
     gone = cache_admin.prune(root, cap)
     left = cache_admin.usage(root)
-    _say(json.dumps({"path": str(root), "max_bytes": cap, "removed_bytes": gone.bytes, "removed_entries": gone.entries,
-                     "bytes": left.bytes, "entries": left.entries}) if as_json
-         else f"removed {gone.entries} entries, {gone.bytes} bytes; {left.bytes} bytes in {left.entries} entries "
+    _show(as_json, {"path": str(root), "max_bytes": cap, "removed_bytes": gone.bytes, "removed_entries": gone.entries,
+                    "bytes": left.bytes, "entries": left.entries},
+          f"removed {gone.entries} entries, {gone.bytes} bytes; {left.bytes} bytes in {left.entries} entries "
               f"left (cap {cap}) ({root})")
 
 

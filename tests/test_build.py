@@ -249,10 +249,10 @@ def test_cli_json_and_report(capsys, tmp_path):
     rc, out, _ = cli(capsys, "build", "--catalog", str(NEGATIVE), "--out", str(tmp_path), "--json", "--arch", "sm_90a",
                      "--no-cache")
     assert rc == 0
-    data = json.loads(out)
+    data = json.loads(out)["result"]["manifest"]
     assert data["kind"] == "build" and data["targets"] == ["sm_90a"]
     rc, out, _ = cli(capsys, "report", str(tmp_path / "manifest.toml"), "--json")
-    rep = json.loads(out)
+    rep = json.loads(out)["result"]
     assert rc == 0
     assert {r["symbol"] for r in rep["rejected"]} >= {"register_hog", "float_atomic", "stowaway", "broken"}
     rc, out, _ = cli(capsys, "report", str(tmp_path / "manifest.toml"))
@@ -261,7 +261,7 @@ def test_cli_json_and_report(capsys, tmp_path):
 
 def test_cli_report_missing_manifest(capsys, tmp_path):
     rc, _, err = cli(capsys, "report", str(tmp_path / "nope.toml"))
-    assert rc == 1 and "manifest not found" in err
+    assert rc == 2 and "manifest not found" in err  # a missing input is bad input
 
 
 def test_nvrtc_compute_cache_is_off_unless_the_caller_chose(monkeypatch):

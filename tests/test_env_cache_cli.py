@@ -47,14 +47,14 @@ def entry_size(c: Cache) -> int:
 def test_dir_and_size(cache, capsys):
     assert run(capsys, "cache", "dir") == (0, f"{cache.root}\n", "")
     rc, out, _ = run(capsys, "cache", "size", "--json")
-    assert rc == 0 and json.loads(out) == {"path": str(cache.root), "bytes": 5 * entry_size(cache), "entries": 5}
+    assert rc == 0 and json.loads(out)["result"] == {"path": str(cache.root), "bytes": 5 * entry_size(cache), "entries": 5}
 
 
 def test_prune_removes_least_recently_used_first(cache, capsys):
     size = entry_size(cache)
     rc, out, _ = run(capsys, "cache", "prune", "--max-size", str(3 * size), "--json")
     assert rc == 0
-    assert json.loads(out)["removed_entries"] == 2 and json.loads(out)["entries"] == 3
+    assert json.loads(out)["result"]["removed_entries"] == 2 and json.loads(out)["result"]["entries"] == 3
     assert [cache._path(k).exists() for k in KEYS] == [False, False, True, True, True]
 
 
@@ -88,7 +88,7 @@ def test_symlinks_are_neither_followed_nor_removed(cache, capsys, tmp_path):
     os.symlink(victim, cache.entries / "cd" / link_key)
     os.symlink(victim_dir, cache.entries / "ab")
     rc, out, _ = run(capsys, "cache", "size", "--json")
-    assert json.loads(out)["entries"] == 5
+    assert json.loads(out)["result"]["entries"] == 5
     assert run(capsys, "cache", "clean")[0] == 0
     assert victim.read_bytes() == b"precious"
     assert (cache.entries / "cd" / link_key).is_symlink()
@@ -139,7 +139,7 @@ def test_env_reports_without_a_gpu(cache, capsys, monkeypatch):
     monkeypatch.delenv("MAMBA_FORGE_ARCH", raising=False)
     rc, out, _ = run(capsys, "env", "--json")
     assert rc == 0
-    report = json.loads(out)
+    report = json.loads(out)["result"]
     assert "secret" not in out
     assert report["environment"]["MAMBA_FORGE_SIGNING_KEY"] == {
         "set": True, "value": "(set, hidden)", "meaning": ENV_VARS["MAMBA_FORGE_SIGNING_KEY"]}
@@ -156,4 +156,4 @@ def test_env_reports_without_a_gpu(cache, capsys, monkeypatch):
 def test_env_reports_an_unsafe_cache_instead_of_failing(cache, capsys):
     cache.root.chmod(0o750)
     rc, out, _ = run(capsys, "env", "--json")
-    assert rc == 0 and json.loads(out)["cache"]["safe"] is False
+    assert rc == 0 and json.loads(out)["result"]["cache"]["safe"] is False

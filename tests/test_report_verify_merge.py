@@ -50,8 +50,10 @@ def test_verify_ok_and_json(tiny, capsys):
     assert out.startswith(f"ok: {tiny.manifest}: signature by key {tiny.kid[:16]}")
     assert "5 admitted symbol(s) for NVIDIA H200" in out and len(out.strip().splitlines()) == 1
     rc, out, _ = run(capsys, "verify", tiny.manifest, "--key", tiny.pub, "--json")
-    assert rc == 0 and json.loads(out) == {"ok": True, "path": str(tiny.manifest), "kind": "qualified",
-                                           "key_id": tiny.kid, "development_key": False}
+    doc = json.loads(out)
+    assert rc == 0 and doc["ok"] is True and doc["command"] == "verify"
+    assert {k: v for k, v in doc["result"].items() if k != "summary"} == {
+        "path": str(tiny.manifest), "kind": "qualified", "key_id": tiny.kid, "development_key": False}
 
 
 def test_verify_refusals_exit_1_with_one_line(tiny, tmp_path, capsys):
@@ -66,12 +68,12 @@ def test_verify_refusals_exit_1_with_one_line(tiny, tmp_path, capsys):
     rc, out, err = run(capsys, "verify", build / "h200.toml", "--key", tiny.pub)
     assert rc == 1 and "Tiny.cubin" in err and "does not match its sha256" in err
     rc, out, _ = run(capsys, "verify", build / "h200.toml", "--key", tiny.pub, "--json")
-    assert rc == 1 and json.loads(out)["ok"] is False and "sha256" in json.loads(out)["reason"]
+    assert rc == 1 and json.loads(out)["ok"] is False and "sha256" in json.loads(out)["result"]["error"]
     # the original artifacts, named with --build, verify
     rc, _, _ = run(capsys, "verify", build / "h200.toml", "--key", tiny.pub, "--build", tiny.build)
     assert rc == 0
     rc, _, err = run(capsys, "verify", tmp_path / "nothing.toml", "--key", tiny.pub)
-    assert rc == 1 and "does not exist" in err
+    assert rc == 2 and "not found" in err  # a missing input is bad input
 
 
 # ---- report ---------------------------------------------------------------------------------------------------
@@ -81,7 +83,7 @@ def test_report_build_manifest_still_works(tiny, capsys):
     rc, out, _ = run(capsys, "report", tiny.build / "manifest.toml")
     assert rc == 0 and "Tiny" in out
     rc, out, _ = run(capsys, "report", tiny.build / "manifest.toml", "--json")
-    data = json.loads(out)
+    data = json.loads(out)["result"]
     assert rc == 0 and data["summary"][0]["module"] == "Tiny" and data["rejected"] == []
     rc, _, err = run(capsys, "report", tiny.build / "manifest.toml", "--format", "markdown")
     assert rc == 2 and "qualified manifests and indexes" in err
@@ -95,7 +97,7 @@ def test_report_qualified_text_json_markdown(tiny, capsys):
         assert " ".join(reason.split()) in flat
     assert f"signed by key {tiny.kid[:16]}" in out
     rc, out, _ = run(capsys, "report", tiny.manifest, "--json")
-    data = json.loads(out)
+    data = json.loads(out)["result"]
     assert data["summary"] == [{"module": "Tiny", "target": "sm_90a", "role": "qualify", "admitted": 5, "rejected": 5,
                                 "other": 0}]
     assert {r["symbol"]: (r["check"], r["reason"]) for r in data["rejected"]} == REJECTED
@@ -126,7 +128,7 @@ def test_report_diff(tiny, tmp_path, capsys):
     pb.write_bytes(sign_body(b, tiny.priv))
     rc, out, _ = run(capsys, "report", "--diff", tiny.manifest, pb, "--json")  # from A to B
     assert rc == 1  # they differ: exit 1, like diff(1)
-    d = json.loads(out)
+    d = json.loads(out)["result"]
     assert d["changed"] is True
     assert d["added"] == ["Tiny/sm_90a/scale_new"] and d["removed"] == ["Tiny/sm_90a/slow_copy_f16"]
     assert [x["symbol"] for x in d["newly_rejected"]] == ["Tiny/sm_90a/scale_f16"]
@@ -140,12 +142,12 @@ def test_report_diff(tiny, tmp_path, capsys):
     rc, out, _ = run(capsys, "report", "--diff", tiny.manifest, pb)
     assert rc == 1 and "newly rejected (1)" in out and "scale_f16: admitted -> rejected" in out
     rc, out, _ = run(capsys, "report", "--diff", tiny.manifest, tiny.manifest, "--json")
-    assert rc == 0 and json.loads(out)["changed"] is False
+    assert rc == 0 and json.loads(out)["result"]["changed"] is False
     rc, out, _ = run(capsys, "report", "--diff", tiny.manifest, tiny.manifest)
     assert rc == 0 and "no differences" in out
     # a build manifest against its qualified manifest: the same artifacts, no digest change
     rc, out, _ = run(capsys, "report", "--diff", tiny.build / "manifest.toml", tiny.manifest, "--json")
-    d = json.loads(out)
+    d = json.loads(out)["result"]
     assert rc == 1 and d["artifact_changes"] == [] and len(d["newly_rejected"]) == len(REJECTED)
     assert d["resource_changes"] == [] and d["digest_changes"] == []  # registers/max_threads agree
 

@@ -57,8 +57,17 @@ class BuildRequest:
     cache_location: Path | None | str = "default"  # "default": from the environment; None: no cache
     warnings: list[str] = field(default_factory=list)
     kernels: tuple[str, ...] = ()  # symbol-name globs (`build --kernels`); empty: every symbol
+    modules: tuple[str, ...] = ()  # module kinds (`build --module`); empty: every module
 
     def __post_init__(self) -> None:
+        if self.modules:
+            known = [m.kind for m in self.catalog.modules]
+            unknown = [k for k in self.modules if k not in known]
+            if unknown:
+                raise CatalogError(f"--module {unknown[0]!r}: no such module kind in {self.catalog.path}",
+                                   hint=f"known: {', '.join(known)}")
+            self.catalog = Catalog(path=self.catalog.path, name=self.catalog.name,
+                                   modules=tuple(m for m in self.catalog.modules if m.kind in self.modules))
         if self.kernels:
             from mamba_forge.catalog.select import select_symbols
 

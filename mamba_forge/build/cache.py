@@ -136,6 +136,10 @@ class Cache:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
+    def has(self, key: str) -> bool:
+        """Whether an entry exists, touching nothing (`build --dry-run`); `get` still decides whether it is good."""
+        return self._path(key).is_file()
+
     def get(self, key: str) -> dict[str, bytes] | None:
         """The entry's parts, or None on a miss. A corrupted, foreign or non-regular entry is refused, removed
         where it can be, and counted as a miss."""

@@ -216,3 +216,23 @@ def stale_message(manifest: Path | str, stale: list[dict], level: str = "quick")
     return (f"{manifest} is stale: the kernels changed since they were qualified: " + "; ".join(parts)
             + f". Re-qualify on the GPU: mamba-forge build --out build && mamba-forge qualify --build build "
             f"--level {level} --out {manifest}")
+
+
+def narrow(d: dict, globs: tuple[str, ...]) -> dict:
+    """A diff of only the symbols whose name (the last part of 'module/target/name') matches a glob; artifact
+    changes are dropped (they are not per symbol)."""
+    from fnmatch import fnmatchcase
+
+    def keep(key: str) -> bool:
+        return any(fnmatchcase(key.rsplit("/", 1)[-1], g) for g in globs)
+
+    out = {}
+    for k, v in d.items():
+        if k in ("added", "removed"):
+            out[k] = [x for x in v if keep(x)]
+        elif k.startswith("artifact"):
+            out[k] = []
+        elif isinstance(v, list):
+            out[k] = [x for x in v if keep(x["symbol"])]
+    out["changed"] = any(v for v in out.values() if isinstance(v, list))
+    return out

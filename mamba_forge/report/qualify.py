@@ -26,7 +26,7 @@ def render_qualify_summary(m: QualifiedManifest, console: Console) -> None:
     for s in rej[:MAX_LISTED_REJECTIONS]:
         console.print(f"  {s.name} [{s.check}] {s.reason}", markup=False, highlight=False)
     if len(rej) > MAX_LISTED_REJECTIONS:
-        console.print(f"  … and {len(rej) - MAX_LISTED_REJECTIONS} more rejected (mamba-forge report)", markup=False)
+        console.print(f"  and {len(rej) - MAX_LISTED_REJECTIONS} more rejected (mamba-forge report)", markup=False)
 
 
 __all__ = ["render_qualify_summary"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections import defaultdict
+from fnmatch import fnmatchcase
 
 from rich.console import Console
 from rich.table import Table
@@ -34,10 +36,31 @@ def build_summary(manifest: BuildManifest) -> list[dict]:
     return rows
 
 
-def render_build(manifest: BuildManifest, console: Console) -> None:
-    table = Table(title=f"build of catalog {manifest.catalog} (state capacity {manifest.state_capacity})")
-    for col in ("module", "target", "role", "mandatory", "status", "admitted", "rejected"):
-        table.add_column(col, justify="right" if col in ("admitted", "rejected") else "left")
+def _say(console: Console, text: str, indent: int = 0) -> None:
+    """Plain text wrapped to the console's width; a word longer than a line (a symbol name) is folded, never cut."""
+    from rich.padding import Padding
+    from rich.text import Text
+
+    t = Text(text, overflow="fold")
+    console.print(Padding(t, (0, 0, 0, indent)) if indent else t, highlight=False)
+
+
+def _table(title: str, cols: tuple[str, ...], right: tuple[str, ...] = ()) -> Table:
+    table = Table(title=title)
+    for col in cols:
+        table.add_column(col, justify="right" if col in right else "left", overflow="fold")
+    return table
+
+
+def match_any(name: str, globs: tuple[str, ...] | list[str]) -> bool:
+    return any(fnmatchcase(name, g) for g in globs)
+
+
+def render_build(manifest: BuildManifest, console: Console, *, symbols: tuple[str, ...] = (),
+                 digests: bool = False) -> None:
+    table = _table(f"build of catalog {manifest.catalog} (state capacity {manifest.state_capacity})",
+                   ("module", "target", "role", "mandatory", "status", "admitted", "rejected"),
+                   ("admitted", "rejected"))
     for r in build_summary(manifest):
         style = "red" if r["status"] == "failed" else ("yellow" if r["rejected"] else None)
         table.add_row(
@@ -45,18 +68,34 @@ def render_build(manifest: BuildManifest, console: Console) -> None:
             str(r["admitted"]), str(r["rejected"]), style=style,
         )
     console.print(table)
-    by_module: dict[str, list[str]] = defaultdict(list)
-    for m, s in manifest.symbols():
-        if s.verdict.status == "rejected":
-            by_module[f"{m.kind} / {m.target}"].append(s.verdict.reason)
     for m in manifest.modules:
         if m.status == "failed" and m.log_head:
             console.print(f"[red]{m.kind} on {m.target} failed to compile:[/red]")
-            console.print(m.log_head, markup=False, highlight=False)
-    for where, reasons in by_module.items():
-        console.print(f"[bold]rejected in {where}[/bold] ({len(reasons)})")
-        for reason in reasons:
-            console.print(f"  - {reason}", markup=False, highlight=False)
+            console.print(m.log_head, markup=False, highlight=False, overflow="fold")
+    by_module: dict[str, list] = defaultdict(list)
+    for m, s in manifest.symbols():
+        if s.verdict.status == "rejected":
+            by_module[f"{m.kind} / {m.target}"].append(s)
+    for where, syms in by_module.items():
+        console.print(f"[bold]rejected in {where}[/bold] ({len(syms)})")
+        for s in syms:
+            why = s.verdict.reason or "no reason recorded"
+            _say(console, f"- {why}" if why.startswith(s.name) else f"- {s.name}: {why}", 2)
+    chosen = [(m, s) for m, s in manifest.symbols() if symbols and match_any(s.name, symbols)]
+    if chosen:
+        console.print(f"[bold]symbols[/bold] ({len(chosen)})")
+    for m, s in chosen:
+        _say(console, f"{s.name} ({m.kind}/{m.target}) {s.verdict.status}")
+        r = s.resources
+        if r is not None:
+            _say(console, f"regs {r.registers}, smem {r.static_smem}, dyn smem {s.dynamic_smem}, stack "
+                          f"{r.stack_frame}, spills {r.spill_stores}/{r.spill_loads}, max threads {r.max_threads}, "
+                          f"block {'x'.join(map(str, s.block))}", 4)
+    if digests:
+        console.print("[bold]artifacts[/bold]")
+        for m in manifest.modules:
+            for a in m.artifacts:
+                _say(console, f"{a.path} {a.size} bytes sha256 {a.sha256}", 2)
 
 
 # ---- qualified manifests and indexes (records, with the [signature] table as read, not verified) ------------
@@ -116,60 +155,66 @@ def _sig_line(sig: signing.Signature | None) -> str:
     if sig is None:
         return "unsigned"
     dev = " (development key)" if sig.development_key else ""
-    return f"signed by key {sig.key_id[:16]}…{dev}; run `mamba-forge verify` to check it"
+    return f"signed by key {sig.key_id[:16]}{dev}; run `mamba-forge verify` to check it"
 
 
-def render_qualified(doc: Document, console: Console) -> None:
+def render_qualified(doc: Document, console: Console, *, symbols: tuple[str, ...] = (), digests: bool = False,
+                     kernels: tuple[str, ...] = ()) -> None:
+    """Header, the per-module summary and every rejection; per-symbol resources and checks only for the symbols
+    matching `symbols`; digests (checks and artifacts) only with `digests`. `kernels` narrows everything."""
     m: QualifiedManifest = doc.record  # type: ignore[assignment]
+    if kernels:
+        m = dataclasses.replace(m, symbols=[s for s in m.symbols if match_any(s.name, kernels)])
     dev = m.device
-    console.print(
-        f"[bold]qualified on {dev.name}[/bold] (cc {dev.cc}, {dev.sm_count} SMs, driver {dev.driver_version}, "
-        f"{dev.count} GPU) level {m.level}, {m.qualification_seconds:.1f}s, created {m.created}, expires {m.expires}",
-        highlight=False, soft_wrap=True,
-    )
-    console.print(_sig_line(doc.signature), markup=False, highlight=False, soft_wrap=True)
-    table = Table(title="symbols per module kind")
-    for col in ("module", "target", "role", "admitted", "rejected", "other"):
-        table.add_column(col, justify="right" if col in ("admitted", "rejected", "other") else "left")
+    _say(console, f"qualified on {dev.name} (cc {dev.cc}, {dev.sm_count} SMs, driver {dev.driver_version}, "
+                  f"{dev.count} GPU) level {m.level}, {m.qualification_seconds:.1f} s")
+    _say(console, f"created {m.created}, expires {m.expires}")
+    _say(console, _sig_line(doc.signature))
+    table = _table("symbols per module kind", ("module", "target", "role", "admitted", "rejected", "other"),
+                   ("admitted", "rejected", "other"))
     for r in qualified_summary(m):
         table.add_row(r["module"], r["target"], r["role"], str(r["admitted"]), str(r["rejected"]), str(r["other"]),
                       style="yellow" if r["rejected"] else None)
     console.print(table)
-    res = Table(title="resources and checks")
-    for col in ("symbol", "target", "status", "regs", "smem", "dyn smem", "local", "blocks/SM", "checks"):
-        res.add_column(col)
-    for s in m.symbols:
-        r = s.resources
-        checks = " ".join(f"{c.name}{'' if c.passed else '✗'}" + (f":{c.digest[:8]}" if c.digest else "")
-                          for c in s.checks)
-        figures = [str(x) for x in (r.registers, r.static_smem)] if r else ["", ""]
-        more = [str(x) for x in (r.local_bytes, r.blocks_per_sm)] if r else ["", ""]
-        res.add_row(s.name, s.target, s.status, *figures, str(s.dynamic_smem), *more, checks,
-                    style="red" if s.status == "rejected" else None)
-    console.print(res)
     rejected = [s for s in m.symbols if s.status == "rejected"]
     if rejected:
         console.print(f"[bold]rejected[/bold] ({len(rejected)})")
         for s in rejected:
-            console.print(f"  - {s.name} ({s.module}/{s.target}, check {s.check or '?'}): "
-                          f"{s.reason or 'no reason recorded'}", markup=False, highlight=False, soft_wrap=True)
-    art = Table(title="artifacts")
-    for col in ("path", "role", "code", "size", "sha256"):
-        art.add_column(col)
+            _say(console, f"- {s.name} ({s.module}/{s.target}, check {s.check or '?'}): "
+                          f"{s.reason or 'no reason recorded'}", 2)
+    else:
+        _say(console, "no symbol rejected")
+    chosen = [s for s in m.symbols if symbols and match_any(s.name, symbols)]
+    if chosen:
+        console.print(f"[bold]symbols[/bold] ({len(chosen)})")
+    for s in chosen:
+        _say(console, f"{s.name} ({s.module}/{s.target}) {s.status}")
+        r = s.resources
+        if r is not None:
+            _say(console, f"regs {r.registers}, smem {r.static_smem}, dyn smem {s.dynamic_smem}, local "
+                          f"{r.local_bytes}, blocks/SM {r.blocks_per_sm}, block {'x'.join(map(str, s.block))}", 4)
+        if s.checks:
+            if digests:
+                for c in s.checks:
+                    _say(console, f"{c.name} {'passed' if c.passed else 'FAILED'}"
+                                  + (f" {c.digest}" if c.digest else ""), 4)
+            else:
+                _say(console, "checks: " + " ".join(c.name + ("" if c.passed else " (FAILED)") for c in s.checks), 4)
+    if not symbols:
+        _say(console, "per-symbol resources and checks: --symbols GLOB; digests: --digests")
+    art = _table("artifacts", ("path", "role", "code", "size") + (("sha256",) if digests else ()), ("size",))
     for a in m.artifacts:
-        art.add_row(a.path, a.role, a.code, str(a.size), a.sha256)
+        art.add_row(a.path, a.role, a.code, str(a.size), *((a.sha256,) if digests else ()))
     console.print(art)
 
 
-def render_index(doc: Document, console: Console) -> None:
+def render_index(doc: Document, console: Console, *, digests: bool = False) -> None:
     ix: ReleaseIndex = doc.record  # type: ignore[assignment]
-    console.print(f"[bold]release index[/bold] created {ix.created}, expires {ix.expires}", highlight=False)
-    console.print(_sig_line(doc.signature), markup=False, highlight=False)
-    t = Table(title="entries")
-    for col in ("device", "cc", "SMs", "level", "path", "size", "sha256"):
-        t.add_column(col)
+    _say(console, f"release index created {ix.created}, expires {ix.expires}")
+    _say(console, _sig_line(doc.signature))
+    t = _table("entries", ("device", "cc", "SMs", "level", "path", "size") + (("sha256",) if digests else ()))
     for e in ix.entries:
-        t.add_row(e.device_name, e.cc, str(e.sm_count), e.level, e.path, str(e.size), e.sha256)
+        t.add_row(e.device_name, e.cc, str(e.sm_count), e.level, e.path, str(e.size), *((e.sha256,) if digests else ()))
     console.print(t)
 
 
@@ -211,34 +256,44 @@ def qualified_markdown(doc: Document) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_diff(d: dict, console: Console, a: str = "A", b: str = "B") -> None:
-    def line(text: str) -> None:  # plain text, one line per change however long
-        console.print(text, markup=False, highlight=False, soft_wrap=True)
+def digest_symbols(d: dict) -> int:
+    """How many symbols changed at least one check digest."""
+    return len({x["symbol"] for x in d["digest_changes"]})
 
+
+def render_diff(d: dict, console: Console, a: str = "A", b: str = "B", *, digests: bool = False) -> None:
+    """Symbols added/removed, status, verdict and resource changes listed; digest changes as a count unless
+    `digests` (then every old -> new)."""
     if not d["changed"]:
-        line(f"no differences between {a} and {b}")
+        _say(console, f"no differences between {a} and {b}")
         return
-    line(f"changes from {a} to {b}")
+    _say(console, f"changes from {a} to {b}")
     for key, title in (("added", "symbols added"), ("removed", "symbols removed"),
                        ("artifacts_added", "artifacts added"), ("artifacts_removed", "artifacts removed")):
         if d[key]:
             console.print(f"[bold]{title}[/bold] ({len(d[key])})")
             for x in d[key]:
-                line(f"  + {x}" if "added" in key else f"  - {x}")
+                _say(console, f"+ {x}" if "added" in key else f"- {x}", 2)
     for key, title in (("newly_rejected", "newly rejected"), ("newly_admitted", "newly admitted"),
                        ("status_changed", "status changed")):
         if d[key]:
             console.print(f"[bold]{title}[/bold] ({len(d[key])})")
             for x in d[key]:
                 why = f": {x['reason']}" if x["reason"] else ""
-                line(f"  {x['symbol']}: {x['old']} -> {x['new']}{why}")
+                _say(console, f"{x['symbol']}: {x['old']} -> {x['new']}{why}", 2)
     if d["resource_changes"]:
         console.print(f"[bold]resource changes[/bold] ({len(d['resource_changes'])})")
         for x in d["resource_changes"]:
-            line(f"  {x['symbol']}: {x['field']} {x['old']} -> {x['new']}")
-    if d["digest_changes"] or d["artifact_changes"]:
-        console.print(f"[bold]digest changes[/bold] ({len(d['digest_changes']) + len(d['artifact_changes'])})")
-        for x in d["artifact_changes"]:
-            line(f"  {x['path']}: {x['old'][:16]} -> {x['new'][:16]}")
-        for x in d["digest_changes"]:
-            line(f"  {x['symbol']} {x['check']}: {x['old'][:16]} -> {x['new'][:16]}")
+            _say(console, f"{x['symbol']}: {x['field']} {x['old']} -> {x['new']}", 2)
+    n_sym, n_art = digest_symbols(d), len(d["artifact_changes"])
+    if not (n_sym or n_art):
+        return
+    if not digests:
+        _say(console, f"{n_sym:,} symbol{'s' * (n_sym != 1)} changed digest, {n_art:,} artifact"
+                      f"{'s' * (n_art != 1)} changed sha256 (list them: --digests)")
+        return
+    console.print(f"[bold]digest changes[/bold] ({len(d['digest_changes']) + n_art})")
+    for x in d["artifact_changes"]:
+        _say(console, f"{x['path']}: {x['old']} -> {x['new']}", 2)
+    for x in d["digest_changes"]:
+        _say(console, f"{x['symbol']} {x['check']}: {x['old']} -> {x['new']}", 2)

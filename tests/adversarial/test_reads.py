@@ -54,8 +54,8 @@ def _hostile(tmp_path, kind: str, limit: int):
 KINDS = ["fifo", "dev-zero", "folder", "oversize"]
 COMMANDS = {
     "verify": (lambda p: ("verify", p), MAX_MANIFEST_BYTES, {1}),
-    "report": (lambda p: ("report", p), MAX_MANIFEST_BYTES, {1}),
-    "report-diff": (lambda p: ("report", p, "--diff", p), MAX_MANIFEST_BYTES, {1}),
+    "report": (lambda p: ("report", p), MAX_MANIFEST_BYTES, {2}),  # report: an unreadable input is bad input
+    "report-diff": (lambda p: ("report", p, "--diff", p), MAX_MANIFEST_BYTES, {2}),
     "build-catalog": (lambda p: ("build", "--catalog", p, "--out", p.parent / "out"), MAX_CATALOG_BYTES, {2}),
 }
 
@@ -146,7 +146,7 @@ def test_deep_signed_body(tmp_path, fx, depth, where):
     rc, _, err = cli("verify", p, "--key", fx.pub, "--build", fx.build)
     assert rc == 1 and one_line_error(err)
     rc, _, err = cli("report", p)
-    assert rc == 1 and one_line_error(err)
+    assert rc == 2 and one_line_error(err)
 
 
 @pytest.mark.parametrize("depth", DEPTHS)

@@ -1,0 +1,86 @@
+"""Progress of the long commands (`build`, `qualify`) on stderr, one way for both.
+
+Three modes: ``off`` (``-q``/``--json``: nothing), ``lines`` (stderr is not a terminal, e.g. a CI log: one plain
+line per finished unit, as ninja prints them, ``[12/25] Fixed sm_90a 41.2 s``), and ``bar`` (a terminal: a rich
+progress bar, transient, with the unit in flight). The stages report through plain callbacks (the builder's
+``progress(kind, record)``, the qualifier's ``on_event(device, event)``); the CLI turns them into calls here.
+rich is imported only in ``bar`` mode, so this module is safe on any path.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+
+class _Console(Protocol):  # what we use of rich.console.Console (or a stand-in in tests)
+    is_terminal: bool
+
+    def print(self, *objects: Any, **kw: Any) -> None: ...
+
+
+def choose_mode(console: _Console, *, quiet: bool) -> str:
+    if quiet:
+        return "off"
+    return "bar" if console.is_terminal else "lines"
+
+
+class Progress:
+    """``with Progress("build", 25, console, quiet=False) as p: p.started("Fixed sm_90a"); p.finished(...)``."""
+
+    def __init__(self, label: str, total: int, console: _Console, *, quiet: bool = False, mode: str | None = None):
+        self.label, self.total, self.console = label, total, console
+        self.mode = mode or choose_mode(console, quiet=quiet)
+        self.done = 0
+        self._lock = threading.Lock()  # the qualifier reports from one thread per worker
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.mode == "bar":
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
+
+            self._bar = Bar(TextColumn(f"[bold]{self.label}[/bold]"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), TextColumn("{task.description}"), console=self.console,
+                            transient=True)
+            self._bar.__enter__()
+            self._task = self._bar.add_task("", total=self.total)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+            self._bar = None
+
+    def _line(self, text: str) -> None:
+        target = self._bar.console if self._bar is not None else self.console
+        target.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def started(self, unit: str) -> None:
+        """A unit began (only the bar shows it)."""
+        with self._lock:
+            if self._bar is not None:
+                self._bar.update(self._task, description=unit)
+
+    def finished(self, unit: str, *, seconds: float | None = None, tag: str = "") -> str:
+        """A unit finished: the bar advances, or one line ``[n/total] unit tag 41.2 s``. Returns that line."""
+        with self._lock:
+            self.done += 1
+            parts = [f"[{self.done}/{self.total}]", unit]
+            if tag:
+                parts.append(tag)
+            if seconds is not None:
+                parts.append(f"{seconds:.1f} s")
+            line = " ".join(parts)
+            if self.mode == "lines":
+                self._line(line)
+            elif self._bar is not None:
+                self._bar.update(self._task, advance=1, description=unit)
+            return line
+
+    def note(self, text: str) -> None:
+        """A line worth keeping (a rejection, a module error), shown in both visible modes."""
+        with self._lock:
+            if self.mode != "off":
+                self._line(text)
