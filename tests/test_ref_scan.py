@@ -22,6 +22,7 @@ from mamba_forge.references import scan as ref
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = (
     ["ssm_step_forward"] + [f"ssm_step_forward_fused_{t}" for t in ("f32", "bf16", "f16")]
+    + [f"ssm_step_forward_fused_{c}_{t}" for c in ("l4b128r1", "l2b64r1", "l1b64r1", "l2b64r2") for t in ("f32", "bf16", "f16")]
     + ["ssm_burnin_forward", "ssm_burnin_forward_bf16", "ssm_burnin_forward_f16"]
     + ["ssm_burnin_forward_nosave"] + [f"ssm_burnin_forward_nosave_{t}" for t in ("f32", "bf16", "f16")]
     + ["ssm_backward_local"] + [f"ssm_backward_local_{t}" for t in ("f32", "bf16", "f16")]
@@ -431,6 +432,10 @@ _EMU_CPP = r"""#include <thread>
 #define F float
 MF_SSM_STEP_FORWARD(ssm_step_forward, F)
 MF_SSM_STEP_FORWARD_FUSED(ssm_step_forward_fused_f32, F)
+MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_l4b128r1_f32, F, 4, 128, 1, 8)
+MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_l2b64r1_f32, F, 2, 64, 1, 16)
+MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_l1b64r1_f32, F, 1, 64, 1, 10)
+MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_l2b64r2_f32, F, 2, 64, 2, 8)
 MF_SSM_BURNIN_FORWARD(ssm_burnin_forward, F)
 MF_SSM_BURNIN_FORWARD_NOSAVE(ssm_burnin_forward_nosave, F)
 MF_SSM_PARALLEL_SCAN_FWD(ssm_parallel_scan_fwd, F)
@@ -472,6 +477,8 @@ template <class... A> void launch(void (*k)(A...), const int* g, const int* b, v
 #define ENTRY(N) if (!std::strcmp(name, #N)) { launch(N, g, b, args); return 0; }
 extern "C" int run(const char* name, const int* g, const int* b, void** args) {
   ENTRY(ssm_step_forward) ENTRY(ssm_step_forward_fused_f32) ENTRY(ssm_burnin_forward) ENTRY(ssm_burnin_forward_nosave)
+  ENTRY(ssm_step_forward_fused_l4b128r1_f32) ENTRY(ssm_step_forward_fused_l2b64r1_f32)
+  ENTRY(ssm_step_forward_fused_l1b64r1_f32) ENTRY(ssm_step_forward_fused_l2b64r2_f32)
   ENTRY(ssm_parallel_scan_fwd) ENTRY(ssm_parallel_scan_fwd_nosave) ENTRY(ssm_parallel_scan_bwd_f32)
   ENTRY(ssm_parallel_scan_bwd_fold_f32) ENTRY(ssm_backward_local) ENTRY(ssm_reduce_d_BC_f32)
   ENTRY(ssm_reduce_d_BC_tmajor_f32) ENTRY(ssm_reduce_d_D) ENTRY(ssm_reduce_d_a_log) ENTRY(ssm_reduce_d_a_log_chunks)
@@ -541,6 +548,12 @@ def _emulate(lib, name, dims, rng, ref_override=None):
 EMULATED = [
     ("ssm_step_forward", {"batch": 3, "d_inner": 40, "d_state": 35}),
     ("ssm_step_forward_fused_f32", {"batch": 3, "d_inner": 40, "d_state": 35, "dt_rank": 13}),
+    # decode-step candidates: the vector path (d_state % 16 == 0, aligned rows; d_inner leaves tail lanes, batch 3
+    # leaves a half row group) and the general path (d_state 35, or 10 with an unaligned x_dbl row)
+    *[(f"ssm_step_forward_fused_{c}_f32", dims) for c in ("l4b128r1", "l2b64r1", "l1b64r1", "l2b64r2")
+      for dims in ({"batch": 3, "d_inner": 40, "d_state": 32, "dt_rank": 16},
+                   {"batch": 3, "d_inner": 24, "d_state": 35, "dt_rank": 13},
+                   {"batch": 2, "d_inner": 8, "d_state": 10, "dt_rank": 4})],
     ("ssm_burnin_forward", {"batch": 1, "d_inner": 2, "d_state": 35, "L": 263}),
     ("ssm_burnin_forward_nosave", {"batch": 1, "d_inner": 2, "d_state": 5, "L": 70}),
     ("ssm_parallel_scan_fwd", {"batch": 1, "d_inner": 4, "d_state": 7, "L": 523}),

@@ -19,8 +19,8 @@ SAVE_CHUNK = 256  # timesteps between saved states (kernels: mf::kScanSaveChunk)
 BWD_GROUP = {"ssm_parallel_scan_bwd": 4, "ssm_parallel_scan_bwd_fold": 8, "ssm_backward_local": 4}
 # Families whose kernels hold per-channel state sized by the built capacity (all of the sequence/step kernels).
 STATE_FAMILIES = (
-    "ssm_step_forward", "ssm_step_forward_fused", "ssm_burnin_forward", "ssm_burnin_forward_nosave",
-    "ssm_parallel_scan_fwd", "ssm_parallel_scan_fwd_nosave", "ssm_parallel_scan_bwd", "ssm_parallel_scan_bwd_fold",
+    "ssm_step_forward", "ssm_step_forward_fused", "ssm_step_forward_fused_v", "ssm_burnin_forward",
+    "ssm_burnin_forward_nosave", "ssm_parallel_scan_fwd", "ssm_parallel_scan_fwd_nosave", "ssm_parallel_scan_bwd", "ssm_parallel_scan_bwd_fold",
     "ssm_backward_local",
 )
 
@@ -192,6 +192,11 @@ def ssm_step_forward_fused(args, dims):
     res = ssm_step_forward(plain, dims)
     z = np.asarray(args["z"], dtype=np.float64)
     return {"out": res["y"] * z * _sigmoid(z), "state": res["state"]}
+
+
+def ssm_step_forward_fused_v(args, dims):
+    """The decode-step candidates (kernels/include/mf/decode.cuh) share ssm_step_forward_fused's contract."""
+    return ssm_step_forward_fused(args, dims)
 
 
 def ssm_burnin_forward_nosave(args, dims):

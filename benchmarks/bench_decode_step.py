@@ -1,0 +1,210 @@
+"""Decode step: the current ssm_step_forward_fused_bf16 and every ssm_step_forward_fused_v candidate against
+mamba-ssm 2.3.2.post1's Triton selective_state_update, all inside CUDA graphs, in one run (H200).
+
+    python benchmarks/bench_decode_step.py [--quick] [--no-write]
+
+Shape: d_inner 2048, d_state 16, dt_rank 128 (as bench_scan.py's decode rows), batch 1..256 (--quick: 1, 16, 256);
+f32 state updated in place, bf16 u/dt/z/x_dbl/out, f32 A_log/dt_bias/D, dt_softplus, D and z. Triton gets
+A = -exp(A_log) precomputed and B, C as strided views of x_dbl (what a Mamba decode loop passes it).
+Timing: `--inner` steps (default 20) captured in one CUDA graph, median of 20 replays, per step. Checks per symbol
+and batch: out and state of one step against the float64 reference, and the step repeated from the same state
+bitwise equal. Floor: the bytes one step moves (state read + written, A_log, x_dbl, u/dt/z/out, dt_bias, D) at the
+torch device-copy bandwidth measured in the same run.
+Writes: rows appended to benchmarks/results/scan.md and records in benchmarks/results/summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+from bench_scan import _nerr, _peer_ssu, copy_bandwidth, f64, p, time_graph_ms  # noqa: E402
+from summary import append as summary_append  # noqa: E402
+from summary import record  # noqa: E402
+
+from mamba_forge.references import scan as ref  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "scan.md"
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+D, N, R = 2048, 16, 128
+CURRENT = "ssm_step_forward_fused_bf16"
+FAMILY = "ssm_step_forward_fused_v"
+BASELINE = "mamba-ssm Triton selective_state_update (graphs)"
+
+
+class DecodeOps:
+    """Only the decode-step symbols of the scan module (a one-module catalog over kernels/fixed, filtered with
+    the build's --kernels globs, so the build takes seconds), launched on torch's current stream."""
+
+    def __init__(self, cap: int = 64, target: str = "sm_90a"):
+        from test_scan import scan_catalog_path
+
+        from mamba_forge.build.builder import BuildRequest, build
+        from mamba_forge.catalog.model import load_catalog
+        from mamba_forge.catalog.targets import get_target
+
+        self.cap = cap
+        cat = load_catalog(scan_catalog_path())
+        self.out = Path(tempfile.mkdtemp(prefix="mf-decode-"))
+        self.manifest = build(BuildRequest(cat, [get_target(target)], self.out, state_capacity=cap,
+                                           kernels=("ssm_step_forward_fused*",)))
+        fixed = load_catalog(scan_catalog_path()).module("Fixed")
+        self.symbols = {s.name: s for s in fixed.symbols}
+        self.families = {f.name: f for f in fixed.families}
+        self.verdicts = {s.name: s.verdict for _, s in self.manifest.symbols()}
+        self.candidates = sorted(n for n, s in self.symbols.items() if s.family == FAMILY and s.dtype == "bf16")
+
+    def fn(self, name: str):
+        from gpu_support import load_cubin
+
+        mod = next(m for m, _ in self.manifest.symbols())
+        cubin = next(a for a in mod.artifacts if a.code == "cubin")
+        return load_cubin(self.out / cubin.path).function(name)
+
+    def bind(self, name: str, dims: dict, args: list):
+        """A zero-argument launcher (grid and block from the catalog spec, parameters packed once)."""
+        from gpu_support import bind
+
+        from mamba_forge.qualify import spec as S
+
+        sym = self.symbols[name]
+        sp = S.evaluate(sym, self.families[sym.family], dims)
+        ref.check_launch(sym.family, dims, self.cap)
+        return bind(self.fn(name), sp.grid, sp.block, args, stream=torch.cuda.current_stream), sp
+
+
+def step_bytes(b: int) -> int:
+    return (b * D * N * 4 * 2 + D * N * 4 + b * (R + 2 * N) * 2 + 4 * b * D * 2 + 2 * D * 4)
+
+
+def decode_batch(o: DecodeOps, ssu, names: list[str], bsz: int, inner: int):
+    g = torch.Generator(device="cuda").manual_seed(bsz)
+    bf = torch.bfloat16
+
+    def U(*s, lo=-1.0, hi=1.0, dtype=bf):
+        return (torch.rand(*s, generator=g, device="cuda") * (hi - lo) + lo).to(dtype)
+
+    s0 = U(bsz, D, N, dtype=torch.float32)
+    u, dt, z = U(bsz, D), U(bsz, D, lo=-4.0, hi=0.0), U(bsz, D, lo=-3.0, hi=3.0)
+    dt_bias, A_log, Dp = U(D, dtype=torch.float32), U(D, N, lo=-1.0, hi=1.5, dtype=torch.float32), U(D, dtype=torch.float32)
+    x_dbl = U(bsz, R + 2 * N)
+    dims = {"batch": bsz, "d_inner": D, "d_state": N, "dt_rank": R}
+    want = ref.ssm_step_forward_fused(
+        {"state": f64(s0).ravel(), "u": f64(u).ravel(), "dt": f64(dt).ravel(), "dt_bias": f64(dt_bias),
+         "A_log": f64(A_log).ravel(), "x_dbl": f64(x_dbl).ravel(), "Dp": f64(Dp), "z": f64(z).ravel()}, dims)
+    res = {}
+    for name in names:
+        state = s0.clone()
+        out = torch.empty(bsz, D, dtype=bf, device="cuda")
+        args = [p(out), p(state), p(u), p(dt), p(dt_bias), p(A_log), p(x_dbl), p(Dp), p(z), np.int32(bsz), np.int32(D),
+                np.int32(N), np.int32(R), np.int32(R + 2 * N)]
+        fn, sp = o.bind(name, dims, args)
+        fn()
+        torch.cuda.synchronize()
+        err_out, err_state = _nerr(f64(out).ravel(), want["out"]), _nerr(f64(state).ravel(), want["state"])
+        o1, st1 = out.clone(), state.clone()
+        rep = True
+        for _ in range(4):
+            state.copy_(s0)
+            out.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            rep = rep and torch.equal(out.view(torch.int16), o1.view(torch.int16)) and \
+                torch.equal(state.view(torch.int32), st1.view(torch.int32))
+        t = time_graph_ms(fn, inner=inner)
+        ok = rep and err_out <= 1e-2 and err_state <= 2e-5  # bf16 out, f32 state (tests/gpu/test_scan.py's bounds)
+        res[name] = dict(ms=t, ok=ok, err_out=err_out, err_state=err_state, grid=sp.grid, block=sp.block)
+        del state, out
+    t_peer = None
+    if ssu is not None:
+        state = s0.clone()
+        A = -torch.exp(A_log)
+        Bv, Cv = x_dbl[:, R:R + N], x_dbl[:, R + N:]
+        t_peer = time_graph_ms(lambda: ssu(state, u, dt, A, Bv, Cv, Dp, z, dt_bias, True), inner=inner)
+    return res, t_peer
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="batches 1, 16, 256 only")
+    ap.add_argument("--no-write", action="store_true", help="print only: no scan.md rows, no summary records")
+    ap.add_argument("--inner", type=int, default=20, help="steps captured per CUDA graph")
+    a = ap.parse_args()
+    dev = torch.cuda.get_device_properties(0)
+    gpu = dev.name
+    o = DecodeOps(64)
+    bad = {n: v.reason for n, v in o.verdicts.items() if v.status != "admitted"}
+    names = [n for n in [CURRENT] + o.candidates if n not in bad]
+    ssu, why = _peer_ssu()
+    bw = copy_bandwidth()
+    torch.cuda.empty_cache()
+    print(f"{gpu}: {dev.multi_processor_count} SMs, copy bandwidth {bw / 1e12:.2f} TB/s; Triton peer: "
+          f"{'ok' if ssu else why}; rejected: {bad or 'none'}")
+    batches = [1, 16, 256] if a.quick else BATCHES
+    rows = []
+    for bsz in batches:
+        res, tp = decode_batch(o, ssu, names, bsz, a.inner)
+        rows.append((bsz, res, tp, step_bytes(bsz) / bw * 1e3))
+    _print(rows, names)
+    if not a.no_write:
+        _write(rows, names, gpu)
+    return 0 if all(r["ok"] for _, res, _, _ in rows for r in res.values()) else 1
+
+
+def _short(name: str) -> str:
+    return "current" if name == CURRENT else name.replace("ssm_step_forward_fused_", "").replace("_bf16", "")
+
+
+def _print(rows, names):
+    head = f"{'batch':>5} {'triton us':>9} {'floor us':>8} " + " ".join(f"{_short(n):>18}" for n in names)
+    print("\nus per step (ratio to Triton); * = failed a check\n" + head)
+    for bsz, res, tp, floor in rows:
+        cells = []
+        for n in names:
+            r = res[n]
+            ratio = f"{r['ms'] / tp:.2f}x" if tp else "-"
+            cells.append(f"{r['ms'] * 1e3:9.2f} ({ratio}){'' if r['ok'] else '*'}".rjust(18))
+        print(f"{bsz:>5} {(tp or float('nan')) * 1e3:9.2f} {floor * 1e3:8.2f} " + " ".join(cells))
+    print("\nworst normwise errors (out <= 1e-2, state <= 2e-5): " + "; ".join(
+        f"{_short(n)} {max(res[n]['err_out'] for _, res, _, _ in rows):.1e} / "
+        f"{max(res[n]['err_state'] for _, res, _, _ in rows):.1e}" for n in names))
+    for n in names:
+        ratios = [res[n]["ms"] / tp for _, res, tp, _ in rows if tp]
+        if ratios:
+            print(f"  {_short(n):<12} worst {max(ratios):.3f}x, best {min(ratios):.3f}x Triton; "
+                  f"grid at B=1 {rows[0][1][n]['grid']}, block {rows[0][1][n]['block']}")
+
+
+def _write(rows, names, gpu):
+    date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M")
+    recs = []
+    with RESULTS.open("a") as f:
+        for bsz, res, tp, floor in rows:
+            for n in names:
+                r = res[n]
+                ratio = "-" if tp is None else f"{r['ms'] / tp:.3f}"
+                f.write(f"| {date} | {gpu} | decode step {_short(n)} (graph) | B{bsz} D{D} N{N} | {r['ms']:.4f} | "
+                        f"{'-' if tp is None else f'{tp:.4f}'} | {ratio} | {'yes' if r['ok'] else 'NO'} | io {floor:.4f} |\n")
+                if tp is not None:
+                    recs.append(record(family="ssm_step_forward_fused" if n == CURRENT else FAMILY, symbol=n,
+                                       shape=f"B{bsz}xD{D}xN{N}", dtype="bf16", ours=r["ms"], baseline=tp,
+                                       baseline_name=BASELINE, unit="ms", goal="<=1.0x Triton time",
+                                       met=bool(r["ok"] and r["ms"] <= tp), gpu=gpu))
+    if recs:
+        summary_append(recs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
