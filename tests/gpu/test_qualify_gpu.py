@@ -48,6 +48,8 @@ EXPECTED = [
     ("writes_before_start", {"bounds"}, "wrote 4096 bytes before the start of y at -4096..-1"),
     ("writes_input", {"input-written"}, "the input x was written"),
     ("accumulates_into_output", {"uninitialized"}, "depend on the poison"),
+    # correct to rounding, other bits than its route class's reference (routes.toml beside the fixture)
+    ("pairwise_gemm", {"route-equivalence"}, "differs in some bit from the class reference control_gemm_chain"),
 ]
 GUARDS = ["uninitialized", "bounds", "input-written"]
 CONTROLS = ["control_row_sum", "control_smem_reverse"]
@@ -107,6 +109,17 @@ def test_controls_admitted_with_every_check(negative_manifest, name):
     assert len(digests) == 1 and len(digests.pop()) == 64
     assert s.resources is not None and s.resources.blocks_per_sm >= 1 and s.seed is not None
     assert s.params_layout() == [[0, 8], [8, 8], [16, 4], [20, 4]]
+
+
+@pytest.mark.parametrize("name", ["control_gemm_chain", "control_gemm_chain_2d"])
+def test_route_class_controls_admitted_bitwise_equal(negative_manifest, name):
+    s = negative_manifest.symbol(name)
+    assert s.status == "admitted", f"{name}: [{s.check}] {s.reason}"
+    eq = [c for c in s.checks if c.name == "route-equivalence"]
+    assert len(eq) == 7 and all(c.passed for c in eq)  # six check M values and the verdict
+    assert "bitwise equal to control_gemm_chain" in eq[-1].detail or "the class reference" in eq[-1].detail
+    routes = negative_manifest.routes
+    assert [r.symbols for r in routes] == [["control_gemm_chain_2d", "pairwise_gemm", "control_gemm_chain"]]
 
 
 def test_negative_manifest_layout(negative_manifest):
