@@ -27,6 +27,27 @@ def median_ms(fn: Callable[[], object], reps: int, warmup: int = 5) -> float:
     return statistics.median(times)
 
 
+def median_ms_queued(fn: Callable[[], object], reps: int, per: int = 10, warmup: int = 5) -> float:
+    """Median milliseconds per call of fn(), each sample `per` back-to-back launches between one pair of events:
+    the host enqueues faster than the GPU runs them, so a short kernel's time is not its host launch overhead
+    (which a pair of events around one launch would include). Use it for kernels of a few microseconds."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(per):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / per)
+    return statistics.median(times)
+
+
 def time_events(fn: Callable[[], object], reps: int) -> float:
     """Median seconds of fn() over `reps` launches, timed with mamba_forge.gpu events on the legacy stream, after
     3 warm-up calls."""

@@ -431,7 +431,7 @@ _EMU_CPP = r"""#include <thread>
 #include SCAN_CU
 #define F float
 MF_SSM_STEP_FORWARD(ssm_step_forward, F)
-MF_SSM_STEP_FORWARD_FUSED(ssm_step_forward_fused_f32, F)
+MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_f32, F, 2, 64, 1, 16)
 MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_l4b128r1_f32, F, 4, 128, 1, 8)
 MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_l2b64r1_f32, F, 2, 64, 1, 16)
 MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_l1b64r1_f32, F, 1, 64, 1, 10)

@@ -476,16 +476,7 @@ MF_DEVICE void ssm_reduce_rows(float* __restrict__ out, const float* __restrict_
     mf::ssm_step<T, false>(y, state, u, delta, nullptr, A_log, Bm, Cm, Dp, nullptr, batch, d_inner, d_state, 0, d_state); \
   }
 
-#define MF_SSM_STEP_FORWARD_FUSED(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(128, 1) NAME(T* __restrict__ out, float* __restrict__ state, \
-      const T* __restrict__ u, const T* __restrict__ dt, const float* __restrict__ dt_bias, const float* __restrict__ A_log, \
-      const T* __restrict__ x_dbl, const float* __restrict__ Dp, const T* __restrict__ z, int batch, int d_inner, \
-      int d_state, int dt_rank, int x_dbl_stride) { \
-    mf::ssm_step<T, true>(out, state, u, dt, dt_bias, A_log, x_dbl, x_dbl, Dp, z, batch, d_inner, d_state, dt_rank, \
-                          x_dbl_stride); \
-  }
-
-// Candidates of the fused decode step (mf::ssm_step_v, kernels/include/mf/decode.cuh): LANES threads per channel,
+// The fused decode step and its candidates (mf::ssm_step_v, kernels/include/mf/decode.cuh): LANES threads per channel,
 // ROWS batch rows per thread, blocks of BLOCK threads, at least MINB blocks per SM (the register cap: 65536 /
 // (BLOCK * MINB)); same parameters as ssm_step_forward_fused.
 #define MF_SSM_STEP_FORWARD_FUSED_V(NAME, T, LANES, BLOCK, ROWS, MINB) \
