@@ -4,11 +4,13 @@ Every refusal is checked to load nothing (no module handed to the driver, no con
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 import subprocess
 import sys
 import warnings
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -389,7 +391,38 @@ def test_runtime_imports_stay_light():
     # the keyword launch (contract, expressions, streams, packing, tensors, args) and the torch ops load on first use
     runtime = {m for m in eval(out[1]) if m.startswith("mamba_forge.runtime.")}
     assert runtime == {f"mamba_forge.runtime.{m}" for m in
-                       ("backend", "errors", "families", "loader", "sources", "trust", "verify")}, runtime
+                       ("backend", "errors", "families", "loader", "sources", "verify")}, runtime
+
+
+def test_runtime_import_defers_everything_heavy(tiny):
+    """`import mamba_forge.runtime` (and taking `load` from it) pulls in none of typer, rich, pydantic, numpy or
+    cryptography, nor logging, tarfile or the driver; cryptography arrives with the first signature check."""
+    heavy = ("pydantic", "typer", "rich", "click", "numpy", "cryptography", "tomli_w", "elftools", "ml_dtypes",
+             "cuda", "logging", "tarfile")
+    code = (
+        "import sys, json\n"
+        f"heavy = {heavy!r}\n"
+        "def pulled(): return sorted({m.split('.')[0] for m in sys.modules} & set(heavy))\n"
+        "before = set(sys.modules)\n"
+        "import mamba_forge.runtime as r\n"
+        "bare = sorted(m for m in set(sys.modules) - before if m.startswith('mamba_forge'))\n"
+        "a = pulled()\n"
+        "from mamba_forge.runtime import load, launch, Kernels\n"
+        "b = pulled()\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from runtime_support import FakeBackend\n"
+        "load(sys.argv[2], trusted_keys=[sys.argv[3]], backend=FakeBackend())\n"
+        "print(json.dumps([bare, a, b, pulled()]))\n"
+    )
+    preloaded = set(subprocess.run([sys.executable, "-c", "import sys; print(*sys.modules)"], capture_output=True,
+                                   text=True, check=True).stdout.split())  # what the interpreter has before us
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(tiny.manifest), str(tiny.pub)],
+                         capture_output=True, text=True, check=True).stdout
+    bare, at_import, with_load, after_load = json.loads(out.splitlines()[-1])
+    assert bare == ["mamba_forge", "mamba_forge.runtime", "mamba_forge.runtime.errors"], bare
+    assert [m for m in at_import if m not in preloaded] == [], at_import
+    assert [m for m in with_load if m not in preloaded] == [], with_load
+    assert "cryptography" in after_load  # the signature check needs Ed25519, and only it
 
 
 def test_sha256_of_loaded_bytes_matches_the_manifest(tiny):
