@@ -105,10 +105,11 @@ class _Inflater:
     """The bytes of a (gzip-compressed or plain) tar file, decompressed as they are asked for, never more than
     `cap` in all: a small archive of a huge zero stream costs the bytes asked for, not the stream.
 
-    A read of n bytes decompresses about n more (at least 64 KB) and joins the pieces once: a 5 MB member is
-    zlib's output plus one copy, not a bytearray grown, sliced and copied again."""
+    A read of n bytes decompresses n more (zlib's max_length), from compressed input read 1 MB at a time (zlib
+    copies the unconsumed input per call: small reads of headers want it short, big members long), and joins the
+    pieces once: never a bytearray grown, sliced and copied again."""
 
-    _IN = 1 << 18  # compressed bytes read per call
+    _IN = 1 << 20  # compressed bytes read per call
 
     def __init__(self, f, cap: int, label: str):
         self.f, self.cap, self.label, self.total = f, cap, label, 0
@@ -117,9 +118,9 @@ class _Inflater:
         self.buf, self.pos = b"", 0  # decompressed, not yet read: buf[pos:]
 
     def _more(self, want: int) -> bytes:
-        """The next decompressed bytes (about `want`, at least 64 KB when there are that many); b"" at the end."""
-        want = max(want, 1 << 16)
+        """The next decompressed bytes (at most `want`; a plain tar reads at least 64 KB); b"" at the end."""
         if self.zlib is None:
+            want = max(want, 1 << 16)
             data = self.raw + self.f.read(want - len(self.raw)) if self.raw else self.f.read(want)
             self.raw = b""
         else:
