@@ -574,3 +574,39 @@ def test_head_and_table_must_agree_both_ways(tiny, tmp_path):
     p = _sign_with_table(tiny, tiny.body, data, "extra.toml", tmp_path)
     with pytest.raises(ManifestRefused, match="disagrees with its signed body on 'catalog'"):
         load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+
+
+class LocatingBackend(FakeBackend):
+    """A fake GPU whose driver places every address on one device (cuPointerGetAttribute DEVICE_ORDINAL)."""
+
+    def __init__(self, where: int):
+        super().__init__()
+        self.where, self.asked = where, []
+
+    def pointer_device(self, ptr: int) -> int:
+        self.asked.append(ptr)
+        return self.where
+
+
+@pytest.mark.parametrize("path", ["keyword", "positional"])
+def test_an_array_that_does_not_say_its_device_is_located_by_the_driver(tiny, path):
+    """A Numba-like array (__cuda_array_interface__ only, no device): the backend's pointer_device places it;
+    on another device, or where the driver does not know it (-1), or with a backend that cannot say, refused."""
+    def call(backend, x):
+        f = load(tiny.manifest, trusted_keys=[tiny.pub], backend=backend).function("scale_f32")
+        y = FakeCAI([1000], cupy=False)
+        if path == "keyword":
+            f(y=y, x=x, a=2.0)
+        else:
+            launch(f, (8,), f.block, (y, x, 2.0, 1000))
+
+    here = LocatingBackend(0)
+    x = FakeCAI([1000], cupy=False)
+    call(here, x)
+    assert len(here.launches) == 1 and x.ptr in here.asked
+    for backend, why in ((LocatingBackend(1), "is on device 1; the kernels are loaded on device 0"),
+                         (LocatingBackend(-1), "is on an unknown device"),
+                         (FakeBackend(), "is on an unknown device")):
+        with pytest.raises(LaunchRefused, match=why):
+            call(backend, FakeCAI([1000], cupy=False))
+        assert backend.launches == []

@@ -94,22 +94,23 @@ def _what(i: int, p: Param, symbol: str) -> str:
 
 
 def typed_params(params: Sequence[Param], args: Sequence, symbol: str, device: int | None = None,
-                 ) -> tuple[list[tuple[str, object]], list[int]]:
+                 locate=None) -> tuple[list[tuple[str, object]], list[int]]:
     """(type, value) per parameter for driver.PackedParams, and each blob's alignment, typed by Param records.
 
-    device: the ordinal the kernels are loaded on (None: not checked). Refusal texts are built only on refusal."""
+    device: the ordinal the kernels are loaded on (None: not checked). locate: optional callable address -> device
+    ordinal for a tensor that does not say its device (as Contract.bind's). Refusal texts are built only on refusal."""
     if len(args) != len(params):
         raise LaunchRefused(f"{symbol} takes {len(params)} arguments, {len(args)} were given")
     values: list[tuple[str, object]] = []
     aligns = [0] * len(params)
     for i, p in enumerate(params):
-        values.append(typed_one(i, p, args[i], symbol, device))
+        values.append(typed_one(i, p, args[i], symbol, device, locate))
         if p.kind == "blob":
             aligns[i] = blob_align(p.size)
     return values, aligns
 
 
-def typed_one(i: int, p: Param, a, symbol: str, device: int | None) -> tuple[str, object]:
+def typed_one(i: int, p: Param, a, symbol: str, device: int | None, locate=None) -> tuple[str, object]:
     """(type, value) of argument i for parameter p, after every check; LaunchRefused naming it otherwise."""
     kind = p.kind
     if kind == "scalar":
@@ -135,6 +136,8 @@ def typed_one(i: int, p: Param, a, symbol: str, device: int | None) -> tuple[str
             raise LaunchRefused(f"{_what(i, p, symbol)} of type {type(a).__name__} is neither a tensor nor an "
                                 "int address")
         writes = p.role in ("out", "inout", "scratch")
+        if info.ordinal < 0 and locate is not None and info.device == "cuda" and device is not None:
+            info = info._replace(ordinal=int(locate(info.ptr)))  # the driver says where the address lives
         if (info.dtype != p.dtype or not info.contiguous or info.device not in tensors.DEVICE_KINDS_A_KERNEL_READS
                 or (device is not None and info.ordinal != device) or (writes and info.readonly)):
             check_tensor(info, p.dtype, device, writes, _what(i, p, symbol))
@@ -152,7 +155,7 @@ _F32_MAX = 3.4028234663852886e38
 _SCALAR, _POINTER, _BLOB = range(3)
 
 
-def positional_typer(params: Sequence[Param]):
+def positional_typer(params: Sequence[Param], locate=None):
     """typed_params compiled for one symbol's Params, returning the plain values (ParamPacker.fill's input):
     the common cases (an int in range, a float for f64 or within f32's range, an int address, a CUDA torch tensor
     of the right dtype, device and density, bytes of the exact size) are checked inline from a per-parameter
@@ -205,7 +208,7 @@ def positional_typer(params: Sequence[Param]):
                 append(a)
                 i += 1
                 continue
-            append(typed_one(i, p, a, symbol, device)[1])
+            append(typed_one(i, p, a, symbol, device, locate)[1])
             i += 1
         return out
 

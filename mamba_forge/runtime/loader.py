@@ -81,6 +81,12 @@ class Kernel:
 
         return contract(self.symbol)
 
+    @property
+    def _locate(self):
+        """address -> device ordinal through the backend (None when it cannot say): for arrays that do not say
+        their device (a Numba array's __cuda_array_interface__ has no device)."""
+        return getattr(self.backend, "pointer_device", None)
+
     def _compile(self):
         from mamba_forge.runtime.streams import resolve_stream
 
@@ -97,7 +103,7 @@ class Kernel:
             raise LaunchRefused(f"{self.name} takes keyword arguments ({', '.join(self.contract.accepted)}); "
                                 "for positional arguments use launch(fn, grid, block, args)")
         bind, packer, resolve = self._call or self._compile()
-        b = bind(kwargs, self.ordinal)
+        b = bind(kwargs, self.ordinal, self._locate)
         handle = resolve(stream, b.owner, b.ordinal)
         params = packer.fill([v for _, v in b.values])
         try:
@@ -109,7 +115,7 @@ class Kernel:
         from mamba_forge.runtime.args import positional_typer
         from mamba_forge.runtime.streams import resolve_stream
 
-        self._positional = (positional_typer(self.symbol.params), self.packer(), resolve_stream)
+        self._positional = (positional_typer(self.symbol.params, self._locate), self.packer(), resolve_stream)
         return self._positional
 
     def packer(self):
