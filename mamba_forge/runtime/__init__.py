@@ -5,8 +5,9 @@ schema and codec (standard library), so an engine process pays milliseconds for 
 :mod:`mamba_forge.runtime.loader`.
 
 The names below resolve on first use (PEP 562): ``import mamba_forge.runtime`` imports only the error classes;
-``runtime.load`` imports the loader, schema and codec (standard library); cryptography is imported when a
-signature is first checked, the driver when a CudaBackend is made, the keyword launch on a kernel's first call.
+``runtime.load`` imports the loader with what every load needs (schema, codec, cryptography's Ed25519 through
+the trusted keys, logging); the driver is imported when a CudaBackend is made, the keyword launch on a kernel's
+first call.
 """
 
 from __future__ import annotations

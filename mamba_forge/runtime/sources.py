@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import tarfile
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -194,8 +195,6 @@ class TarReader:
         if self.peeked is not None:
             out, self.peeked = self.peeked, None
             return out
-        import tarfile  # a folder bundle or a bare manifest never needs it
-
         while True:
             block = self.stream.read(_BLOCK)
             if block == bytes(_BLOCK):
