@@ -5,8 +5,10 @@ cuLaunchKernel of the same kernel).
 
 CPU part (always): bind + pack per call on fake tensors (tests/runtime_fakes.py) for contracts shaped like
 softplus (2 tensors), the fused scan step (9 tensors) and the wgmma GEMM (2 blobs): keyword =
-``contract(symbol).bind(kwargs)`` + ``Contract.packer.pack``; positional = ``args.typed_params(params, args)``
-+ the same packer. Also printed: bind alone, the packer alone, and bind + driver.PackedParams (the general
+``contract(symbol).bind(kwargs)`` + ``Contract.packer.fill``/``release`` (pooled, as Kernel.__call__);
+positional = what ``launch()`` does per call before cuLaunchKernel: ``args.positional_typer`` (typed_params'
+checks, compiled per symbol) + the packer's pooled ``fill``/``release``; typed_params + ``pack`` (the generic,
+uncompiled path) is printed beside it. Also printed: bind alone, the packer alone, and bind + driver.PackedParams (the general
 packer: one ctypes buffer and one struct.pack per value; the loader uses ParamPacker). Figures are CPU microseconds per call (thread CPU time, so a loaded machine's waiting is not
 counted): the median over --batches batches of --calls calls each. Goals: keyword <= 15 us, positional <= 5 us.
 
@@ -35,7 +37,7 @@ from runtime_fakes import FakeTorchTensor as T  # noqa: E402
 from runtime_fakes import gemm_wgmma, softplus, ssm_step  # noqa: E402
 
 from mamba_forge.gpu.driver import PackedParams  # noqa: E402 - pure ctypes; no GPU needed to pack
-from mamba_forge.runtime.args import typed_params  # noqa: E402
+from mamba_forge.runtime.args import positional_typer, typed_params  # noqa: E402
 from mamba_forge.runtime.contract import contract  # noqa: E402
 
 KEYWORD_GOAL_US, POSITIONAL_GOAL_US = 15.0, 5.0
@@ -76,12 +78,20 @@ def cpu_records(batches: int, calls: int) -> list[dict]:
         args = [kw[p.name] if p.name in kw else v for p, (_, v) in zip(sym.params, full.values, strict=True)]
         assert len(args) == len(names)
 
-        def keyword(sym=sym, kw=kw):
+        def keyword(sym=sym, kw=kw):  # what Kernel.__call__ does before the stream and cuLaunchKernel
             c = contract(sym)
-            return c.packer.pack(c.bind(kw).values)
+            p = c.packer.fill([v for _, v in c.bind(kw).values])
+            c.packer.release(p)
 
-        def positional(params=sym.params, args=args, name=sym.name, packer=c.packer):
-            return packer.pack(typed_params(params, args, name, 0)[0])
+        typer = positional_typer(sym.params)
+
+        def positional(typer=typer, args=args, name=sym.name, packer=c.packer):
+            # what launch() does per call before cuLaunchKernel: type and check every argument, fill a buffer
+            p = packer.fill(typer(args, name, 0))
+            packer.release(p)
+
+        def positional_unpooled(params=sym.params, args=args, name=sym.name, packer=c.packer):
+            return packer.pack(typed_params(params, args, name, 0)[0])  # the generic path: typed_params + pack
 
         def keyword_driver_pack(sym=sym, kw=kw):
             b = contract(sym).bind(kw)
@@ -91,10 +101,12 @@ def cpu_records(batches: int, calls: int) -> list[dict]:
             return contract(sym).bind(kw)
 
         kw_us, pos_us = per_call_us(keyword, batches, calls), per_call_us(positional, batches, calls)
+        generic_us = per_call_us(positional_unpooled, batches, calls)
         bind_us, drv_us = per_call_us(bind_only, batches, calls), per_call_us(keyword_driver_pack, batches, calls)
         pack_us = per_call_us(lambda v=full.values, p=c.packer: p.pack(v), batches, calls)
         print(f"{sym.name:36s} keyword {kw_us:6.2f}  positional {pos_us:6.2f}  | bind {bind_us:6.2f}  "
-              f"ParamPacker {pack_us:5.2f}  bind+driver.PackedParams {drv_us:6.2f}  (us/call, CPU) [{shape}]")
+              f"ParamPacker {pack_us:5.2f}  typed_params+pack {generic_us:6.2f}  bind+driver.PackedParams {drv_us:6.2f}  "
+              f"(us/call, CPU) [{shape}]")
         out.append(summary.record(family=family, symbol=f"{sym.name}:keyword-bind+pack(cpu,fake)", shape=shape,
                                   dtype=sym.dtype, ours=round(kw_us, 3), baseline=round(pos_us, 3),
                                   baseline_name="positional typed_params+pack", unit="us/call (CPU)",

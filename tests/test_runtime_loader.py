@@ -4,11 +4,13 @@ Every refusal is checked to load nothing (no module handed to the driver, no con
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 import subprocess
 import sys
 import warnings
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -392,6 +394,39 @@ def test_runtime_imports_stay_light():
                        ("backend", "errors", "families", "loader", "sources", "trust", "verify")}, runtime
 
 
+def test_runtime_import_defers_everything_heavy(tiny):
+    """`import mamba_forge.runtime` pulls in none of typer, rich, pydantic, numpy or cryptography (nor logging,
+    tarfile or the driver): its names resolve on first use. Taking `load` from it imports what every load needs
+    (cryptography's Ed25519 for the signature), still none of the others."""
+    heavy = ("pydantic", "typer", "rich", "click", "numpy", "cryptography", "tomli_w", "elftools", "ml_dtypes",
+             "cuda", "logging", "tarfile")
+    code = (
+        "import sys, json\n"
+        f"heavy = {heavy!r}\n"
+        "def pulled(): return sorted({m.split('.')[0] for m in sys.modules} & set(heavy))\n"
+        "before = set(sys.modules)\n"
+        "import mamba_forge.runtime as r\n"
+        "bare = sorted(m for m in set(sys.modules) - before if m.startswith('mamba_forge'))\n"
+        "a = pulled()\n"
+        "from mamba_forge.runtime import load, launch, Kernels\n"
+        "b = pulled()\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from runtime_support import FakeBackend\n"
+        "load(sys.argv[2], trusted_keys=[sys.argv[3]], backend=FakeBackend())\n"
+        "print(json.dumps([bare, a, b, pulled()]))\n"
+    )
+    preloaded = set(subprocess.run([sys.executable, "-c", "import sys; print(*sys.modules)"], capture_output=True,
+                                   text=True, check=True).stdout.split())  # what the interpreter has before us
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(tiny.manifest), str(tiny.pub)],
+                         capture_output=True, text=True, check=True).stdout
+    bare, at_import, with_load, after_load = json.loads(out.splitlines()[-1])
+    assert bare == ["mamba_forge", "mamba_forge.runtime", "mamba_forge.runtime.errors"], bare
+    assert [m for m in at_import if m not in preloaded] == [], at_import
+    assert [m for m in with_load if m not in preloaded] == ["cryptography", "logging", "tarfile"], with_load
+    assert set(after_load) - preloaded <= {"cryptography", "logging", "tarfile", "tomli_w"}, after_load  # tomli_w:
+    # the test's own runtime_support, not the load
+
+
 def test_sha256_of_loaded_bytes_matches_the_manifest(tiny):
     fake = FakeBackend()
     load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake).function("scale")
@@ -541,3 +576,39 @@ def test_head_and_table_must_agree_both_ways(tiny, tmp_path):
     p = _sign_with_table(tiny, tiny.body, data, "extra.toml", tmp_path)
     with pytest.raises(ManifestRefused, match="disagrees with its signed body on 'catalog'"):
         load(p, trusted_keys=[tiny.pub], backend=FakeBackend())
+
+
+class LocatingBackend(FakeBackend):
+    """A fake GPU whose driver places every address on one device (cuPointerGetAttribute DEVICE_ORDINAL)."""
+
+    def __init__(self, where: int):
+        super().__init__()
+        self.where, self.asked = where, []
+
+    def pointer_device(self, ptr: int) -> int:
+        self.asked.append(ptr)
+        return self.where
+
+
+@pytest.mark.parametrize("path", ["keyword", "positional"])
+def test_an_array_that_does_not_say_its_device_is_located_by_the_driver(tiny, path):
+    """A Numba-like array (__cuda_array_interface__ only, no device): the backend's pointer_device places it;
+    on another device, or where the driver does not know it (-1), or with a backend that cannot say, refused."""
+    def call(backend, x):
+        f = load(tiny.manifest, trusted_keys=[tiny.pub], backend=backend).function("scale_f32")
+        y = FakeCAI([1000], cupy=False)
+        if path == "keyword":
+            f(y=y, x=x, a=2.0)
+        else:
+            launch(f, (8,), f.block, (y, x, 2.0, 1000))
+
+    here = LocatingBackend(0)
+    x = FakeCAI([1000], cupy=False)
+    call(here, x)
+    assert len(here.launches) == 1 and x.ptr in here.asked
+    for backend, why in ((LocatingBackend(1), "is on device 1; the kernels are loaded on device 0"),
+                         (LocatingBackend(-1), "is on an unknown device"),
+                         (FakeBackend(), "is on an unknown device")):
+        with pytest.raises(LaunchRefused, match=why):
+            call(backend, FakeCAI([1000], cupy=False))
+        assert backend.launches == []

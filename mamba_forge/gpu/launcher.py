@@ -27,16 +27,24 @@ class Packed:
     """One launch's parameter buffer: the values and the void*[] pointing at them; keep it referenced until the
     launch is enqueued (a graph capture copies the values when it records the node)."""
 
-    __slots__ = ("_buf", "address", "layout")
+    __slots__ = ("_buf", "_shift", "address", "layout")
 
-    def __init__(self, buf, address: int, layout: ParamPacker):
+    def __init__(self, buf, address: int, layout: ParamPacker, shift: int = 0):
         self._buf, self.address, self.layout = buf, address, layout  # address: cuLaunchKernel's kernelParams
+        self._shift = shift  # where the values start in _buf
 
 
 class ParamPacker:
     """The layout of one parameter list, computed once: each value in its slot, 16-byte aligned (a blob at its
-    own alignment, `blob_aligns[i]`, 0 = 16), then the void*[] of slot addresses. pack() is one buffer and one
-    ``Struct.pack_into`` per launch: the runtime's per-launch path packs through it, PackedParams too."""
+    own alignment, `blob_aligns[i]`, 0 = 16), then the void*[] of slot addresses.
+
+    pack() is a new buffer per call (its void*[] written once, with the buffer) and one ``Struct.pack_into`` of
+    the values. The runtime's launches use fill()/release(): a buffer from this packer's small pool, refilled in
+    place: cuLaunchKernel copies the parameters when it enqueues (a graph capture when it records the node), so
+    once the launch call returned its buffer serves the next one. A pooled buffer is held by one caller at a time
+    (list.pop/append), so threads launching the same kernel never share one."""
+
+    POOL = 8  # pooled buffers kept per packer (one per thread launching it at the same moment)
 
     def __init__(self, types: Sequence[str], blob_sizes: Sequence[int], blob_aligns: Sequence[int] | None = None):
         aligns = list(blob_aligns) if blob_aligns is not None else [0] * len(types)
@@ -59,27 +67,50 @@ class ParamPacker:
             slots.append(at + pad)
             widths.append(width)
             at += pad + width
-        pad = -at % 8
-        self._array_at = at + pad
-        self._struct = struct.Struct(fmt + (f"{pad}x" if pad else "") + "Q" * len(slots))
+        self._array_at = at + -at % 8
+        self._values = struct.Struct(fmt)  # the values, at their slots
+        self._array = struct.Struct("<" + "Q" * len(slots))  # the void*[], at _array_at
+        self._buftype = ctypes.c_char * (self._array_at + self._array.size + base)
         self._base = base  # the buffer start is rounded up to this: every slot alignment divides it
         self._slots = tuple(slots)
+        self._pool: list[Packed] = []
         self.types, self.sizes = tuple(types), tuple(widths)  # what each slot holds, for readers of a Packed
 
+    def _new(self) -> Packed:
+        buf = self._buftype()
+        at = ctypes.addressof(buf)
+        shift = -at % self._base
+        start = at + shift
+        self._array.pack_into(buf, shift + self._array_at, *[start + s for s in self._slots])
+        return Packed(buf, start + self._array_at, self, shift)
+
     def pack(self, values: Sequence[tuple[str, object]]) -> Packed:
-        """values: (type, value) per parameter, in this layout's order (blobs as bytes)."""
-        buf = ctypes.create_string_buffer(self._struct.size + self._base)
-        shift = -ctypes.addressof(buf) % self._base
-        start = ctypes.addressof(buf) + shift
+        """values: (type, value) per parameter, in this layout's order (blobs as bytes). A new buffer."""
+        p = self._new()
+        self._fill(p, [v for _, v in values])
+        return p
+
+    def fill(self, values: Sequence) -> Packed:
+        """The plain values (no types), in this layout's order, in a pooled buffer: hand it back with release()
+        once the launch call returned (an exception on the way loses nothing: the pool refills)."""
+        pool = self._pool
+        p = pool.pop() if pool else self._new()
+        self._fill(p, values)
+        return p
+
+    def release(self, p: Packed) -> None:
+        if len(self._pool) < self.POOL:
+            self._pool.append(p)
+
+    def _fill(self, p: Packed, values: Sequence) -> None:
         try:
-            self._struct.pack_into(buf, shift, *[v for _, v in values], *[start + s for s in self._slots])
+            self._values.pack_into(p._buf, p._shift, *values)
         except struct.error:
             self._name_the_misfit(values)
             raise
-        return Packed(buf, start + self._array_at, self)
 
-    def _name_the_misfit(self, values: Sequence[tuple[str, object]]) -> None:
-        for i, (t, v) in enumerate(values):
+    def _name_the_misfit(self, values: Sequence) -> None:
+        for i, (t, v) in enumerate(zip(self.types, values, strict=False)):
             if t in PACK_FORMATS:
                 try:
                     struct.pack(PACK_FORMATS[t], v)

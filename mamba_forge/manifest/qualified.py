@@ -11,6 +11,7 @@ import tomllib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from mamba_forge import safety
 from mamba_forge.errors import ManifestError
 from mamba_forge.manifest import signing, toml_io
 from mamba_forge.manifest.codec import from_dict, runtime_table_bytes, to_dict
@@ -59,7 +60,7 @@ def parse_body(body: bytes, *, source: str = "<manifest>") -> QualifiedManifest:
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{source}: not valid TOML: {exc}") from None
     try:
-        data = tomllib.loads(text)
+        data = safety.parse_toml(text, what=source)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{source}: not valid TOML: {exc}") from None
     data.pop("signature", None)
@@ -67,8 +68,12 @@ def parse_body(body: bytes, *, source: str = "<manifest>") -> QualifiedManifest:
 
 
 def read_verified(path: Path, trusted: dict) -> QualifiedManifest:
-    """Verify the signature against trusted keys (key id -> public key), then parse the body."""
-    doc = Path(path).read_bytes()
+    """Verify the signature against trusted keys (key id -> public key), then parse the body. The read is
+    bounded (safety.read_bounded): a FIFO, a device or a file above MAX_MANIFEST_BYTES is refused unread."""
+    try:
+        doc = safety.read_bounded(Path(path), safety.MAX_MANIFEST_BYTES, what="manifest")
+    except safety.PathRefused as exc:
+        raise ManifestError(str(exc)) from None
     try:
         body, sig = signing.verify(doc, trusted)
     except signing.SignatureError as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Literal, get_type_hints
+from typing import Literal
 
 BUILD_SCHEMA = 1  # build manifest schema_version
 QUALIFIED_SCHEMA = 1  # qualified manifest and index schema_version
@@ -35,12 +35,60 @@ def _record_eq(self, other) -> bool:
     return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
 
 
-def record(cls: type) -> type:
-    """A keyword-only dataclass sharing one __repr__ and one __eq__: dataclasses compile both per class, which
-    was ~7 of the ~19 ms this module added to `import mamba_forge.runtime` (20 classes)."""
-    out = dataclass(kw_only=True, repr=False, eq=False)(cls)
+_FACTORY = object()  # an __init__ default meaning "call the field's default_factory"
+
+
+def _lazy_init(cls: type) -> None:
+    """Give `cls` an __init__ compiled on its first call: keyword-only, defaults and default factories as the
+    dataclass declares them (what dataclass(init=True) would write). Most records are never constructed through
+    __init__ in a process (the codec reads them without it), so no process pays for compiling theirs up front."""
+
+    def __init__(self, **kwargs):
+        cls.__init__ = _compile_init(cls)
+        cls.__init__(self, **kwargs)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = __init__
+
+
+def _compile_init(cls: type):
+    ns: dict = {"_FACTORY": _FACTORY}
+    args, body = [], []
+    for i, f in enumerate(dataclasses.fields(cls)):
+        if not f.init:
+            continue
+        if f.default is not dataclasses.MISSING:
+            ns[f"_d{i}"] = f.default
+            args.append(f"{f.name}=_d{i}")
+            body.append(f" self.{f.name} = {f.name}")
+        elif f.default_factory is not dataclasses.MISSING:
+            ns[f"_f{i}"] = f.default_factory
+            args.append(f"{f.name}=_FACTORY")
+            body.append(f" self.{f.name} = _f{i}() if {f.name} is _FACTORY else {f.name}")
+        else:
+            args.append(f.name)
+            body.append(f" self.{f.name} = {f.name}")
+    src = f"def __init__(self{', *, ' if args else ''}{', '.join(args)}):\n" + ("\n".join(body) or " pass")
+    exec(src, ns)  # our own text: field names only
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
+
+
+def _finish(out: type) -> type:
     out.__repr__, out.__eq__, out.__hash__ = _record_repr, _record_eq, None
+    _lazy_init(out)
     return out
+
+
+def record(cls: type) -> type:
+    """A keyword-only dataclass sharing one __repr__ and one __eq__, with an __init__ compiled on first use and a
+    docstring (dataclass otherwise computes one with inspect.signature): dataclasses compile __init__, __repr__ and
+    __eq__ per class, which was most of what this module added to `import mamba_forge.runtime` (20 classes).
+    Fields, defaults, dataclasses.fields/replace/asdict and equality are the stdlib dataclass's."""
+    if cls.__doc__ is None:
+        cls.__doc__ = f"The {cls.__name__} record of the manifest schema."
+    return _finish(dataclass(kw_only=True, init=False, repr=False, eq=False)(cls))
 
 
 class SchemaError(ValueError):
@@ -372,19 +420,19 @@ class ReleaseIndex:
 
 def _project(cls: type, name: str, drop: tuple[str, ...], retype: dict | None = None, bases: tuple = ()) -> type:
     """A record class with `cls`'s fields, defaults and order, less `drop`, some fields retyped."""
-    hints = get_type_hints(cls)
-    fields = [(f.name, (retype or {}).get(f.name, hints[f.name]),
+    # the annotations stay text (this module's `from __future__ import annotations`): the codec resolves them
+    fields = [(f.name, (retype or {}).get(f.name, f.type),
                field(default=f.default, default_factory=f.default_factory))
               for f in dataclasses.fields(cls) if f.name not in drop]
-    out = dataclasses.make_dataclass(name, fields, bases=bases, kw_only=True, repr=False, eq=False)
-    out.__repr__, out.__eq__, out.__hash__ = _record_repr, _record_eq, None
+    out = dataclasses.make_dataclass(name, fields, bases=bases, kw_only=True, init=False, repr=False, eq=False,
+                                     namespace={"__doc__": f"{name}: the runtime table's projection of {cls.__name__}."})
     out.__module__ = __name__
-    return out
+    return _finish(out)
 
 
 RuntimeSymbol = _project(QSymbol, "RuntimeSymbol", ("checks",), bases=(_SymbolMethods,))
 RuntimeTable = _project(QualifiedManifest, "RuntimeTable", ("toolchain", *RUNTIME_KEYS),
-                        {"symbols": list[RuntimeSymbol]}, bases=(_ManifestMethods,))
+                        {"symbols": "list[RuntimeSymbol]"}, bases=(_ManifestMethods,))
 _SYMBOL_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeSymbol))
 _TABLE_KEYS = tuple(f.name for f in dataclasses.fields(RuntimeTable) if f.name != "symbols")
 

@@ -28,8 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+try:  # what ed25519 itself imports; cryptography's public `serialization` package adds ~9 ms (SSH, ciphers)
+    from cryptography.hazmat.primitives._serialization import Encoding, PublicFormat
+except ImportError:  # pragma: no cover - a cryptography that moved it
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from mamba_forge import safety
 from mamba_forge.errors import ForgeError
@@ -46,12 +50,12 @@ class SignatureError(Exception):
 
 
 def key_id(public: Ed25519PublicKey) -> str:
-    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    raw = public.public_bytes(Encoding.Raw, PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()
 
 
 def public_text(public: Ed25519PublicKey) -> str:
-    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    raw = public.public_bytes(Encoding.Raw, PublicFormat.Raw)
     return f"ed25519 {base64.b64encode(raw).decode()}\n"
 
 
@@ -66,12 +70,16 @@ def parse_public(text: str) -> Ed25519PublicKey:
 
 
 def private_pem(private: Ed25519PrivateKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization  # keys are written and read by the CLI only
+
     return private.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
 
 
 def parse_private(pem: bytes) -> Ed25519PrivateKey:
+    from cryptography.hazmat.primitives import serialization
+
     try:
         key = serialization.load_pem_private_key(pem, password=None)
     except (ValueError, TypeError) as exc:

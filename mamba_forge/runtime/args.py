@@ -94,53 +94,122 @@ def _what(i: int, p: Param, symbol: str) -> str:
 
 
 def typed_params(params: Sequence[Param], args: Sequence, symbol: str, device: int | None = None,
-                 ) -> tuple[list[tuple[str, object]], list[int]]:
+                 locate=None) -> tuple[list[tuple[str, object]], list[int]]:
     """(type, value) per parameter for driver.PackedParams, and each blob's alignment, typed by Param records.
 
-    device: the ordinal the kernels are loaded on (None: not checked). Refusal texts are built only on refusal."""
+    device: the ordinal the kernels are loaded on (None: not checked). locate: optional callable address -> device
+    ordinal for a tensor that does not say its device (as Contract.bind's). Refusal texts are built only on refusal."""
     if len(args) != len(params):
         raise LaunchRefused(f"{symbol} takes {len(params)} arguments, {len(args)} were given")
     values: list[tuple[str, object]] = []
     aligns = [0] * len(params)
     for i, p in enumerate(params):
-        a, kind = args[i], p.kind
-        if kind == "scalar":
-            ptype = p.type
-            rng = INT_RANGES.get(ptype)
-            if not (type(a) is int and rng is not None and rng[0] <= a <= rng[1]):
-                a = scalar_value(ptype, a, _what(i, p, symbol))
-            values.append((ptype, a))
-        elif kind == "pointer":
-            if type(a) is int and 0 <= a < 1 << 64:
-                values.append(("ptr", a))  # a raw address: the power user's, unchecked
-                continue
-            if type(a) in tensors.TORCH_TYPES and a.is_cuda and tensors.TORCH_DTYPE_TOKENS.get(a.dtype) == p.dtype \
-                    and (device is None or a.get_device() == device) and a.is_contiguous():
-                values.append(("ptr", a.data_ptr()))  # the torch fast path (no device object, no TensorInfo)
-                continue
-            info = tensors.describe(a, p.name)
-            if info is None:
-                if isinstance(a, bool):
-                    raise LaunchRefused(f"{_what(i, p, symbol)} is a bool, not a device pointer")
-                if isinstance(a, numbers.Integral):  # numpy ints
-                    if not 0 <= int(a) < 1 << 64:
-                        raise LaunchRefused(f"{_what(i, p, symbol)} = {int(a)} is not a 64-bit device address")
-                    values.append(("ptr", int(a)))
-                    continue
-                raise LaunchRefused(f"{_what(i, p, symbol)} of type {type(a).__name__} is neither a tensor nor an "
-                                    "int address")
-            writes = p.role in ("out", "inout", "scratch")
-            if (info.dtype != p.dtype or not info.contiguous or info.device not in tensors.DEVICE_KINDS_A_KERNEL_READS
-                    or (device is not None and info.ordinal != device) or (writes and info.readonly)):
-                check_tensor(info, p.dtype, device, writes, _what(i, p, symbol))
-            values.append(("ptr", info.ptr))
-        else:
-            if not isinstance(a, (bytes, bytearray, memoryview)):
-                raise LaunchRefused(f"{_what(i, p, symbol)} is a {type(a).__name__}; the parameter is a "
-                                    f"{p.size}-byte blob: pass bytes")
-            data = a if type(a) is bytes else bytes(a)
-            if len(data) != p.size:
-                raise LaunchRefused(f"{_what(i, p, symbol)} is {len(data)} bytes; the parameter is {p.size} bytes")
-            values.append(("bytes", data))
+        values.append(typed_one(i, p, args[i], symbol, device, locate))
+        if p.kind == "blob":
             aligns[i] = blob_align(p.size)
     return values, aligns
+
+
+def typed_one(i: int, p: Param, a, symbol: str, device: int | None, locate=None) -> tuple[str, object]:
+    """(type, value) of argument i for parameter p, after every check; LaunchRefused naming it otherwise."""
+    kind = p.kind
+    if kind == "scalar":
+        ptype = p.type
+        rng = INT_RANGES.get(ptype)
+        if not (type(a) is int and rng is not None and rng[0] <= a <= rng[1]):
+            a = scalar_value(ptype, a, _what(i, p, symbol))
+        return ptype, a
+    if kind == "pointer":
+        if type(a) is int and 0 <= a < 1 << 64:
+            return "ptr", a  # a raw address: the power user's, unchecked
+        if type(a) in tensors.TORCH_TYPES and a.is_cuda and tensors.TORCH_DTYPE_TOKENS.get(a.dtype) == p.dtype \
+                and (device is None or a.get_device() == device) and a.is_contiguous():
+            return "ptr", a.data_ptr()  # the torch fast path (no device object, no TensorInfo)
+        info = tensors.describe(a, p.name)
+        if info is None:
+            if isinstance(a, bool):
+                raise LaunchRefused(f"{_what(i, p, symbol)} is a bool, not a device pointer")
+            if isinstance(a, numbers.Integral):  # numpy ints
+                if not 0 <= int(a) < 1 << 64:
+                    raise LaunchRefused(f"{_what(i, p, symbol)} = {int(a)} is not a 64-bit device address")
+                return "ptr", int(a)
+            raise LaunchRefused(f"{_what(i, p, symbol)} of type {type(a).__name__} is neither a tensor nor an "
+                                "int address")
+        writes = p.role in ("out", "inout", "scratch")
+        if info.ordinal < 0 and locate is not None and info.device == "cuda" and device is not None:
+            info = info._replace(ordinal=int(locate(info.ptr)))  # the driver says where the address lives
+        if (info.dtype != p.dtype or not info.contiguous or info.device not in tensors.DEVICE_KINDS_A_KERNEL_READS
+                or (device is not None and info.ordinal != device) or (writes and info.readonly)):
+            check_tensor(info, p.dtype, device, writes, _what(i, p, symbol))
+        return "ptr", info.ptr
+    if not isinstance(a, (bytes, bytearray, memoryview)):
+        raise LaunchRefused(f"{_what(i, p, symbol)} is a {type(a).__name__}; the parameter is a "
+                            f"{p.size}-byte blob: pass bytes")
+    data = a if type(a) is bytes else bytes(a)
+    if len(data) != p.size:
+        raise LaunchRefused(f"{_what(i, p, symbol)} is {len(data)} bytes; the parameter is {p.size} bytes")
+    return "bytes", data
+
+
+_F32_MAX = 3.4028234663852886e38
+_SCALAR, _POINTER, _BLOB = range(3)
+
+
+def positional_typer(params: Sequence[Param], locate=None):
+    """typed_params compiled for one symbol's Params, returning the plain values (ParamPacker.fill's input):
+    the common cases (an int in range, a float for f64 or within f32's range, an int address, a CUDA torch tensor
+    of the right dtype, device and density, bytes of the exact size) are checked inline from a per-parameter
+    plan; everything else goes through typed_one, so every check and refusal text is typed_params'."""
+    params = tuple(params)
+    plan = []
+    for p in params:
+        if p.kind == "scalar":
+            lo, hi = INT_RANGES.get(p.type, (None, None))
+            plan.append((_SCALAR, p.type, lo, hi, p.type == "f32"))
+        elif p.kind == "pointer":
+            plan.append((_POINTER, p.dtype, 0, 0, False))
+        else:
+            plan.append((_BLOB, "", p.size, 0, False))
+    plan_t, n = tuple(zip(plan, params, strict=True)), len(params)
+    torch_types, tokens = tensors.TORCH_TYPES, tensors.TORCH_DTYPE_TOKENS
+    ptr_end = 1 << 64
+
+    def typed(args: Sequence, symbol: str, device: int | None) -> list:
+        if len(args) != n:
+            raise LaunchRefused(f"{symbol} takes {n} arguments, {len(args)} were given")
+        out = []
+        append = out.append
+        i = 0
+        for (kind, t, lo, hi, f32), p in plan_t:
+            a = args[i]
+            ta = type(a)
+            if kind == _POINTER:
+                if ta is int:
+                    if 0 <= a < ptr_end:
+                        append(a)
+                        i += 1
+                        continue
+                elif ta in torch_types and a.is_cuda and tokens.get(a.dtype) == t \
+                        and (device is None or a.get_device() == device) and a.is_contiguous():
+                    append(a.data_ptr())
+                    i += 1
+                    continue
+            elif kind == _SCALAR:
+                if lo is not None:
+                    if ta is int and lo <= a <= hi:
+                        append(a)
+                        i += 1
+                        continue
+                elif ta is float and (not f32 or -_F32_MAX <= a <= _F32_MAX):
+                    append(a)
+                    i += 1
+                    continue
+            elif ta is bytes and len(a) == lo:
+                append(a)
+                i += 1
+                continue
+            append(typed_one(i, p, a, symbol, device, locate)[1])
+            i += 1
+        return out
+
+    return typed

@@ -1,7 +1,7 @@
 """The runtime's GPU backend: the five operations the loader needs, on mamba_forge.gpu's public API.
 
 The loader talks to a backend object only (device_info, activate, load_module, get_function,
-set_max_dynamic_smem, launch of packed parameters), so tests substitute a fake (tests/runtime_support.py). The driver layer is
+set_max_dynamic_smem, launch of packed parameters, and optionally pointer_device: where an address lives), so tests substitute a fake (tests/runtime_support.py). The driver layer is
 imported when a CudaBackend is made, not when the runtime is imported: a process that only verifies manifests
 never pays for it. Every driver failure becomes a DriverError naming the call and the CUresult.
 """
@@ -64,6 +64,19 @@ class CudaBackend:
 
     def set_max_dynamic_smem(self, fn, nbytes: int) -> None:
         self._call(fn.set_max_dynamic_smem, nbytes)
+
+    def pointer_device(self, ptr: int) -> int:
+        """The device ordinal of the memory at a device address (cuPointerGetAttribute DEVICE_ORDINAL): how an
+        array that exposes only __cuda_array_interface__, without saying its device (Numba), is located; -1 when
+        the driver does not know the address (host memory, a freed or foreign pointer)."""
+        from mamba_forge.gpu import core
+
+        d = core.bindings()
+        try:
+            return int(core.check("cuPointerGetAttribute(DEVICE_ORDINAL)", d.cuPointerGetAttribute(
+                d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d.CUdeviceptr(int(ptr)))))
+        except self.cuda.CudaError:
+            return -1
 
     def launch(self, fn, grid, block, params, shared_mem: int, stream: int) -> None:
         """Launch on the raw stream handle; params: packed once by the caller (anything with ``.address``, the

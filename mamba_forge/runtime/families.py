@@ -10,7 +10,7 @@ loader never picks one silently. Standard library only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from mamba_forge.runtime.errors import SymbolUnavailable, TileRequired
 
@@ -41,8 +41,7 @@ def index_families(symbols) -> dict[str, dict[str, dict[str, str]]]:
     return out
 
 
-@dataclass(frozen=True)
-class Unavailable:
+class Unavailable(NamedTuple):  # NamedTuples, not frozen dataclasses: a fraction of the cost at import
     """A family variant (or one tile of it) that does not serve here, with the reason the manifest records."""
 
     family: str
@@ -57,15 +56,14 @@ class Unavailable:
         return " ".join(x for x in (self.family, self.dtype, self.tile and f"tile {self.tile}") if x)
 
 
-@dataclass(frozen=True)
-class LoadSummary:
+class LoadSummary(NamedTuple):
     """What a load found on this device: Kernels.summary()."""
 
     device: str
     available: dict[str, tuple[str, ...]]  # family -> dtypes that serve (directly or through a fallback)
     unavailable: tuple[Unavailable, ...]
-    fallbacks: dict[str, str] = field(default_factory=dict)  # symbol that does not serve -> its serving fallback
-    skipped_rungs: dict[str, list[str]] = field(default_factory=dict)  # GEMM route -> its rungs not serving here
+    fallbacks: dict[str, str]  # symbol that does not serve -> its serving fallback
+    skipped_rungs: dict[str, list[str]] = {}  # GEMM route -> its rungs not serving here (Kernels.summary sets it)
 
     @property
     def strict_problems(self) -> list[str]:

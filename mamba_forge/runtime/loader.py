@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mamba_forge.manifest.schema import Param, QArtifact, QDevice, RuntimeSymbol
 from mamba_forge.runtime.backend import CudaBackend, DeviceInfo
@@ -37,10 +38,15 @@ from mamba_forge.runtime.errors import (
 )
 from mamba_forge.runtime.families import LoadSummary, Typed, index_families, summarize
 from mamba_forge.runtime.sources import Source, check_artifact_bytes
-from mamba_forge.runtime.trust import KeySpec
 from mamba_forge.runtime.trust import trusted_keys as collect_keys
 from mamba_forge.runtime.verify import Verified, open_verified
 
+if TYPE_CHECKING:
+    from mamba_forge.runtime.trust import KeySpec
+
+# What every load() needs is imported with this module (taking `load` from mamba_forge.runtime): cryptography's
+# Ed25519 (through trust and manifest.signing) and logging (the load summary's warning). Deferring them into
+# load() would only move their ~15 ms from the import (budget 80 ms) into the load (budget 100 ms).
 log = logging.getLogger("mamba_forge.runtime")
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
@@ -66,6 +72,7 @@ class Kernel:
     ordinal: int = 0  # the device the kernels are loaded on
     _call: object = field(default=None, init=False, repr=False, compare=False)  # (bind, pack, resolve) once compiled
     _packer: object = field(default=None, init=False, repr=False, compare=False)
+    _positional: object = field(default=None, init=False, repr=False, compare=False)  # (typer, packer, resolve)
 
     @property
     def param_specs(self) -> list[Param]:
@@ -79,11 +86,17 @@ class Kernel:
 
         return contract(self.symbol)
 
+    @property
+    def _locate(self):
+        """address -> device ordinal through the backend (None when it cannot say): for arrays that do not say
+        their device (a Numba array's __cuda_array_interface__ has no device)."""
+        return getattr(self.backend, "pointer_device", None)
+
     def _compile(self):
         from mamba_forge.runtime.streams import resolve_stream
 
         c = self.contract
-        self._call = (c.bind, c.packer.pack, resolve_stream)
+        self._call = (c.bind, c.packer, resolve_stream)
         return self._call
 
     def __call__(self, /, *positional, stream=None, **kwargs) -> None:
@@ -94,10 +107,21 @@ class Kernel:
         if positional:
             raise LaunchRefused(f"{self.name} takes keyword arguments ({', '.join(self.contract.accepted)}); "
                                 "for positional arguments use launch(fn, grid, block, args)")
-        bind, pack, resolve = self._call or self._compile()
-        b = bind(kwargs, self.ordinal)
+        bind, packer, resolve = self._call or self._compile()
+        b = bind(kwargs, self.ordinal, self._locate)
         handle = resolve(stream, b.owner, b.ordinal)
-        self.backend.launch(self.handle, b.grid, b.block, pack(b.values), b.shared_mem, handle)
+        params = packer.fill([v for _, v in b.values])
+        try:
+            self.backend.launch(self.handle, b.grid, b.block, params, b.shared_mem, handle)
+        finally:
+            packer.release(params)  # the driver copied the parameters when it enqueued the launch
+
+    def _compile_positional(self):
+        from mamba_forge.runtime.args import positional_typer
+        from mamba_forge.runtime.streams import resolve_stream
+
+        self._positional = (positional_typer(self.symbol.params, self._locate), self.packer(), resolve_stream)
+        return self._positional
 
     def packer(self):
         """The parameter packer of this symbol's layout (the positional path's; the contract has its own)."""
@@ -136,7 +160,7 @@ class Kernels:
             from mamba_forge.runtime.routes import skipped
 
             s = summarize(self.device.name, self._families, self._symbols, self._serves)
-            self._summary = replace(s, skipped_rungs=skipped(self.manifest.routes, self._serves_name))
+            self._summary = s._replace(skipped_rungs=skipped(self.manifest.routes, self._serves_name))
         return self._summary
 
     def gemm_route(self, m: int, n: int, k: int, a: str, b: str | None = None, c: str | None = None,
@@ -343,6 +367,10 @@ def load(manifest_or_bundle: str | Path, device: int = 0, trusted_keys: Iterable
 
 
 def _dims(v, what: str) -> tuple[int, int, int]:
+    if type(v) is tuple and len(v) == 3:  # the common spelling, checked inline
+        x, y, z = v
+        if type(x) is int and type(y) is int and type(z) is int and x >= 1 and y >= 1 and z >= 1:
+            return v
     t = (v,) if isinstance(v, int) else tuple(v)
     if not 1 <= len(t) <= 3 or not all(isinstance(x, int) and not isinstance(x, bool) for x in t):
         raise LaunchRefused(f"{what} must be 1 to 3 integers, got {v!r}")
@@ -362,13 +390,14 @@ def _owner(args: Sequence) -> str:
 
 def launch(fn: Kernel, grid, block, args: Sequence, shared_mem: int | None = None, stream=None) -> None:
     """Launch a loaded kernel positionally (the power user's path: you compute the grid; int addresses pass
-    unchecked). Arguments are typed by the symbol's Param records (args.typed_params); the block must be the
+    unchecked). Arguments are typed by the symbol's Param records (args.positional_typer: typed_params' checks,
+    compiled once per kernel); the block must be the
     qualified one, and dynamic shared memory the qualified figure (None: that figure). stream: as the keyword call's
     (None: the tensors' framework's current stream, else the per-thread default stream, never legacy 0)."""
     if not isinstance(fn, Kernel):
         raise LaunchRefused(f"launch takes a Kernel from Kernels.function(), not {type(fn).__name__}")
     g, b = _dims(grid, "grid"), _dims(block, "block")
-    if any(x > lim for x, lim in zip(g, GRID_LIMITS, strict=True)):
+    if g[0] > GRID_LIMITS[0] or g[1] > GRID_LIMITS[1] or g[2] > GRID_LIMITS[2]:
         raise LaunchRefused(f"grid {g} exceeds the CUDA limits {GRID_LIMITS}")
     if b != fn.block:
         raise LaunchRefused(f"{fn.name} was qualified with block {fn.block}; block {b} was not")
@@ -380,12 +409,15 @@ def launch(fn: Kernel, grid, block, args: Sequence, shared_mem: int | None = Non
         raise LaunchRefused(
             f"{fn.name} was qualified with {fn.dynamic_smem} bytes of dynamic shared memory; {shared_mem!r} was asked"
         )
+    if type(args) is not list and type(args) is not tuple:
+        args = list(args)
     if not fn.params and args:
         raise LaunchRefused(f"{fn.name} has no recorded parameter layout, so its arguments cannot be typed")
-    from mamba_forge.runtime.args import typed_params
-    from mamba_forge.runtime.streams import resolve_stream
-
-    args = list(args)
-    values, _ = typed_params(fn.symbol.params, args, fn.name, fn.ordinal)
-    handle = resolve_stream(stream, _owner(args), fn.ordinal)
-    fn.backend.launch(fn.handle, g, b, fn.packer().pack(values), shared_mem, handle)
+    typed, packer, resolve = fn._positional or fn._compile_positional()
+    values = typed(args, fn.name, fn.ordinal)
+    handle = resolve(stream, _owner(args), fn.ordinal)
+    params = packer.fill(values)
+    try:
+        fn.backend.launch(fn.handle, g, b, params, shared_mem, handle)
+    finally:
+        packer.release(params)  # the driver copied the parameters when it enqueued the launch

@@ -104,43 +104,65 @@ class Source:
 
 class _Inflater:
     """The bytes of a (gzip-compressed or plain) tar file, decompressed as they are asked for, never more than
-    `cap` in all: a small archive of a huge zero stream costs the bytes asked for, not the stream."""
+    `cap` in all: a small archive of a huge zero stream costs the bytes asked for, not the stream.
+
+    A read of n bytes decompresses n more (zlib's max_length), from compressed input read 1 MB at a time (zlib
+    copies the unconsumed input per call: small reads of headers want it short, big members long), and joins the
+    pieces once: never a bytearray grown, sliced and copied again."""
+
+    _IN = 1 << 20  # compressed bytes read per call
 
     def __init__(self, f, cap: int, label: str):
         self.f, self.cap, self.label, self.total = f, cap, label, 0
         self.raw = f.read(2)
         self.zlib = zlib.decompressobj(wbits=31) if self.raw == b"\x1f\x8b" else None
-        self.buf = bytearray()
+        self.buf, self.pos = b"", 0  # decompressed, not yet read: buf[pos:]
 
-    def _fill(self, want: int) -> bool:
-        want = min(max(want, 1 << 16), 1 << 22)
+    def _more(self, want: int) -> bytes:
+        """The next decompressed bytes (at most `want`; a plain tar reads at least 64 KB); b"" at the end."""
         if self.zlib is None:
-            data = self.raw or self.f.read(want)
+            want = max(want, 1 << 16)
+            data = self.raw + self.f.read(want - len(self.raw)) if self.raw else self.f.read(want)
             self.raw = b""
         else:
-            if self.zlib.eof:
-                return False
-            src = self.zlib.unconsumed_tail or self.raw or self.f.read(1 << 16)
-            self.raw = b""
-            if not src:
-                return False
-            data = self.zlib.decompress(src, want)
+            data = b""
+            while not data:
+                if self.zlib.eof:
+                    return b""
+                src = self.zlib.unconsumed_tail or self.raw or self.f.read(self._IN)
+                self.raw = b""
+                if not src:
+                    return b""
+                data = self.zlib.decompress(src, want)
         self.total += len(data)
         if self.total > self.cap:
             raise ArtifactRefused(f"{self.label} decompresses to more than {self.cap} bytes")
-        self.buf += data
-        return bool(data) or self.zlib is not None
+        return data
 
     def read(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            if not self._fill(n - len(self.buf)):
+        buf, pos = self.buf, self.pos
+        have = len(buf) - pos
+        if have >= n:
+            self.pos = pos + n
+            return buf[pos:pos + n]
+        parts = [buf[pos:]] if have else []
+        need = n - have
+        while need > 0:
+            data = self._more(need)
+            if not data:
+                self.buf, self.pos = b"", 0
                 raise ArtifactRefused(f"{self.label} is truncated")
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
+            if len(data) > need:
+                parts.append(data[:need])
+                self.buf, self.pos = data, need
+                return b"".join(parts)
+            parts.append(data)
+            need -= len(data)
+        self.buf, self.pos = b"", 0
+        return b"".join(parts)
 
     def remaining(self) -> int:
-        return self.cap - self.total + len(self.buf)
+        return self.cap - self.total + len(self.buf) - self.pos
 
 
 class TarReader:

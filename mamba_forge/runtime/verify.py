@@ -16,10 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-from mamba_forge.manifest import signing
 from mamba_forge.manifest.codec import from_dict, runtime_table_bytes
 from mamba_forge.manifest.schema import (
     MANIFEST_VERSION,
@@ -43,6 +41,11 @@ from mamba_forge.runtime.sources import (
 )
 from mamba_forge.safety import parse_json, parse_toml
 
+if TYPE_CHECKING:  # cryptography is imported when a signature is first checked (manifest.signing)
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from mamba_forge.manifest import signing
+
 _RECORDS = {"qualified": QualifiedManifest, "index": ReleaseIndex}
 _VERSION = {"qualified": MANIFEST_VERSION, "index": ReleaseIndex.__dataclass_fields__["manifest_version"].default}
 _ABSENT = object()
@@ -55,6 +58,8 @@ DeviceKey = tuple[str, str, int]  # (name, cc, SM count): how an index entry nam
 
 
 def _signed_body(document: bytes, keys: Mapping[str, Ed25519PublicKey], what: str) -> tuple[bytes, signing.Signature]:
+    from mamba_forge.manifest import signing
+
     try:
         return signing.verify(document, dict(keys))
     except signing.SignatureError as exc:

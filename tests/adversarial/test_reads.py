@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import tarfile
 import time
 import tracemalloc
@@ -82,6 +83,25 @@ def test_load_refuses_non_regular_and_oversized(tmp_path, fx, kind):
         return
     with pytest.raises(ArtifactRefused, match="regular file|above the limit"):
         load(p, trusted_keys=[fx.pub], backend=FakeBackend())
+
+
+@pytest.mark.parametrize("kind", KINDS + ["dev-null"])
+def test_read_verified_is_bounded(tmp_path, fx, kind):
+    """manifest.qualified.read_verified (the qualifier's and tests' reader) refuses what read_bounded refuses."""
+    from mamba_forge.errors import ManifestError
+    from mamba_forge.manifest.qualified import read_verified
+
+    p = _hostile(tmp_path, kind, MAX_MANIFEST_BYTES)
+    t0 = time.monotonic()
+    tracemalloc.start()
+    try:
+        with pytest.raises(ManifestError) as e:
+            read_verified(p, signing.load_trusted([fx.pub]))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(p) in str(e.value) and re.search("regular file|above the limit|folder", str(e.value)), str(e.value)
+    assert "\n" not in str(e.value) and time.monotonic() - t0 < 5 and peak < 4 << 20
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "oversize"])
