@@ -30,3 +30,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# the adversarial suite's case count in the terminal summary of a whole-suite run (CI)
+from adversarial.conftest import pytest_terminal_summary  # noqa: E402,F401
