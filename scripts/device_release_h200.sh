@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
-# The release session on one H200 in one device call (about 8 minutes): install (carried wheels), build for
-# sm_90a, full qualification signed with the release key, bundle, verify, then the whole GPU test suite with
-# the fresh bundle. Most important first: a call cut short still brings back the signed manifest.
-# Needs (carried, never committed): .whl (wheels the machine lacks), .keys/release.key.
-# Results: $OUT/res.tar.gz (the device tool brings back at most 8 files).
+# The release session on one H200 in one device call (under 10 minutes): install (carried wheels), build for
+# sm_90a, full qualification signed with the release key, bundle, verify, the decode and runtime benchmarks
+# (they append to benchmarks/results/*.md and summary.json, copied back), then the GPU tests: the files of the
+# kernels that changed first, the rest while time is left. Most important first: a call cut short still brings
+# back the signed manifest. Needs (carried, never committed): .whl (wheels the machine lacks), .keys/release.key,
+# .peers (the mamba-ssm sdist, for the decode-step baseline). Results: $OUT/res.tar.gz (at most 8 files return).
+# Env: QUALIFY_FLAGS (e.g. --no-sanitize), FIRST_TESTS (test files run first), DEADLINE (seconds of the call).
 set -uo pipefail
 RES=/tmp/res
 OUT_FINAL=${OUT:-/tmp/out}
 OUT=$RES WHL=${WHL:-.whl}
+DEADLINE=${DEADLINE:-570}
 source "$(dirname "$0")/device_common.sh"
-pack() { tar -czf "$OUT_FINAL/res.tar.gz" -C /tmp res; }
+pack() { cp benchmarks/results/*.md benchmarks/results/summary.json "$RES/" 2>/dev/null
+         tar -czf "$OUT_FINAL/res.tar.gz" -C /tmp res; }
 trap pack EXIT
+left() { echo $((DEADLINE - SECONDS)); }
 
 install_wheels "$WHL" || exit 1
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm --format=csv,noheader
-run build 300 mamba-forge build --arch sm_90a --out build -q -j 16
-# QUALIFY_FLAGS: e.g. --no-sanitize, to keep the call inside its 10 minutes (the sanitizer passes are long)
-TAILN=30 run qualify 330 mamba-forge qualify --device 0 --build build --level full ${QUALIFY_FLAGS:-} \
-  --sign-key .keys/release.key --out manifests/h200.toml
+run build 240 mamba-forge build --arch sm_90a --out build -q -j 16
+TAILN=30 run qualify 300 mamba-forge qualify --device 0 --build build --level full ${QUALIFY_FLAGS:-} \
+  --sign-key .keys/release.key --out manifests/h200.toml -q
 cp manifests/h200.toml manifests/h200.runtime.json "$OUT/"
 run bundle 60 mamba-forge bundle manifests/h200.toml --build build -o "$OUT/h200.tar.gz"
 run verify 60 mamba-forge verify "$OUT/h200.tar.gz"
-MF_RUNTIME_BUNDLE="$OUT/h200.tar.gz" MF_RUNTIME_KEY=manifests/keys TAILN=25 \
-  run test_gpu "${GPU_TEST_LIMIT:-420}" python3 -m pytest -q -p no:cacheprovider -n 4 -m gpu tests
-[ -n "${COLD_START:-}" ] && TAILN=12 run bench_cold_start "$COLD_START" \
-  python3 benchmarks/bench_cold_start.py --bundle "$OUT/h200.tar.gz" --key manifests/keys --out "$OUT/cold_start.md"
+TAILN=16 run bench_decode_step 90 python3 benchmarks/bench_decode_step.py
+TAILN=12 run bench_decode_gemm 120 python3 benchmarks/bench_decode_gemm.py
+TAILN=14 run bench_cold_start 60 python3 benchmarks/bench_cold_start.py --bundle "$OUT/h200.tar.gz" \
+  --key manifests/keys
+TAILN=14 run bench_launch 60 python3 benchmarks/bench_launch_overhead.py --bundle "$OUT/h200.tar.gz" --key manifests/keys
+export MF_RUNTIME_BUNDLE="$OUT/h200.tar.gz" MF_RUNTIME_KEY=manifests/keys
+FIRST=${FIRST_TESTS:-tests/gpu/test_gemm_skinny.py tests/gpu/test_decode_step.py tests/gpu/test_runtime_gpu.py tests/gpu/test_gemm_sm90a.py tests/gpu/test_scan.py}
+TAILN=12 run test_gpu_changed $(( $(left) > 60 ? $(left) - 40 : 20 )) python3 -m pytest -q -p no:cacheprovider -n 4 $FIRST
+REST=$(ls tests/gpu/test_*.py | grep -v -F -x -f <(tr ' ' '\n' <<<"$FIRST"))
+[ "$(left)" -gt 40 ] && TAILN=12 run test_gpu_rest $(( $(left) - 15 )) python3 -m pytest -q -p no:cacheprovider -n 4 $REST
 echo done
