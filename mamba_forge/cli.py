@@ -424,6 +424,7 @@ def qualify(
     sign_key: Annotated[Path | None, typer.Option("--sign-key", metavar="KEY", help="Ed25519 private key (PEM).")] = None,
     out_path: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="Signed manifest path (default manifests/<GPU>-<level>.toml).")] = None,
     module: Annotated[list[str] | None, typer.Option("--module", metavar="KIND", help="Only these module kinds (repeatable).")] = None,
+    kernels: Annotated[list[str] | None, typer.Option("--kernels", metavar="GLOB", help="Only symbols matching this glob (repeatable), e.g. 'gemm_bi_*'.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", min=1.0, help="Seconds a launch may take before it counts as hung.")] = 20.0,
     seed: Annotated[int | None, typer.Option("--seed", metavar="N", help="Base seed of the random inputs (default: fresh).")] = None,
     state_cap: Annotated[int, typer.Option("--state-cap", metavar="N", help="d_state capacity when building here.")] = 64,
@@ -444,6 +445,10 @@ def qualify(
         if p is not None:
             _must_exist(p, what, f"pass an existing file to {what} or leave it out")
     bm = _read_build(build_dir) if build_dir is not None else None  # before the GPU: bad input is one line
+    if bm is not None and kernels:
+        from mamba_forge.qualify.plan import narrow_build
+
+        bm = narrow_build(bm, kernels)
     inputs = [p for p in (catalog, sign_key, build_dir / "manifest.toml" if build_dir else None) if p is not None]
     if out_path is not None:
         _check_out_file(out_path, inputs, create=not dry_run)
@@ -453,6 +458,7 @@ def qualify(
     req, info = runner.prepare_request(
         devices, build_dir, catalog, level=level, sanitize=sanitize, timeout_s=timeout, seed=seed,
         modules=module, state_cap=state_cap, say=lambda m: err.print(m, markup=False, highlight=False), jobs=jobs,
+        kernels=kernels,
     )
     key = keys.resolve_key(sign_key)
     if key.development and not quiet:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.errors import ForgeError
 from mamba_forge.manifest import signing
 from mamba_forge.manifest.qualified import body_bytes, parse_body, read_verified
 from mamba_forge.manifest.schema import (
@@ -511,6 +512,21 @@ def _build_manifest() -> BuildManifest:
             mod("Bw", "sm_100a", "qualify", [sym("bw_k")], built_only=True),
         ],
     )
+
+
+def test_kernels_narrow_the_build_to_matching_symbols():
+    bm = plan.narrow_build(_build_manifest(), ["ok*", "ada_*"])
+    assert [(m.kind, m.target, [s.name for s in m.symbols]) for m in bm.modules] == [
+        ("Fixed", "sm_90a", ["ok1"]), ("Fixed", "sm_89", ["ok1"]), ("Ada", "sm_90a", ["ada_k"])]
+    assert [s["name"] for g in plan.plan_groups(bm, (9, 0)) for s in g.symbols] == ["ok1", "ada_k"]
+    assert plan.narrow_build(_build_manifest(), None) == _build_manifest()
+
+
+@pytest.mark.parametrize(("globs", "problem"), [(["zz*"], "matches no symbol"), ([""], "is empty"),
+                                                (["a" * 201], "is too long"), (["ok*", "nope"], "'nope' matches no")])
+def test_kernels_refuses_globs_that_match_nothing(globs, problem):
+    with pytest.raises(ForgeError, match=problem):
+        plan.narrow_build(_build_manifest(), globs)
 
 
 def test_plan_groups_selects_the_devices_targets():

@@ -3,6 +3,7 @@ there (those admitted at build), and how they are shared out among concurrent wo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from mamba_forge.catalog.targets import TARGETS
@@ -27,6 +28,33 @@ class Group:
         """This group with just the symbols named (e.g. those admitted, for the sanitizer passes)."""
         return Group(self.module, self.target, self.role, self.cubin, self.ptx,
                      [s for s in self.symbols if s["name"] in names])
+
+def narrow_build(build: BuildManifest, globs: list[str] | None) -> BuildManifest:
+    """`qualify --kernels GLOB`: the build with only the symbols matching a glob (fnmatch, case-sensitive), modules
+    left without any dropped; the manifest then names only those. A glob that matches nothing is bad input."""
+    if not globs:
+        return build
+    from fnmatch import fnmatchcase
+
+    from mamba_forge.catalog.select import MAX_GLOB
+    from mamba_forge.errors import ForgeError
+
+    for g in globs:
+        if not g or len(g) > MAX_GLOB:
+            raise ForgeError(f"--kernels {g[:40]!r} is {'empty' if not g else 'too long'}",
+                             hint="pass a glob over symbol names, e.g. --kernels 'gemm_bi_*'")
+    modules, matched = [], set()
+    for m in build.modules:
+        keep = [s for s in m.symbols if any(fnmatchcase(s.name, g) for g in globs)]
+        matched.update(g for g in globs for s in keep if fnmatchcase(s.name, g))
+        if keep:
+            modules.append(dataclasses.replace(m, symbols=keep))
+    missing = [g for g in globs if g not in matched]
+    if missing:
+        raise ForgeError(f"--kernels {missing[0]!r} matches no symbol of the build",
+                         hint="`mamba-forge report BUILD/manifest.toml --symbols '*'` lists them")
+    return dataclasses.replace(build, modules=modules)
+
 
 def device_targets(cc: tuple[int, int]) -> list[str]:
     """Targets whose cubins run on a device of this compute capability (cubins are exact-cc here)."""

@@ -22,7 +22,7 @@ from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest
 from mamba_forge.qualify.assemble import assemble
 from mamba_forge.qualify.compare import cross_device
 from mamba_forge.qualify.equivalence import apply as route_equivalence
-from mamba_forge.qualify.plan import device_targets, plan_groups, shard
+from mamba_forge.qualify.plan import device_targets, narrow_build, plan_groups, shard
 from mamba_forge.qualify.sanitize import SANITIZER_TOOLS, apply_sanitizer, sanitizer_available, sanitizer_mode
 from mamba_forge.qualify.supervise import (
     DEFAULT_WORKER,
@@ -127,7 +127,7 @@ def _probe_cc(req: QualifyRequest) -> tuple[int, int]:
 
 def prepare_request(devices: list[int] | None, build_dir: Path | None, catalog_path: Path | None, *, level: str,
                     sanitize: bool | None, timeout_s: float, seed: int | None, modules: list[str] | None, state_cap: int,
-                    say: Callable[[str], None], jobs: int = 4):
+                    say: Callable[[str], None], jobs: int = 4, kernels: list[str] | None = None):
     """Open the device(s), load the catalog and the build (building for the device's target when none is given)."""
     from mamba_forge.build.builder import BuildRequest, build
     from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
@@ -157,6 +157,7 @@ def prepare_request(devices: list[int] | None, build_dir: Path | None, catalog_p
         write(build_dir / "manifest.toml", bm)
     else:
         bm = read(Path(build_dir) / "manifest.toml", BuildManifest)
+    bm = narrow_build(bm, kernels)
     if bm.catalog_sha256 != cat.digest():
         say(f"warning: the build in {build_dir} was made from a different catalog state; specs come from {cat.path}")
     if modules:
