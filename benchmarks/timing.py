@@ -10,21 +10,8 @@ from collections.abc import Callable
 
 
 def median_ms(fn: Callable[[], object], reps: int, warmup: int = 5) -> float:
-    """Median milliseconds of fn() over `reps` launches, timed with torch CUDA events."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    """Median milliseconds of fn() over `reps` launches, each between its own pair of torch CUDA events."""
+    return median_ms_queued(fn, reps, per=1, warmup=warmup)
 
 
 def median_ms_queued(fn: Callable[[], object], reps: int, per: int = 10, warmup: int = 5) -> float:
