@@ -277,9 +277,28 @@ def test_torch_op_table_names_catalog_kernels_and_refuses_what_it_cannot_serve()
     for call, match in ((lambda: torch_ops.softplus_kernel("f64"), "x is f64; it takes f32, bf16, f16"),
                         (lambda: torch_ops.rms_norm_kernel("bf16", "bf16"), "no kernel for x bf16 -> bf16"),
                         (lambda: torch_ops.rms_norm_shapes((2, 8), (4,)), r"x \[2, 8\] and weight \[4\] do not fit"),
-                        (lambda: torch_ops.rms_norm_shapes((), (4,)), "do not fit")):
+                        (lambda: torch_ops.rms_norm_shapes((), (4,)), "do not fit"),
+                        (lambda: torch_ops.sequence_kernel("causal_conv1d", "f", "i32"), "activations are i32"),
+                        (lambda: torch_ops.conv1d_shapes((2, 8), (8, 4), (8,)), "must be \\[batch, d, L\\]"),
+                        (lambda: torch_ops.conv1d_shapes((2, 8, 9), (7, 4), (8,)), r"weight is \[7, 4\], expected \[8, 4\]"),
+                        (lambda: torch_ops.conv1d_shapes((2, 8, 9), (8, 4), (7,)), r"bias is \[7\], expected \[8\]"),
+                        *[(lambda bad=bad: torch_ops.scan_shapes(*bad), "expected") for bad in _bad_scan_shapes()],
+                        (lambda: torch_ops.scan_shapes((2, 8), *SCAN_OK[1:]), "must be \\[batch, d_inner, L\\]")):
         with pytest.raises(LaunchRefused, match=match):
             call()
+    assert torch_ops.conv1d_shapes((2, 8, 9), (8, 4), (8,)) == (2, 8, 9, 4)
+    assert torch_ops.scan_shapes(*SCAN_OK) == (2, 8, 16, 9)
+
+
+SCAN_OK = ((2, 8, 9), (2, 8, 9), (8, 16), (2, 16, 9), (2, 16, 9), (8,), (2, 8, 9), (8,))
+
+
+def _bad_scan_shapes():
+    """Each operand but u made wrong in turn (u fixes batch, d_inner and L; A_log d_state)."""
+    for i in range(1, 8):
+        shapes = list(SCAN_OK)
+        shapes[i] = tuple(n + 1 for n in shapes[i]) if i != 2 else (9, 16)
+        yield tuple(shapes)
 
 
 def test_torch_ops_register_refuses_kernels_without_the_families():

@@ -5,6 +5,8 @@
     mft.register(load("h200.tar.gz", device=0))
     y = torch.ops.mamba_forge.softplus_forward(x)
     y, rstd = torch.ops.mamba_forge.rms_norm(x, w, 1e-5, torch.bfloat16)   # x f32 [..., dim], w f32 [dim]
+    y = torch.ops.mamba_forge.causal_conv1d(x, w, b)       # silu(conv + b): x [batch, d, L], w [d, width] f32
+    out, last_state = torch.ops.mamba_forge.selective_scan(u, delta, A_log, B, C, D, z, delta_bias)
 
 Each op allocates its outputs with torch (so a CUDA-graph capture takes them from the graph's pool), derives the
 grid from the signed contract and launches on torch's current stream of the tensors' device; nothing syncs with
@@ -20,11 +22,16 @@ import torch
 from mamba_forge.runtime.errors import LaunchRefused
 from mamba_forge.runtime.tensors import torch_dtype
 from mamba_forge.runtime.torch_ops import (
+    CONV1D_FAMILY,
     LIBRARY,
+    SCAN_FAMILY,
     SCHEMAS,
+    conv1d_shapes,
     kernels_used,
     rms_norm_kernel,
     rms_norm_shapes,
+    scan_shapes,
+    sequence_kernel,
     softplus_kernel,
 )
 
@@ -73,7 +80,47 @@ def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype=
     return y, rstd
 
 
-_IMPLS = {"softplus_forward": (_softplus_forward, _softplus_forward_fake), "rms_norm": (_rms_norm, _rms_norm_fake)}
+def _conv1d_out(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor):
+    kernel = sequence_kernel("causal_conv1d", CONV1D_FAMILY, torch_dtype(x.dtype))
+    dims = conv1d_shapes(tuple(x.shape), tuple(weight.shape), tuple(bias.shape))
+    return kernel, dims, torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    kernel, (batch, _d, length, width), out = _conv1d_out(x, weight, bias)
+    _kernel(*kernel)(out=out, x=x.contiguous(), weight=weight.contiguous(), bias=bias.contiguous(), batch=batch,
+                     L=length, width=width)
+    return out
+
+
+def _causal_conv1d_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return _conv1d_out(x, weight, bias)[2]
+
+
+def _scan_out(u, delta, A_log, B, C, D, z, delta_bias):
+    kernel = sequence_kernel("selective_scan", SCAN_FAMILY, torch_dtype(u.dtype))
+    dims = scan_shapes(*(tuple(t.shape) for t in (u, delta, A_log, B, C, D, z, delta_bias)))
+    batch, d, n, _length = dims
+    out = torch.empty(u.shape, dtype=u.dtype, device=u.device)
+    return kernel, dims, out, torch.empty((batch, d, n), dtype=torch.float32, device=u.device)
+
+
+def _selective_scan(u, delta, A_log, B, C, D, z, delta_bias):
+    kernel, (batch, _d, n, length), out, last = _scan_out(u, delta, A_log, B, C, D, z, delta_bias)
+    c = {k: t.contiguous() for k, t in (("u", u), ("delta", delta), ("A_log", A_log), ("Bm", B), ("Cm", C),
+                                        ("Dp", D), ("z", z), ("delta_bias", delta_bias))}
+    _kernel(*kernel)(out=out, last_state=last, **c, batch=batch, d_state=n, L=length, delta_softplus=1)
+    return out, last
+
+
+def _selective_scan_fake(u, delta, A_log, B, C, D, z, delta_bias):
+    _, _, out, last = _scan_out(u, delta, A_log, B, C, D, z, delta_bias)
+    return out, last
+
+
+_IMPLS = {"softplus_forward": (_softplus_forward, _softplus_forward_fake), "rms_norm": (_rms_norm, _rms_norm_fake),
+          "causal_conv1d": (_causal_conv1d, _causal_conv1d_fake),
+          "selective_scan": (_selective_scan, _selective_scan_fake)}
 
 
 def _register_fake(qualname: str, fn) -> None:

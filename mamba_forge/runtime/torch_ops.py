@@ -13,9 +13,17 @@ LIBRARY = "mamba_forge"
 SCHEMAS = {
     "softplus_forward": "softplus_forward(Tensor x) -> Tensor",
     "rms_norm": "rms_norm(Tensor x, Tensor weight, float eps, ScalarType? out_dtype=None) -> (Tensor, Tensor)",
+    # out = silu(causal depthwise conv1d(x) + bias): x [batch, d, L], weight [d, width], bias [d] (f32)
+    "causal_conv1d": "causal_conv1d(Tensor x, Tensor weight, Tensor bias) -> Tensor",
+    # the Mamba-1 selective scan forward with delta_softplus, D and z; returns (out [batch, d, L], last_state f32)
+    "selective_scan": ("selective_scan(Tensor u, Tensor delta, Tensor A_log, Tensor B, Tensor C, Tensor D, Tensor z, "
+                       "Tensor delta_bias) -> (Tensor, Tensor)"),
 }
 
 SOFTPLUS_DTYPES = ("f32", "bf16", "f16")
+SEQUENCE_DTYPES = ("f32", "bf16", "f16")  # the conv1d and scan ops' activation dtypes (weights and states: f32)
+CONV1D_FAMILY = "conv1d_burnin_forward_nosave_tiled"  # kernels/fixed/conv1d.toml
+SCAN_FAMILY = "ssm_parallel_scan_fwd_nosave"  # kernels/fixed/scan.toml
 RMS_NORM_KERNELS = {  # (x dtype, out dtype) -> (family, dtype): kernels/fixed/norm.toml
     ("f32", "f32"): ("rmsnorm_forward", "f32"),
     ("f32", "bf16"): ("rmsnorm_forward_f32in", "bf16"),  # the residual stream stays f32, the output is half
@@ -48,10 +56,51 @@ def rms_norm_shapes(x_shape: tuple[int, ...], weight_shape: tuple[int, ...]) -> 
     return rows, x_shape[-1]
 
 
+def sequence_kernel(op: str, family: str, dtype: str) -> tuple[str, str]:
+    if dtype not in SEQUENCE_DTYPES:
+        raise LaunchRefused(f"mamba_forge::{op}: activations are {dtype}; it takes {', '.join(SEQUENCE_DTYPES)}")
+    return family, dtype
+
+
+def _shape_problem(op: str, got: dict[str, tuple[int, ...]], want: dict[str, tuple[int, ...]]) -> None:
+    for name, shape in want.items():
+        if tuple(got[name]) != shape:
+            raise LaunchRefused(f"mamba_forge::{op}: {name} is {list(got[name])}, expected {list(shape)} "
+                                f"(from {', '.join(f'{k} {list(v)}' for k, v in got.items() if k != name)})")
+
+
+def conv1d_shapes(x: tuple[int, ...], weight: tuple[int, ...], bias: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(batch, d, L, width) of x [batch, d, L], weight [d, width], bias [d]."""
+    if len(x) != 3 or len(weight) != 2:
+        raise LaunchRefused(f"mamba_forge::causal_conv1d: x {list(x)} must be [batch, d, L] and weight "
+                            f"{list(weight)} [d, width]")
+    batch, d, length = x
+    _shape_problem("causal_conv1d", {"x": x, "weight": weight, "bias": bias}, {"weight": (d, weight[1]), "bias": (d,)})
+    return batch, d, length, weight[1]
+
+
+def scan_shapes(u: tuple[int, ...], delta: tuple[int, ...], A_log: tuple[int, ...], B: tuple[int, ...],
+                C: tuple[int, ...], D: tuple[int, ...], z: tuple[int, ...],
+                delta_bias: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(batch, d_inner, d_state, L) of u, delta, z [batch, d_inner, L], A_log [d_inner, d_state],
+    B, C [batch, d_state, L], D, delta_bias [d_inner]."""
+    if len(u) != 3 or len(A_log) != 2:
+        raise LaunchRefused(f"mamba_forge::selective_scan: u {list(u)} must be [batch, d_inner, L] and A_log "
+                            f"{list(A_log)} [d_inner, d_state]")
+    batch, d, length = u
+    n = A_log[1]
+    got = {"u": u, "delta": delta, "A_log": A_log, "B": B, "C": C, "D": D, "z": z, "delta_bias": delta_bias}
+    _shape_problem("selective_scan", got, {"delta": u, "z": u, "A_log": (d, n), "B": (batch, n, length),
+                                           "C": (batch, n, length), "D": (d,), "delta_bias": (d,)})
+    return batch, d, n, length
+
+
 def kernels_used() -> list[tuple[str, str]]:
     """Every (family, dtype) an op may launch: loaded at registration, so a CUDA-graph capture loads no module."""
-    return [softplus_kernel(d) for d in SOFTPLUS_DTYPES] + list(RMS_NORM_KERNELS.values())
+    return ([softplus_kernel(d) for d in SOFTPLUS_DTYPES] + list(RMS_NORM_KERNELS.values())
+            + [(CONV1D_FAMILY, d) for d in SEQUENCE_DTYPES] + [(SCAN_FAMILY, d) for d in SEQUENCE_DTYPES])
 
 
-__all__ = ["LIBRARY", "RMS_NORM_KERNELS", "SCHEMAS", "SOFTPLUS_DTYPES", "kernels_used", "rms_norm_kernel",
-           "rms_norm_shapes", "softplus_kernel"]
+__all__ = ["CONV1D_FAMILY", "LIBRARY", "RMS_NORM_KERNELS", "SCAN_FAMILY", "SCHEMAS", "SEQUENCE_DTYPES",
+           "SOFTPLUS_DTYPES", "conv1d_shapes", "kernels_used", "rms_norm_kernel", "rms_norm_shapes", "scan_shapes",
+           "sequence_kernel", "softplus_kernel"]

@@ -211,7 +211,8 @@ def test_side_stream_orders_with_torch_work(kernels):
 def test_torch_ops_compile_and_capture(kernels):
     import mamba_forge.runtime.torch as mft
 
-    assert mft.register(kernels) == ["mamba_forge::softplus_forward", "mamba_forge::rms_norm"]
+    assert mft.register(kernels) == ["mamba_forge::softplus_forward", "mamba_forge::rms_norm",
+                                     "mamba_forge::causal_conv1d", "mamba_forge::selective_scan"]
     x = torch.randn(3, 4096, device="cuda")
     torch.testing.assert_close(torch.ops.mamba_forge.softplus_forward(x), torch.nn.functional.softplus(x),
                                rtol=1e-5, atol=1e-6)
@@ -235,6 +236,41 @@ def test_torch_ops_compile_and_capture(kernels):
     g.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(static_y, torch.nn.functional.softplus(static_x), rtol=1e-5, atol=1e-6)
+
+
+def test_torch_sequence_ops_match_the_references(kernels):
+    """causal_conv1d and selective_scan as torch ops (outputs allocated by the op) against the float64
+    references; a wrong shape is refused before any launch."""
+    import mamba_forge.runtime.torch as mft
+    from mamba_forge.references.conv1d import forward_nosave_tiled
+    from mamba_forge.references.scan import ssm_parallel_scan_fwd_nosave
+
+    mft.register(kernels)
+    batch, d, L, width = 2, 128, 777, 4
+    x = _rand((batch, d, L), -2, 2, torch.bfloat16, 21)
+    weight, bias = _rand((d, width), -1, 1, torch.float32, 22), _rand(d, -1, 1, torch.float32, 23)
+    out = torch.ops.mamba_forge.causal_conv1d(x, weight, bias)
+    ref = forward_nosave_tiled({"x": _np(x), "weight": _np(weight), "bias": _np(bias), "batch": batch, "d": d,
+                                "L": L, "width": width}, {})["out"]
+    assert out.shape == x.shape and out.dtype == torch.bfloat16
+    np.testing.assert_allclose(_np(out), ref, rtol=1e-2, atol=1e-2)
+    n = 16
+    f32 = torch.float32
+    a = {"u": _rand((batch, d, L), -1, 1, f32, 24), "delta": _rand((batch, d, L), -4, 0, f32, 25),
+         "A_log": _rand((d, n), -1, 1.5, f32, 26), "Bm": _rand((batch, n, L), -1, 1, f32, 27),
+         "Cm": _rand((batch, n, L), -1, 1, f32, 28), "Dp": _rand(d, -1, 1, f32, 29),
+         "z": _rand((batch, d, L), -3, 3, f32, 30), "delta_bias": _rand(d, -1, 1, f32, 31)}
+    y, last = torch.ops.mamba_forge.selective_scan(a["u"], a["delta"], a["A_log"], a["Bm"], a["Cm"], a["Dp"], a["z"],
+                                                   a["delta_bias"])
+    want = ssm_parallel_scan_fwd_nosave({**{k: _np(v) for k, v in a.items()}, "delta_softplus": 1},
+                                        {"batch": batch, "d_inner": d, "d_state": n, "L": L})
+    np.testing.assert_allclose(_np(y), want["out"], rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(_np(last), want["last_state"], rtol=1e-3, atol=1e-4)
+    from mamba_forge.runtime import LaunchRefused
+
+    with pytest.raises((LaunchRefused, RuntimeError), match="B is"):  # torch may wrap an op's exception
+        torch.ops.mamba_forge.selective_scan(a["u"], a["delta"], a["A_log"], a["Bm"][:, :, :-1], a["Cm"], a["Dp"],
+                                             a["z"], a["delta_bias"])
 
 
 def test_loaded_device_matches_torch(kernels):
