@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -23,6 +22,8 @@ def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o644, exclusive:
     path.parent.mkdir(parents=True, exist_ok=True)
     if exclusive and (path.exists() or path.is_symlink()):
         raise FileExistsError(f"{path} exists")
+    import tempfile  # here, not at import: the runtime loader imports this module and never writes
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, mode)

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import stat
-import tempfile
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
@@ -181,6 +180,8 @@ def prepare_output_dir(path: Path, *, what: str = "output folder") -> Path:
             break
     try:
         path.mkdir(parents=True, exist_ok=True)
+        import tempfile  # only when probing (the runtime loader imports this module)
+
         fd, probe = tempfile.mkstemp(prefix=".mf-probe.", dir=path)
     except OSError as exc:
         raise PathRefused(f"{what} {path} cannot be written ({exc.strerror or exc})") from None
