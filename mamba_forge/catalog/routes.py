@@ -99,7 +99,7 @@ class RouteFile(_Model):
 @dataclass(frozen=True)
 class RouteRung:
     symbol: str
-    klass: str  # the class name ("" for a force rung)
+    eq_class: str  # the equivalence class's name ("" for a force rung)
     mode: str  # "auto" | "force"
     m_min: int
     m_max: int  # 0: unbounded
@@ -235,7 +235,7 @@ class _KeyExpansion:
         self.key, self.env, self.names, self.catalog, self.matched = key, env, names, catalog, matched
         self.role: dict[str, str] = {}  # symbol -> where it serves in this key
 
-    def rungs(self, r: RungEntry, klass: str, mode: str, where: str) -> list[RouteRung]:
+    def rungs(self, r: RungEntry, eq_class: str, mode: str, where: str) -> list[RouteRung]:
         layout, a, b, c = self.key
         symbols = self.catalog.symbols
         pattern = _fmt(r.symbols, self.env, where)
@@ -253,14 +253,14 @@ class _KeyExpansion:
         for n in hits:
             if n in self.role:
                 raise CatalogError(f"{where}: {n} already serves this key ({self.role[n]})")
-            self.role[n] = f"class {klass}" if klass else "force"
+            self.role[n] = f"class {eq_class}" if eq_class else "force"
             params = _ptr_params(symbols[n], self.catalog)
             for operand, want in (("A", STORAGE[a]), ("B", STORAGE[b]), ("C", c)):
                 got = params.get(operand, ("", ()))[0]
                 if got != want:
                     raise CatalogError(f"{where}: {n} has {operand} of dtype {got or 'none'}; this key needs {want}")
             needs = tuple((d, r.needs[d]) for d in NEEDS_DIMS if d in r.needs)
-            out.append(RouteRung(n, klass, mode, r.m[0], r.m[1], needs, "bias" in params))
+            out.append(RouteRung(n, eq_class, mode, r.m[0], r.m[1], needs, "bias" in params))
         return out
 
 

@@ -122,7 +122,7 @@ def route_table(routes, symbols: list[QSymbol]) -> list[QRoute]:
     here = {s.name for s in symbols if s.status in ("admitted", "rejected")}
     table = []
     for r in routes:
-        rungs = [QRung(symbol=x.symbol, eq_class=x.klass, mode=x.mode, m_min=x.m_min, m_max=x.m_max,
+        rungs = [QRung(symbol=x.symbol, eq_class=x.eq_class, mode=x.mode, m_min=x.m_min, m_max=x.m_max,
                        needs=dict(x.needs), bias=x.bias) for x in r.rungs() if x.symbol in here]
         if rungs:
             table.append(QRoute(layout=r.layout, a=r.a, b=r.b, c=r.c, symbols=[x.symbol for x in rungs], rungs=rungs))
