@@ -196,7 +196,7 @@ BAD_ROUTES = [
     (_route(key='layout = "nn"\na = "f64"\nb = "f32"\nc = "f32"'), "unknown dtype 'f64'"),
     (_route(key='layout = "nn"\na = "tf32"\nb = "tf32"\nc = "tf32"'), "tf32 is a math mode"),
     (_route() + "\n" + _route(), "key already routed"),
-    (_route('{ name = "x", rungs = [{ symbols = "no_such_symbol" }] }'), "symbol no_such_symbol is not in the catalog"),
+    (_route('{ name = "x", rungs = [{ symbols = "no_such_symbol" }] }'), "symbol 'no_such_symbol' is not in the catalog"),
     (_route('{ name = "x", rungs = [{ symbols = "zz_*" }] }'), "pattern 'zz_*' matches no symbol"),
     (_route('{ name = "x", rungs = [{ symbols = "control_gemm_chain", m = [1, 64] }] }'), "no rung serves every M"),
     (_route('{ name = "x", rungs = [{ symbols = "control_gemm_chain_2d", m = [1, 64] }, '

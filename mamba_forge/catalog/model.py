@@ -54,7 +54,8 @@ def _fmt_loc(loc: tuple[Any, ...], data: Any) -> str:
             if isinstance(node, dict):
                 for key in ("kind", "name"):
                     if key in node:
-                        label = f" ({key}={node[key]})"
+                        shown = str(node[key])
+                        label = f" ({key}={shown if len(shown) <= 60 else shown[:60] + '…'})"  # hostile: bounded
                         break
             parts[-1] = f"{parts[-1]}[{item}]{label}" if parts else f"[{item}]{label}"
         else:

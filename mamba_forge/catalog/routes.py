@@ -78,13 +78,24 @@ class ClassEntry(_Model):
         return v
 
 
+Token = Field(min_length=1, max_length=32)  # a key part or a variant: short words, never echoed at length
+
+
 class RouteEntry(_Model):
-    layout: str
-    a: str
-    b: str
-    c: str
+    layout: str = Token
+    a: str = Token
+    b: str = Token
+    c: str = Token
     variants: list[str] = Field(default_factory=list, max_length=8)  # expands {dtype}
     layouts: list[str] = Field(default_factory=list, max_length=3)  # expands {layout}
+
+    @field_validator("variants", "layouts")
+    @classmethod
+    def _words(cls, v: list[str]) -> list[str]:
+        for w in v:
+            if not 1 <= len(w) <= 32:
+                raise ValueError("variants and layouts are short words (1..32 characters)")
+        return v
     classes: list[ClassEntry] = Field(default_factory=list, max_length=64)
     force: list[RungEntry] = Field(default_factory=list, max_length=64)
 
@@ -147,12 +158,16 @@ def check_m_values(rung: RouteRung) -> list[int]:
 # ---- expansion and rules ------------------------------------------------------------------------------------
 
 
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 60 else text[:60] + "…")
+
+
 def _fmt(text: str, env: dict[str, str], where: str) -> str:
     out = text
     for k, v in env.items():
         out = out.replace("{" + k + "}", v)
     if "{" in out or "}" in out:
-        raise CatalogError(f"{where}: {text!r} names a field other than {{dtype}} / {{layout}}")
+        raise CatalogError(f"{where}: {_shown(text)} names a field other than {{dtype}} / {{layout}}")
     return out
 
 
@@ -187,10 +202,10 @@ def expand_routes(data: Any, path: Path, catalog) -> tuple[Route, ...]:
             where = f"{rwhere} ({' '.join(key)})"
             layout, a, b, c = key
             if layout not in LAYOUTS:
-                raise CatalogError(f"{where}: unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+                raise CatalogError(f"{where}: unknown layout {_shown(layout)}; known: {', '.join(LAYOUTS)}")
             for t in (a, b, c):
                 if t not in KEY_DTYPES:
-                    raise CatalogError(f"{where}: unknown dtype {t!r}; known: {', '.join(KEY_DTYPES)}")
+                    raise CatalogError(f"{where}: unknown dtype {_shown(t)}; known: {', '.join(KEY_DTYPES)}")
             if c == "tf32":
                 raise CatalogError(f"{where}: tf32 is a math mode for A and B; C is stored as f32")
             if key in seen_keys:
@@ -223,7 +238,7 @@ def expand_routes(data: Any, path: Path, catalog) -> tuple[Route, ...]:
             routes.append(Route(layout, a, b, c, tuple(classes), force))
         for pattern, count in matched.items():
             if count == 0:
-                raise CatalogError(f"{rwhere}: pattern {pattern!r} matches no symbol of the catalog")
+                raise CatalogError(f"{rwhere}: pattern {_shown(pattern)} matches no symbol of the catalog")
     return tuple(routes)
 
 
@@ -244,7 +259,7 @@ class _KeyExpansion:
                 else [pattern] if pattern in symbols else [])
         self.matched[r.symbols] = self.matched.get(r.symbols, 0) + len(hits)
         if not wild and not hits:
-            raise CatalogError(f"{where}: symbol {pattern} is not in the catalog")
+            raise CatalogError(f"{where}: symbol {_shown(pattern)} is not in the catalog")
         if mode == "force" and r.m != (1, 0):
             raise CatalogError(f"{where}: a force rung serves only by name and takes no M range")
         if "m" in r.needs and layout != "tn":

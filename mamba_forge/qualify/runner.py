@@ -107,9 +107,8 @@ def qualify(req: QualifyRequest, on_event: OnEvent | None = None, cc_hint: tuple
         th.join()
     if len(req.devices) > 1:
         notes += cross_device(outcomes)
-    for i, dev in enumerate(sorted(outcomes)):  # rungs of a route class must compute the same bits
-        class_notes = route_equivalence(outcomes[dev].results, req.catalog.routes)
-        notes += class_notes if i == 0 else []
+    # rungs of a route class must compute the same bits (judged per GPU; the first GPU's notes are kept)
+    notes += [route_equivalence(outcomes[d].results, req.catalog.routes) for d in sorted(outcomes)][0]
     seconds = time.perf_counter() - t0
     manifest = assemble(req, outcomes, groups, seconds)
     return QualifyResult(manifest, outcomes, notes)
