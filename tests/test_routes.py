@@ -275,3 +275,16 @@ def test_the_route_file_is_part_of_the_catalog_digest(tmp_path):
     d1 = load_catalog(path).digest()
     (path.parent / "routes.toml").write_text(_route() + "\n# changed\n")
     assert load_catalog(path).digest() != d1
+
+
+def test_a_narrowed_catalog_keeps_its_routes_symbols_and_digest(cat):
+    """`build --kernels` / `--module` narrow the catalog: the symbols shrink (no stale cache), the routes and the
+    digest stay the whole catalog's, so a filtered build records the catalog it came from."""
+    from mamba_forge.catalog.select import select_symbols
+
+    n = select_symbols(cat, ["softplus*"])
+    assert set(n.symbols) == {s for s in cat.symbols if s.startswith("softplus")} and len(n.symbols) < len(cat.symbols)
+    assert n.routes == cat.routes and n.digest() == cat.digest()
+    m = cat.narrowed(tuple(x for x in cat.modules if x.kind == "TriadScalar"))
+    assert set(m.symbols) == {"triad_scalar_nn_f32", "triad_scalar_tn_f32", "triad_scalar_nt_f32"}
+    assert m.digest() == cat.digest()

@@ -66,8 +66,7 @@ class BuildRequest:
             if unknown:
                 raise CatalogError(f"--module {unknown[0]!r}: no such module kind in {self.catalog.path}",
                                    hint=f"known: {', '.join(known)}")
-            self.catalog = Catalog(path=self.catalog.path, name=self.catalog.name,
-                                   modules=tuple(m for m in self.catalog.modules if m.kind in self.modules))
+            self.catalog = self.catalog.narrowed(tuple(m for m in self.catalog.modules if m.kind in self.modules))
         if self.kernels:
             from mamba_forge.catalog.select import select_symbols
 

@@ -363,6 +363,7 @@ class Catalog(BaseModel):
     modules: tuple[ModuleSpec, ...]
     route_files: tuple[str, ...] = ()
     routes: tuple = ()  # mamba_forge.catalog.routes.Route records, in file order
+    files_sha256: str = ""  # a narrowed catalog's digest: the whole catalog's (see narrowed)
 
     @cached_property
     def symbols(self) -> dict[str, Symbol]:
@@ -374,8 +375,16 @@ class Catalog(BaseModel):
                 return m
         raise ForgeError(f"no module kind {kind!r} in {self.path}", hint=f"known: {[m.kind for m in self.modules]}")
 
+    def narrowed(self, modules: tuple[ModuleSpec, ...]) -> Catalog:
+        """This catalog with fewer modules or symbols (`build --module`, `--kernels`): the same path, routes and
+        digest, so a filtered build records the catalog it came from."""
+        return Catalog(path=self.path, name=self.name, modules=modules, route_files=self.route_files,
+                       routes=self.routes, files_sha256=self.digest())
+
     def digest(self) -> str:
-        """sha256 over the catalog's own files (root and family files)."""
+        """sha256 over the catalog's own files (root, family and route files)."""
+        if self.files_sha256:
+            return self.files_sha256
         h = hashlib.sha256()
         files = {self.path.parent / f for m in self.modules for f in m.module.families}
         files |= {self.path.parent / f for f in self.route_files}

@@ -29,4 +29,4 @@ def select_symbols(catalog: Catalog, globs: Sequence[str]) -> Catalog:
     if unmatched:
         raise ForgeError(f"--kernels {unmatched[0]!r} matches no symbol of {catalog.path}",
                          hint="`mamba-forge report build/manifest.toml` lists symbol names")
-    return Catalog(path=catalog.path, name=catalog.name, modules=tuple(modules))
+    return catalog.narrowed(tuple(modules))
