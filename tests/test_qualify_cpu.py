@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 import sys
 import textwrap
 import time
@@ -578,6 +579,30 @@ def test_qualify_assembles_a_manifest_that_round_trips_and_verifies(tmp_path, fa
     path, pub = keys.write_signed(m, keys.resolve_key(None), tmp_path / "out" / "m.toml")
     back = read_verified(path, signing.load_trusted([pub]))
     assert back.development_key and back.symbols == m.symbols
+
+
+def test_the_four_sanitizer_tools_run_at_once_and_judge_in_tool_order(tmp_path, fake_worker, monkeypatch):
+    """--sanitize: every admitted symbol goes through all four tools, the tools' workers run concurrently (each
+    fake tool sleeps; run one after another they would take 4x as long), and each symbol's sanitize checks come
+    in tool order whatever order the workers finished in."""
+    tool = tmp_path / "bin" / "compute-sanitizer"
+    tool.parent.mkdir()
+    log = tmp_path / "tools.log"
+    # a stand-in for compute-sanitizer: drops its own flags, records the tool, takes 0.6 s, runs the worker
+    tool.write_text("#!/bin/sh\nt=$2\necho \"$t start\" >> %s\nwhile [ \"$1\" != \"0\" ]; do shift; done\n"
+                    "shift\nsleep 0.6\nexec \"$@\"\n" % log)
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
+    req = runner.QualifyRequest(build_dir=tmp_path, build=_build_manifest(), catalog=load_catalog(NEGATIVE),
+                                devices=[0], worker_command=fake_worker, timeout_s=5, sanitize=True, jobs=1)
+    t0 = time.perf_counter()
+    m = runner.qualify(req, cc_hint=(9, 0)).manifest
+    elapsed = time.perf_counter() - t0
+    assert sorted(line.split()[0] for line in log.read_text().splitlines()) == sorted(sanitize.SANITIZER_TOOLS)
+    ok1 = next(s for s in m.symbols if s.name == "ok1")
+    assert ok1.status == "admitted" and m.sanitizer == "ran"
+    assert [c.detail for c in ok1.checks if c.name == "sanitize"] == [f"{t}: no report" for t in sanitize.SANITIZER_TOOLS]
+    assert elapsed < 4 * 0.6 + 1.0, elapsed  # concurrent: about one tool's time, not four
 
 
 def test_cli_progress_and_summary_render_the_events(tmp_path, fake_worker, monkeypatch):

@@ -90,14 +90,14 @@ def qualify(req: QualifyRequest, on_event: OnEvent | None = None, cc_hint: tuple
         if req.sanitizer == "ran":
             admitted = {n for n, r in oc.results.items() if r.admitted}
             sgroups = [g for g in (g.only(admitted) for g in groups) if g.symbols]
-            for tool in SANITIZER_TOOLS:
-                if not sgroups:
-                    break
-                sws = WorkerSettings(req.build_dir, req.catalog.path, dev, req.level, seed, req.timeout_s,
-                                     command=ws.command, sanitize_tool=tool)
-                for soc in in_parallel(lambda sh, sws=sws: run_groups(sh, sws, on_event, sanitize=True),
-                                       shard(sgroups, req.jobs)):
-                    apply_sanitizer(oc, soc, tool)
+            # the four tools at once (each a shard per job): a worker under a tool is bound by the tool's
+            # host-side instrumentation, not by the GPU; verdicts are applied in tool order, not finish order
+            tasks = [(WorkerSettings(req.build_dir, req.catalog.path, dev, req.level, seed, req.timeout_s,
+                                     command=ws.command, sanitize_tool=tool), sh)
+                     for tool in SANITIZER_TOOLS for sh in (shard(sgroups, req.jobs) if sgroups else [])]
+            for (sws, _), soc in zip(tasks, in_parallel(lambda t: run_groups(t[1], t[0], on_event, sanitize=True),
+                                                        tasks), strict=True):
+                apply_sanitizer(oc, soc, sws.sanitize_tool)
         outcomes[dev] = oc
 
     threads = [threading.Thread(target=one, args=(d,)) for d in req.devices]
