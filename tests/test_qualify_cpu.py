@@ -589,8 +589,8 @@ def test_the_four_sanitizer_tools_run_at_once_and_judge_in_tool_order(tmp_path, 
     tool.parent.mkdir()
     log = tmp_path / "tools.log"
     # a stand-in for compute-sanitizer: drops its own flags, records the tool, takes 0.6 s, runs the worker
-    tool.write_text("#!/bin/sh\nt=$2\necho \"$t start\" >> %s\nwhile [ \"$1\" != \"0\" ]; do shift; done\n"
-                    "shift\nsleep 0.6\nexec \"$@\"\n" % log)
+    tool.write_text(f'#!/bin/sh\nt=$2\necho "$t start" >> {log}\nwhile [ "$1" != "0" ]; do shift; done\n'
+                    'shift\nsleep 0.6\nexec "$@"\n')
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
     req = runner.QualifyRequest(build_dir=tmp_path, build=_build_manifest(), catalog=load_catalog(NEGATIVE),
