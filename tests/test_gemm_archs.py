@@ -138,6 +138,10 @@ def test_padded_tile_maps_refuse_before_the_driver():
         tma.encode_2d_box(0x1000, 64, 64, 8, 300, 2)
     with pytest.raises(tma.TmaError, match="box row of 6 x 2 bytes"):
         tma.encode_2d_box(0x1000, 64, 64, 6, 8, 2)
+    with pytest.raises(tma.TmaError, match="lack"):
+        tma.padded_tile_maps_for({"BM": 64, "BN": 64}, 0x1000, 0x2000, 8, 8, 8)
+    with pytest.raises(tma.TmaError, match="K = 4 is not a multiple of 8"):  # sizeof_T = 2: a 16-bit tile
+        tma.padded_tile_maps_for({"BM": 64, "BN": 64, "BK": 64, "sizeof_T": 2}, 0x1000, 0x2000, 8, 8, 4)
     with pytest.raises(tma.TmaError, match="K = 12"):  # the prepare hooks read the tile from dims
         tma.prepare_padded_tiles_16bit({"A": 0x1000, "B": 0x2000}, {}, {"M": 8, "N": 8, "K": 12, "BM": 64,
                                                                         "BN": 64, "BK": 64})

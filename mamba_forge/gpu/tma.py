@@ -260,3 +260,13 @@ def prepare_padded_tiles_f32(pointers: dict[str, int], scalars: dict[str, int | 
     """QualifySpec.prepare for the f32 (TF32 and exact FFMA) CC 12.x tiles."""
     return padded_tile_maps(pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"],
                             int(dims["BM"]), int(dims["BN"]), int(dims["BK"]), 4)
+
+
+def padded_tile_maps_for(constants: dict[str, int], a_ptr: int, b_ptr: int, M: int, N: int, K: int) -> dict[str, bytes]:
+    """padded_tile_maps for one CC 12.x tile from its symbol's constants (a runtime Kernel's ``symbol.constants``, or
+    a catalog Symbol's ``params_env``): BM, BN, BK, and sizeof_T (2 for the bf16/f16 tiles; absent for the f32 ones)."""
+    missing = [k for k in ("BM", "BN", "BK") if k not in constants]
+    if missing:
+        raise TmaError(f"constants lack {missing}: not a gemm_bi_nn_sm120_tma_* tile")
+    return padded_tile_maps(a_ptr, b_ptr, M, N, K, int(constants["BM"]), int(constants["BN"]), int(constants["BK"]),
+                            int(constants.get("sizeof_T", 4)))
