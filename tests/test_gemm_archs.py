@@ -121,6 +121,15 @@ def test_sm120_tma_tiles_take_tensor_maps(catalog):
             assert not blobs and not fam.qualify.prepare and fam.instantiate == "MF_TILE_FMA_NN", fam.name
     for s in catalog.module("Sm120").symbols:
         assert s.dynamic_smem <= 99 * 1024, s.name  # CC 12.x: 99 KB of shared memory per block
+        if not s.name.startswith("gemm_bi_nn_sm120_tma"):
+            continue
+        e, eb = s.params_env, 2 if s.dtype in ("bf16", "f16") else 4
+        a_box, b_box = (e["BK"] + 16 // eb, e["BM"]), (e["BN"] + 16 // eb, e["BK"])  # (columns, rows), padded
+        for cols, rows in (a_box, b_box):
+            assert cols <= 256 and rows <= 256 and cols * eb % 16 == 0, s.name  # cuTensorMapEncodeTiled's rules
+        a_bytes, stage = a_box[0] * a_box[1] * eb, (a_box[0] * a_box[1] + b_box[0] * b_box[1]) * eb
+        assert a_bytes % 128 == 0 and stage % 128 == 0, s.name  # every box lands 128-byte aligned
+        assert s.dynamic_smem == e["STAGES"] * stage + 8 * e["STAGES"] + 128, s.name  # mf::tile::TmaRing::TOTAL
 
 
 def test_padded_tile_maps_refuse_before_the_driver():
