@@ -107,6 +107,55 @@ def test_wgmma_tensor_map_params(catalog):
         assert s.threads == 128 * (e["NC"] + 1)
 
 
+def test_sm120_tma_tiles_take_tensor_maps(catalog):
+    """The gemm_bi_nn_sm120_tma_* families load through TMA: tmA, tmB first (128 bytes, 64-aligned), built by the
+    padded-box prepare hook of their element size; the copyplan / sliced families stay on cp.async (no maps)."""
+    for fam in catalog.module("Sm120").families:
+        blobs = [(p.name, p.size, p.align) for p in fam.params if p.type == "bytes"]
+        if fam.name.startswith("gemm_bi_nn_sm120_tma"):
+            assert [p.name for p in fam.params[:2]] == ["tmA", "tmB"] and blobs == [("tmA", 128, 64), ("tmB", 128, 64)]
+            assert fam.instantiate.endswith("_TMA") and "TMA" in fam.contract, fam.name
+            bits = "f32" if fam.params[3].dtype == "f32" else "16bit"
+            assert fam.qualify.prepare == f"mamba_forge.gpu.tma:prepare_padded_tiles_{bits}", fam.name
+        else:
+            assert not blobs and not fam.qualify.prepare and fam.instantiate == "MF_TILE_FMA_NN", fam.name
+    for s in catalog.module("Sm120").symbols:
+        assert s.dynamic_smem <= 99 * 1024, s.name  # CC 12.x: 99 KB of shared memory per block
+        if not s.name.startswith("gemm_bi_nn_sm120_tma"):
+            continue
+        e, eb = s.params_env, 2 if s.dtype in ("bf16", "f16") else 4
+        a_box, b_box = (e["BK"] + 16 // eb, e["BM"]), (e["BN"] + 16 // eb, e["BK"])  # (columns, rows), padded
+        for cols, rows in (a_box, b_box):
+            assert cols <= 256 and rows <= 256 and cols * eb % 16 == 0, s.name  # cuTensorMapEncodeTiled's rules
+        a_bytes, stage = a_box[0] * a_box[1] * eb, (a_box[0] * a_box[1] + b_box[0] * b_box[1]) * eb
+        assert a_bytes % 128 == 0 and stage % 128 == 0, s.name  # every box lands 128-byte aligned
+        assert s.dynamic_smem == e["STAGES"] * stage + 8 * e["STAGES"] + 128, s.name  # mf::tile::TmaRing::TOTAL
+
+
+def test_padded_tile_maps_refuse_before_the_driver():
+    with pytest.raises(tma.TmaError, match="K = 100"):
+        tma.padded_tile_maps(0x1000, 0x2000, 64, 64, 100, 128, 128, 32, 2)
+    with pytest.raises(tma.TmaError, match="N = 6 "):
+        tma.padded_tile_maps(0x1000, 0x2000, 64, 6, 64, 128, 64, 16, 4)
+    with pytest.raises(tma.TmaError, match="M = 0"):
+        tma.padded_tile_maps(0x1000, 0x2000, 0, 8, 8, 128, 64, 16, 4)
+    with pytest.raises(tma.TmaError, match="8-byte elements"):
+        tma.padded_tile_maps(0x1000, 0x2000, 8, 8, 8, 128, 64, 16, 8)
+    with pytest.raises(tma.TmaError, match="16-byte aligned"):
+        tma.padded_tile_maps(0x1008, 0x2000, 8, 8, 8, 128, 64, 16, 4)
+    with pytest.raises(tma.TmaError, match="box rows = 300"):
+        tma.encode_2d_box(0x1000, 64, 64, 8, 300, 2)
+    with pytest.raises(tma.TmaError, match="box row of 6 x 2 bytes"):
+        tma.encode_2d_box(0x1000, 64, 64, 6, 8, 2)
+    with pytest.raises(tma.TmaError, match="lack"):
+        tma.padded_tile_maps_for({"BM": 64, "BN": 64}, 0x1000, 0x2000, 8, 8, 8)
+    with pytest.raises(tma.TmaError, match="K = 4 is not a multiple of 8"):  # sizeof_T = 2: a 16-bit tile
+        tma.padded_tile_maps_for({"BM": 64, "BN": 64, "BK": 64, "sizeof_T": 2}, 0x1000, 0x2000, 8, 8, 4)
+    with pytest.raises(tma.TmaError, match="K = 12"):  # the prepare hooks read the tile from dims
+        tma.prepare_padded_tiles_16bit({"A": 0x1000, "B": 0x2000}, {}, {"M": 8, "N": 8, "K": 12, "BM": 64,
+                                                                        "BN": 64, "BK": 64})
+
+
 def _build_one(catalog: Catalog, kind: str, target: str, tmp_path):
     sub = Catalog(path=catalog.path, name=catalog.name, modules=(catalog.module(kind),))
     man = build(BuildRequest(sub, [get_target(target)], tmp_path, jobs=1))

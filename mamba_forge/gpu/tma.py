@@ -168,3 +168,105 @@ def prepare_gemm_nt_tmastore(pointers: dict[str, int], scalars: dict[str, int | 
 
 def prepare_gemm_tn_tmastore(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
     return gemm_tensor_maps_with_c("tn", pointers["A"], pointers["B"], pointers["C"], dims["M"], dims["N"], dims["K"])
+
+
+# ---- CC 12.x tiles (kernels/sm120, mf/tile_tma.cuh): unswizzled, padded boxes -------------------------------------
+# The gemm_bi_nn_sm120_tma_* tiles keep the cp.async tiles' padded shared-memory rows, so TMA writes them as one
+# unswizzled box per matrix and stage, one 16-byte chunk wider than the tile along the contiguous dimension:
+# A (M x K) through a (BK + pad) x BM box, B (K x N) through a (BN + pad) x BK box, pad = 16 bytes of elements
+# (8 for bf16/f16, 4 for f32). The extra columns are neighbours or the hardware's zero fill, never read by the math.
+# Elements are copied as raw bits (UINT16 / UINT32): NaN payloads and -0.0 arrive unchanged.
+PAD_BYTES = 16
+MAX_BOX = 256  # elements per box side
+
+
+def check_matrix_elems(ptr: int, rows: int, cols: int, element_bytes: int, name: str = "matrix") -> None:
+    """Refuse a row-major matrix of 2- or 4-byte elements a tensor map cannot describe."""
+    if element_bytes not in (2, 4):
+        raise TmaError(f"{name}: {element_bytes}-byte elements not supported (2 or 4)")
+    ptr, rows, cols = _check_int(f"{name} address", ptr), _check_int(f"{name} rows", rows), _check_int(f"{name} cols", cols)
+    if ptr <= 0 or ptr % 16:
+        raise TmaError(f"{name}: base address {ptr:#x} is not a 16-byte aligned device address")
+    if not (1 <= rows <= MAX_DIM and 1 <= cols <= MAX_DIM):
+        raise TmaError(f"{name}: shape {rows} x {cols} out of range (each dimension 1..{MAX_DIM})")
+    if (cols * element_bytes) % 16:
+        raise TmaError(
+            f"{name}: row stride {cols} elements x {element_bytes} bytes is not a multiple of 16 bytes "
+            f"(the contiguous extent must be a multiple of {16 // element_bytes})"
+        )
+
+
+def encode_2d_box(ptr: int, rows: int, cols: int, box_cols: int, box_rows: int, element_bytes: int,
+                  name: str = "matrix") -> bytes:
+    """The 128 bytes of an unswizzled CUtensorMap for a row-major rows x cols matrix, box of box_cols x box_rows."""
+    check_matrix_elems(ptr, rows, cols, element_bytes, name)
+    for what, v in (("columns", box_cols), ("rows", box_rows)):
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_BOX:
+            raise TmaError(f"{name}: box {what} = {v!r} out of range (1..{MAX_BOX})")
+    if (box_cols * element_bytes) % 16:
+        raise TmaError(f"{name}: box row of {box_cols} x {element_bytes} bytes is not a multiple of 16 bytes")
+    drv = bindings()
+    dtype = {2: drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16,
+             4: drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT32}[element_bytes]
+    err, tmap = drv.cuTensorMapEncodeTiled(
+        dtype,
+        2,
+        ptr,
+        [drv.cuuint64_t(cols), drv.cuuint64_t(rows)],  # innermost dimension first
+        [drv.cuuint64_t(cols * element_bytes)],
+        [drv.cuuint32_t(box_cols), drv.cuuint32_t(box_rows)],
+        [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # NONE = zero fill
+    )
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise TmaError(f"{name}: cuTensorMapEncodeTiled failed with {err!r} for {rows} x {cols} at {ptr:#x}, "
+                       f"box {box_cols} x {box_rows}")
+    raw = struct.pack("<16Q", *(int(v) for v in tmap.opaque))
+    assert len(raw) == TMA_DESC_BYTES
+    return raw
+
+
+def padded_tile_maps(a_ptr: int, b_ptr: int, M: int, N: int, K: int, BM: int, BN: int, BK: int,
+                     element_bytes: int) -> dict[str, bytes]:
+    """{"tmA": ..., "tmB": ...} for a gemm_bi_nn_sm120_tma_* launch (NN, A: M x K, B: K x N, row-major) of tile
+    BM x BN x BK; element_bytes 2 (bf16/f16) or 4 (f32, TF32 math). Refuses unsupported shapes first."""
+    for n, v in (("M", M), ("N", N), ("K", K)):
+        if _check_int(n, v) < 1 or v > MAX_DIM:
+            raise TmaError(f"{n} = {v} out of range (1..{MAX_DIM}); an empty GEMM needs no launch")
+    if element_bytes not in (2, 4):
+        raise TmaError(f"{element_bytes}-byte elements not supported (2 or 4)")
+    per = PAD_BYTES // element_bytes
+    for n, v in (("K", K), ("N", N)):
+        if v % per:
+            raise TmaError(f"NN: {n} = {v} is not a multiple of {per} (the row strides of A and B must be "
+                           "16-byte aligned)")
+    pad = PAD_BYTES // element_bytes
+    return {"tmA": encode_2d_box(a_ptr, M, K, BK + pad, BM, element_bytes, "A"),
+            "tmB": encode_2d_box(b_ptr, K, N, BN + pad, BK, element_bytes, "B")}
+
+
+def prepare_padded_tiles_16bit(pointers: dict[str, int], scalars: dict[str, int | float],
+                               dims: dict[str, int]) -> dict[str, bytes]:
+    """QualifySpec.prepare for the bf16/f16 CC 12.x tiles: dims carries M, N, K and the instance's BM, BN, BK."""
+    return padded_tile_maps(pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"],
+                            int(dims["BM"]), int(dims["BN"]), int(dims["BK"]), 2)
+
+
+def prepare_padded_tiles_f32(pointers: dict[str, int], scalars: dict[str, int | float],
+                             dims: dict[str, int]) -> dict[str, bytes]:
+    """QualifySpec.prepare for the f32 (TF32 and exact FFMA) CC 12.x tiles."""
+    return padded_tile_maps(pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"],
+                            int(dims["BM"]), int(dims["BN"]), int(dims["BK"]), 4)
+
+
+def padded_tile_maps_for(constants: dict[str, int], a_ptr: int, b_ptr: int, M: int, N: int, K: int) -> dict[str, bytes]:
+    """padded_tile_maps for one CC 12.x tile from its symbol's constants (a runtime Kernel's ``symbol.constants``, or
+    a catalog Symbol's ``params_env``): BM, BN, BK, and sizeof_T (2 for the bf16/f16 tiles; absent for the f32 ones)."""
+    missing = [k for k in ("BM", "BN", "BK") if k not in constants]
+    if missing:
+        raise TmaError(f"constants lack {missing}: not a gemm_bi_nn_sm120_tma_* tile")
+    return padded_tile_maps(a_ptr, b_ptr, M, N, K, int(constants["BM"]), int(constants["BN"]), int(constants["BK"]),
+                            int(constants.get("sizeof_T", 4)))

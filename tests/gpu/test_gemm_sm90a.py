@@ -194,7 +194,14 @@ def run_tile(env, name, A, B, M, N, K, bias=None):
     out_token = next(p.dtype for p in fam.params if p.name == "C")
     out_token = sym.params_env.get(out_token, out_token)
     C = torch.full((M, N), float("nan"), dtype=_tdtype(torch, out_token), device="cuda")
-    items = [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr())]
+    items = []
+    if any(p.name == "tmA" for p in fam.params):  # the CC 12.x TMA tiles: padded boxes of the instance's tile
+        from mamba_forge.gpu import tma
+
+        e = sym.params_env
+        maps = tma.padded_tile_maps(A.data_ptr(), B.data_ptr(), M, N, K, e["BM"], e["BN"], e["BK"], A.element_size())
+        items = [("bytes", maps["tmA"]), ("bytes", maps["tmB"])]
+    items += [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr())]
     if any(p.name == "bias" for p in fam.params):
         items.append(("ptr", bias.data_ptr()))
     items += [("i32", M), ("i32", N), ("i32", K)]
@@ -210,6 +217,8 @@ def test_check_build_arithmetic(env, name):
     sym = catalog.symbols[name]
     in_token = sym.dtype or "f32"
     M, N, K = 263, 200, 100  # K % 8 != 0: A takes the element path; N % 8 == 0: B takes the 16-byte path
+    if _is_tma_tile(name) and in_token != "f32":
+        K = 104  # TMA needs 16-byte row strides (K % 8 == 0 for 16-bit); 104 is still a ragged k-tile
     g = torch.Generator(device="cuda").manual_seed(4)
     A = (torch.rand((1000, K), generator=g, device="cuda") * 2 - 1).to(_tdtype(torch, in_token))
     B = (torch.rand((K, N), generator=g, device="cuda") * 2 - 1).to(_tdtype(torch, in_token))
@@ -230,11 +239,15 @@ def test_check_build_arithmetic(env, name):
     assert torch.equal(C_full[:M].contiguous().view(torch.uint8), C.view(torch.uint8)), f"{name}: batch variant"
 
 
+def _is_tma_tile(name: str) -> bool:
+    return name.startswith("gemm_bi_nn_sm120_tma_")
+
+
 def test_exact_f32_symbols_agree_bitwise(env):
     torch, _, catalog, _ = env
-    names = [n for n in _check_symbols() if "f32_n64" in n or "_fma_v1_fixed_nobias" in n]
+    names = [n for n in _check_symbols() if "f32_n64" in n and not _is_tma_tile(n)]
     assert len(names) >= 5
-    M, N, K = 150, 131, 77  # everything ragged
+    M, N, K = 150, 131, 77  # everything ragged (the cp.async tiles; the TMA tiles need N, K % 4: below)
     g = torch.Generator(device="cuda").manual_seed(5)
     A = torch.rand((M, K), generator=g, device="cuda") * 2 - 1
     B = torch.rand((K, N), generator=g, device="cuda") * 2 - 1
@@ -247,7 +260,7 @@ def test_exact_f32_symbols_agree_bitwise(env):
 def test_postbias_symbols_equal_nobias_plus_bias(env):
     """c = acc + bias[n] in f32: the bias symbols equal the bias-free chain plus one f32 add, bit for bit."""
     torch = env[0]
-    M, N, K = 150, 131, 77
+    M, N, K = 150, 132, 76  # ragged tiles; N, K multiples of 4 (the TMA tiles' 16-byte row strides)
     g = torch.Generator(device="cuda").manual_seed(6)
     A = torch.rand((M, K), generator=g, device="cuda") * 2 - 1
     B = torch.rand((K, N), generator=g, device="cuda") * 2 - 1
@@ -260,3 +273,150 @@ def test_postbias_symbols_equal_nobias_plus_bias(env):
         got, has_bias = run_tile(env, n, A, B, M, N, K, bias)
         assert has_bias
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), f"{n} != nobias + bias"
+
+
+# ---- the CC 12.x TMA tiles (gemm_bi_nn_sm120_tma_*): the bits of their cp.async twins ----------------------------
+# Each TMA tile runs the arithmetic of a portable cp.async template (mf/tile_tma.cuh): bf16/f16 -> MF_TILE_MMA_NN,
+# TF32 -> MF_TILE_TF32_NN (RNA), exact f32 -> the FFMA chain. Per output element that arithmetic does not depend on
+# the tile shape, so every TMA tile must give, bit for bit, what a cp.async symbol of the same template gives
+# (the Ada check builds and the Sm120 copyplan tiles), on ragged tiles and on both corpora.
+TMA_SHAPES = [(263, 200, 104), (1, 8, 8), (129, 264, 72), (77, 136, 1032), (300, 520, 4096)]
+TWIN_HALF = "gemm_bi_nn_fixed_sm89_tc128_s3_v1_{dtype}"  # MF_TILE_MMA_NN 128x128x32, 3 stages, cp.async
+TWIN_TF32 = "gemm_bi_nn_fixed_sm89_rna_tf32_v1_m128n96_bk32_s3"  # MF_TILE_TF32_NN, cp.async
+TWIN_FMA = "gemm_bi_nn_fixed_sm120_f32_n64_copyplan_v1"  # MF_TILE_FMA_NN, cp.async
+
+
+def _tma_tiles(kind: str) -> list[str]:
+    names = [n for n in _check_symbols() if _is_tma_tile(n)]
+    if kind == "half":
+        return [n for n in names if "_tf32_" not in n and "_fma_" not in n and "f32out" not in n]
+    if kind == "f32out":
+        return [n for n in names if "f32out" in n]
+    return [n for n in names if f"_{kind}_" in n]
+
+
+def _corpus(torch, shape, dtype, corpus, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.rand(shape, generator=g, device="cuda", dtype=torch.float64) * 2 - 1
+    if corpus == "logu":
+        x = x.sign() * 10.0 ** (torch.rand(shape, generator=g, device="cuda", dtype=torch.float64) * 4 - 2)
+    return x.to(dtype)
+
+
+def _same_bits(torch, a, b) -> bool:
+    view = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    return a.dtype == b.dtype and torch.equal(a.contiguous().view(view), b.contiguous().view(view))
+
+
+def test_tma_tiles_cover_every_family():
+    assert len(_tma_tiles("half")) == 10 and len(_tma_tiles("f32out")) == 10
+    assert len(_tma_tiles("tf32")) == 7 and len(_tma_tiles("fma")) == 6
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("corpus", ["uniform", "logu"])
+def test_tma_half_tiles_equal_their_cp_async_twin(env, dtype, corpus):
+    """bf16/f16 out: bit-identical to the Ada cp.async tile; f32 out: rounded to T (RNE), bit-identical to it too."""
+    torch = env[0]
+    tdt = _tdtype(torch, dtype)
+    for i, (M, N, K) in enumerate(TMA_SHAPES):
+        A, B = _corpus(torch, (M, K), tdt, corpus, 10 + i), _corpus(torch, (K, N), tdt, corpus, 20 + i)
+        want, _ = run_tile(env, TWIN_HALF.format(dtype=dtype), A, B, M, N, K)
+        ref, absprod = _ref(torch, "nn", A, B)
+        if corpus == "uniform":
+            _assert_close(torch, want, ref, absprod, f"twin {dtype} M={M} N={N} K={K}")
+        for name in [n for n in _tma_tiles("half") + _tma_tiles("f32out") if n.endswith(f"_{dtype}")]:
+            got, _ = run_tile(env, name, A, B, M, N, K)
+            if got.dtype == torch.float32:
+                assert not got.isnan().any(), f"{name}: unwritten output at M={M} N={N} K={K}"
+                got = got.to(tdt)  # round to nearest even, as the T-out epilogue's __float2*_rn
+            assert _same_bits(torch, got, want), f"{name} differs from {TWIN_HALF.format(dtype=dtype)} at M={M} N={N} K={K}"
+
+
+@pytest.mark.parametrize("corpus", ["uniform", "logu"])
+def test_tma_tf32_tiles_equal_their_cp_async_twin(env, corpus):
+    torch = env[0]
+    for i, (M, N, K) in enumerate(TMA_SHAPES):
+        A, B = _corpus(torch, (M, K), torch.float32, corpus, 30 + i), _corpus(torch, (K, N), torch.float32, corpus, 40 + i)
+        want, _ = run_tile(env, TWIN_TF32, A, B, M, N, K)
+        assert not want.isnan().any()
+        for name in _tma_tiles("tf32"):
+            got, _ = run_tile(env, name, A, B, M, N, K)
+            assert _same_bits(torch, got, want), f"{name} differs from {TWIN_TF32} at M={M} N={N} K={K}"
+
+
+@pytest.mark.parametrize("corpus", ["uniform", "logu"])
+def test_tma_fma_tiles_equal_the_chain_bitwise(env, corpus):
+    """The exact-f32 TMA tiles: the host FFMA chain (float64-free, references.gemm.chain_f32) and the cp.async
+    copyplan tile, bit for bit; with bias, chain + bias[n] in f32."""
+    import numpy as np
+
+    from mamba_forge.references import gemm as R
+
+    torch = env[0]
+    for i, (M, N, K) in enumerate([(150, 132, 76), (1, 4, 4), (129, 264, 72), (77, 136, 300)]):
+        A, B = _corpus(torch, (M, K), torch.float32, corpus, 50 + i), _corpus(torch, (K, N), torch.float32, corpus, 60 + i)
+        bias = _corpus(torch, (N,), torch.float32, "uniform", 70 + i)
+        chain = R.chain_f32(A.cpu().numpy().astype(np.float64), B.cpu().numpy().astype(np.float64), None)
+        want = torch.from_numpy(np.ascontiguousarray(chain, dtype=np.float32)).cuda().view(M, N)
+        twin, _ = run_tile(env, TWIN_FMA, A, B, M, N, K)
+        assert _same_bits(torch, twin, want), f"{TWIN_FMA} differs from the host chain at M={M} N={N} K={K}"
+        for name in _tma_tiles("fma"):
+            got, has_bias = run_tile(env, name, A, B, M, N, K, bias)
+            expect = want + bias[None, :] if has_bias else want
+            assert _same_bits(torch, got, expect), f"{name} differs from the chain at M={M} N={N} K={K}"
+
+
+@pytest.mark.parametrize("kind", ["half", "f32out", "tf32", "fma"])
+def test_tma_tiles_batch_invariant_and_repeatable(env, kind):
+    torch = env[0]
+    dt = torch.float32 if kind in ("tf32", "fma") else torch.bfloat16
+    N, K = 264, 520
+    A, B = _corpus(torch, (1000, K), dt, "uniform", 80), _corpus(torch, (K, N), dt, "uniform", 81)
+    bias = _corpus(torch, (N,), torch.float32, "uniform", 82)
+    names = [n for n in _tma_tiles(kind) if dt == torch.float32 or n.endswith("_bf16")]
+    for name in names:
+        full, _ = run_tile(env, name, A, B, 1000, N, K, bias)
+        for M in (1, 3, 17, 64, 263):
+            part, _ = run_tile(env, name, A[:M].contiguous(), B, M, N, K, bias)
+            assert _same_bits(torch, part, full[:M]), f"{name}: rows differ between M={M} and M=1000"
+        for _ in range(3):
+            assert _same_bits(torch, run_tile(env, name, A, B, 1000, N, K, bias)[0], full), f"{name}: run differs"
+
+
+def test_tma_tiles_write_only_c(env):
+    """Neighbours of C stay untouched on a ragged shape: the epilogue's bounds (the boxes only read)."""
+    torch = env[0]
+    M, N, K = 77, 136, 64
+    for name in [n for n in _check_symbols() if _is_tma_tile(n) and not n.endswith("_f16")]:
+        fn, sym = _fn(env, name)
+        dt = torch.bfloat16 if name.endswith("_bf16") else torch.float32
+        A, B = _corpus(torch, (M, K), dt, "uniform", 90), _corpus(torch, (K, N), dt, "uniform", 91)
+        out_dt = torch.float32 if ("f32out" in name or dt == torch.float32) else dt
+        pad = 4096
+        buf = torch.full((M * N + 2 * pad,), 7.0, dtype=out_dt, device="cuda")
+        C = buf[pad : pad + M * N].view(M, N)
+        from mamba_forge.gpu import tma
+
+        e = sym.params_env
+        maps = tma.padded_tile_maps(A.data_ptr(), B.data_ptr(), M, N, K, e["BM"], e["BN"], e["BK"], A.element_size())
+        items = [("bytes", maps["tmA"]), ("bytes", maps["tmB"]), ("ptr", C.data_ptr()), ("ptr", A.data_ptr()),
+                 ("ptr", B.data_ptr())]
+        bias = torch.zeros(N, device="cuda")
+        if "_postbias" in name:
+            items.append(("ptr", bias.data_ptr()))
+        items += [("i32", M), ("i32", N), ("i32", K)]
+        grid = math.ceil(M / e["BM"]) * math.ceil(N / e["BN"])
+        gpu_launch(fn, (grid,), sym.block, items, smem=sym.dynamic_smem, stream=torch.cuda.current_stream(), sync=False)
+        torch.cuda.synchronize()
+        assert bool((buf[:pad] == 7.0).all()) and bool((buf[pad + M * N :] == 7.0).all()), f"{name}: wrote outside C"
+        assert not (C == 7.0).all(), f"{name}: wrote nothing"
+
+
+def test_tma_tile_host_refuses_unaligned():
+    from mamba_forge.gpu import tma
+
+    with pytest.raises(tma.TmaError, match="K = 100"):
+        tma.padded_tile_maps(0x1000, 0x2000, 64, 64, 100, 128, 128, 32, 2)
+    with pytest.raises(tma.TmaError, match="N = 6"):
+        tma.padded_tile_maps(0x1000, 0x2000, 64, 6, 64, 128, 64, 16, 4)

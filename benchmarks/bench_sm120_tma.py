@@ -1,0 +1,129 @@
+"""CC 12.x TMA tiles (gemm_bi_nn_sm120_tma_*) against the cp.async tiles of the same math, through their sm_90a
+check builds (run on the H200; the CC 12.x numbers need a CC 12.x GPU). Per symbol: median ms, TFLOP/s, and the
+ratio to its cp.async twin (bf16/f16 -> gemm_bi_nn_fixed_sm89_tc128_s3_v1, TF32 -> the Ada RNA tile, exact f32 ->
+the Sm120 copyplan tile), with a bitwise check against the twin so a fast wrong kernel cannot post a number.
+Appends rows to benchmarks/results/sm120_tma.md. Not a test.
+
+    python benchmarks/bench_sm120_tma.py [--iters 30] [--shapes 4096x4096x4096,1024x4096x4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+from timing import median_ms  # benchmarks/timing.py
+
+from mamba_forge.build.builder import BuildRequest, build
+from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
+from mamba_forge.catalog.targets import get_target
+from mamba_forge.gpu import tma
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from gpu_support import bind, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
+
+RESULTS = Path(__file__).parent / "results" / "sm120_tma.md"
+HEADER = ("| date | GPU | symbol | M | N | K | ms | TFLOP/s | twin | twin ms | ratio to twin |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+MODULES = ("Sm120", "TriadSm89Half", "TriadSm89Tf32Joint")
+TWINS = {"half": "gemm_bi_nn_fixed_sm89_tc128_s3_v1_{dtype}", "tf32": "gemm_bi_nn_fixed_sm89_rna_tf32_v1_m128n96_bk32_s3",
+         "fma": "gemm_bi_nn_fixed_sm120_f32_n64_copyplan_v1"}
+
+
+def build_modules():
+    cat = load_catalog(default_catalog_path())
+    sub = Catalog(path=cat.path, name=cat.name, modules=tuple(cat.module(k) for k in MODULES))
+    out = Path(tempfile.mkdtemp(prefix="mf-bench-sm120-"))
+    man = build(BuildRequest(sub, [get_target("sm_90a")], out))
+    where = {}
+    for mod in man.modules:
+        if mod.target != "sm_90a":
+            continue
+        if mod.status != "compiled":
+            raise SystemExit(f"{mod.kind} failed to compile:\n{mod.log_head}")
+        cubin = out / next(a for a in mod.artifacts if a.code == "cubin").path
+        where.update({s.name: cubin for s in mod.symbols if s.verdict.status == "admitted"})
+    return cat, where
+
+
+def kind_of(name: str) -> str:
+    return "tf32" if "_tf32_" in name else "fma" if "_fma_" in name else "half"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--shapes", default="4096x4096x4096,1024x4096x4096")
+    ap.add_argument("--symbols", default="", help="comma-separated substrings: only matching TMA symbols")
+    args = ap.parse_args()
+    if args.iters < 20:
+        raise SystemExit("--iters must be at least 20")
+    import torch
+
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    gpu = torch.cuda.get_device_properties(0).name
+    cat, where = build_modules()
+    wanted = [w for w in args.symbols.split(",") if w]
+    names = sorted(n for n in where if n.startswith("gemm_bi_nn_sm120_tma_") and "_f16" not in n
+                   and (not wanted or any(w in n for w in wanted)))
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    stream = torch.cuda.current_stream().cuda_stream
+    rows = []
+
+    def runner(name, A, B, C, bias, M, N, K):
+        sym = cat.symbols[name]
+        fn = load_cubin(where[name]).function(name)
+        items = []
+        if any(p.name == "tmA" for p in cat.module(sym.module).family(sym.family).params):
+            e = sym.params_env
+            maps = tma.padded_tile_maps(A.data_ptr(), B.data_ptr(), M, N, K, e["BM"], e["BN"], e["BK"], A.element_size())
+            items = [("bytes", maps["tmA"]), ("bytes", maps["tmB"])]
+        items += [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr())]
+        if "postbias" in name:
+            items.append(("ptr", bias.data_ptr()))
+        items += [("i32", M), ("i32", N), ("i32", K)]
+        grid = (math.ceil(M / sym.params_env["BM"]) * math.ceil(N / sym.params_env["BN"]),)
+        return bind(fn, grid, sym.block, items, smem=sym.dynamic_smem, stream=stream)
+
+    for M, N, K in (tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")):
+        flops = 2.0 * M * N * K
+        g = torch.Generator(device="cuda").manual_seed(0)
+        A32, B32 = torch.randn((M, K), generator=g, device="cuda"), torch.randn((K, N), generator=g, device="cuda")
+        bias = torch.zeros(N, device="cuda")  # + 0.0: postbias symbols give the nobias chain's bits
+        twin_ms = {}
+        for name in names:
+            kind = kind_of(name)
+            A, B = (A32, B32) if kind != "half" else (A32.bfloat16(), B32.bfloat16())
+            out_dt = torch.bfloat16 if kind == "half" and "f32out" not in name else torch.float32
+            twin = TWINS[kind].format(dtype="bf16")
+            if twin not in twin_ms:
+                Ct = torch.empty((M, N), dtype=torch.bfloat16 if kind == "half" else torch.float32, device="cuda")
+                run_t = runner(twin, A, B, Ct, bias, M, N, K)
+                twin_ms[twin] = (median_ms(run_t, args.iters), Ct)
+            ms_t, Ct = twin_ms[twin]
+            C = torch.empty((M, N), dtype=out_dt, device="cuda")
+            ms = median_ms(runner(name, A, B, C, bias, M, N, K), args.iters)
+            same = torch.equal((C.to(Ct.dtype) if C.dtype != Ct.dtype else C).view(torch.int16 if Ct.dtype == torch.bfloat16
+                               else torch.int32), Ct.view(torch.int16 if Ct.dtype == torch.bfloat16 else torch.int32))
+            flag = "" if same else "  NOT BITWISE EQUAL TO THE TWIN"
+            rows.append((date, gpu, name, M, N, K, ms, flops / ms / 1e9, twin, ms_t, ms_t / ms))
+            print(f"{name:58s} {M:5d} {N:5d} {K:5d} {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s  twin {ms_t:8.3f} ms"
+                  f"  ratio {ms_t / ms:.3f}{flag}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    new = not RESULTS.exists()
+    with RESULTS.open("a") as fh:
+        if new:
+            fh.write("# CC 12.x TMA tiles vs their cp.async twins (sm_90a check builds), same run\n\n" + HEADER)
+        for r in rows:
+            fh.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]:.3f} | {r[7]:.1f} | {r[8]} | "
+                     f"{r[9]:.3f} | {r[10]:.3f} |\n")
+    print(f"wrote {len(rows)} rows to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
