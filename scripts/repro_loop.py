@@ -45,6 +45,7 @@ def main() -> int:
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--no-aslr", action="store_true", help="run each compile under setarch -R")
     ap.add_argument("--keep", type=Path, help="folder to keep each distinct PTX in")
+    ap.add_argument("--drop-option", action="append", default=[], help="leave this compile option out (repeatable)")
     args = ap.parse_args()
 
     from mamba_forge.build import builder
@@ -62,7 +63,7 @@ def main() -> int:
         print(f"--kernels {args.kernels!r} spans {len(jobs)} modules; pick symbols of one", file=sys.stderr)
         return 2
     j = jobs[0]
-    opts = list(j.options)
+    opts = [o for o in j.options if o not in args.drop_option]
     tmp = Path(tempfile.mkdtemp())
     jf = tmp / "job.pkl"
     jf.write_bytes(pickle.dumps({"source": j.source, "name": f"{j.module.kind}.cu", "options": opts,

@@ -85,10 +85,12 @@ class Source:
         tar, self.tar = self.tar, None
         members: dict[str, bytes] = {}
         want = dict(sizes)
+        # what the rest holds if it is what the table says: a header and whole blocks per member, two end blocks
+        expected = sum(_BLOCK + size + -size % _BLOCK for size in want.values()) + 2 * _BLOCK
 
         def run() -> None:
             try:
-                _tar_errors(tar.path, lambda: tar.read_rest(members, want))
+                _tar_errors(tar.path, lambda: (tar.stream.prefill(expected), tar.read_rest(members, want)))
                 self.members.update(members)  # type: ignore[union-attr]
                 self.prefetched = (want, None)
             except ArtifactRefused as exc:
@@ -177,6 +179,19 @@ class _Inflater:
         if self.total > self.cap:
             raise ArtifactRefused(f"{self.label} decompresses to more than {self.cap} bytes")
         return data
+
+    def prefill(self, n: int) -> None:
+        """Inflate up to n more bytes now, in one zlib call over the rest of the file (a prefetch thread: zlib
+        runs without the GIL for the whole call, where a call per member would wait for the GIL each time)."""
+        if self.zlib is None or self.zlib.eof or n <= 0:
+            return
+        src = (self.zlib.unconsumed_tail or self.raw) + self.f.read()  # the file's size was bounded at open
+        self.raw = b""
+        data = self.zlib.decompress(src, min(n, self.cap - self.total + 1))
+        self.total += len(data)
+        if self.total > self.cap:
+            raise ArtifactRefused(f"{self.label} decompresses to more than {self.cap} bytes")
+        self.buf, self.pos = self.buf[self.pos:] + data, 0
 
     def read(self, n: int) -> bytes:
         buf, pos = self.buf, self.pos
