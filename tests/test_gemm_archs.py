@@ -69,7 +69,8 @@ def test_every_symbol_has_contract_params_and_reference(catalog):
         mod = catalog.module(kind)
         for fam in mod.families:
             assert fam.contract and len(fam.contract) > 40, fam.name
-            assert [p.name for p in fam.params if p.role == "out"] == ["C"], fam.name
+            outs = [p.name for p in fam.params if p.role == "out"]
+            assert outs == (["C"] if fam.name.startswith("gemm_") else ["At"]), fam.name  # At: the pre-RNA pass
             ref = fam.qualify.reference
             assert ref and ref.startswith("mamba_forge.references.gemm:"), fam.name
             mod_name, fn = ref.split(":")
@@ -293,3 +294,61 @@ def test_references_match_explicit_sums():
     # a wrong layout gives a different answer (the references are not layout-blind)
     wrong = gemm_ref.gemm_nt({"A": a.ravel(), "B": b.ravel()}, dims)["C"]
     assert not np.allclose(wrong, want.ravel())
+
+
+# ---- the Ada TF32-joint named symbols (reference-registry.rs 1130-1145) ----
+TF32_JOINT_NAMED = [
+    "tn_pre_rna_transpose_fixed_sm89_tf32_v1",
+    "gemm_bi_nn_fixed_sm89_tn_pre_rna_tf32_v1_m128n96_bk32_s3",
+    "gemm_bi_nn_fixed_sm89_tn_pre_rna_tf32_v1_m64n64_bk32_s3",
+    "gemm_bi_nn_fixed_sm89_tn_pre_rna_tf32_v1_m64n96_bk32_s2",
+    "gemm_bi_nn_fixed_sm89_add_half_direct_tf32_v1_m128n96_bk32_s3",
+    "gemm_bi_nn_fixed_sm89_add_half_tf32_v1_m128n96_bk32_s3",
+    "gemm_bi_nt_fixed_sm89_a_ldmatrix_tf32_v1_m128n96_bk32_s3",
+]
+
+
+def test_tf32_joint_named_symbols_declared_within_ada_shared_memory(catalog):
+    syms = {s.name: s for s in catalog.module("TriadSm89Tf32Joint").symbols}
+    missing = [n for n in TF32_JOINT_NAMED if n not in syms]
+    assert not missing, missing
+    for n in TF32_JOINT_NAMED:
+        assert syms[n].dynamic_smem <= 99 * 1024, n  # the Ada per-block opt-in limit
+
+
+def _entry_bodies(ptx: str) -> dict[str, str]:
+    parts = re.split(r"^\.visible \.entry (\w+)\(", ptx, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_tf32_joint_ptx_does_what_the_names_say(catalog, tmp_path):
+    mod = _build_one(catalog, "TriadSm89Tf32Joint", "sm_89", tmp_path)
+    body = _entry_bodies((tmp_path / next(a for a in mod.artifacts if a.code == "ptx").path).read_text())
+    count = lambda n, tok: body[n].count(tok)  # noqa: E731
+    mma, cvt = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "cvt.rna.tf32.f32"
+    rna, pre = "gemm_bi_nn_fixed_sm89_rna_tf32_v1_m128n96_bk32_s3", TF32_JOINT_NAMED[1]
+    # pre-RNA: A is not converted, B still is (the incumbent converts both: 80 per 48 mma, the variant 48)
+    assert count(pre, mma) == count(rna, mma) and count(pre, cvt) < count(rna, cvt)
+    for n in TF32_JOINT_NAMED[4:6]:  # 3xTF32: three mma per product tile, hi and lo of every operand
+        assert count(n, mma) == 3 * count(rna, mma) and count(n, cvt) == 2 * count(rna, cvt), n
+    nt = TF32_JOINT_NAMED[6]
+    assert count(nt, "ldmatrix.sync.aligned.m8n8.x4.shared.b16") > 0 and count(rna, "ldmatrix") == 0
+    assert count(TF32_JOINT_NAMED[0], cvt) > 0 and count(TF32_JOINT_NAMED[0], "mma") == 0
+
+
+def test_tf32_rna_reference_rounds_ties_away_and_carries():
+    u = 2.0**-10  # one TF32 ulp at 1
+    x = np.array([1.0, 1 + u / 2, 1 + u / 2 - 2.0**-23, -(1 + u / 2), 1 + 3 * u / 4, 2 - u / 2, 3.4028234e38,
+                  np.inf, np.nan, 0.0, -0.0])
+    got = gemm_ref.tf32_rna(x)
+    want = np.array([1.0, 1 + u, 1.0, -(1 + u), 1 + u, 2.0, np.inf, np.inf, np.nan, 0.0, -0.0])
+    np.testing.assert_array_equal(got, want)
+    assert np.signbit(got[-1]) and not np.signbit(got[-2])
+    # the low 13 bits are zero on random values, and the rounding is the nearest TF32 value (not truncation)
+    r = np.random.default_rng(0).uniform(-1, 1, 4096).astype(np.float32)
+    g = gemm_ref.tf32_rna(r).astype(np.float32)
+    assert not (g.view(np.uint32) & 0x1FFF).any()
+    trunc = (r.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    assert (np.abs(g - r) <= np.abs(trunc - r)).all() and (g != trunc).any()
+    a = np.arange(6, dtype=np.float64).reshape(2, 3)  # A [K=2, M=3]
+    assert gemm_ref.tf32_rna_transpose({"A": a.ravel()}, {"M": 3, "K": 2})["At"].tolist() == a.T.ravel().tolist()

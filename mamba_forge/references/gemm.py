@@ -137,7 +137,30 @@ gemm_nn_f32_chain = _chain("nn")
 gemm_tn_f32_chain = _chain("tn")
 gemm_nt_f32_chain = _chain("nt")
 
+
+# ---- TF32 rounding (the Ada TF32-joint pre-RNA pass, kernels/sm89/tf32.toml) ----------------------------------
+
+
+def tf32_rna(x: np.ndarray) -> np.ndarray:
+    """x rounded to TF32 as cvt.rna.tf32.f32 does (round to nearest, ties away from zero; the low 13 of the 32
+    bits zero) and returned as float64: on the magnitude's bits, add half a TF32 ulp (0x1000) and clear the 13
+    low bits (a carry into the exponent is the correct rounding, up to infinity); NaN stays NaN."""
+    f = np.asarray(x, dtype=np.float32)
+    u = f.view(np.uint32)
+    mag = u & np.uint32(0x7FFFFFFF)
+    r = ((mag + np.uint32(0x1000)) & np.uint32(0xFFFFE000)) | (u & np.uint32(0x80000000))
+    out = r.view(np.float32).astype(np.float64)
+    return np.where(np.isnan(f), np.nan, out)
+
+
+def tf32_rna_transpose(args: Args, dims: dict[str, int]) -> dict[str, np.ndarray]:
+    """At[M, K] = tf32_rna(A)^T for A [K, M] (flat): exact (the rounding is bit-defined)."""
+    m, k = int(args.get("M", dims.get("M"))), int(args.get("K", dims.get("K")))
+    a = np.asarray(args["A"], dtype=np.float32).reshape(-1)[: k * m].reshape(k, m)
+    return {"At": tf32_rna(a).T.reshape(-1)}
+
+
 __all__ = [
     "chain_f32", "fma_f32", "gemm_nn", "gemm_nn_f32_chain", "gemm_nt", "gemm_nt_f32_chain", "gemm_tn",
-    "gemm_tn_f32_chain", "matmul_f64",
+    "gemm_tn_f32_chain", "matmul_f64", "tf32_rna", "tf32_rna_transpose",
 ]
