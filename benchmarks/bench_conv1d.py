@@ -1,6 +1,6 @@
 """conv1d forward (nosave, save) and backward: the production kernels and every candidate (families conv1d_fwd_v,
-conv1d_fwd_nosave_v, conv1d_bwd_v, conv1d_bwd_dpre32_v in kernels/fixed/conv1d.toml) against a torch
-device-to-device copy of the same bytes, measured in the same run.
+conv1d_fwd_nosave_v, conv1d_fwd_acc32_v, conv1d_fwd_nosave_acc32_v, conv1d_bwd_v, conv1d_bwd_dpre32_v in
+kernels/fixed/conv1d.toml) against a torch device-to-device copy of the same bytes, measured in the same run.
 
     python benchmarks/bench_conv1d.py [--reps 25] [--only SUBSTRING] [--no-write]
 
@@ -31,8 +31,8 @@ SIZES = {"f32": 4, "bf16": 2, "f16": 2}
 SHAPES = [{"batch": 4, "d": 4096, "L": 4096, "width": 4}, {"batch": 8, "d": 1536, "L": 6144, "width": 4}]
 # kind -> (production family, candidate families, T-sized buffers moved, goal)
 KINDS = {
-    "fwd_nosave": ("conv1d_burnin_forward_nosave_tiled", ("conv1d_fwd_nosave_v",), 2, 0.85),
-    "fwd_save": ("conv1d_burnin_forward_tiled", ("conv1d_fwd_v",), 3, 0.85),
+    "fwd_nosave": ("conv1d_burnin_forward_nosave_tiled", ("conv1d_fwd_nosave_v", "conv1d_fwd_nosave_acc32_v"), 2, 0.85),
+    "fwd_save": ("conv1d_burnin_forward_tiled", ("conv1d_fwd_v", "conv1d_fwd_acc32_v"), 3, 0.85),
     "bwd": ("conv1d_bwd_tiled", ("conv1d_bwd_v", "conv1d_bwd_dpre32_v"), 4, 0.70),
 }
 FILLS = {"x": (-2.0, 2.0), "pre": (-4.0, 4.0), "dout": (-1.0, 1.0), "weight": (-1.0, 1.0), "bias": (-1.0, 1.0)}

@@ -443,16 +443,28 @@ template <typename T> MF_DEVICE Vec<T> conv_halo_from_left(const Vec<T>& mine, c
   return h;
 }
 
+// ACC32 candidates: the same taps in the same order accumulated in f32 (fmaf, as causal-conv1d): no f64
+// conversions or DFMA per output. NOT the bits of the f64 contract (within the float64 reference's tolerance).
+template <int W> MF_DEVICE float conv_dot(const float* w, const float* xs, float bias) {
+  float acc = bias;
+#pragma unroll
+  for (int k = 0; k < W; ++k) acc = __fmaf_rn(w[k], xs[k], acc);
+  return acc;
+}
+template <bool F32> struct conv_acc { typedef double type; };
+template <> struct conv_acc<true> { typedef float type; };
+
 // Forward candidate: a block walks jobs (row, tile of TILE = BLOCK*CHUNKS*N timesteps) grid-stride. Per job a
 // thread owns CHUNKS 16-byte chunks: CONTIG -> one run of CHUNKS*N consecutive timesteps (chunk tid*CHUNKS + v;
 // the halo of chunks 1.. is the previous chunk's tail, already in f64 registers; only chunk 0 takes a halo from
 // lane - 1); else interleaved (chunk v*BLOCK + tid, coalesced per v, every chunk's halo from lane - 1). Lane 0
 // loads its halo chunk (the 16 bytes before its chunk) from global memory. PIPE: the next job's loads are issued
 // before this job's arithmetic (bytes stay in flight while computing; for grids smaller than the job count).
-template <typename T, int W, bool SAVE, int BLOCK, int CHUNKS, bool CONTIG, bool PIPE, bool CS>
+template <typename T, int W, bool SAVE, int BLOCK, int CHUNKS, bool CONTIG, bool PIPE, bool CS, bool ACC32>
 MF_DEVICE void conv1d_fwd_v_w(T* __restrict__ out, T* __restrict__ pre, const T* __restrict__ x,
                               const float* __restrict__ weight, const float* __restrict__ bias, i64 batch, i64 d,
                               i64 L) {
+  typedef typename conv_acc<ACC32>::type A;  // the accumulator (and window) type
   constexpr int N = Vec<T>::N;
   constexpr int HALOS = CONTIG ? 1 : CHUNKS;  // lane 0's global halo loads per job
   constexpr i64 TILE = (i64)BLOCK * CHUNKS * N;
@@ -490,11 +502,11 @@ MF_DEVICE void conv1d_fwd_v_w(T* __restrict__ out, T* __restrict__ pre, const T*
     }
     const i64 row = job / tiles, t0 = (job % tiles) * TILE;
     const i64 c = row % d;
-    double w[W];
+    A w[W];
 #pragma unroll
     for (int k = 0; k < W; ++k) w[k] = weight[c * W + k];
-    const double b = bias[c];
-    double tail[CONV_HALO];  // x[s0-3 .. s0-1] of the current chunk, in f64
+    const A b = bias[c];
+    A tail[CONV_HALO];  // x[s0-3 .. s0-1] of the current chunk, widened to A once
 #pragma unroll
     for (int v = 0; v < CHUNKS; ++v) {
       const i64 s0 = chunk_s0(t0, v);
@@ -504,7 +516,7 @@ MF_DEVICE void conv1d_fwd_v_w(T* __restrict__ out, T* __restrict__ pre, const T*
 #pragma unroll
         for (int j = 0; j < CONV_HALO; ++j) tail[j] = to_f32(h.v[N - CONV_HALO + j]);
       }
-      double win[CONV_HALO + N];  // x[s0-3 .. s0+N-1]
+      A win[CONV_HALO + N];  // x[s0-3 .. s0+N-1]
 #pragma unroll
       for (int j = 0; j < CONV_HALO; ++j) win[j] = tail[j];
 #pragma unroll
@@ -522,15 +534,15 @@ MF_DEVICE void conv1d_fwd_v_w(T* __restrict__ out, T* __restrict__ pre, const T*
   }
 }
 
-template <typename T, bool SAVE, int BLOCK, int CHUNKS, bool CONTIG, bool PIPE, bool CS>
+template <typename T, bool SAVE, int BLOCK, int CHUNKS, bool CONTIG, bool PIPE, bool CS, bool ACC32 = false>
 MF_DEVICE void conv1d_fwd_v(T* out, T* pre, const T* x, const float* weight, const float* bias, i64 batch, i64 d,
                             i64 L, int width) {
   if (blockDim.x != BLOCK) return;  // the chunk mapping and the full-warp shuffles assume this block
   switch (width) {
-    case 1: conv1d_fwd_v_w<T, 1, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS>(out, pre, x, weight, bias, batch, d, L); break;
-    case 2: conv1d_fwd_v_w<T, 2, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS>(out, pre, x, weight, bias, batch, d, L); break;
-    case 3: conv1d_fwd_v_w<T, 3, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS>(out, pre, x, weight, bias, batch, d, L); break;
-    case 4: conv1d_fwd_v_w<T, 4, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS>(out, pre, x, weight, bias, batch, d, L); break;
+    case 1: conv1d_fwd_v_w<T, 1, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS, ACC32>(out, pre, x, weight, bias, batch, d, L); break;
+    case 2: conv1d_fwd_v_w<T, 2, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS, ACC32>(out, pre, x, weight, bias, batch, d, L); break;
+    case 3: conv1d_fwd_v_w<T, 3, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS, ACC32>(out, pre, x, weight, bias, batch, d, L); break;
+    case 4: conv1d_fwd_v_w<T, 4, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS, ACC32>(out, pre, x, weight, bias, batch, d, L); break;
     default: break;
   }
 }
@@ -728,4 +740,21 @@ MF_DEVICE void conv1d_bwd_v(T* dx, float* dweight, float* dbias, const T* x, con
       float* __restrict__ dbias, const T* __restrict__ x, const float* __restrict__ weight, \
       const T* __restrict__ pre, const T* __restrict__ dout, long long batch, long long d, long long L, int width) { \
     mf::conv1d_bwd_v<T, BLOCK, (DPRE) == 32, (CS) != 0>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, width); \
+  }
+
+// f32-accumulating forward candidates (families conv1d_fwd_acc32_v, conv1d_fwd_nosave_acc32_v)
+#define MF_CONV1D_FWD_ACC32_V(NAME, T, BLOCK, CHUNKS, RUN, JOBS, CS) \
+  extern "C" __global__ void __launch_bounds__(BLOCK) NAME(T* __restrict__ out, T* __restrict__ pre, \
+      const T* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ bias, long long batch, \
+      long long d, long long L, int width) { \
+    mf::conv1d_fwd_v<T, true, BLOCK, CHUNKS, (RUN) != 0, ((JOBS) > 1), (CS) != 0, true>(out, pre, x, weight, bias, \
+                                                                                  batch, d, L, width); \
+  }
+
+#define MF_CONV1D_FWD_NOSAVE_ACC32_V(NAME, T, BLOCK, CHUNKS, RUN, JOBS, CS) \
+  extern "C" __global__ void __launch_bounds__(BLOCK) NAME(T* __restrict__ out, const T* __restrict__ x, \
+      const float* __restrict__ weight, const float* __restrict__ bias, long long batch, long long d, long long L, \
+      int width) { \
+    mf::conv1d_fwd_v<T, false, BLOCK, CHUNKS, (RUN) != 0, ((JOBS) > 1), (CS) != 0, true>(out, nullptr, x, weight, \
+                                                                                   bias, batch, d, L, width); \
   }

@@ -1,5 +1,5 @@
-"""GPU checks for the conv1d candidates (families conv1d_fwd_v, conv1d_fwd_nosave_v, conv1d_bwd_v and
-conv1d_bwd_dpre32_v in kernels/fixed/conv1d.toml; templates conv1d_fwd_v / conv1d_bwd_v in conv1d.cu); H200.
+"""GPU checks for the conv1d candidates (families conv1d_fwd_v, conv1d_fwd_nosave_v, conv1d_fwd_acc32_v,
+conv1d_fwd_nosave_acc32_v, conv1d_bwd_v and conv1d_bwd_dpre32_v in kernels/fixed/conv1d.toml; templates conv1d_fwd_v / conv1d_bwd_v in conv1d.cu); H200.
 
 The candidates exist so that a production family (conv1d_burnin_forward_tiled, ..._nosave_tiled, conv1d_bwd_tiled)
 can switch to the fastest layout without changing a bit. Launched from their catalog spec through
@@ -15,6 +15,8 @@ per candidate symbol, every dtype, widths 1..4:
   * backward (f32 dpre): within the family's tolerance of the float64 reference and dx within the dtype's
     tolerance of production; its dweight NOT bitwise production's (negative control: the bitwise check sees a
     difference when there is one);
+  * f32-accumulating forwards (conv1d_fwd_acc32_v, conv1d_fwd_nosave_acc32_v): within tolerance of the float64
+    reference; nosave out == save out; grid and alignment independent; NOT the f64 contract's pre (negative control);
   * five runs bitwise equal; the result does not depend on the grid (grid-stride walks).
 The generic conv1d checks of tests/gpu/test_conv_optim.py (batch invariance, width outside 1..4 writes nothing,
 misaligned == aligned) run on these symbols too: they are conv1d_* symbols of conv1d.toml.
@@ -50,7 +52,9 @@ pytestmark = pytest.mark.gpu
 
 FWD = {"conv1d_fwd_v": "conv1d_burnin_forward_tiled", "conv1d_fwd_nosave_v": "conv1d_burnin_forward_nosave_tiled"}
 BWD64, BWD32 = "conv1d_bwd_v", "conv1d_bwd_dpre32_v"
-CANDIDATES = sorted(n for n, s in BY_NAME.items() if s.family in (*FWD, BWD64, BWD32))
+ACC32 = {"conv1d_fwd_acc32_v": "conv1d_fwd_nosave_acc32_v"}  # f32-accumulating forwards: save -> nosave family
+CANDIDATES = sorted(n for n, s in BY_NAME.items() if s.family in (*FWD, BWD64, BWD32, *ACC32, *ACC32.values()))
+ACC32_SAVE_NAMES = sorted(n for n, s in BY_NAME.items() if s.family in ACC32)
 FWD_NAMES = [n for n in CANDIDATES if BY_NAME[n].family in FWD]
 BWD64_NAMES = [n for n in CANDIDATES if BY_NAME[n].family == BWD64]
 BWD32_NAMES = [n for n in CANDIDATES if BY_NAME[n].family == BWD32]
@@ -141,6 +145,20 @@ def test_f32_dpre_backward_is_close_to_production_and_not_bitwise(name, rng):  #
     rt, at = S.TOLERANCES[dt]
     np.testing.assert_allclose(values(got["dx"], dt), values(want["dx"], dt), rtol=rt, atol=at)
     assert got["dweight"] != want["dweight"], "f32 dpre gave production's f64-dpre dweight bit for bit"
+
+
+@pytest.mark.parametrize("name", ACC32_SAVE_NAMES)
+def test_f32_accumulating_forward_nosave_equals_save_and_differs_from_f64(name, rng):  # noqa: F811
+    nosave = name.replace("conv1d_fwd_acc32_v", "conv1d_fwd_nosave_acc32_v")
+    prod = f"conv1d_burnin_forward_tiled_{dtype_of(name)}"
+    for b, d, L in EDGES + [(2, 64, 6144)]:
+        dims = {"batch": b, "d": d, "L": L, "width": 4}
+        inputs = make_inputs(spec_of(name, dims), rng)
+        save = launch(name, dims, inputs)
+        assert launch(nosave, dims, inputs)["out"] == save["out"], f"{nosave} out != {name} out at {dims}"
+        assert launch(name, dims, inputs, grid=(3,)) == save and launch(name, dims, inputs, offset=1) == save
+    # negative control (786k outputs): f32 accumulation is not the f64 contract's bits
+    assert save["pre"] != launch(prod, dims, inputs)["pre"], f"{name}: f32 accumulation gave the f64 bits"
 
 
 @pytest.mark.parametrize("name", CANDIDATES)
