@@ -1,0 +1,143 @@
+"""conv1d forward (nosave, save) and backward: the production kernels and every candidate (families conv1d_fwd_v,
+conv1d_fwd_nosave_v, conv1d_fwd_acc32_v, conv1d_fwd_nosave_acc32_v, conv1d_bwd_v, conv1d_bwd_dpre32_v in
+kernels/fixed/conv1d.toml) against a torch device-to-device copy of the same bytes, measured in the same run.
+
+    python benchmarks/bench_conv1d.py [--reps 25] [--only SUBSTRING] [--no-write]
+
+Shapes (width 4): B4 D4096 L4096 (Mamba-1 2.8B's d_inner at a 4k context) and B8 D1536 L6144. Byte floor =
+every buffer read plus every buffer written once: nosave 2 n sizeof(T) (x in, out), save 3 n sizeof(T), backward
+4 n sizeof(T) (x, pre, dout in, dx out), plus the f32 weight/bias (and dweight/dbias) arrays. Baseline: torch's
+copy of half those bytes (a copy reads and writes each byte: the same total). Timing: CUDA events around each
+launch, 3 warm-up launches, median of --reps (at least 20); the copy is re-timed per (shape, dtype, kind). Each
+kernel is launched at its catalog launch spec (grid and block from mamba_forge.qualify.spec.evaluate).
+Ratio = kernel GB/s / copy GB/s; goal >= 0.85 for the forwards, >= 0.70 for the backward. Prints a table and the
+best symbol per (kind, dtype, shape), and appends records to benchmarks/results/summary.json (benchmarks/summary.py:
+ours = GB/s, baseline = copy GB/s, speedup = the ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from timing import copy_seconds, time_events  # benchmarks/timing.py
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+SIZES = {"f32": 4, "bf16": 2, "f16": 2}
+SHAPES = [{"batch": 4, "d": 4096, "L": 4096, "width": 4}, {"batch": 8, "d": 1536, "L": 6144, "width": 4}]
+# kind -> (production family, candidate families, T-sized buffers moved, goal)
+KINDS = {
+    "fwd_nosave": ("conv1d_burnin_forward_nosave_tiled", ("conv1d_fwd_nosave_v", "conv1d_fwd_nosave_acc32_v"), 2, 0.85),
+    "fwd_save": ("conv1d_burnin_forward_tiled", ("conv1d_fwd_v", "conv1d_fwd_acc32_v"), 3, 0.85),
+    "bwd": ("conv1d_bwd_tiled", ("conv1d_bwd_v", "conv1d_bwd_dpre32_v"), 4, 0.70),
+}
+FILLS = {"x": (-2.0, 2.0), "pre": (-4.0, 4.0), "dout": (-1.0, 1.0), "weight": (-1.0, 1.0), "bias": (-1.0, 1.0)}
+
+
+def device_values(count: int, dtype: str, lo: float = -1.0, hi: float = 1.0):
+    """Uniform values of `dtype` generated on the GPU (bf16 as uint16 bit patterns)."""
+    import cupy as cp  # device arrays only: kernels launch through mamba_forge.gpu
+
+    x = cp.random.uniform(lo, hi, count, dtype=cp.float32)
+    if dtype == "f32":
+        return x
+    if dtype == "f16":
+        return x.astype(cp.float16)
+    return (x.view(cp.uint32) >> 16).astype(cp.uint16)  # truncation: a valid bf16 value
+
+
+def shape_text(dims: dict) -> str:
+    return f"B{dims['batch']} D{dims['d']} L{dims['L']} w{dims['width']}"
+
+
+def symbols_of(fixed, family: str, dtype: str) -> list:
+    return sorted((s for s in fixed.symbols if s.family == family and s.dtype == dtype), key=lambda s: s.name)
+
+
+def bind_from_spec(k, sym, fam, dims):
+    """(launcher, bytes moved): buffers allocated and filled on the GPU, launched at the spec's grid and block."""
+    from mamba_forge.qualify import spec as S
+
+    spec = S.evaluate(sym, fam, dims)
+    args: list = [None] * (len(spec.buffers) + len(spec.scalars))
+    moved = 0
+    for b in spec.buffers:
+        lo, hi = FILLS.get(b.name, (-1.0, 1.0))
+        args[b.index] = device_values(b.count, b.dtype, lo, hi)
+        moved += b.count * S.DTYPES_SIZE[b.dtype]  # each buffer is read or written once
+    scalar_np = {"i32": np.int32, "i64": np.int64}
+    for s in spec.scalars:
+        args[s.index] = scalar_np[s.type](s.value)
+    return k.bind(sym.name, spec.grid, spec.block, tuple(args), smem=spec.dynamic_smem), moved
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
+    ap.add_argument("--only", default="", help="run only symbols whose name contains this")
+    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/summary.json")
+    a = ap.parse_args(argv)
+    if a.reps < 20:
+        ap.error("--reps must be at least 20")
+
+    import cupy as cp  # device arrays and their memory pool only; kernels launch through mamba_forge.gpu
+    import summary  # benchmarks/summary.py
+    from gpu_support import kernels
+
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+    from mamba_forge.gpu import driver as cu
+
+    k = kernels()
+    fixed = load_catalog(default_catalog_path()).module("Fixed")
+    fams = {f.name: f for f in fixed.families}
+    gpu = cu.Device(0).info().name
+    rows, records = [], []
+    print(f"{'kind':10} {'symbol':42} {'shape':20} {'MB':>8} {'us':>8} {'GB/s':>6} {'copy GB/s':>9} {'ratio':>6} goal")
+    for dims in SHAPES:
+        for kind, (prod, cands, _, goal) in KINDS.items():
+            for dt in ("bf16", "f16", "f32"):
+                syms = symbols_of(fixed, prod, dt) + [s for c in cands for s in symbols_of(fixed, c, dt)]
+                syms = [s for s in syms if a.only in s.name and k.verdict(s.name).status == "admitted"]
+                copy_t = None
+                for sym in syms:
+                    launch, moved = bind_from_spec(k, sym, fams[sym.family], dims)
+                    t = time_events(launch, a.reps)
+                    del launch
+                    cp.get_default_memory_pool().free_all_blocks()
+                    if copy_t is None:  # the same bytes for every symbol of this (shape, kind, dtype)
+                        copy_t = copy_seconds(moved // 2, a.reps)
+                    ratio = copy_t / t
+                    r = {"kind": kind, "symbol": sym.name, "family": sym.family, "dtype": dt,
+                         "shape": shape_text(dims), "mb": moved / 1e6, "us": t * 1e6, "gbs": moved / t / 1e9,
+                         "copy_gbs": moved / copy_t / 1e9, "ratio": ratio, "goal": goal}
+                    rows.append(r)
+                    print(f"{kind:10} {sym.name:42} {r['shape']:20} {r['mb']:8.1f} {r['us']:8.1f} {r['gbs']:6.0f} "
+                          f"{r['copy_gbs']:9.0f} {ratio:6.3f} {'met' if ratio >= goal else '-'}", flush=True)
+                    records.append(summary.record(
+                        family=sym.family, symbol=sym.name, shape=r["shape"], dtype=dt, ours=round(r["gbs"], 1),
+                        baseline=round(r["copy_gbs"], 1), baseline_name="torch device-to-device copy, same bytes",
+                        unit="GB/s", goal=f">= {goal} of copy bandwidth", met=ratio >= goal, gpu=gpu,
+                        speedup=round(ratio, 3)))
+    print("\nbest per (kind, dtype, shape):")
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["kind"], r["dtype"], r["shape"])
+        if key not in best or r["ratio"] > best[key]["ratio"]:
+            best[key] = r
+    for (kind, dt, shape), r in sorted(best.items()):
+        prod = next((p for p in rows if (p["kind"], p["dtype"], p["shape"]) == (kind, dt, shape)
+                     and p["family"] == KINDS[kind][0]), None)
+        was = f"(production {prod['ratio']:.3f})" if prod else ""
+        print(f"  {kind:10} {dt:5} {shape:20} {r['symbol']:42} {r['ratio']:.3f} {was}")
+    if not a.no_write and records:
+        summary.append(records)
+        print(f"appended {len(records)} records to {summary.SUMMARY.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
