@@ -1,11 +1,12 @@
 """f32-storage GEMM benchmark on the H200: the TF32 wgmma rungs (TriadSm90a, layout NT) against cuBLAS TF32
-(torch.matmul with torch.backends.cuda.matmul.allow_tf32 = True) in the same run, and the portable TF32 rung
-triad_sm80_nt_tf32 beside them for reference.
+(torch.matmul with torch.backends.cuda.matmul.allow_tf32 = True), and the exact-f32 cp.async rung (Fixed, NN)
+against cuBLAS fp32 (allow_tf32 = False), in the same run; the portable TF32 rung triad_sm80_nt_tf32 and the
+exact-f32 class reference gemm_bi_f32_f32_n128_s2 beside them for reference (timed, not recorded).
 
 CUDA-event timing, warm-up first, median of --iters (>= 20) launches on random data; every result is checked
 against an f32 cuBLAS product (TF32 off) first, so a fast wrong kernel cannot post a number. Prints a table,
 appends rows to benchmarks/results/gemm_f32.md and records (one per rung and shape) to
-benchmarks/results/summary.json (goal >= 0.85x cuBLAS TF32). Not a test.
+benchmarks/results/summary.json (goal >= 0.85x cuBLAS TF32, resp. fp32). Not a test.
 
     python benchmarks/bench_gemm_f32.py [--iters 30] [--shapes 4096x4096x4096,8192x8192x8192,16384x4096x2048]
 """
@@ -36,6 +37,8 @@ HEADER = ("| date | GPU | symbol | math | M | N | K | ms | TFLOP/s | cuBLAS TFLO
 DEFAULT_SHAPES = "4096x4096x4096,8192x8192x8192,16384x4096x2048"
 TF32_RUNGS = ["gemm_bi_nt_sm90a_wgmma_tf32_m128n256_s4", "gemm_bi_nt_sm90a_wgmma_tf32_m128n128_s6"]
 PORTABLE_TF32 = "triad_sm80_nt_tf32"  # timed for reference, not recorded
+EXACT_RUNGS = ["gemm_bi_f32_f32_async_m128n128_bk16_s3"]
+EXACT_REFERENCE = "gemm_bi_f32_f32_n128_s2"  # the fma-chain class reference: timed, not recorded; bits compared
 GOAL = 0.85
 
 
@@ -90,7 +93,7 @@ def main() -> None:
     torch.zeros(1, device="cuda")
     props = torch.cuda.get_device_properties(0)
     gpu, sms = props.name, props.multi_processor_count
-    cat, where = build_modules(("TriadSm90a", "TriadSm80"))
+    cat, where = build_modules(("TriadSm90a", "TriadSm80", "Fixed"))
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
     stream = torch.cuda.current_stream().cuda_stream
@@ -132,7 +135,38 @@ def main() -> None:
                     family=cat.symbols[name].family, symbol=name, shape=shape, dtype="tf32", ours=round(ms, 5),
                     baseline=round(ms_ref, 5), baseline_name="cuBLAS TF32 (torch, allow_tf32)", unit="ms",
                     goal=f">={GOAL}x cuBLAS TF32", met=ratio >= GOAL, gpu=gpu))
-        del A, B, exact
+        # exact f32, NN: B is [K, N]; the baseline is cuBLAS fp32 with TF32 off
+        Bnn = B.t().contiguous()
+        ms_fp32 = median_ms(lambda a=A, b=Bnn: torch.matmul(a, b), args.iters)
+        ref_bits = None
+        for name in [EXACT_REFERENCE] + EXACT_RUNGS:
+            if name not in where:
+                print(f"skip {name}: not in the build or not admitted")
+                continue
+            C = torch.empty((M, N), dtype=torch.float32, device="cuda")
+            run = launcher_triad(cat, where[name], name, A, Bnn, C, M, N, K, stream)  # same ABI: C, A, B, bias, M, N, K
+            run()
+            torch.cuda.synchronize()
+            rel = float((C - exact).norm() / exact.norm())
+            if ref_bits is None and name == EXACT_REFERENCE:
+                ref_bits = C.view(torch.int32).clone()
+            same = "" if ref_bits is None else (" bits = class reference" if torch.equal(C.view(torch.int32), ref_bits)
+                                                else " BITS DIFFER from the class reference")
+            if not rel < 1e-4:  # f32 sums in another order: ~1e-6 at K = 8192
+                print(f"{name:48s} {shape}: WRONG (relative error {rel:.2e} against f32 cuBLAS); not timed")
+                continue
+            ms = median_ms(run, args.iters)
+            ratio = ms_fp32 / ms
+            row = (date, gpu, name, "f32", M, N, K, ms, flops / ms / 1e9, flops / ms_fp32 / 1e9, ratio)
+            rows.append(row)
+            print(f"{name:48s} {M:6d} {N:6d} {K:6d}  {ms:8.3f} ms  {row[8]:7.1f} TFLOP/s  "
+                  f"cuBLAS fp32 {row[9]:7.1f}  ratio {ratio:.3f}{same}")
+            if name != EXACT_REFERENCE:
+                records.append(summary.record(
+                    family=cat.symbols[name].family, symbol=name, shape=shape, dtype="f32", ours=round(ms, 5),
+                    baseline=round(ms_fp32, 5), baseline_name="cuBLAS fp32 (torch, TF32 off)", unit="ms",
+                    goal=f">={GOAL}x cuBLAS fp32", met=ratio >= GOAL and "DIFFER" not in same, gpu=gpu))
+        del A, B, Bnn, exact
         torch.cuda.empty_cache()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     new = not RESULTS.exists()

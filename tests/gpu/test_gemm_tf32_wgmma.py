@@ -203,3 +203,93 @@ def test_tf32_host_refuses(env):
         tma.gemm_tensor_maps_tf32("nt", A.data_ptr() + 4, A.data_ptr(), 16, 16, 64)
     maps = tma.gemm_tensor_maps_tf32("nt", A.data_ptr(), A.data_ptr(), 64, 64, 64)  # the control is accepted
     assert sorted(maps) == ["tmA", "tmB"] and all(len(v) == tma.TMA_DESC_BYTES for v in maps.values())
+
+
+# ---- exact f32 with B in a cp.async ring (kernels/fixed/gemm_f32_async.cu): the fma-chain class, bit for bit ----
+EXACT_ASYNC = "gemm_bi_f32_f32_async_m128n128_bk16_s3"
+CLASS_REFERENCE = "gemm_bi_f32_f32_n128_s2"  # the fma-chain route class's reference rung (kernels/routes.toml)
+ORACLE = "gemm_bi_f32_f32"  # the qualification oracle (same chain)
+
+
+def run_exact(env, name, A, B, M, N, K, bias=None):
+    """Launch one Fixed exact-f32 NN symbol (C, A, B, bias, M, N, K; grid over N then M tiles)."""
+    torch = env[0]
+    fn, sym = _fn(env, name)
+    e = sym.params_env
+    C = torch.full((M, N), float("nan"), dtype=torch.float32, device="cuda")
+    args = [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr()),
+            ("ptr", 0 if bias is None else bias.data_ptr()), ("i32", M), ("i32", N), ("i32", K)]
+    grid = (math.ceil(N / e["BN"]), math.ceil(M / e["BM"]))
+    gpu_launch(fn, grid, sym.block, args, smem=sym.dynamic_smem, stream=torch.cuda.current_stream(), sync=False)
+    torch.cuda.synchronize()
+    return C
+
+
+# (M, N, K): aligned; ragged everywhere with N % 4 != 0 (4-byte cp.async path) and K % 16 != 0; K below one tile;
+# the route class's check shape; a large one
+EXACT_SHAPES = [(256, 256, 256), (150, 131, 77), (1, 8, 3), (301, 264, 200), (129, 1030, 1000), (1000, 392, 328),
+                (2048, 2048, 1032)]
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_exact_async_bitwise_equal_to_class_reference(env, with_bias):
+    torch = env[0]
+    for i, (M, N, K) in enumerate(EXACT_SHAPES):
+        g = torch.Generator(device="cuda").manual_seed(10 + i)
+        A = torch.rand((M, K), generator=g, device="cuda") * 2 - 1
+        B = torch.rand((K, N), generator=g, device="cuda") * 2 - 1
+        bias = (torch.rand((N,), generator=g, device="cuda") * 2 - 1) if with_bias else None
+        got = run_exact(env, EXACT_ASYNC, A, B, M, N, K, bias)
+        assert torch.isfinite(got).all(), f"M={M} N={N} K={K}: unwritten or non-finite output"
+        for ref_name in (CLASS_REFERENCE, ORACLE):
+            want = run_exact(env, ref_name, A, B, M, N, K, bias)
+            diff = got.view(torch.int32) != want.view(torch.int32)
+            assert not diff.any(), (f"{EXACT_ASYNC} differs from {ref_name} at M={M} N={N} K={K} bias={with_bias}: "
+                                    f"{int(diff.sum())} elements")
+        ref = A.double() @ B.double() + (bias.double()[None, :] if with_bias else 0.0)
+        err = (got.double() - ref).abs().max()
+        assert float(err) <= 1e-5 * float(K) ** 0.5 * 4 + 1e-6, f"M={M} N={N} K={K}: error {float(err):.3g}"
+
+
+def test_exact_async_special_values_match_reference(env):
+    """Inf, NaN, -0 and denormals in A and B: the same bits as the class reference (the chain propagates them the
+    same way; the -0 / +0 padding past K leaves them unchanged)."""
+    torch = env[0]
+    M, N, K = 133, 140, 45
+    g = torch.Generator(device="cuda").manual_seed(20)
+    A = torch.rand((M, K), generator=g, device="cuda") * 2 - 1
+    B = torch.rand((K, N), generator=g, device="cuda") * 2 - 1
+    A[0, 0], A[1, 5], A[2, 44], A[3, :] = float("inf"), float("nan"), -0.0, -0.0
+    B[7, 3], B[44, 9], B[:, 11] = float("-inf"), 1e-40, 1e-42
+    got = run_exact(env, EXACT_ASYNC, A, B, M, N, K)
+    want = run_exact(env, CLASS_REFERENCE, A, B, M, N, K)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), "special values: bits differ"
+
+
+def test_exact_async_batch_invariant_and_repeat(env):
+    torch = env[0]
+    N, K = 520, 333
+    g = torch.Generator(device="cuda").manual_seed(21)
+    A = torch.rand((1000, K), generator=g, device="cuda") * 2 - 1
+    B = torch.rand((K, N), generator=g, device="cuda") * 2 - 1
+    full = run_exact(env, EXACT_ASYNC, A, B, 1000, N, K)
+    for M in (1, 3, 17, 64, 256):
+        part = run_exact(env, EXACT_ASYNC, A[:M].contiguous(), B, M, N, K)
+        assert torch.equal(part.view(torch.int32), full[:M].view(torch.int32)), f"rows differ at M={M}"
+    for _ in range(4):
+        again = run_exact(env, EXACT_ASYNC, A, B, 1000, N, K)
+        assert torch.equal(again.view(torch.int32), full.view(torch.int32)), "run differs"
+
+
+def test_exact_async_negative_control(env):
+    """The bitwise comparison above can fail: the TF32 rung's product of the same operands (NT, B transposed) is
+    close to the chain's but not its bits."""
+    torch = env[0]
+    M, N, K = 256, 256, 256
+    g = torch.Generator(device="cuda").manual_seed(22)
+    A = torch.rand((M, K), generator=g, device="cuda") * 2 - 1
+    B = torch.rand((K, N), generator=g, device="cuda") * 2 - 1
+    exact = run_exact(env, EXACT_ASYNC, A, B, M, N, K)
+    tf32 = run_tf32(env, RUNGS[0], A, B.t().contiguous(), M, N, K)
+    assert not torch.equal(exact.view(torch.int32), tf32.view(torch.int32))
+    assert float((exact - tf32).abs().max()) < 0.1
