@@ -92,3 +92,13 @@ def test_nt_tf32_route_leads_with_wgmma(catalog):
     assert gone.symbol == "triad_sm80_nt_tf32"  # a rejected wgmma rung leaves the portable class serving
     assert RT.select(tbl, 8, 64, 64, "tf32", "tf32", "f32", "nt", symbol=RUNGS[1]).symbol == RUNGS[1]  # by name
     assert RT.select(tbl, 8, 64, 64, "tf32", "tf32", "f32", "tn").symbol == "triad_sm80_tn_tf32"
+
+
+def test_exact_async_rung_joins_the_fma_chain_class(catalog):
+    (route,) = [r for r in catalog.routes if (r.layout, r.a, r.b, r.c) == ("nn", "f32", "f32", "f32")]
+    (cls,) = [c for c in route.classes if c.name == "fma-chain"]
+    names = [r.symbol for r in cls.rungs]
+    assert "gemm_bi_f32_f32_async_m128n128_bk16_s3" in names
+    assert names.index("gemm_bi_f32_f32_n128_s2") < names.index("gemm_bi_f32_f32_async_m128n128_bk16_s3")
+    sym = catalog.symbols["gemm_bi_f32_f32_async_m128n128_bk16_s3"]
+    assert sym.module == "Fixed" and sym.threads == 256 and sym.dynamic_smem == 0
