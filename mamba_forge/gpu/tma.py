@@ -270,3 +270,71 @@ def padded_tile_maps_for(constants: dict[str, int], a_ptr: int, b_ptr: int, M: i
         raise TmaError(f"constants lack {missing}: not a gemm_bi_nn_sm120_tma_* tile")
     return padded_tile_maps(a_ptr, b_ptr, M, N, K, int(constants["BM"]), int(constants["BN"]), int(constants["BK"]),
                             int(constants.get("sizeof_T", 4)))
+
+
+# ---- TF32 wgmma GEMM (kernels/sm90a/wgmma_tf32.cu): f32 matrices, 32 x 64 boxes, 128-byte swizzle ------------------
+# wgmma with .tf32 operands reads A and B K-major only, so the TF32 rungs serve layout NT (A: M x K, B: N x K, both
+# K-contiguous). One box row = 32 f32 = 128 bytes (one swizzle row); 64 rows per box (8 KB), as the 16-bit maps.
+F32_BYTES = 4
+F32_BOX_COLS = 32
+TF32_LAYOUTS = ("nt",)
+
+
+def check_matrix_f32(ptr: int, rows: int, cols: int, name: str = "matrix") -> None:
+    """Refuse a row-major f32 matrix a tensor map cannot describe."""
+    ptr, rows, cols = _check_int(f"{name} address", ptr), _check_int(f"{name} rows", rows), _check_int(f"{name} cols", cols)
+    if ptr <= 0 or ptr % 16:
+        raise TmaError(f"{name}: base address {ptr:#x} is not a 16-byte aligned device address")
+    if not (1 <= rows <= MAX_DIM and 1 <= cols <= MAX_DIM):
+        raise TmaError(f"{name}: shape {rows} x {cols} out of range (each dimension 1..{MAX_DIM})")
+    if (cols * F32_BYTES) % 16:
+        raise TmaError(f"{name}: row stride {cols} f32 elements is not a multiple of 16 bytes "
+                       f"(the contiguous extent must be a multiple of 4)")
+
+
+def check_gemm_tf32(layout: str, M: int, N: int, K: int) -> None:
+    """Refuse a GEMM shape the TF32 wgmma rungs do not support: layout NT only, K % 4 == 0, any M, N >= 1."""
+    if layout not in TF32_LAYOUTS:
+        raise TmaError(f"the TF32 wgmma rungs serve layout NT only (tf32 wgmma reads B K-major), not {layout!r}: "
+                       "store B as [N, K] and use NT")
+    for n, v in (("M", M), ("N", N), ("K", K)):
+        if _check_int(n, v) < 1 or v > MAX_DIM:
+            raise TmaError(f"{n} = {v} out of range (1..{MAX_DIM}); an empty GEMM needs no launch")
+    if K % 4:
+        raise TmaError(f"NT: K = {K} is not a multiple of 4 (A's and B's f32 row strides must be 16-byte aligned)")
+
+
+def encode_2d_f32(ptr: int, rows: int, cols: int, name: str = "matrix") -> bytes:
+    """The 128 bytes of a CUtensorMap for a row-major rows x cols f32 matrix: a 32-column x 64-row box, 128-byte
+    swizzle, zero fill outside the matrix (+0.0 bits)."""
+    check_matrix_f32(ptr, rows, cols, name)
+    drv = bindings()
+    err, tmap = drv.cuTensorMapEncodeTiled(
+        drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+        2,
+        ptr,
+        [drv.cuuint64_t(cols), drv.cuuint64_t(rows)],  # innermost dimension first
+        [drv.cuuint64_t(cols * F32_BYTES)],
+        [drv.cuuint32_t(F32_BOX_COLS), drv.cuuint32_t(BOX)],
+        [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # NONE = zero fill
+    )
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise TmaError(f"{name}: cuTensorMapEncodeTiled failed with {err!r} for f32 {rows} x {cols} at {ptr:#x}")
+    raw = struct.pack("<16Q", *(int(v) for v in tmap.opaque))
+    assert len(raw) == TMA_DESC_BYTES
+    return raw
+
+
+def gemm_tensor_maps_tf32(layout: str, a_ptr: int, b_ptr: int, M: int, N: int, K: int) -> dict[str, bytes]:
+    """{"tmA": ..., "tmB": ...} for a TF32 wgmma GEMM launch (f32 A: M x K, B: N x K); refuses unsupported shapes
+    first."""
+    check_gemm_tf32(layout, M, N, K)
+    return {"tmA": encode_2d_f32(a_ptr, M, K, "A"), "tmB": encode_2d_f32(b_ptr, N, K, "B")}
+
+
+def prepare_gemm_nt_tf32(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
+    return gemm_tensor_maps_tf32("nt", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"])
