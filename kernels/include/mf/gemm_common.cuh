@@ -79,11 +79,10 @@ struct ExactF32 {
     bool live[LOADS];  // slot exists and its row (KMAJOR: its column group) lies inside the problem
     int ext_left[LOADS];  // elements of the float4 inside the problem along the contiguous dimension (KMAJOR)
     i64 step;  // floats to advance per K tile
-    const float* first;  // the operand's first element: where a slot outside the problem loads from
     bool vec;  // 16-byte loads (uniform per launch)
 
     MF_DEVICE Tile(const float* __restrict__ base, int tid, int e0, int ext_n, int K, int stride, bool vec_)
-        : first(base), vec(vec_) {
+        : vec(vec_) {
       // e0: the tile's first m (or n); ext_n: M (or N); stride: the global row length (KMAJOR: ext_n, else K)
       step = KMAJOR ? (i64)BK * stride : (i64)BK;
 #pragma unroll
@@ -108,30 +107,24 @@ struct ExactF32 {
       }
     }
 
-    // Registers for the K tile starting at k0 (pad outside the problem). Branch-free per element: every slot
-    // loads (from `first`, the operand's first element, always in bounds, when its own lies outside) and a
-    // select keeps the value or the pad. Written as conditional loads into pad-initialised registers, NVRTC 13.0
-    // placed the copies of those constants in an order that varied from run to run (PTX, and rarely the cubin,
-    // of the same source differed: scripts/repro_loop.py, tests/test_repro_loop.py).
+    // Registers for the K tile starting at k0 (pad outside the problem). No memory access when k0 >= K.
     MF_DEVICE void load(float4 (&reg)[LOADS], int k0, int K, float pad) const {
 #pragma unroll
       for (int i = 0; i < LOADS; ++i) {
+        float4 r = make_float4(pad, pad, pad, pad);
         const int k = k0 + kpos[i];
         if (vec) {  // KMAJOR: the 4 floats share k and lie all inside or all outside (ext_n % 4 == 0);
                     // otherwise they share a row and K % 4 == 0 puts them all inside or all outside
-          const bool in = live[i] && k < K;
-          const float4 r = __ldg(reinterpret_cast<const float4*>(in ? p[i] : first));
-          reg[i] = make_float4(in ? r.x : pad, in ? r.y : pad, in ? r.z : pad, in ? r.w : pad);
+          if (live[i] && k < K) r = __ldg(reinterpret_cast<const float4*>(p[i]));
         } else {
-          float e[4];
+          float* e = reinterpret_cast<float*>(&r);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const bool in = KMAJOR ? (live[i] && k < K && j < ext_left[i]) : (live[i] && k + j < K);
-            const float x = __ldg(in ? p[i] + j : first);
-            e[j] = in ? x : pad;
+            if (in) e[j] = __ldg(p[i] + j);
           }
-          reg[i] = make_float4(e[0], e[1], e[2], e[3]);
         }
+        reg[i] = r;
       }
     }
 
