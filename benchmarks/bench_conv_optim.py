@@ -133,15 +133,15 @@ def optim_cases(k, millions: int):
         return setup
 
     def sumsq():
-        g, parts = device_values(n, "f32"), cp.zeros(1024, cp.float64)
-        return k.bind("grad_sumsq_partial_f32", (1024,), (256,), (parts, g, np.int64(n)))
+        g, parts = device_values(n, "f32"), cp.zeros(512, cp.float64)  # the contract's fixed 512 partials
+        return k.bind("grad_sumsq_partial_f32", (512,), (256,), (parts, g, np.int64(n)))
 
     cases += [
         ("adamw_step_f32", shape, 28 * n, adamw),
         ("adamw_step_f32_capturable", shape, 28 * n, adamw_capturable),
         ("adamw_step_multi_bf16", shape, 22 * n, multi("bf16")),
         ("adamw_step_multi_f32", shape, 28 * n, multi("f32")),
-        ("grad_sumsq_partial_f32", shape, 4 * n + 8 * 1024, sumsq),
+        ("grad_sumsq_partial_f32", shape, 4 * n + 8 * 512, sumsq),
     ]
     return cases
 

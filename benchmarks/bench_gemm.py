@@ -56,6 +56,7 @@ class Row:
 ROWS: list[Row] = [
     Row("gemm_bi_f32_f32", "gemm", "f32"),
     Row("gemm_bi_f32_f32_s2", "gemm", "f32"),
+    Row("gemm_bi_f32_f32_m128n64_s2", "gemm", "f32"),
     Row("gemm_bi_f32_f32_n128_s2", "gemm", "f32"),
     Row("triad_scalar_nn_f32", "gemm", "f32"),
     *[Row(f"gemm_bi_nn_tf32_v1_{t}", "gemm", "tf32") for t in

@@ -132,8 +132,8 @@ def ours_backward(o: Ours, x, saved, fold: bool):
 
     launches = [
         o.bind(fam + "_bf16", (b * d // w,), (32 * w,), args),
-        o.bind("ssm_reduce_d_BC_bf16", rgrid, (256,), [p(r["dB"]), p(r["dB_part"]), np.int32(b), np.int32(d // w), np.int64(nl)]),
-        o.bind("ssm_reduce_d_BC_bf16", rgrid, (256,), [p(r["dC"]), p(r["dC_part"]), np.int32(b), np.int32(d // w), np.int64(nl)]),
+        o.bind("ssm_reduce_d_BC_groups_bf16", rgrid, (256,), [p(r["dB"]), p(r["dB_part"]), np.int32(b), np.int32(d // w), np.int64(nl)]),
+        o.bind("ssm_reduce_d_BC_groups_bf16", rgrid, (256,), [p(r["dC"]), p(r["dC_part"]), np.int32(b), np.int32(d // w), np.int64(nl)]),
         o.bind("ssm_reduce_d_D", (-(-d // 256),), (256,), [p(r["dD"]), p(r["dD_part"]), np.int32(b), np.int32(d)]),
         o.bind("ssm_reduce_d_D", (-(-d // 256),), (256,), [p(r["dbias"]), p(r["dbias_part"]), np.int32(b), np.int32(d)]),
         o.bind("ssm_reduce_d_a_log", (-(-d * n // 256),), (256,),

@@ -179,8 +179,8 @@ def ssm_step(dtype: str = "f32", state_capacity: int = 64):
 
 
 def reduce_bc_tmajor(dtype: str = "f32"):
-    """ssm_reduce_d_BC_tmajor: a 3-D grid; d_state carried by a scalar, L too."""
-    return symbol(f"ssm_reduce_d_BC_tmajor_{dtype}", "ssm_reduce_d_BC_tmajor", dtype, params(
+    """ssm_reduce_d_BC_groups_tmajor: a 3-D grid; d_state carried by a scalar, L too."""
+    return symbol(f"ssm_reduce_d_BC_groups_tmajor_{dtype}", "ssm_reduce_d_BC_groups_tmajor", dtype, params(
         {"name": "out", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["batch * L * d_state"]},
         {"name": "part", "type": "ptr", "dtype": "f32", "shape": ["batch * groups * d_state * L"]},
         {"name": "batch", "type": "i32", "value": "batch"},
@@ -191,8 +191,8 @@ def reduce_bc_tmajor(dtype: str = "f32"):
 
 
 def reduce_bc(dtype: str = "f32"):
-    """ssm_reduce_d_BC: d_state and L carried by no scalar (dim-only arguments), nl = d_state * L derived."""
-    return symbol(f"ssm_reduce_d_BC_{dtype}", "ssm_reduce_d_BC", dtype, params(
+    """ssm_reduce_d_BC_groups: d_state and L carried by no scalar (dim-only arguments), nl = d_state * L derived."""
+    return symbol(f"ssm_reduce_d_BC_groups_{dtype}", "ssm_reduce_d_BC_groups", dtype, params(
         {"name": "out", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["batch * d_state * L"]},
         {"name": "part", "type": "ptr", "dtype": "f32", "shape": ["batch * groups * d_state * L"]},
         {"name": "batch", "type": "i32", "value": "batch"},

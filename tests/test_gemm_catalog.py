@@ -21,7 +21,7 @@ MINE = ("Fixed", "TriadScalar", "TriadSm80")
 
 FIXED_GEMM = [
     "gemm_bi_bf16_bf16", "gemm_bi_bf16_f32", "gemm_bi_f16_f16", "gemm_bi_f16_f32",
-    "gemm_bi_f32_f32", "gemm_bi_f32_f32_s2", "gemm_bi_f32_f32_n128_s2",
+    "gemm_bi_f32_f32", "gemm_bi_f32_f32_s2", "gemm_bi_f32_f32_m128n64_s2", "gemm_bi_f32_f32_n128_s2",
     "gemm_bi_nn_tf32_v1_m128n64_bk32_s2", "gemm_bi_nn_tf32_v1_m128n64_bk32_s3", "gemm_bi_nn_tf32_v1_m16n32_bk32_s4",
     "gemm_bi_nn_tf32_v1_m64n64_bk32_s2", "gemm_bi_nn_tf32_v1_m64n64_bk32_s3",
     "gemm_bi_nn_fixed_rna_wide_tf32_v1_m128n128_bk32_s3",
@@ -73,7 +73,8 @@ def test_every_symbol_has_a_contract_the_common_abi_and_a_reference(catalog):
 
 
 def test_exact_families_claim_exactness_and_the_others_do_not(catalog):
-    exact = {"gemm_bi_f32_f32", "gemm_bi_f32_f32_s2", "gemm_bi_f32_f32_n128_s2", *TRIAD_SCALAR}
+    exact = {"gemm_bi_f32_f32", "gemm_bi_f32_f32_s2", "gemm_bi_f32_f32_m128n64_s2", "gemm_bi_f32_f32_n128_s2",
+             *TRIAD_SCALAR}
     for m, s in _mine(catalog):
         fam = m.family(s.family)
         assert fam.qualify.exact == (s.name in exact), s.name

@@ -24,6 +24,7 @@ CONV_SYMBOLS = [
 OPTIM_SYMBOLS = [
     "check_inf_nan_f32", "scale_grads_f32", "scale_grads_dev_f32", "scale_grads_skip_f32",
     "grad_sumsq_partial_f32", "grad_region_sumsq_partial_f32", "grad_clip_coef_f32", "grad_region_scale_dev_f32",
+    "grad_spans_sumsq_partial_f32", "grad_spans_scale_dev_f32",
     "adamw_step_f32", "adamw_step_f32_capturable",
     "adamw_step_multi_f32", "adamw_step_multi_bf16", "adamw_step_multi_f16",
 ]
@@ -204,7 +205,7 @@ def test_sumsq_partials_follow_the_fixed_assignment():
     parts = ro.sumsq_partials(g)
     assert parts.shape == (ro.GRAD_PARTIALS,)
     np.testing.assert_allclose(parts.sum(), np.sum(g * g), rtol=1e-12)
-    # literal assignment for the wrapped chunks: chunk c -> partial (c // 256) % 1024
+    # literal assignment for the wrapped chunks: chunk c -> partial (c // 256) % 512
     first = ro.GRAD_PARTIALS * ro.GRAD_BLOCK
     want = {}
     for c in range(first, -(-n // 4)):
@@ -218,16 +219,61 @@ def test_sumsq_partials_follow_the_fixed_assignment():
     np.testing.assert_allclose(parts[2], np.sum(g[4 * 512: 4 * 768] ** 2), rtol=1e-12)
 
 
-def test_regions_clamp_and_sum():
+def test_partials_grid_is_the_reference_libraries_512():
+    assert ro.GRAD_PARTIALS == 512
+    cat = load_catalog(default_catalog_path())
+    for name in ("grad_sumsq_partial_f32", "grad_region_sumsq_partial_f32", "grad_spans_sumsq_partial_f32"):
+        sym = cat.symbols[name]
+        fam = cat.module(sym.module).family(sym.family)
+        assert fam.launch.grid == ["512"] or fam.launch.grid == [512], name
+        assert [p.shape for p in fam.params if p.name == "partials"] in ([["512"]], [[512]]), name
+
+
+def _region_literal(g, n, stripe_off, rows, cols, ld, vec_off, vec_len):
+    vals = []
+    for r in range(rows):
+        for c in range(cols):
+            a = stripe_off + r * ld + c
+            vals.append(g[a] if 0 <= a < n else 0.0)
+    for i in range(vec_len):
+        a = vec_off + i
+        vals.append(g[a] if 0 <= a < n else 0.0)
+    return np.array(vals)
+
+
+def test_region_is_a_stripe_then_a_vector():
+    rng = np.random.default_rng(9)
+    n = 5000
+    g = rng.uniform(-1, 1, n)
+    geo = {"stripe_off": 7, "stripe_rows": 13, "stripe_cols": 21, "stripe_ld": 97, "vec_off": 4900, "vec_len": 150}
+    args = {"g": g, "n": n, **geo}
+    addr = ro.region_addresses(n, 7, 13, 21, 97, 4900, 150)
+    lit = _region_literal(g, n, 7, 13, 21, 97, 4900, 150)  # the vector runs 50 elements past n: absent
+    np.testing.assert_array_equal(ro.region_values(g, addr), lit)
+    parts = ro.grad_region_sumsq_partial(args, {})["partials"]
+    np.testing.assert_array_equal(parts, ro.sumsq_partials(lit))
+    np.testing.assert_allclose(parts.sum(), np.sum(lit * lit), rtol=1e-12)
+    out = ro.grad_region_scale_dev({**args, "coef": np.array([0.5])}, {})["g"]
+    mask = np.zeros(n, bool)
+    mask[addr[addr < n]] = True
+    assert mask.sum() == 13 * 21 + 100
+    np.testing.assert_array_equal(out[mask], g[mask] * 0.5)
+    np.testing.assert_array_equal(out[~mask], g[~mask])
+    # empty stripe, negative lengths: nothing
+    empty = {**args, "stripe_rows": 0, "vec_len": -3}
+    assert not ro.grad_region_sumsq_partial(empty, {})["partials"].any()
+
+
+def test_spans_clamp_and_sum():
     rng = np.random.default_rng(8)
     g = rng.uniform(-1, 1, 5000)
     offsets, lengths = np.array([-10, 100, 4990, 6000]), np.array([20, 50, 100, 5])
-    assert ro.region_bounds(offsets, lengths, g.size) == [(0, 10), (100, 150), (4990, 5000), (5000, 5000)]
-    parts = ro.region_sumsq_partials(g, offsets, lengths)
+    assert ro.span_bounds(offsets, lengths, g.size) == [(0, 10), (100, 150), (4990, 5000), (5000, 5000)]
+    parts = ro.spans_sumsq_partials(g, offsets, lengths)
     want = np.sum(g[0:10] ** 2) + np.sum(g[100:150] ** 2) + np.sum(g[4990:5000] ** 2)
     np.testing.assert_allclose(parts.sum(), want, rtol=1e-12)
-    out = ro.grad_region_scale_dev({"g": g, "n": g.size, "offsets": offsets, "lengths": lengths,
-                                    "num_regions": 4, "coef": np.array([0.5])}, {})["g"]
+    out = ro.grad_spans_scale_dev({"g": g, "n": g.size, "offsets": offsets, "lengths": lengths,
+                                   "num_spans": 4, "coef": np.array([0.5])}, {})["g"]
     mask = np.zeros(g.size, bool)
     mask[0:10] = mask[100:150] = mask[4990:5000] = True
     np.testing.assert_array_equal(out[mask], g[mask] * 0.5)
@@ -351,7 +397,7 @@ def test_launch_specs_are_complete_and_references_run(our_families):
     their declared sizes, or says why it is skipped. Dims are shrunk so this stays fast."""
     _, _, fams = our_families
     rng = np.random.default_rng(0)
-    small = {"batch": 2, "d": 3, "L": 37, "width": 3, "n": 4099, "regions": 3, "partials": 10, "tensors": 2, "total": 5003}
+    small = {"batch": 2, "d": 3, "L": 37, "width": 3, "n": 4099, "spans": 3, "partials": 10, "tensors": 2, "total": 5003}
     for fam in fams:
         q = fam.qualify
         assert q.dims, f"{fam.name}: no qualification dims"

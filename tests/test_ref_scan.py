@@ -28,6 +28,8 @@ EXPECTED = (
     + ["ssm_backward_local"] + [f"ssm_backward_local_{t}" for t in ("f32", "bf16", "f16")]
     + [f"ssm_reduce_d_BC_{t}" for t in ("f32", "bf16", "f16")]
     + [f"ssm_reduce_d_BC_tmajor_{t}" for t in ("f32", "bf16", "f16")]
+    + [f"ssm_reduce_d_BC_groups_{t}" for t in ("f32", "bf16", "f16")]
+    + [f"ssm_reduce_d_BC_groups_tmajor_{t}" for t in ("f32", "bf16", "f16")]
     + ["ssm_reduce_d_D", "ssm_reduce_d_a_log", "ssm_reduce_d_a_log_chunks"]
     + ["ssm_parallel_scan_fwd", "ssm_parallel_scan_fwd_bf16", "ssm_parallel_scan_fwd_f16"]
     + ["ssm_parallel_scan_fwd_nosave", "ssm_parallel_scan_fwd_nosave_bf16", "ssm_parallel_scan_fwd_nosave_f16"]
@@ -266,8 +268,8 @@ def test_reductions_match_loops():
     b, g, n, L = 2, 3, 4, 5
     part = rng.uniform(-1, 1, (b, g, n, L))
     dims = {"batch": b, "groups": g, "d_state": n, "L": L}
-    out = ref.ssm_reduce_d_BC({"part": part.ravel()}, dims)["out"].reshape(b, n, L)
-    tm = ref.ssm_reduce_d_BC_tmajor({"part": part.ravel()}, dims)["out"].reshape(b, L, n)
+    out = ref.ssm_reduce_d_BC_groups({"part": part.ravel()}, dims)["out"].reshape(b, n, L)
+    tm = ref.ssm_reduce_d_BC_groups_tmajor({"part": part.ravel()}, dims)["out"].reshape(b, L, n)
     for bi, ni, li in np.ndindex(b, n, L):
         s = sum(part[bi, gi, ni, li] for gi in range(g))
         assert out[bi, ni, li] == pytest.approx(s, rel=1e-12)
@@ -280,6 +282,25 @@ def test_reductions_match_loops():
     np.testing.assert_allclose(got, -np.exp(A_log) * p3[0].sum(axis=0), rtol=1e-12)
     got = ref.ssm_reduce_d_D({"part": p3[0].ravel()}, {"batch": 3, "d_inner": 6})["out"]
     np.testing.assert_allclose(got, p3[0].sum(axis=0), rtol=1e-12)
+
+
+def test_fused_dbc_references_match_loops():
+    """The reference library's contract: per-(b,t,d,n) locals summed over d into dB, dC [b][t][n]; the t-major
+    twin reads [b][n][d][t] locals and gives the same values in the same layout."""
+    rng = np.random.default_rng(16)
+    b, L, d, n = 2, 5, 3, 4
+    dB_loc, dC_loc = rng.uniform(-1, 1, (b, L, d, n)), rng.uniform(-1, 1, (b, L, d, n))
+    dims = {"batch": b, "L": L, "d_inner": d, "d_state": n}
+    out = ref.ssm_reduce_d_BC({"dB_local": dB_loc.ravel(), "dC_local": dC_loc.ravel()}, dims)
+    tmaj = {k: v.transpose(0, 3, 2, 1).ravel() for k, v in (("dB_local", dB_loc), ("dC_local", dC_loc))}
+    tm = ref.ssm_reduce_d_BC_tmajor(tmaj, dims)
+    for key, loc in (("dB", dB_loc), ("dC", dC_loc)):
+        got = out[key].reshape(b, L, n)
+        for bi, ti, ni in np.ndindex(b, L, n):
+            assert got[bi, ti, ni] == pytest.approx(sum(loc[bi, ti, di, ni] for di in range(d)), rel=1e-12)
+        np.testing.assert_array_equal(tm[key], out[key])
+    # negative control: dB and dC are not swapped or shared
+    assert not np.array_equal(out["dB"], out["dC"])
 
 
 def test_step_references_match_one_step_of_the_scan():
@@ -443,8 +464,10 @@ MF_SSM_PARALLEL_SCAN_FWD_NOSAVE(ssm_parallel_scan_fwd_nosave, F)
 MF_SSM_PARALLEL_SCAN_BWD(ssm_parallel_scan_bwd_f32, F)
 MF_SSM_PARALLEL_SCAN_BWD_FOLD(ssm_parallel_scan_bwd_fold_f32, F)
 MF_SSM_BACKWARD_LOCAL(ssm_backward_local, F)
-MF_SSM_REDUCE_D_BC(ssm_reduce_d_BC_f32, F)
-MF_SSM_REDUCE_D_BC_TMAJOR(ssm_reduce_d_BC_tmajor_f32, F)
+MF_SSM_REDUCE_D_BC_FUSED(ssm_reduce_d_BC_f32, F)
+MF_SSM_REDUCE_D_BC_FUSED_TMAJOR(ssm_reduce_d_BC_tmajor_f32, F)
+MF_SSM_REDUCE_D_BC(ssm_reduce_d_BC_groups_f32, F)
+MF_SSM_REDUCE_D_BC_TMAJOR(ssm_reduce_d_BC_groups_tmajor_f32, F)
 MF_SSM_REDUCE_D_D(ssm_reduce_d_D)
 MF_SSM_REDUCE_D_A_LOG(ssm_reduce_d_a_log)
 MF_SSM_REDUCE_D_A_LOG_CHUNKS(ssm_reduce_d_a_log_chunks)
@@ -481,7 +504,8 @@ extern "C" int run(const char* name, const int* g, const int* b, void** args) {
   ENTRY(ssm_step_forward_fused_l1b64r1_f32) ENTRY(ssm_step_forward_fused_l2b64r2_f32)
   ENTRY(ssm_parallel_scan_fwd) ENTRY(ssm_parallel_scan_fwd_nosave) ENTRY(ssm_parallel_scan_bwd_f32)
   ENTRY(ssm_parallel_scan_bwd_fold_f32) ENTRY(ssm_backward_local) ENTRY(ssm_reduce_d_BC_f32)
-  ENTRY(ssm_reduce_d_BC_tmajor_f32) ENTRY(ssm_reduce_d_D) ENTRY(ssm_reduce_d_a_log) ENTRY(ssm_reduce_d_a_log_chunks)
+  ENTRY(ssm_reduce_d_BC_tmajor_f32) ENTRY(ssm_reduce_d_BC_groups_f32) ENTRY(ssm_reduce_d_BC_groups_tmajor_f32)
+  ENTRY(ssm_reduce_d_D) ENTRY(ssm_reduce_d_a_log) ENTRY(ssm_reduce_d_a_log_chunks)
   return 1;
 }
 """
@@ -561,8 +585,10 @@ EMULATED = [
     ("ssm_parallel_scan_bwd_f32", {"batch": 2, "d_inner": 4, "d_state": 3, "L": 300}),
     ("ssm_parallel_scan_bwd_fold_f32", {"batch": 1, "d_inner": 8, "d_state": 3, "L": 300}),
     ("ssm_backward_local", {"batch": 1, "d_inner": 4, "d_state": 4, "L": 600}),
-    ("ssm_reduce_d_BC_f32", {"batch": 2, "groups": 3, "d_state": 35, "L": 77}),
-    ("ssm_reduce_d_BC_tmajor_f32", {"batch": 2, "groups": 3, "d_state": 35, "L": 77}),
+    ("ssm_reduce_d_BC_f32", {"batch": 2, "L": 77, "d_inner": 5, "d_state": 35}),
+    ("ssm_reduce_d_BC_tmajor_f32", {"batch": 2, "L": 77, "d_inner": 5, "d_state": 35}),
+    ("ssm_reduce_d_BC_groups_f32", {"batch": 2, "groups": 3, "d_state": 35, "L": 77}),
+    ("ssm_reduce_d_BC_groups_tmajor_f32", {"batch": 2, "groups": 3, "d_state": 35, "L": 77}),
     ("ssm_reduce_d_D", {"batch": 5, "d_inner": 333}),
     ("ssm_reduce_d_a_log", {"batch": 5, "dn": 1001}),
     ("ssm_reduce_d_a_log_chunks", {"nchunks": 3, "batch": 2, "dn": 1001}),

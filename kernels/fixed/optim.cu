@@ -2,16 +2,16 @@
 // AdamW (plain, graph-capturable, multi-tensor). Catalog: kernels/fixed/optim.toml; references:
 // mamba_forge/references/optim.py.
 //
-// Determinism: no floating-point atomics anywhere. The norm is a fixed grid of GRAD_PARTIALS virtual blocks,
-// each summing a fixed set of elements in a fixed order in f64 (whatever grid is actually launched), then one
-// block folds the partials in a fixed order. The only atomic is the integer arrival counter of the capturable
+// Determinism: no floating-point atomics anywhere. The norm is a fixed grid of GRAD_PARTIALS (512, the reference
+// library's contract) virtual blocks, each summing a fixed set of elements in a fixed order in f64 (whatever grid
+// is actually launched), then one thread folds the partials in ascending order. The only atomic is the integer arrival counter of the capturable
 // AdamW, whose result (the step count) does not depend on arrival order.
 #include "mf/common.cuh"
 #include "mf/elementwise.cuh"
 
 namespace mf {
 
-constexpr int GRAD_PARTIALS = 1024;  // partial sums of squares: fixed by the contract, not by n or the device
+constexpr int GRAD_PARTIALS = 512;  // partial sums of squares: fixed by the contract, not by n or the device
 constexpr int GRAD_BLOCK = 256;      // threads per (virtual) block of the partial-sum kernels
 constexpr int OPT_BLOCK = 256;
 
@@ -81,8 +81,8 @@ MF_DEVICE void sumsq_span(double& acc, const float* __restrict__ g, i64 n, int p
   }
 }
 
-// Region r is [offsets[r], offsets[r] + lengths[r]) clamped to [0, n).
-MF_DEVICE bool region_span(i64& base, i64& len, const i64* offsets, const i64* lengths, int r, i64 n) {
+// Span r is [offsets[r], offsets[r] + lengths[r]) clamped to [0, n).
+MF_DEVICE bool span_bounds(i64& base, i64& len, const i64* offsets, const i64* lengths, int r, i64 n) {
   i64 lo = offsets[r], hi = lo + lengths[r];
   lo = lo < 0 ? 0 : (lo > n ? n : lo);
   hi = hi < lo ? lo : (hi > n ? n : hi);
@@ -90,43 +90,124 @@ MF_DEVICE bool region_span(i64& base, i64& len, const i64* offsets, const i64* l
   return len > 0;
 }
 
-MF_DEVICE void grad_sumsq_partial(double* __restrict__ partials, const float* __restrict__ g, i64 n,
-                                  const i64* __restrict__ offsets, const i64* __restrict__ lengths, int regions) {
+// The fixed grid: virtual blocks p = blockIdx.x, blockIdx.x + gridDim.x, ... each run accumulate(acc, p) per
+// thread, then a fixed-order block sum; partials[p] is a plain store (no precondition on its contents).
+template <typename Accumulate> MF_DEVICE void sumsq_partials(double* __restrict__ partials, Accumulate accumulate) {
   __shared__ double scratch[GRAD_BLOCK / 32];
   if (blockDim.x != GRAD_BLOCK) return;  // the order is defined for this block size only
   for (int p = blockIdx.x; p < GRAD_PARTIALS; p += gridDim.x) {
     double acc = 0.0;
-    if (offsets == nullptr) {
-      sumsq_span(acc, g, n, p);
-    } else {
-      for (int r = 0; r < regions; ++r) {
-        i64 base, len;
-        if (region_span(base, len, offsets, lengths, r, n)) sumsq_span(acc, g + base, len, p);
-      }
-    }
+    accumulate(acc, p);
     const double total = block_sum(acc, scratch);
     if (threadIdx.x == 0) partials[p] = total;
   }
 }
 
-// ---- clip coefficient: one block of GRAD_BLOCK threads; lane j sums partials j, j+256, ... in order, then a
-// fixed pairwise tree. norm = sqrt(total) (f64), coef = min(1, max_norm / (norm + eps)) (NaN propagates). ----
+// ---- the per-layer region of the flat gradient arena (the reference library's two-block region): a strided
+// column stripe, rows x cols elements at stripe_off + r*ld + c, then a contiguous vector [vec_off, vec_off +
+// vec_len). Its elements are numbered v = r*cols + c over the stripe, then rows*cols + i over the vector; chunk
+// c holds v in [4c, 4c + 4) and is dealt like the flat arena's chunk c. Elements whose address is outside
+// [0, n) count as absent (0 in a sum, never written). ----
+struct GradRegion {
+  i64 stripe_off, ld, vec_off, vec_len, stripe_n, total;
+  int cols;
+
+  MF_DEVICE GradRegion(i64 stripe_off_, int rows, int cols_, i64 ld_, i64 vec_off_, i64 vec_len_)
+      : stripe_off(stripe_off_), ld(ld_), vec_off(vec_off_), cols(cols_) {
+    rows = rows > 0 ? rows : 0;
+    cols = cols > 0 ? cols : 0;
+    vec_len = vec_len_ > 0 ? vec_len_ : 0;
+    stripe_n = (i64)rows * cols;
+    total = stripe_n + vec_len;
+  }
+  // address of element v < total; `run`: how many elements from v on are contiguous in memory
+  MF_DEVICE i64 addr(i64 v, i64& run) const {
+    if (v >= stripe_n) {
+      run = total - v;
+      return vec_off + (v - stripe_n);
+    }
+    // 32-bit division when the stripe is under 2^32 elements (always, for a weight matrix's stripe)
+    i64 r, c;
+    if (stripe_n <= 0xffffffffll) {
+      const u32 q = (u32)v / (u32)cols;
+      r = q, c = (u32)v - q * (u32)cols;
+    } else {
+      r = v / cols, c = v % cols;
+    }
+    run = cols - c;
+    return stripe_off + r * ld + c;
+  }
+  // the 4 elements of chunk k (0 where absent); one float4 when they are contiguous, inside [0, n) and
+  // 16-byte aligned, else element by element: the same values either way
+  MF_DEVICE void load(float* dst, const float* g, i64 n, i64 k) const {
+    const i64 v = 4 * k;
+    i64 run;
+    const i64 a = addr(v, run);
+    if (run >= 4 && a >= 0 && a + 4 <= n && aligned16(g + a)) {
+      const float4 q = *reinterpret_cast<const float4*>(g + a);
+      dst[0] = q.x, dst[1] = q.y, dst[2] = q.z, dst[3] = q.w;
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      i64 unused;
+      const i64 e = v + j < total ? addr(v + j, unused) : -1;
+      dst[j] = e >= 0 && e < n ? g[e] : 0.f;
+    }
+  }
+  MF_DEVICE void scale(float* g, i64 n, i64 k, float coef) const {
+    const i64 v = 4 * k;
+    i64 run;
+    const i64 a = addr(v, run);
+    if (run >= 4 && a >= 0 && a + 4 <= n && aligned16(g + a)) {
+      float4 q = *reinterpret_cast<const float4*>(g + a);
+      q.x *= coef, q.y *= coef, q.z *= coef, q.w *= coef;
+      *reinterpret_cast<float4*>(g + a) = q;
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      i64 unused;
+      const i64 e = v + j < total ? addr(v + j, unused) : -1;
+      if (e >= 0 && e < n) g[e] = g[e] * coef;
+    }
+  }
+};
+
+MF_DEVICE void region_sumsq(double& acc, const float* __restrict__ g, i64 n, const GradRegion& reg, int p) {
+  const i64 chunks = (reg.total + 3) / 4;
+  for (i64 c = (i64)p * GRAD_BLOCK + threadIdx.x; c < chunks; c += (i64)GRAD_PARTIALS * GRAD_BLOCK) {
+    float v[4];
+    reg.load(v, g, n, c);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc += (double)v[j] * (double)v[j];
+  }
+}
+
+MF_DEVICE void region_scale(float* __restrict__ g, i64 n, const GradRegion& reg, float coef) {
+  const i64 chunks = (reg.total + 3) / 4, stride = (i64)gridDim.x * blockDim.x;
+  for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += stride) reg.scale(g, n, c, coef);
+}
+
+// ---- clip coefficient: total = partials[0] + partials[1] + ... + partials[num_partials-1], one f64 chain in
+// ascending order run by one thread (the block only stages the partials in shared memory, 512 at a time, so the
+// serial chain reads shared memory, not global); norm = sqrt(total) (f64, the pre-clip norm),
+// coef = min(1, max_norm / (norm + eps)) (NaN propagates). ----
 MF_DEVICE void grad_clip_coef(float* __restrict__ coef, float* __restrict__ norm, const double* __restrict__ partials,
                               int num_partials, float max_norm, float eps) {
-  __shared__ double lanes[GRAD_BLOCK];
-  if (blockDim.x != GRAD_BLOCK || blockIdx.x != 0) return;
-  const int tid = threadIdx.x;
-  double a = 0.0;
-  for (int i = tid; i < num_partials; i += GRAD_BLOCK) a += partials[i];
-  lanes[tid] = a;
-  __syncthreads();
-#pragma unroll
-  for (int w = GRAD_BLOCK / 2; w > 0; w >>= 1) {
-    if (tid < w) lanes[tid] += lanes[tid + w];
+  __shared__ double stage[GRAD_PARTIALS];
+  if (blockIdx.x != 0) return;
+  double total = 0.0;  // meaningful in thread 0 only
+  for (int base = 0; base < num_partials; base += GRAD_PARTIALS) {
+    const int cnt = min(GRAD_PARTIALS, num_partials - base);
+    for (int i = threadIdx.x; i < cnt; i += blockDim.x) stage[i] = partials[base + i];
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int i = 0; i < cnt; ++i) total += stage[i];
     __syncthreads();
   }
-  if (tid == 0) {
-    const double nrm = sqrt(lanes[0]);
+  if (threadIdx.x == 0) {
+    const double nrm = sqrt(total);
     double c = (double)max_norm / (nrm + (double)eps);
     c = c > 1.0 ? 1.0 : c;
     coef[0] = (float)c;
@@ -315,14 +396,29 @@ MF_DEVICE void adamw_multi(const AdamWTensorDesc* __restrict__ descs, int num_te
 #define MF_GRAD_SUMSQ_PARTIAL(NAME) \
   extern "C" __global__ void __launch_bounds__(mf::GRAD_BLOCK) NAME(double* __restrict__ partials, \
       const float* __restrict__ g, long long n) { \
-    mf::grad_sumsq_partial(partials, g, n, nullptr, nullptr, 0); \
+    mf::sumsq_partials(partials, [&](double& acc, int p) { mf::sumsq_span(acc, g, n, p); }); \
+  }
+
+// Our span-list twin: each span [offsets[r], offsets[r]+lengths[r]) clamped to [0, n), in list order, each
+// chunked from its own start.
+#define MF_GRAD_SPANS_SUMSQ_PARTIAL(NAME) \
+  extern "C" __global__ void __launch_bounds__(mf::GRAD_BLOCK) NAME(double* __restrict__ partials, \
+      const float* __restrict__ g, long long n, const long long* __restrict__ offsets, \
+      const long long* __restrict__ lengths, int num_spans) { \
+    mf::sumsq_partials(partials, [&](double& acc, int p) { \
+      for (int r = 0; r < num_spans; ++r) { \
+        long long base, len; \
+        if (mf::span_bounds(base, len, offsets, lengths, r, n)) mf::sumsq_span(acc, g + base, len, p); \
+      } \
+    }); \
   }
 
 #define MF_GRAD_REGION_SUMSQ_PARTIAL(NAME) \
   extern "C" __global__ void __launch_bounds__(mf::GRAD_BLOCK) NAME(double* __restrict__ partials, \
-      const float* __restrict__ g, long long n, const long long* __restrict__ offsets, \
-      const long long* __restrict__ lengths, int num_regions) { \
-    mf::grad_sumsq_partial(partials, g, n, offsets, lengths, num_regions); \
+      const float* __restrict__ g, long long n, long long stripe_off, int stripe_rows, int stripe_cols, \
+      long long stripe_ld, long long vec_off, long long vec_len) { \
+    const mf::GradRegion reg(stripe_off, stripe_rows, stripe_cols, stripe_ld, vec_off, vec_len); \
+    mf::sumsq_partials(partials, [&](double& acc, int p) { mf::region_sumsq(acc, g, n, reg, p); }); \
   }
 
 #define MF_GRAD_CLIP_COEF(NAME) \
@@ -331,15 +427,23 @@ MF_DEVICE void adamw_multi(const AdamWTensorDesc* __restrict__ descs, int num_te
     mf::grad_clip_coef(coef, norm, partials, num_partials, max_norm, eps); \
   }
 
-#define MF_GRAD_REGION_SCALE_DEV(NAME) \
+#define MF_GRAD_SPANS_SCALE_DEV(NAME) \
   extern "C" __global__ void __launch_bounds__(mf::OPT_BLOCK) NAME(float* __restrict__ g, long long n, \
-      const long long* __restrict__ offsets, const long long* __restrict__ lengths, int num_regions, \
+      const long long* __restrict__ offsets, const long long* __restrict__ lengths, int num_spans, \
       const float* __restrict__ coef) { \
     const float c = *coef; \
-    for (int r = 0; r < num_regions; ++r) { \
+    for (int r = 0; r < num_spans; ++r) { \
       long long base, len; \
-      if (mf::region_span(base, len, offsets, lengths, r, n)) mf::scale_span(g + base, len, c); \
+      if (mf::span_bounds(base, len, offsets, lengths, r, n)) mf::scale_span(g + base, len, c); \
     } \
+  }
+
+#define MF_GRAD_REGION_SCALE_DEV(NAME) \
+  extern "C" __global__ void __launch_bounds__(mf::OPT_BLOCK) NAME(float* __restrict__ g, long long n, \
+      long long stripe_off, int stripe_rows, int stripe_cols, long long stripe_ld, long long vec_off, \
+      long long vec_len, const float* __restrict__ coef) { \
+    const mf::GradRegion reg(stripe_off, stripe_rows, stripe_cols, stripe_ld, vec_off, vec_len); \
+    mf::region_scale(g, n, reg, *coef); \
   }
 
 #define MF_ADAMW_STEP(NAME) \

@@ -454,6 +454,65 @@ MF_DEVICE void ssm_reduce_bc_tmajor(T* __restrict__ out, const float* __restrict
   }
 }
 
+// The reference library's fused dB + dC reduction of per-channel locals: dB[b, t, n] = sum_{d = 0..D-1}
+// dB_local[..d..] in ascending d, one f32 chain from +0 with every local promoted T -> f32 (dC the same), both
+// outputs [batch, L, d_state] f32, =-stored (no memset precondition). Two input layouts, the same chain, so the
+// same bits: [b][t][d][n] (n fastest: a thread per output, neighbours read neighbouring n) and the t-major
+// [b][n][d][t] (the parallel route's tape layout: 32x32 (t, n) tiles, the sums read along t and transposed
+// through shared memory so the [b][t][n] stores are coalesced too).
+template <typename T>
+MF_DEVICE float sum_locals(const T* __restrict__ p, int d_inner, long long stride) {
+  float s = 0.f;
+#pragma unroll 8
+  for (int d = 0; d < d_inner; ++d) s += to_f32(p[d * stride]);  // 8 loads in flight, adds in ascending d
+  return s;
+}
+
+template <typename T>
+MF_DEVICE void ssm_reduce_dbc_fused(float* __restrict__ dB, float* __restrict__ dC, const T* __restrict__ dB_local,
+                                    const T* __restrict__ dC_local, int batch, long long L, int d_inner, int d_state) {
+  const long long total = (long long)batch * L * d_state, stride = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const long long bt = i / d_state, n = i % d_state;
+    const long long base = bt * d_inner * d_state + n;
+    dB[i] = sum_locals(dB_local + base, d_inner, d_state);
+    dC[i] = sum_locals(dC_local + base, d_inner, d_state);
+  }
+}
+
+// Block (32, 8); grid (ceil(L/32), ceil(d_state/32), batch).
+template <typename T>
+MF_DEVICE void ssm_reduce_dbc_fused_tmajor(float* __restrict__ dB, float* __restrict__ dC, const T* __restrict__ dB_local,
+                                           const T* __restrict__ dC_local, int batch, long long L, int d_inner,
+                                           int d_state, float (*tile)[33]) {
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const long long t0 = (long long)blockIdx.x * 32;
+  const int n0 = blockIdx.y * 32;
+  const long long b = blockIdx.z;
+  if (b >= batch) return;  // uniform per block
+#pragma unroll 1
+  for (int which = 0; which < 2; ++which) {
+    const T* __restrict__ local = which == 0 ? dB_local : dC_local;
+    float* __restrict__ out = which == 0 ? dB : dC;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int n = n0 + ty + 8 * k;
+      const long long t = t0 + tx;
+      float s = 0.f;
+      if (n < d_state && t < L) s = sum_locals(local + (b * d_state + n) * d_inner * L + t, d_inner, L);
+      tile[ty + 8 * k][tx] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const long long t = t0 + ty + 8 * k;
+      const int n = n0 + tx;
+      if (n < d_state && t < L) out[(b * L + t) * d_state + n] = tile[tx][ty + 8 * k];
+    }
+    __syncthreads();  // the tile is rewritten for dC
+  }
+}
+
 // out[i] = sum_{r = 0..rows-1} part[r * width + i] (ascending r), then times -exp(A_log[i]) when A_log is given.
 MF_DEVICE void ssm_reduce_rows(float* __restrict__ out, const float* __restrict__ part, const float* __restrict__ A_log,
                                long long rows, long long width) {
@@ -562,6 +621,19 @@ MF_DEVICE void ssm_reduce_rows(float* __restrict__ out, const float* __restrict_
     mf::ssm_scan_bwd<T, 4, true>(du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part, dh0, dout, saved, \
                                  dh_last, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, L, \
                                  delta_softplus); \
+  }
+
+#define MF_SSM_REDUCE_D_BC_FUSED(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(float* __restrict__ dB, float* __restrict__ dC, \
+      const T* __restrict__ dB_local, const T* __restrict__ dC_local, int batch, long long L, int d_inner, int d_state) { \
+    mf::ssm_reduce_dbc_fused<T>(dB, dC, dB_local, dC_local, batch, L, d_inner, d_state); \
+  }
+
+#define MF_SSM_REDUCE_D_BC_FUSED_TMAJOR(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(float* __restrict__ dB, float* __restrict__ dC, \
+      const T* __restrict__ dB_local, const T* __restrict__ dC_local, int batch, long long L, int d_inner, int d_state) { \
+    __shared__ float tile[32][33]; \
+    mf::ssm_reduce_dbc_fused_tmajor<T>(dB, dC, dB_local, dC_local, batch, L, d_inner, d_state, tile); \
   }
 
 #define MF_SSM_REDUCE_D_BC(NAME, T) \

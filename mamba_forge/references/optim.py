@@ -12,7 +12,7 @@ import struct
 
 import numpy as np
 
-GRAD_PARTIALS = 1024  # the fixed grid of partial sums (kernels/fixed/optim.cu: GRAD_PARTIALS)
+GRAD_PARTIALS = 512  # the fixed grid of partial sums (kernels/fixed/optim.cu: GRAD_PARTIALS)
 GRAD_BLOCK = 256  # threads per partial
 CHUNK = 4  # elements per thread per step
 
@@ -41,8 +41,8 @@ def sumsq_partials(g: np.ndarray) -> np.ndarray:
     return np.bincount(owner, weights=sq, minlength=GRAD_PARTIALS)
 
 
-def region_bounds(offsets, lengths, n: int) -> list[tuple[int, int]]:
-    """Each region [off, off + len) clamped to [0, n), as the kernels clamp it."""
+def span_bounds(offsets, lengths, n: int) -> list[tuple[int, int]]:
+    """Each span [off, off + len) clamped to [0, n), as the kernels clamp it."""
     out = []
     for off, ln in zip(np.asarray(offsets).ravel(), np.asarray(lengths).ravel(), strict=True):
         lo = min(max(int(off), 0), n)
@@ -51,17 +51,40 @@ def region_bounds(offsets, lengths, n: int) -> list[tuple[int, int]]:
     return out
 
 
-def region_sumsq_partials(g, offsets, lengths) -> np.ndarray:
+def spans_sumsq_partials(g, offsets, lengths) -> np.ndarray:
     g = np.asarray(g, dtype=np.float64).ravel()
     total = np.zeros(GRAD_PARTIALS)
-    for lo, hi in region_bounds(offsets, lengths, g.size):
+    for lo, hi in span_bounds(offsets, lengths, g.size):
         if hi > lo:
             total = total + sumsq_partials(g[lo:hi])
     return total
 
 
+def region_addresses(n: int, stripe_off: int, rows: int, cols: int, ld: int, vec_off: int, vec_len: int) -> np.ndarray:
+    """Addresses of the per-layer region's elements in region order: the stripe (rows x cols at stripe_off + r*ld
+    + c, row by row), then the vector [vec_off, vec_off + vec_len). Some may lie outside [0, n): absent."""
+    rows, cols, vec_len = max(int(rows), 0), max(int(cols), 0), max(int(vec_len), 0)
+    stripe = (int(stripe_off) + np.arange(rows, dtype=np.int64)[:, None] * int(ld)
+              + np.arange(cols, dtype=np.int64)[None, :]).ravel()
+    return np.concatenate([stripe, int(vec_off) + np.arange(vec_len, dtype=np.int64)])
+
+
+def region_values(g, addresses) -> np.ndarray:
+    """The region's values in region order, 0 where the address is outside the arena."""
+    g = np.asarray(g, dtype=np.float64).ravel()
+    inside = (addresses >= 0) & (addresses < g.size)
+    out = np.zeros(addresses.size)
+    out[inside] = g[addresses[inside]]
+    return out
+
+
+def _region_args(args) -> np.ndarray:
+    return region_addresses(int(args["n"]), args["stripe_off"], args["stripe_rows"], args["stripe_cols"],
+                            args["stripe_ld"], args["vec_off"], args["vec_len"])
+
+
 def clip_coef(partials: np.ndarray, max_norm: float, eps: float) -> tuple[float, float]:
-    """(coef, norm): norm = sqrt(sum(partials)), coef = min(1, max_norm / (norm + eps)); NaN propagates."""
+    """(coef, norm): norm = sqrt(sum(partials)) (the kernel's one ascending chain; float64 here), coef = min(1, max_norm / (norm + eps)); NaN propagates."""
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         norm = float(np.sqrt(np.sum(np.asarray(partials, dtype=np.float64))))
         c = f32(max_norm) / (norm + f32(eps))
@@ -115,9 +138,14 @@ def grad_sumsq_partial(args, dims):
 
 
 def grad_region_sumsq_partial(args, dims):
-    n, r = int(args["n"]), int(args["num_regions"])
+    g = np.asarray(args["g"], dtype=np.float64)[: int(args["n"])]
+    return {"partials": sumsq_partials(region_values(g, _region_args(args)))}
+
+
+def grad_spans_sumsq_partial(args, dims):
+    n, r = int(args["n"]), int(args["num_spans"])
     g = np.asarray(args["g"], dtype=np.float64)[:n]
-    return {"partials": region_sumsq_partials(g, np.asarray(args["offsets"])[:r], np.asarray(args["lengths"])[:r])}
+    return {"partials": spans_sumsq_partials(g, np.asarray(args["offsets"])[:r], np.asarray(args["lengths"])[:r])}
 
 
 def grad_clip_coef(args, dims):
@@ -127,11 +155,22 @@ def grad_clip_coef(args, dims):
 
 
 def grad_region_scale_dev(args, dims):
-    n, r = int(args["n"]), int(args["num_regions"])
+    n = int(args["n"])
+    g = np.asarray(args["g"], dtype=np.float64).copy()
+    c = float(np.asarray(args["coef"]).ravel()[0])
+    a = _region_args(args)
+    a = a[(a >= 0) & (a < n)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        g[a] = g[a] * c
+    return {"g": g}
+
+
+def grad_spans_scale_dev(args, dims):
+    n, r = int(args["n"]), int(args["num_spans"])
     g = np.asarray(args["g"], dtype=np.float64).copy()
     c = float(np.asarray(args["coef"]).ravel()[0])
     with np.errstate(over="ignore", invalid="ignore"):
-        for lo, hi in region_bounds(np.asarray(args["offsets"])[:r], np.asarray(args["lengths"])[:r], n):
+        for lo, hi in span_bounds(np.asarray(args["offsets"])[:r], np.asarray(args["lengths"])[:r], n):
             g[lo:hi] = g[lo:hi] * c
     return {"g": g}
 

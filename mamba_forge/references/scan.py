@@ -253,11 +253,25 @@ def ssm_backward_local(args, dims):
 
 
 def ssm_reduce_d_BC(args, dims):
+    """The reference library's fused reduction: locals [b][t][d][n] summed over d -> dB, dC [b][t][n]."""
+    b, L, d, n = dims["batch"], dims["L"], dims["d_inner"], dims["d_state"]
+    return {k: np.asarray(args[f"{k}_local"], dtype=np.float64).reshape(b, L, d, n).sum(axis=2).ravel()
+            for k in ("dB", "dC")}
+
+
+def ssm_reduce_d_BC_tmajor(args, dims):
+    """The t-major twin: locals [b][n][d][t] summed over d -> dB, dC [b][t][n] (the same layout as above)."""
+    b, L, d, n = dims["batch"], dims["L"], dims["d_inner"], dims["d_state"]
+    return {k: np.asarray(args[f"{k}_local"], dtype=np.float64).reshape(b, n, d, L).sum(axis=2).transpose(0, 2, 1).ravel()
+            for k in ("dB", "dC")}
+
+
+def ssm_reduce_d_BC_groups(args, dims):
     b, g, n, L = dims["batch"], dims["groups"], dims["d_state"], dims["L"]
     return {"out": np.asarray(args["part"], dtype=np.float64).reshape(b, g, n * L).sum(axis=1).ravel()}
 
 
-def ssm_reduce_d_BC_tmajor(args, dims):
+def ssm_reduce_d_BC_groups_tmajor(args, dims):
     b, g, n, L = dims["batch"], dims["groups"], dims["d_state"], dims["L"]
     s = np.asarray(args["part"], dtype=np.float64).reshape(b, g, n, L).sum(axis=1)
     return {"out": s.transpose(0, 2, 1).ravel()}

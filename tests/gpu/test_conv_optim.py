@@ -298,7 +298,10 @@ def test_conv_bad_width_writes_nothing(name, rng):
 
 # ---- optim ---------------------------------------------------------------------------------------------------
 
-OPT_ODD = {"n": 100_003, "regions": 5, "partials": 777}
+# odd shapes; the region geometry: a 77 x 33 stripe of a 1013-wide matrix, then a vector whose last element is
+# past n (absent: never read, never written)
+OPT_ODD = {"n": 100_003, "spans": 5, "partials": 777, "stripe_off": 5, "rows": 77, "cols": 33, "ld": 1013,
+           "vec_off": 90_001, "vec_len": 10_003}
 
 
 @pytest.mark.parametrize("name", OPTIM_SPEC_NAMES)
@@ -308,9 +311,9 @@ def test_optim_matches_reference(name, rng):
     for corpus in ("uniform", "logu", "special"):
         check_against_reference(name, q, rng, corpus)
     odd = {k: OPT_ODD.get(k, v) for k, v in q.items()}
-    if name == "grad_region_scale_dev_f32":
-        odd["regions"] = 1
-    if "region" in name:
+    if name == "grad_spans_scale_dev_f32":
+        odd["spans"] = 1
+    if "spans" in name:
         odd["n"] = 1_000_003  # the declared offsets reach 900000
     check_against_reference(name, odd, rng)
 
@@ -367,7 +370,7 @@ def test_sumsq_partials_do_not_depend_on_the_launched_grid(rng):
 
 @pytest.mark.parametrize("max_norm", [0.5, 1e9])
 def test_clipping_pipeline(max_norm, rng):
-    """Several non-overlapping regions of one flat gradient: partials -> coefficient -> scaled regions."""
+    """Several non-overlapping spans of one flat gradient: partials -> coefficient -> scaled spans."""
     import cupy as cp  # device arrays only (gpu_support launches)
 
     n = 3_000_001
@@ -376,15 +379,15 @@ def test_clipping_pipeline(max_norm, rng):
     lengths = np.array([999_999, 1_000_000, 3, 100], np.int64)  # the last one is clamped at n
     k = kernels()
     gd, od, ld = to_device(g, "f32"), cp.asarray(offsets), cp.asarray(lengths)
-    parts = empty_device(1024, "f64")
-    k.launch("grad_region_sumsq_partial_f32", grid=(1024,), block=(256,),
+    parts = empty_device(ro.GRAD_PARTIALS, "f64")
+    k.launch("grad_spans_sumsq_partial_f32", grid=(ro.GRAD_PARTIALS,), block=(256,),
              args=(parts, gd, np.int64(n), od, ld, np.int32(4)))
     coef, norm = empty_device(1, "f32"), empty_device(1, "f32")
     k.launch("grad_clip_coef_f32", grid=(1,), block=(256,),
-             args=(coef, norm, parts, np.int32(1024), np.float32(max_norm), np.float32(1e-6)))
-    k.launch("grad_region_scale_dev_f32", grid=(1024,), block=(256,),
+             args=(coef, norm, parts, np.int32(ro.GRAD_PARTIALS), np.float32(max_norm), np.float32(1e-6)))
+    k.launch("grad_spans_scale_dev_f32", grid=(1024,), block=(256,),
              args=(gd, np.int64(n), od, ld, np.int32(4), coef))
-    bounds = ro.region_bounds(offsets, lengths, n)
+    bounds = ro.span_bounds(offsets, lengths, n)
     sel = np.concatenate([g[lo:hi].astype(np.float64) for lo, hi in bounds])
     want_norm = float(np.linalg.norm(sel))
     want_coef = min(1.0, float(np.float32(max_norm)) / (want_norm + float(np.float32(1e-6))))

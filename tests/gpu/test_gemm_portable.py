@@ -33,7 +33,7 @@ pytestmark = pytest.mark.gpu
 
 MODULES = ("Fixed", "TriadScalar", "TriadSm80")
 GUARD = 64  # poisoned elements after C that no launch may touch
-EXACT = ["gemm_bi_f32_f32", "gemm_bi_f32_f32_s2", "gemm_bi_f32_f32_n128_s2",
+EXACT = ["gemm_bi_f32_f32", "gemm_bi_f32_f32_s2", "gemm_bi_f32_f32_m128n64_s2", "gemm_bi_f32_f32_n128_s2",
          "gemm_bi_f32_f32_skinny_n64", "gemm_bi_f32_f32_skinny_n32",
          "triad_scalar_nn_f32", "triad_scalar_tn_f32", "triad_scalar_nt_f32"]
 BATCH_MS = (1, 3, 17, 64, 1000, 4096)
