@@ -19,7 +19,7 @@ run build 240 mamba-forge build --arch sm_90a --out build -q -j 16
   > /tmp/res/repro_loop.txt 2>&1 &)
 TAILN=40 run qualify_quick 200 mamba-forge qualify --device 0 --build build --level quick --out /tmp/res/quick.toml -q
 grep -B1 -A3 'status = "rejected"' /tmp/res/quick.toml | grep -E '^name|^reason|^check' | head -60
-TAILN=30 run tests $(( $(left) > 200 ? 200 : $(left) - 100 )) python3 -m pytest -q -p no:cacheprovider -n 6 -x --maxfail=30 ${TESTS}
+TAILN=30 run tests $(( $(left) > 200 ? 200 : $(left) - 100 )) python3 -m pytest -q -p no:cacheprovider -n 6 --maxfail=40 ${TESTS}
 [ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 60 ] && TAILN=30 run bench_gemm_f32 $(( $(left) / 3 )) python3 benchmarks/bench_gemm_f32.py --iters 20
 [ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 50 ] && TAILN=40 run bench_conv1d $(( $(left) / 2 )) python3 benchmarks/bench_conv1d.py
 [ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 30 ] && TAILN=20 run bench_sm120_tma $(( $(left) - 10 )) python3 benchmarks/bench_sm120_tma.py --iters 20
