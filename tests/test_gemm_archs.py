@@ -48,7 +48,16 @@ REFERENCE_NAMES = {
                                                         "m64n64_bk32_s2_pair_store", "m64n64_bk32_s2_producer_warp")],
     ],
 }
-MODULES = tuple(REFERENCE_NAMES)
+# The registry's named Ada Triad symbols (its constants, not its strings: reference-registry.rs ~1043-1121) under
+# this catalog's names, and the two module kinds that hold only named symbols.
+NAMED_ADA = {
+    "TriadSm89Finalist": ["gemm_bi_nn_fixed_sm89_tf32_finalist_v1_m128n128_bk32_s2"],
+    "TriadSm89ExactF32": ["gemm_bi_nn_fixed_sm89_f32_d768_in_fused_v1", "gemm_bi_nn_fixed_sm89_f32_d768_out_raw_v1",
+                          "gemm_bi_nn_fixed_sm89_f32_prism_raw_v1"],
+    "TriadSm89ExactF32D128": ["gemm_bi_nn_fixed_sm89_f32_d128_in_v1", "gemm_bi_nn_fixed_sm89_f32_d128_out_v1"],
+}
+ADA_KINDS = ("TriadSm89Finalist", "TriadSm89Half", "TriadSm89ExactF32", "TriadSm89ExactF32D128", "TriadSm89Tf32Joint")
+MODULES = tuple(dict.fromkeys([*REFERENCE_NAMES, *NAMED_ADA]))
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +71,50 @@ def test_reference_names_declared_in_their_modules(catalog):
         declared = {s.name for s in catalog.module(kind).symbols}
         missing = sorted(set(names) - declared)
         assert not missing, f"{kind} lacks {missing}"
+
+
+def test_named_ada_symbols_declared_and_routed(catalog):
+    """The eleven module kinds of the reference library, each named Ada symbol in its module and a force rung of
+    its route (d768/d128 at their widths), and the exact-f32 ones on the FFMA chain oracle bit for bit."""
+    assert len(catalog.modules) == 11
+    assert [m.kind for m in catalog.modules if m.kind.startswith("TriadSm89")] == list(ADA_KINDS)
+    rungs = {r.symbol: r for route in catalog.routes for r in route.rungs()}
+    widths = {"d768_in": ("k", 768), "d768_out": ("n", 768), "d128_in": ("k", 128), "d128_out": ("n", 128)}
+    for kind, names in NAMED_ADA.items():
+        declared = {s.name for s in catalog.module(kind).symbols}
+        assert set(names) <= declared, f"{kind} lacks {sorted(set(names) - declared)}"
+        for name in names:
+            rung = rungs[name]
+            assert rung.mode == "force", name
+            want = tuple(w for key, w in widths.items() if f"_{key}_" in name)
+            assert rung.needs == want, (name, rung.needs)
+            fam = catalog.module(kind).family(catalog.symbols[name].family)
+            assert "registry" in fam.contract, name
+            if "_f32_" in name:
+                assert fam.qualify.exact and fam.qualify.reference.endswith(":gemm_nn_f32_chain"), name
+    assert rungs["gemm_bi_nn_fixed_sm89_f32_d768_in_fused_v1"].bias
+    assert not rungs["gemm_bi_nn_fixed_sm89_f32_d768_out_raw_v1"].bias
+
+
+@pytest.mark.parametrize("name,fits,off", [
+    ("gemm_bi_nn_fixed_sm89_f32_d768_in_fused_v1", (5, 3072, 768), (5, 3072, 100)),
+    ("gemm_bi_nn_fixed_sm89_f32_d768_out_raw_v1", (5, 768, 1536), (5, 200, 1536)),
+    ("gemm_bi_nn_fixed_sm89_f32_d128_in_v1", (5, 512, 128), (5, 512, 96)),
+    ("gemm_bi_nn_fixed_sm89_f32_d128_out_v1", (5, 128, 256), (5, 192, 256)),
+])
+def test_named_width_rungs_serve_their_width_only(catalog, name, fits, off):
+    """Asked for by name, a d768/d128 rung serves at its model width and is refused elsewhere; never by shape."""
+    from mamba_forge.manifest.schema import QSymbol
+    from mamba_forge.qualify.assemble import route_table
+    from mamba_forge.runtime import routes as RT
+
+    tbl = route_table(catalog.routes, [QSymbol(name=n, module="M", target="sm_89", family="f", status="admitted")
+                                       for n in catalog.symbols])
+    bias = "_fused_" in name
+    assert RT.select(tbl, *fits, "f32", "f32", "f32", "nn", bias=bias, symbol=name).symbol == name
+    with pytest.raises(RT.NoRoute, match="needs"):
+        RT.select(tbl, *off, "f32", "f32", "f32", "nn", bias=bias, symbol=name)
+    assert RT.select(tbl, *fits, "f32", "f32", "f32", "nn", bias=bias).symbol != name
 
 
 def test_every_symbol_has_contract_params_and_reference(catalog):
@@ -84,7 +137,7 @@ def test_module_gates_and_roles(catalog):
     t = {n: get_target(n) for n in ("sm_80", "sm_89", "sm_90a", "sm_100a", "sm_120a")}
     roles = lambda kind: {tt.name: r for tt, r in catalog.module(kind).targets(list(t.values()))}  # noqa: E731
     assert roles("TriadSm90a") == {"sm_90a": "qualify"}
-    for kind in ("TriadSm89Half", "TriadSm89ExactF32", "TriadSm89Tf32Joint"):
+    for kind in ADA_KINDS:
         assert roles(kind) == {"sm_89": "qualify", "sm_90a": "check"}
     assert roles("Sm120") == {"sm_120a": "qualify", "sm_90a": "check"}
     assert roles("Sm100") == {"sm_100a": "qualify"}
@@ -166,7 +219,9 @@ def _build_one(catalog: Catalog, kind: str, target: str, tmp_path):
 
 BUILDS = [("TriadSm90a", "sm_90a"), ("TriadSm89Half", "sm_89"), ("TriadSm89Half", "sm_90a"),
           ("TriadSm89ExactF32", "sm_89"), ("TriadSm89ExactF32", "sm_90a"), ("TriadSm89Tf32Joint", "sm_89"),
-          ("TriadSm89Tf32Joint", "sm_90a"), ("Sm100", "sm_100a"), ("Sm120", "sm_120a"),
+          ("TriadSm89Tf32Joint", "sm_90a"), ("TriadSm89Finalist", "sm_89"), ("TriadSm89Finalist", "sm_90a"),
+          ("TriadSm89ExactF32D128", "sm_89"), ("TriadSm89ExactF32D128", "sm_90a"), ("Sm100", "sm_100a"),
+          ("Sm120", "sm_120a"),
           pytest.param("Sm120", "sm_90a", marks=pytest.mark.slow)]
 
 
