@@ -23,7 +23,6 @@ constexpr int CONV_FWD_CHUNKS = 4;             // 16-byte chunks per thread in a
 // Timesteps per forward block tile: 2048 for f32, 4096 for 16-bit types, so every thread has four 16-byte loads
 // in flight whatever the dtype. (At 2048 a 16-bit thread had two, half the bytes in flight of f32: bf16 reached
 // 0.53 of copy bandwidth against f32's 0.89.) The catalog's grid is batch*d*ceil_div(L, 8192 // sizeof_T).
-template <typename T> __host__ __device__ constexpr int conv_fwd_tile() { return CONV_BLOCK * Vec<T>::N * CONV_FWD_CHUNKS; }
 constexpr int CONV_STEP_BLOCK = 256;
 
 // The one per-output formula. xs: W consecutive inputs, oldest first. Callers convert each input to f64 once
@@ -118,77 +117,6 @@ template <typename T> MF_DEVICE Vec<T> conv_load_raw(const T* row, i64 s0, i64 L
     for (int j = 0; j < N; ++j) r.v[j] = s0 + j < L ? row[s0 + j] : from_f32<T>(0.f);
   }
   return r;
-}
-
-// ---- tiled forward: one block per (row, tile of conv_fwd_tile<T>() timesteps); each thread owns VPT 16-byte chunks
-// (chunk vi = v * CONV_BLOCK + tid, coalesced per v). All of a thread's loads are issued before any arithmetic.
-// A chunk's 3-input halo is the tail of chunk vi-1, which lane - 1 of the same warp holds already converted to
-// f64: it comes by warp shuffle (no shared memory, no block barrier, each input converted to f64 once). Lane 0
-// reads its halo from global memory (3 elements, L1/L2 hits: the neighbour warp loads the same lines). ----
-template <typename T, int W, bool SAVE>
-MF_DEVICE void conv1d_fwd_tiled_w(T* __restrict__ out, T* __restrict__ pre, const T* __restrict__ x,
-                                  const float* __restrict__ weight, const float* __restrict__ bias, i64 batch,
-                                  i64 d, i64 L) {
-  constexpr int N = Vec<T>::N;
-  constexpr int VPT = CONV_FWD_CHUNKS;
-  constexpr i64 TILE = conv_fwd_tile<T>();
-  const int tid = threadIdx.x, lane = tid & 31;
-  const i64 tiles = (L + TILE - 1) / TILE;
-  const i64 jobs = batch * d * tiles;
-  const bool vec = L % N == 0 && aligned16(x) && aligned16(out) && (!SAVE || aligned16(pre));
-  for (i64 job = blockIdx.x; job < jobs; job += gridDim.x) {
-    const i64 row = job / tiles, t0 = (job % tiles) * TILE;
-    const i64 c = row % d;
-    const T* xr = x + row * L;
-    Vec<T> xv[VPT];
-    float hv[VPT][CONV_HALO];  // lane 0 only: x[s0-3 .. s0-1] of each of its chunks (0 before the row)
-#pragma unroll
-    for (int v = 0; v < VPT; ++v) {
-      const i64 s0 = t0 + (i64)(v * CONV_BLOCK + tid) * N;
-      xv[v] = conv_load_raw<T>(xr, s0, L, vec);
-#pragma unroll
-      for (int j = 0; j < CONV_HALO; ++j) {
-        const i64 p = s0 - CONV_HALO + j;
-        hv[v][j] = lane == 0 && p >= 0 && p < L ? to_f32(xr[p]) : 0.f;
-      }
-    }
-    double w[W];
-#pragma unroll
-    for (int k = 0; k < W; ++k) w[k] = weight[c * W + k];
-    const double b = bias[c];
-#pragma unroll
-    for (int v = 0; v < VPT; ++v) {
-      const i64 s0 = t0 + (i64)(v * CONV_BLOCK + tid) * N;
-      double win[CONV_HALO + N];  // x[s0-3 .. s0+N-1]
-#pragma unroll
-      for (int j = 0; j < N; ++j) win[CONV_HALO + j] = to_f32(xv[v].v[j]);
-#pragma unroll
-      for (int j = 0; j < CONV_HALO; ++j) {  // every lane shuffles (full mask); lane 0 keeps its own halo
-        const double h = __shfl_up_sync(0xffffffffu, win[N + j], 1);
-        win[j] = lane == 0 ? (double)hv[v][j] : h;
-      }
-      if (s0 >= L) continue;
-      float z[N], y[N];
-#pragma unroll
-      for (int j = 0; j < N; ++j) z[j] = conv_dot<W>(w, &win[j + CONV_MAX_WIDTH - W], b);
-      silu_n<N>(y, z);
-      conv_store<T>(out + row * L, y, s0, L, vec);
-      if (SAVE) conv_store<T>(pre + row * L, z, s0, L, vec);
-    }
-  }
-}
-
-template <typename T, bool SAVE>
-MF_DEVICE void conv1d_fwd_tiled(T* out, T* pre, const T* x, const float* weight, const float* bias, i64 batch, i64 d,
-                                i64 L, int width) {
-  if (blockDim.x != CONV_BLOCK) return;  // the chunk mapping and the full-warp shuffles assume this block
-  switch (width) {
-    case 1: conv1d_fwd_tiled_w<T, 1, SAVE>(out, pre, x, weight, bias, batch, d, L); break;
-    case 2: conv1d_fwd_tiled_w<T, 2, SAVE>(out, pre, x, weight, bias, batch, d, L); break;
-    case 3: conv1d_fwd_tiled_w<T, 3, SAVE>(out, pre, x, weight, bias, batch, d, L); break;
-    case 4: conv1d_fwd_tiled_w<T, 4, SAVE>(out, pre, x, weight, bias, batch, d, L); break;
-    default: break;
-  }
 }
 
 // ---- tiled backward: one block per channel (grid-stride), walking (batch, tile of CONV_BLOCK chunks) in order;
@@ -400,9 +328,9 @@ MF_DEVICE void conv1d_step(T* out, T* state, const T* x, const float* weight, co
   }
 }
 
-// ==== candidates (families conv1d_fwd_v, conv1d_fwd_nosave_v, conv1d_bwd_v in kernels/fixed/conv1d.toml) ====
-// The same per-output arithmetic as the kernels above (conv_dot, silu_n, conv_dpre, conv_dx: same bits), laid out
-// for copy bandwidth; tile parameters are template arguments so the H200 picks the layout by measurement.
+// ==== the forward (families conv1d_burnin_forward_tiled and _nosave_tiled) ====
+// The per-output arithmetic of the contract (conv_dot in f64, silu_n), laid out for copy bandwidth; the tile
+// parameters are template arguments (the layout was picked on the H200 from four candidates).
 
 // Stores of N outputs: CS = streaming (st.global.cs, evict-first: written once, never read by this kernel).
 template <typename T, bool CS> MF_DEVICE void conv_store_v(T* row, const float* src, i64 s0, i64 L, bool vec) {
@@ -443,28 +371,17 @@ template <typename T> MF_DEVICE Vec<T> conv_halo_from_left(const Vec<T>& mine, c
   return h;
 }
 
-// ACC32 candidates: the same taps in the same order accumulated in f32 (fmaf, as causal-conv1d): no f64
-// conversions or DFMA per output. NOT the bits of the f64 contract (within the float64 reference's tolerance).
-template <int W> MF_DEVICE float conv_dot(const float* w, const float* xs, float bias) {
-  float acc = bias;
-#pragma unroll
-  for (int k = 0; k < W; ++k) acc = __fmaf_rn(w[k], xs[k], acc);
-  return acc;
-}
-template <bool F32> struct conv_acc { typedef double type; };
-template <> struct conv_acc<true> { typedef float type; };
-
 // Forward candidate: a block walks jobs (row, tile of TILE = BLOCK*CHUNKS*N timesteps) grid-stride. Per job a
 // thread owns CHUNKS 16-byte chunks: CONTIG -> one run of CHUNKS*N consecutive timesteps (chunk tid*CHUNKS + v;
 // the halo of chunks 1.. is the previous chunk's tail, already in f64 registers; only chunk 0 takes a halo from
 // lane - 1); else interleaved (chunk v*BLOCK + tid, coalesced per v, every chunk's halo from lane - 1). Lane 0
 // loads its halo chunk (the 16 bytes before its chunk) from global memory. PIPE: the next job's loads are issued
 // before this job's arithmetic (bytes stay in flight while computing; for grids smaller than the job count).
-template <typename T, int W, bool SAVE, int BLOCK, int CHUNKS, bool CONTIG, bool PIPE, bool CS, bool ACC32>
+template <typename T, int W, bool SAVE, int BLOCK, int CHUNKS, bool CONTIG, bool PIPE, bool CS>
 MF_DEVICE void conv1d_fwd_v_w(T* __restrict__ out, T* __restrict__ pre, const T* __restrict__ x,
                               const float* __restrict__ weight, const float* __restrict__ bias, i64 batch, i64 d,
                               i64 L) {
-  typedef typename conv_acc<ACC32>::type A;  // the accumulator (and window) type
+  typedef double A;  // the window and accumulator: the f64 contract (conv_dot)
   constexpr int N = Vec<T>::N;
   constexpr int HALOS = CONTIG ? 1 : CHUNKS;  // lane 0's global halo loads per job
   constexpr i64 TILE = (i64)BLOCK * CHUNKS * N;
@@ -534,165 +451,38 @@ MF_DEVICE void conv1d_fwd_v_w(T* __restrict__ out, T* __restrict__ pre, const T*
   }
 }
 
-template <typename T, bool SAVE, int BLOCK, int CHUNKS, bool CONTIG, bool PIPE, bool CS, bool ACC32 = false>
+template <typename T, bool SAVE, int BLOCK, int CHUNKS, bool CONTIG, bool PIPE, bool CS>
 MF_DEVICE void conv1d_fwd_v(T* out, T* pre, const T* x, const float* weight, const float* bias, i64 batch, i64 d,
                             i64 L, int width) {
   if (blockDim.x != BLOCK) return;  // the chunk mapping and the full-warp shuffles assume this block
   switch (width) {
-    case 1: conv1d_fwd_v_w<T, 1, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS, ACC32>(out, pre, x, weight, bias, batch, d, L); break;
-    case 2: conv1d_fwd_v_w<T, 2, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS, ACC32>(out, pre, x, weight, bias, batch, d, L); break;
-    case 3: conv1d_fwd_v_w<T, 3, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS, ACC32>(out, pre, x, weight, bias, batch, d, L); break;
-    case 4: conv1d_fwd_v_w<T, 4, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS, ACC32>(out, pre, x, weight, bias, batch, d, L); break;
-    default: break;
-  }
-}
-
-// dpre in f32 (sigmoid with expf and an IEEE divide, then the same formula), widened to f64 for the f64 sums:
-// one f64-free evaluation instead of an f64 exp and divide per element. NOT the bits of conv_dpre (within the
-// float64 reference's tolerance); the DPRE32 candidates measure what it buys.
-MF_DEVICE double conv_dpre_f32(float g, float z) {
-  const float s = 1.f / (1.f + expf(-z));
-  return (double)(g * (s * (1.f + z * (1.f - s))));
-}
-
-// Backward candidate: conv1d_bwd_tiled's walk (one block per channel, grid-stride; (batch, tile of BLOCK chunks)
-// in order; thread tid owns chunk tid of each tile; per-thread f64 partials, then block_sum) with the halo
-// exchange double-buffered in shared memory (one block barrier per tile instead of two), BLOCK threads per
-// channel (more channels' worth of warps in flight, shorter tails when d is small), streaming stores (CS) and the
-// next tile's loads in flight while computing. With BLOCK = 128 and !DPRE32 it computes conv1d_bwd_tiled's bits.
-template <typename T, int W, int BLOCK, bool DPRE32, bool CS>
-MF_DEVICE void conv1d_bwd_v_w(T* __restrict__ dx, float* __restrict__ dweight, float* __restrict__ dbias,
-                              const T* __restrict__ x, const float* __restrict__ weight, const T* __restrict__ pre,
-                              const T* __restrict__ dout, i64 batch, i64 d, i64 L, float4 (*xhalo)[BLOCK],
-                              double (*dhead)[BLOCK * CONV_HALO], double* scratch) {
-  constexpr int N = Vec<T>::N;
-  constexpr int TILE = BLOCK * N;
-  constexpr bool PREFETCH = sizeof(T) == 2 || DPRE32;  // f32 with f64 dpre: ptxas spills (see conv1d_bwd_tiled_w)
-  auto dpre = [](float g, float z) -> double { return DPRE32 ? conv_dpre_f32(g, z) : conv_dpre(g, z); };
-  const int tid = threadIdx.x;
-  const i64 tiles = (L + TILE - 1) / TILE;
-  const i64 steps = batch * tiles;
-  const bool vec = L % N == 0 && aligned16(x) && aligned16(pre) && aligned16(dout) && aligned16(dx);
-  for (i64 c = blockIdx.x; c < d; c += gridDim.x) {
-    double w[W], dw[W], db = 0.0;
-    conv_bwd_channel_init(w, dw, weight, c);
-    Vec<T> nx, np, ng;
-    if (PREFETCH && steps > 0) {
-      const i64 off = c * L, s0 = (i64)tid * N;
-      nx = conv_load_raw<T>(x + off, s0, L, vec);
-      np = conv_load_raw<T>(pre + off, s0, L, vec);
-      ng = conv_load_raw<T>(dout + off, s0, L, vec);
-    }
-    for (i64 step = 0; step < steps; ++step) {
-      const int buf = (int)(step & 1);
-      const i64 b = step / tiles, tile = step % tiles;
-      const i64 off = (b * d + c) * L;
-      const T *xr = x + off, *pr = pre + off, *gr = dout + off;
-      const i64 s0 = tile * TILE + (i64)tid * N;
-      Vec<T> cx = nx, cp = np, cg = ng;
-      if (!PREFETCH) {
-        cx = conv_load_raw<T>(xr, s0, L, vec);
-        cp = conv_load_raw<T>(pr, s0, L, vec);
-        cg = conv_load_raw<T>(gr, s0, L, vec);
-      } else if (step + 1 < steps) {
-        const i64 b1 = (step + 1) / tiles, t1 = (step + 1) % tiles;
-        const i64 off1 = (b1 * d + c) * L, s1 = t1 * TILE + (i64)tid * N;
-        nx = conv_load_raw<T>(x + off1, s1, L, vec);
-        np = conv_load_raw<T>(pre + off1, s1, L, vec);
-        ng = conv_load_raw<T>(dout + off1, s1, L, vec);
-      }
-      float xw[CONV_HALO + N];   // x[s0-3 .. s0+N-1]
-      double dq[N + CONV_HALO];  // dpre[s0 .. s0+N+2]; 0 past L
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        xw[CONV_HALO + j] = to_f32(cx.v[j]);
-        dq[j] = s0 + j < L ? dpre(to_f32(cg.v[j]), to_f32(cp.v[j])) : 0.0;
-      }
-      // buffer buf was last read two tiles ago, before every thread passed the previous tile's barrier
-      xhalo[buf][tid] = make_float4(xw[CONV_HALO + N - 3], xw[CONV_HALO + N - 2], xw[CONV_HALO + N - 1], 0.f);
-#pragma unroll
-      for (int j = 0; j < CONV_HALO; ++j) dhead[buf][tid * CONV_HALO + j] = dq[j];
-      __syncthreads();
-      if (s0 >= L) continue;
-      if (tid == 0) {
-#pragma unroll
-        for (int j = 0; j < CONV_HALO; ++j) {
-          const i64 p = s0 - CONV_HALO + j;
-          xw[j] = p >= 0 ? to_f32(xr[p]) : 0.f;
-        }
-      } else {
-        const float4 h = xhalo[buf][tid - 1];
-        xw[0] = h.x, xw[1] = h.y, xw[2] = h.z;
-      }
-      if (tid == BLOCK - 1) {
-#pragma unroll
-        for (int j = 0; j < CONV_HALO; ++j) {
-          const i64 p = s0 + N + j;
-          dq[N + j] = p < L ? dpre(to_f32(gr[p]), to_f32(pr[p])) : 0.0;
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < CONV_HALO; ++j) dq[N + j] = dhead[buf][(tid + 1) * CONV_HALO + j];
-      }
-      double xd[CONV_HALO + N];  // each input converted once
-#pragma unroll
-      for (int j = 0; j < CONV_HALO + N; ++j) xd[j] = xw[j];
-      float gx[N];
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        gx[j] = conv_dx<W>(w, &dq[j]);
-        if (s0 + j < L) {
-          db += dq[j];
-#pragma unroll
-          for (int k = 0; k < W; ++k) dw[k] += dq[j] * xd[j + CONV_MAX_WIDTH - W + k];
-        }
-      }
-      conv_store_v<T, CS>(dx + off, gx, s0, L, vec);
-    }
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      const double s = block_sum(dw[k], scratch);
-      if (tid == 0) dweight[c * W + k] = (float)s;
-    }
-    const double s = block_sum(db, scratch);
-    if (tid == 0) dbias[c] = (float)s;
-  }
-}
-
-template <typename T, int BLOCK, bool DPRE32, bool CS>
-MF_DEVICE void conv1d_bwd_v(T* dx, float* dweight, float* dbias, const T* x, const float* weight, const T* pre,
-                            const T* dout, i64 batch, i64 d, i64 L, int width) {
-  __shared__ float4 xhalo[2][BLOCK];              // last 3 inputs of each thread's chunk, two tiles
-  __shared__ double dhead[2][BLOCK * CONV_HALO];  // first 3 dpre of each thread's chunk, two tiles
-  __shared__ double scratch[BLOCK / 32];
-  if (blockDim.x != BLOCK) return;  // the reduction order is defined for this block size only
-  switch (width) {
-    case 1: conv1d_bwd_v_w<T, 1, BLOCK, DPRE32, CS>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, xhalo, dhead, scratch); break;
-    case 2: conv1d_bwd_v_w<T, 2, BLOCK, DPRE32, CS>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, xhalo, dhead, scratch); break;
-    case 3: conv1d_bwd_v_w<T, 3, BLOCK, DPRE32, CS>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, xhalo, dhead, scratch); break;
-    case 4: conv1d_bwd_v_w<T, 4, BLOCK, DPRE32, CS>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, xhalo, dhead, scratch); break;
+    case 1: conv1d_fwd_v_w<T, 1, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS>(out, pre, x, weight, bias, batch, d, L); break;
+    case 2: conv1d_fwd_v_w<T, 2, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS>(out, pre, x, weight, bias, batch, d, L); break;
+    case 3: conv1d_fwd_v_w<T, 3, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS>(out, pre, x, weight, bias, batch, d, L); break;
+    case 4: conv1d_fwd_v_w<T, 4, SAVE, BLOCK, CHUNKS, CONTIG, PIPE, CS>(out, pre, x, weight, bias, batch, d, L); break;
     default: break;
   }
 }
 
 }  // namespace mf
 
-// Switching a production family to a candidate (benchmarks/bench_conv1d.py picks it): call mf::conv1d_fwd_v /
-// mf::conv1d_bwd_v with the winner's parameters in the macro below and give the family the candidate's launch
-// line in conv1d.toml. conv1d_fwd_v b128c4r0j1 and conv1d_bwd_v b128p64 have these families' launch shapes already,
-// so for them the call is the only change (e.g. mf::conv1d_fwd_v<T, true, 128, 4, false, false, true>).
+// The forward families run the measured layout (benchmarks/bench_conv1d.py on the H200, 2026-12-01): 128 threads,
+// four interleaved 16-byte chunks per thread per tile, the halo from lane - 1, streaming stores; the tile and grid of
+// the kernels they replaced, and the same bits (the f64 contract).
 #define MF_CONV1D_FORWARD_TILED(NAME, T) \
   extern "C" __global__ void __launch_bounds__(mf::CONV_BLOCK) NAME(T* __restrict__ out, T* __restrict__ pre, \
       const T* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ bias, long long batch, \
       long long d, long long L, int width) { \
-    mf::conv1d_fwd_tiled<T, true>(out, pre, x, weight, bias, batch, d, L, width); \
+    mf::conv1d_fwd_v<T, true, mf::CONV_BLOCK, mf::CONV_FWD_CHUNKS, false, false, true>(out, pre, x, weight, bias, \
+                                                                                  batch, d, L, width); \
   }
 
 #define MF_CONV1D_FORWARD_NOSAVE_TILED(NAME, T) \
   extern "C" __global__ void __launch_bounds__(mf::CONV_BLOCK) NAME(T* __restrict__ out, const T* __restrict__ x, \
       const float* __restrict__ weight, const float* __restrict__ bias, long long batch, long long d, long long L, \
       int width) { \
-    mf::conv1d_fwd_tiled<T, false>(out, nullptr, x, weight, bias, batch, d, L, width); \
+    mf::conv1d_fwd_v<T, false, mf::CONV_BLOCK, mf::CONV_FWD_CHUNKS, false, false, true>(out, nullptr, x, weight, \
+                                                                                   bias, batch, d, L, width); \
   }
 
 #define MF_CONV1D_BWD_TILED(NAME, T) \
@@ -714,47 +504,4 @@ MF_DEVICE void conv1d_bwd_v(T* dx, float* dweight, float* dbias, const T* x, con
       T* __restrict__ conv_state, const T* __restrict__ x, const float* __restrict__ weight, \
       const float* __restrict__ bias, long long batch, long long d, int width) { \
     mf::conv1d_step<T>(out, conv_state, x, weight, bias, batch, d, width); \
-  }
-
-// candidates: kernels/fixed/conv1d.toml (conv1d_fwd_v, conv1d_fwd_nosave_v, conv1d_bwd_v, conv1d_bwd_dpre32_v).
-// RUN: 1 = a thread's chunks are one contiguous run, 0 = interleaved; JOBS > 1: the grid is the job count over
-// JOBS and each block pipelines its jobs; CS: streaming stores; DPRE: 64 = f64 dpre (conv_dpre), 32 = f32.
-#define MF_CONV1D_FWD_V(NAME, T, BLOCK, CHUNKS, RUN, JOBS, CS) \
-  extern "C" __global__ void __launch_bounds__(BLOCK) NAME(T* __restrict__ out, T* __restrict__ pre, \
-      const T* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ bias, long long batch, \
-      long long d, long long L, int width) { \
-    mf::conv1d_fwd_v<T, true, BLOCK, CHUNKS, (RUN) != 0, ((JOBS) > 1), (CS) != 0>(out, pre, x, weight, bias, batch, d, \
-                                                                            L, width); \
-  }
-
-#define MF_CONV1D_FWD_NOSAVE_V(NAME, T, BLOCK, CHUNKS, RUN, JOBS, CS) \
-  extern "C" __global__ void __launch_bounds__(BLOCK) NAME(T* __restrict__ out, const T* __restrict__ x, \
-      const float* __restrict__ weight, const float* __restrict__ bias, long long batch, long long d, long long L, \
-      int width) { \
-    mf::conv1d_fwd_v<T, false, BLOCK, CHUNKS, (RUN) != 0, ((JOBS) > 1), (CS) != 0>(out, nullptr, x, weight, bias, batch, \
-                                                                             d, L, width); \
-  }
-
-#define MF_CONV1D_BWD_V(NAME, T, BLOCK, DPRE, CS) \
-  extern "C" __global__ void __launch_bounds__(BLOCK) NAME(T* __restrict__ dx, float* __restrict__ dweight, \
-      float* __restrict__ dbias, const T* __restrict__ x, const float* __restrict__ weight, \
-      const T* __restrict__ pre, const T* __restrict__ dout, long long batch, long long d, long long L, int width) { \
-    mf::conv1d_bwd_v<T, BLOCK, (DPRE) == 32, (CS) != 0>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, width); \
-  }
-
-// f32-accumulating forward candidates (families conv1d_fwd_acc32_v, conv1d_fwd_nosave_acc32_v)
-#define MF_CONV1D_FWD_ACC32_V(NAME, T, BLOCK, CHUNKS, RUN, JOBS, CS) \
-  extern "C" __global__ void __launch_bounds__(BLOCK) NAME(T* __restrict__ out, T* __restrict__ pre, \
-      const T* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ bias, long long batch, \
-      long long d, long long L, int width) { \
-    mf::conv1d_fwd_v<T, true, BLOCK, CHUNKS, (RUN) != 0, ((JOBS) > 1), (CS) != 0, true>(out, pre, x, weight, bias, \
-                                                                                  batch, d, L, width); \
-  }
-
-#define MF_CONV1D_FWD_NOSAVE_ACC32_V(NAME, T, BLOCK, CHUNKS, RUN, JOBS, CS) \
-  extern "C" __global__ void __launch_bounds__(BLOCK) NAME(T* __restrict__ out, const T* __restrict__ x, \
-      const float* __restrict__ weight, const float* __restrict__ bias, long long batch, long long d, long long L, \
-      int width) { \
-    mf::conv1d_fwd_v<T, false, BLOCK, CHUNKS, (RUN) != 0, ((JOBS) > 1), (CS) != 0, true>(out, nullptr, x, weight, \
-                                                                                   bias, batch, d, L, width); \
   }
