@@ -208,3 +208,36 @@ class Kernels:
 @functools.cache
 def kernels(target: str = "sm_90a", state_cap: int = 64) -> Kernels:
     return Kernels(target, state_cap)
+
+
+def torch_env(target: str = "sm_90a"):
+    """(torch, Kernels, catalog, {name: (module build, symbol build)}) for tests that launch built symbols on torch
+    tensors: the primary context made current by torch, the whole catalog built for `target` (once per process)."""
+    import pytest
+
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")  # the primary context is current from here on
+    k = kernels(target)
+    where = {s.name: (m, s) for m, s in k.manifest.symbols() if m.target == target}
+    return torch, k, load_catalog(default_catalog_path()), where
+
+
+def admitted_function(env, name: str, role: str | None = None):
+    """(function, catalog symbol) of an admitted symbol of a torch_env build; fails the test otherwise (and when
+    `role` is given and the module was built in another role)."""
+    import pytest
+
+    _, k, catalog, where = env
+    if name not in where:
+        pytest.fail(f"{name} is not in the {k.target} build")
+    mod, sym = where[name]
+    if role is not None:
+        assert mod.role == role, f"{name}: built for {k.target} as {mod.role}"
+    assert sym.verdict.status == "admitted", f"{name}: {sym.verdict.reason}"
+    cubin = next(a for a in mod.artifacts if a.code == "cubin")
+    return load_cubin(k.out / cubin.path).function(name), catalog.symbols[name]

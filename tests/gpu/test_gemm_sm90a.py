@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_support.py
 
-from gpu_support import kernels, load_cubin  # noqa: E402
+from gpu_support import admitted_function, torch_env  # noqa: E402
 from gpu_support import launch as gpu_launch  # noqa: E402
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
@@ -39,23 +39,11 @@ SM_COUNT = 132
 
 @pytest.fixture(scope="module")
 def env():
-    torch = pytest.importorskip("torch")
-    torch.cuda.init()
-    torch.zeros(1, device="cuda")  # the primary context is current from here on
-    k = kernels(TARGET)
-    catalog = load_catalog(default_catalog_path())
-    where = {s.name: (m, s) for m, s in k.manifest.symbols() if m.target == TARGET}
-    return torch, k, catalog, where
+    return torch_env(TARGET)
 
 
 def _fn(env, name):
-    torch, k, catalog, where = env
-    if name not in where:
-        pytest.fail(f"{name} is not in the {TARGET} build")
-    mod, sym = where[name]
-    assert sym.verdict.status == "admitted", f"{name}: {sym.verdict.reason}"
-    cubin = next(a for a in mod.artifacts if a.code == "cubin")
-    return load_cubin(k.out / cubin.path).function(name), catalog.symbols[name]
+    return admitted_function(env, name)
 
 
 def _tdtype(torch, token):
