@@ -608,3 +608,31 @@ def test_host_emulation_comparison_catches_a_wrong_contract(emulator):
     ok = _emulate(emulator, "ssm_parallel_scan_fwd_nosave", dims, np.random.default_rng(10))
     bad = _emulate(emulator, "ssm_parallel_scan_fwd_nosave", dims, np.random.default_rng(10), {"Dp": np.zeros(2)})
     assert max(ok.values()) <= 2e-6 < max(bad.values())
+
+
+def test_fused_dbc_tolerance_admits_an_f32_sum_over_d():
+    """ssm_reduce_d_BC sums d_inner f32 terms in ascending d. Where the sum cancels, its rounding (about
+    eps * sum |terms|) is far above rtol * |sum|: the family's declared tolerance must admit an exact f32 emulation
+    of that sum on its qualification inputs, and the rtol 1e-5 / atol 1e-6 it had did not (the H200 rejected the f32
+    variant at 1.0e-6 off a 0.0020 result). A sum that drops one term is still rejected."""
+    from mamba_forge.qualify.checks import compare
+
+    cat = load_catalog(default_catalog_path())
+    fam = cat.module("Fixed").family("ssm_reduce_d_BC")
+    q = fam.qualify
+    b, L, d, n = (q.dims[k] for k in ("batch", "L", "d_inner", "d_state"))
+    rtol, atol = q.rtol if q.rtol is not None else 1e-5, q.atol
+    old_fail = 0
+    for seed in range(4):
+        loc = np.random.default_rng(seed).uniform(-1, 1, (b, L, d, n)).astype(np.float32)
+        acc = np.zeros((b, L, n), np.float32)
+        for di in range(d):  # the kernel's order: ascending d, one f32 rounding per add
+            acc = (acc + loc[:, :, di, :]).astype(np.float32)
+        want = ref.ssm_reduce_d_BC({"dB_local": loc.ravel(), "dC_local": loc.ravel()}, {"batch": b, "L": L,
+                                   "d_inner": d, "d_state": n})["dB"]
+        ok, why = compare(acc.ravel(), want, "f32", rtol, atol, False)
+        assert ok, why
+        old_fail += not compare(acc.ravel(), want, "f32", 1e-5, 1e-6, False)[0]
+        dropped = (acc - loc[:, :, d - 1, :]).astype(np.float32)
+        assert not compare(dropped.ravel(), want, "f32", rtol, atol, False)[0]
+    assert old_fail > 0
