@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mamba_forge import __version__
 from mamba_forge.build import admit, nvrtc
-from mamba_forge.build.cache import Cache, CacheRefused, cache_key, default_location
+from mamba_forge.build.cache import DIGEST_PREFIX, Cache, CacheRefused, cache_key, default_location
 from mamba_forge.build.worker import die_with_parent, run_job
 from mamba_forge.catalog.model import Catalog, ModuleSpec, Symbol
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
@@ -252,7 +252,9 @@ def _finish(job: Job, parts: dict[str, bytes], out: Path) -> ModuleBuild:
             continue
         rel = f"{job.target.name}/{job.module.kind}.{code}"
         write_if_changed(out / rel, data)
-        record.artifacts.append(Artifact(path=rel, sha256=_sha(data), size=len(data), code=code))  # type: ignore[arg-type]
+        digest = parts.get(DIGEST_PREFIX + code)  # a cache hit's verified digest: no second pass over the bytes
+        record.artifacts.append(Artifact(path=rel, sha256=digest.decode() if digest else _sha(data), size=len(data),
+                                         code=code))  # type: ignore[arg-type]
     record.symbols, record.foreign_exports = judge(job, meta)
     for name in record.foreign_exports:
         record.symbols.append(

@@ -33,7 +33,8 @@ from pathlib import Path
 from mamba_forge.fsio import write_atomic
 from mamba_forge.safety import PathRefused, check_components
 
-MAGIC = b"MFCACHE1"
+MAGIC = b"MFCACHE2"  # 2: each part carries its own sha256 (a hit needs no second hash for the manifest)
+DIGEST_PREFIX = "sha256."  # a hit returns each part's verified digest as part "sha256.<name>" (hex, ASCII)
 DISABLED_VALUES = {"0", "off"}
 MAX_ENTRY_BYTES = 1 << 28  # 256 MiB: far above any module's cubin + PTX + log, far below what would hurt
 
@@ -190,10 +191,10 @@ class Cache:
 
 
 def _encode(parts: Mapping[str, bytes], key: str) -> bytes:
-    names = sorted(parts)
+    names = sorted(n for n in parts if not n.startswith(DIGEST_PREFIX))
     payload = b"".join(parts[n] for n in names)
     header = json.dumps(
-        {"key": key, "parts": [[n, len(parts[n])] for n in names], "sha256": hashlib.sha256(payload).hexdigest()},
+        {"key": key, "parts": [[n, len(parts[n]), hashlib.sha256(parts[n]).hexdigest()] for n in names]},
         separators=(",", ":"),
     ).encode()
     return MAGIC + struct.pack("<I", len(header)) + header + payload
@@ -210,12 +211,15 @@ def _decode(blob: bytes, key: str) -> dict[str, bytes] | None:
         header = json.loads(blob[start : start + hlen])
         if header.get("key") != key:  # an entry copied over another key's name: never served
             return None
-        payload = blob[start + hlen :]
-        if hashlib.sha256(payload).hexdigest() != header["sha256"]:
-            return None
+        payload = memoryview(blob)[start + hlen :]  # parts are hashed and copied out of it once each
         out, pos = {}, 0
-        for name, size in header["parts"]:
-            out[name] = payload[pos : pos + size]
+        for name, size, digest in header["parts"]:
+            if type(name) is not str or name.startswith(DIGEST_PREFIX) or type(size) is not int or size < 0:
+                return None
+            part = payload[pos : pos + size]
+            if len(part) != size or hashlib.sha256(part).hexdigest() != digest:
+                return None
+            out[name], out[DIGEST_PREFIX + name] = part.tobytes(), digest.encode()
             pos += size
         if pos != len(payload):
             return None
