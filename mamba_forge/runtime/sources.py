@@ -15,7 +15,6 @@ import hashlib
 import os
 import stat
 import tarfile
-import threading
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,50 +55,13 @@ class Source:
     exact: bool = False
     table_file: Path | None = None  # a bare manifest's runtime table (a bundle holds RUNTIME_TABLE)
     tar: TarReader | None = None  # the rest of a .tar.gz bundle, not yet read
-    prefetch_thread: threading.Thread | None = None  # reading the rest (prefetch), until expect() joins it
-    prefetched: tuple[dict[str, int], ArtifactRefused | None] = ({}, None)
 
     def expect(self, sizes: Mapping[str, int] | None) -> None:
         """Read the rest of a .tar.gz bundle; with `sizes`, each member's header must name one of them with
-        that exact size before its data is read. After `prefetch`, waits for its reader: the sizes it read
-        against must be these (else the rest is refused as the manifest names other files)."""
-        if self.prefetch_thread is not None:
-            th, self.prefetch_thread = self.prefetch_thread, None
-            th.join()
-            got, err = self.prefetched
-            if err is not None:
-                raise err
-            if sizes is not None and dict(sizes) != got:
-                raise ArtifactRefused(f"{self.label}: the artifacts its runtime table lists are not its manifest's")
-            return
+        that exact size before its data is read."""
         if self.tar is not None:
             tar, self.tar = self.tar, None
             _tar_errors(tar.path, lambda: tar.read_rest(self.members, sizes))  # type: ignore[arg-type]
-
-    def prefetch(self, sizes: Mapping[str, int]) -> None:
-        """Start reading the rest of a .tar.gz bundle in a thread, each header checked against `sizes` (from
-        the signed, hash-bound runtime table) before its data is read. zlib inflates without the GIL, so the
-        loader builds its records meanwhile (cold start); `expect` joins it and raises what it raised."""
-        if self.tar is None or self.prefetch_thread is not None:
-            return
-        tar, self.tar = self.tar, None
-        members: dict[str, bytes] = {}
-        want = dict(sizes)
-        # what the rest holds if it is what the table says: a header and whole blocks per member, two end blocks
-        expected = sum(_BLOCK + size + -size % _BLOCK for size in want.values()) + 2 * _BLOCK
-
-        def run() -> None:
-            try:
-                _tar_errors(tar.path, lambda: (tar.stream.prefill(expected), tar.read_rest(members, want)))
-                self.members.update(members)  # type: ignore[union-attr]
-                self.prefetched = (want, None)
-            except ArtifactRefused as exc:
-                self.prefetched = (want, exc)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread by expect()
-                self.prefetched = (want, ArtifactRefused(f"{self.label} could not be read ({exc!r})"))
-
-        self.prefetch_thread = threading.Thread(target=run, name="mamba-forge-bundle", daemon=True)
-        self.prefetch_thread.start()
 
     def read_runtime_table(self) -> bytes | None:
         if self.exact:
@@ -163,9 +125,6 @@ class _Inflater:
             data = self.raw + self.f.read(want - len(self.raw)) if self.raw else self.f.read(want)
             self.raw = b""
         else:
-            # at least 256 KB per call: each call may wait for the GIL on return (a prefetch thread inflates
-            # while the loader builds records), so a tar header must not cost a call of its own
-            want = max(want, 1 << 18)
             data = b""
             while not data:
                 if self.zlib.eof:
@@ -179,19 +138,6 @@ class _Inflater:
         if self.total > self.cap:
             raise ArtifactRefused(f"{self.label} decompresses to more than {self.cap} bytes")
         return data
-
-    def prefill(self, n: int) -> None:
-        """Inflate up to n more bytes now, in one zlib call over the rest of the file (a prefetch thread: zlib
-        runs without the GIL for the whole call, where a call per member would wait for the GIL each time)."""
-        if self.zlib is None or self.zlib.eof or n <= 0:
-            return
-        src = (self.zlib.unconsumed_tail or self.raw) + self.f.read()  # the file's size was bounded at open
-        self.raw = b""
-        data = self.zlib.decompress(src, min(n, self.cap - self.total + 1))
-        self.total += len(data)
-        if self.total > self.cap:
-            raise ArtifactRefused(f"{self.label} decompresses to more than {self.cap} bytes")
-        self.buf, self.pos = self.buf[self.pos:] + data, 0
 
     def read(self, n: int) -> bytes:
         buf, pos = self.buf, self.pos

@@ -189,19 +189,14 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def _table_record(head: dict, data: bytes, what: str, source: Source | None = None) -> RuntimeTable:  # type: ignore[valid-type]
-    """The runtime table's record; its top-level values must be exactly the signed head's. A .tar.gz bundle's
-    cubins are read meanwhile, against the sizes the (hash-bound) table lists (Source.prefetch)."""
+def _table_record(head: dict, data: bytes, what: str) -> RuntimeTable:  # type: ignore[valid-type]
+    """The runtime table's record; its top-level values must be exactly the signed head's."""
     try:
         plain = parse_json(data)
     except (UnicodeDecodeError, ValueError):
         plain = None
     if type(plain) is not dict:
         raise ManifestRefused(f"the runtime table of {what} is not a JSON object")
-    arts = plain.get("artifacts")
-    if source is not None and type(arts) is list and all(
-            type(a) is dict and type(a.get("path")) is str and type(a.get("size")) is int for a in arts):
-        source.prefetch({a["path"]: a["size"] for a in arts})
     table = _record(RuntimeTable, plain, f"the runtime table of {what}")
     for k, v in head.items():
         if k not in RUNTIME_KEYS and (k not in plain or not _same(plain[k], v)):
@@ -290,7 +285,7 @@ def open_verified(path: str | Path, *, keys: Mapping[str, Ed25519PublicKey], bui
     kind = _kind(head, what)
     table = _bound_table(head, source, what) if kind == "qualified" and any(k in head for k in RUNTIME_KEYS) else None
     if table is not None and not full_body:
-        record = _table_record(head, table, what, source)
+        record = _table_record(head, table, what)
     else:
         record = _record(_RECORDS[kind], _parse_body(body_bytes, what), what)
         if table is not None and runtime_table_bytes(record) != table:
