@@ -31,7 +31,7 @@ for b in ${BENCHES:-decode_step decode_gemm cold_start launch}; do
   case $b in
     decode_step) TAILN=16 run bench_decode_step 90 python3 benchmarks/bench_decode_step.py ;;
     decode_gemm) TAILN=12 run bench_decode_gemm 120 python3 benchmarks/bench_decode_gemm.py ;;
-    cold_start) TAILN=14 run bench_cold_start 100 python3 benchmarks/bench_cold_start.py --bundle "$OUT/h200.tar.gz" \
+    cold_start) TAILN=14 run bench_cold_start 160 python3 benchmarks/bench_cold_start.py --bundle "$OUT/h200.tar.gz" \
       --key manifests/keys ;;
     launch) TAILN=14 run bench_launch 60 python3 benchmarks/bench_launch_overhead.py --bundle "$OUT/h200.tar.gz" \
       --key manifests/keys ;;
