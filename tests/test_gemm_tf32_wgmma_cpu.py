@@ -58,7 +58,7 @@ def test_builds_admitted_without_spills(catalog, tmp_path):
 def test_host_checks_accept_supported_shapes():
     tma.check_gemm_tf32("nt", 1, 1, 4)
     tma.check_gemm_tf32("nt", 1000, 391, 332)  # any M and N, K % 4 == 0
-    tma.check_matrix_f32(256, 3, 4, "A")
+    tma.check_matrix(256, 3, 4, "A", element_bytes=4)
 
 
 @pytest.mark.parametrize("layout,M,N,K,match", [
@@ -78,7 +78,7 @@ def test_host_checks_refuse(layout, M, N, K, match):
                                                   (256, 4, 6, "multiple of 4"), (256, 0, 4, "out of range")])
 def test_matrix_checks_refuse(ptr, rows, cols, match):
     with pytest.raises(tma.TmaError, match=match):
-        tma.check_matrix_f32(ptr, rows, cols, "A")
+        tma.check_matrix(ptr, rows, cols, "A", element_bytes=4)
 
 
 def test_nt_tf32_route_leads_with_wgmma(catalog):

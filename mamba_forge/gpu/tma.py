@@ -45,18 +45,46 @@ def _check_int(name: str, v: object) -> int:
     return v
 
 
-def check_matrix(ptr: int, rows: int, cols: int, name: str = "matrix") -> None:
-    """Refuse a row-major 16-bit matrix a tensor map cannot describe."""
+def check_matrix(ptr: int, rows: int, cols: int, name: str = "matrix", element_bytes: int = ELEMENT_BYTES) -> None:
+    """Refuse a row-major matrix of 2-byte (default) or 4-byte elements a tensor map cannot describe."""
+    if element_bytes not in (2, 4):
+        raise TmaError(f"{name}: {element_bytes}-byte elements not supported (2 or 4)")
     ptr, rows, cols = _check_int(f"{name} address", ptr), _check_int(f"{name} rows", rows), _check_int(f"{name} cols", cols)
     if ptr <= 0 or ptr % 16:
         raise TmaError(f"{name}: base address {ptr:#x} is not a 16-byte aligned device address")
     if not (1 <= rows <= MAX_DIM and 1 <= cols <= MAX_DIM):
         raise TmaError(f"{name}: shape {rows} x {cols} out of range (each dimension 1..{MAX_DIM})")
-    if (cols * ELEMENT_BYTES) % 16:
+    if (cols * element_bytes) % 16:
         raise TmaError(
-            f"{name}: row stride {cols} elements x {ELEMENT_BYTES} bytes is not a multiple of 16 bytes "
-            f"(the contiguous extent must be a multiple of 8)"
+            f"{name}: row stride {cols} elements x {element_bytes} bytes is not a multiple of 16 bytes "
+            f"(the contiguous extent must be a multiple of {16 // element_bytes})"
         )
+
+
+def _encode_tiled(ptr: int, rows: int, cols: int, element_bytes: int, dtype: str, box: tuple[int, int],
+                  swizzle: str, l2: str, name: str) -> bytes:
+    """The one cuTensorMapEncodeTiled call (callers check the matrix first): a 2-D row-major matrix, box =
+    (columns, rows), zero fill outside the matrix; the map's 128 bytes."""
+    drv = bindings()
+    err, tmap = drv.cuTensorMapEncodeTiled(
+        getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype}"),
+        2,
+        ptr,
+        [drv.cuuint64_t(cols), drv.cuuint64_t(rows)],  # innermost dimension first
+        [drv.cuuint64_t(cols * element_bytes)],  # stride of dimension 1 in bytes (dimension 0 is packed)
+        [drv.cuuint32_t(box[0]), drv.cuuint32_t(box[1])],
+        [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}"),
+        getattr(drv.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_L2_{l2}"),
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # NONE = zero fill
+    )
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise TmaError(f"{name}: cuTensorMapEncodeTiled failed with {err!r} for {rows} x {cols} {dtype} at "
+                       f"{ptr:#x}, box {box[0]} x {box[1]}")
+    raw = struct.pack("<16Q", *(int(v) for v in tmap.opaque))
+    assert len(raw) == TMA_DESC_BYTES
+    return raw
 
 
 def operand_shapes(layout: str, M: int, N: int, K: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -92,28 +120,8 @@ def encode_2d(ptr: int, rows: int, cols: int, name: str = "matrix", box_cols: in
     check_matrix(ptr, rows, cols, name)
     if box_cols not in SWIZZLE_BYTES:
         raise TmaError(f"{name}: box of {box_cols} columns not supported (known: {sorted(SWIZZLE_BYTES)})")
-    drv = bindings()
-    swizzle = {128: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-               64: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B}[SWIZZLE_BYTES[box_cols]]
-
-    err, tmap = drv.cuTensorMapEncodeTiled(
-        drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16,
-        2,
-        ptr,
-        [drv.cuuint64_t(cols), drv.cuuint64_t(rows)],  # innermost dimension first
-        [drv.cuuint64_t(cols * ELEMENT_BYTES)],  # stride of dimension 1 in bytes (dimension 0 is packed)
-        [drv.cuuint32_t(box_cols), drv.cuuint32_t(BOX)],
-        [drv.cuuint32_t(1), drv.cuuint32_t(1)],
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        swizzle,
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # NONE = zero fill
-    )
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise TmaError(f"{name}: cuTensorMapEncodeTiled failed with {err!r} for {rows} x {cols} at {ptr:#x}")
-    raw = struct.pack("<16Q", *(int(v) for v in tmap.opaque))
-    assert len(raw) == TMA_DESC_BYTES
-    return raw
+    return _encode_tiled(ptr, rows, cols, ELEMENT_BYTES, "UINT16", (box_cols, BOX), f"{SWIZZLE_BYTES[box_cols]}B",
+                         "256B", name)
 
 
 def gemm_tensor_maps(layout: str, a_ptr: int, b_ptr: int, M: int, N: int, K: int, *,
@@ -180,53 +188,17 @@ PAD_BYTES = 16
 MAX_BOX = 256  # elements per box side
 
 
-def check_matrix_elems(ptr: int, rows: int, cols: int, element_bytes: int, name: str = "matrix") -> None:
-    """Refuse a row-major matrix of 2- or 4-byte elements a tensor map cannot describe."""
-    if element_bytes not in (2, 4):
-        raise TmaError(f"{name}: {element_bytes}-byte elements not supported (2 or 4)")
-    ptr, rows, cols = _check_int(f"{name} address", ptr), _check_int(f"{name} rows", rows), _check_int(f"{name} cols", cols)
-    if ptr <= 0 or ptr % 16:
-        raise TmaError(f"{name}: base address {ptr:#x} is not a 16-byte aligned device address")
-    if not (1 <= rows <= MAX_DIM and 1 <= cols <= MAX_DIM):
-        raise TmaError(f"{name}: shape {rows} x {cols} out of range (each dimension 1..{MAX_DIM})")
-    if (cols * element_bytes) % 16:
-        raise TmaError(
-            f"{name}: row stride {cols} elements x {element_bytes} bytes is not a multiple of 16 bytes "
-            f"(the contiguous extent must be a multiple of {16 // element_bytes})"
-        )
-
-
 def encode_2d_box(ptr: int, rows: int, cols: int, box_cols: int, box_rows: int, element_bytes: int,
                   name: str = "matrix") -> bytes:
     """The 128 bytes of an unswizzled CUtensorMap for a row-major rows x cols matrix, box of box_cols x box_rows."""
-    check_matrix_elems(ptr, rows, cols, element_bytes, name)
+    check_matrix(ptr, rows, cols, name, element_bytes)
     for what, v in (("columns", box_cols), ("rows", box_rows)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_BOX:
             raise TmaError(f"{name}: box {what} = {v!r} out of range (1..{MAX_BOX})")
     if (box_cols * element_bytes) % 16:
         raise TmaError(f"{name}: box row of {box_cols} x {element_bytes} bytes is not a multiple of 16 bytes")
-    drv = bindings()
-    dtype = {2: drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16,
-             4: drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT32}[element_bytes]
-    err, tmap = drv.cuTensorMapEncodeTiled(
-        dtype,
-        2,
-        ptr,
-        [drv.cuuint64_t(cols), drv.cuuint64_t(rows)],  # innermost dimension first
-        [drv.cuuint64_t(cols * element_bytes)],
-        [drv.cuuint32_t(box_cols), drv.cuuint32_t(box_rows)],
-        [drv.cuuint32_t(1), drv.cuuint32_t(1)],
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # NONE = zero fill
-    )
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise TmaError(f"{name}: cuTensorMapEncodeTiled failed with {err!r} for {rows} x {cols} at {ptr:#x}, "
-                       f"box {box_cols} x {box_rows}")
-    raw = struct.pack("<16Q", *(int(v) for v in tmap.opaque))
-    assert len(raw) == TMA_DESC_BYTES
-    return raw
+    return _encode_tiled(ptr, rows, cols, element_bytes, {2: "UINT16", 4: "UINT32"}[element_bytes],
+                         (box_cols, box_rows), "NONE", "128B", name)
 
 
 def padded_tile_maps(a_ptr: int, b_ptr: int, M: int, N: int, K: int, BM: int, BN: int, BK: int,
@@ -280,18 +252,6 @@ F32_BOX_COLS = 32
 TF32_LAYOUTS = ("nt",)
 
 
-def check_matrix_f32(ptr: int, rows: int, cols: int, name: str = "matrix") -> None:
-    """Refuse a row-major f32 matrix a tensor map cannot describe."""
-    ptr, rows, cols = _check_int(f"{name} address", ptr), _check_int(f"{name} rows", rows), _check_int(f"{name} cols", cols)
-    if ptr <= 0 or ptr % 16:
-        raise TmaError(f"{name}: base address {ptr:#x} is not a 16-byte aligned device address")
-    if not (1 <= rows <= MAX_DIM and 1 <= cols <= MAX_DIM):
-        raise TmaError(f"{name}: shape {rows} x {cols} out of range (each dimension 1..{MAX_DIM})")
-    if (cols * F32_BYTES) % 16:
-        raise TmaError(f"{name}: row stride {cols} f32 elements is not a multiple of 16 bytes "
-                       f"(the contiguous extent must be a multiple of 4)")
-
-
 def check_gemm_tf32(layout: str, M: int, N: int, K: int) -> None:
     """Refuse a GEMM shape the TF32 wgmma rungs do not support: layout NT only, K % 4 == 0, any M, N >= 1."""
     if layout not in TF32_LAYOUTS:
@@ -307,26 +267,8 @@ def check_gemm_tf32(layout: str, M: int, N: int, K: int) -> None:
 def encode_2d_f32(ptr: int, rows: int, cols: int, name: str = "matrix") -> bytes:
     """The 128 bytes of a CUtensorMap for a row-major rows x cols f32 matrix: a 32-column x 64-row box, 128-byte
     swizzle, zero fill outside the matrix (+0.0 bits)."""
-    check_matrix_f32(ptr, rows, cols, name)
-    drv = bindings()
-    err, tmap = drv.cuTensorMapEncodeTiled(
-        drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-        2,
-        ptr,
-        [drv.cuuint64_t(cols), drv.cuuint64_t(rows)],  # innermost dimension first
-        [drv.cuuint64_t(cols * F32_BYTES)],
-        [drv.cuuint32_t(F32_BOX_COLS), drv.cuuint32_t(BOX)],
-        [drv.cuuint32_t(1), drv.cuuint32_t(1)],
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # NONE = zero fill
-    )
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise TmaError(f"{name}: cuTensorMapEncodeTiled failed with {err!r} for f32 {rows} x {cols} at {ptr:#x}")
-    raw = struct.pack("<16Q", *(int(v) for v in tmap.opaque))
-    assert len(raw) == TMA_DESC_BYTES
-    return raw
+    check_matrix(ptr, rows, cols, name, F32_BYTES)
+    return _encode_tiled(ptr, rows, cols, F32_BYTES, "FLOAT32", (F32_BOX_COLS, BOX), "128B", "256B", name)
 
 
 def gemm_tensor_maps_tf32(layout: str, a_ptr: int, b_ptr: int, M: int, N: int, K: int) -> dict[str, bytes]:
