@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from host_emulation import LAUNCH_CPP, compile_emulator, entries_cpp
 
 from mamba_forge.catalog import expr
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
@@ -472,66 +473,37 @@ MF_SSM_REDUCE_D_D(ssm_reduce_d_D)
 MF_SSM_REDUCE_D_A_LOG(ssm_reduce_d_a_log)
 MF_SSM_REDUCE_D_A_LOG_CHUNKS(ssm_reduce_d_a_log_chunks)
 
-template <class... A, size_t... I> void call_(void (*k)(A...), void** args, std::index_sequence<I...>) {
-  k(*reinterpret_cast<A*>(args[I])...);
-}
-template <class... A> void launch(void (*k)(A...), const int* g, const int* b, void** args) {
-  gridDim = {unsigned(g[0]), unsigned(g[1]), unsigned(g[2])};
-  blockDim = {unsigned(b[0]), unsigned(b[1]), unsigned(b[2])};
-  int nt = b[0] * b[1] * b[2], nw = (nt + 31) / 32;
-  for (int bz = 0; bz < g[2]; ++bz) for (int by = 0; by < g[1]; ++by) for (int bx = 0; bx < g[0]; ++bx) {
-    std::vector<std::unique_ptr<std::barrier<>>> bars;
-    std::vector<WarpCtx> warps(nw);
-    for (int w = 0; w < nw; ++w) { bars.emplace_back(new std::barrier<>(32)); warps[w].bar = bars.back().get(); }
-    std::barrier<> block_bar(nt);
-    g_warps = warps.data(); g_block_bar = &block_bar;
-    std::vector<std::thread> th;
-    for (int t = 0; t < nt; ++t) th.emplace_back([&, t] {
-      threadIdx = {unsigned(t % b[0]), unsigned((t / b[0]) % b[1]), unsigned(t / (b[0] * b[1]))};
-      blockIdx = {unsigned(bx), unsigned(by), unsigned(bz)};
-      call_(k, args, std::index_sequence_for<A...>{});
-      // a thread that returned early must keep serving its warp's and block's barriers: drop out of them
-      my_warp().bar->arrive_and_drop();
-      g_block_bar->arrive_and_drop();
-    });
-    for (auto& x : th) x.join();
-  }
-}
-#define ENTRY(N) if (!std::strcmp(name, #N)) { launch(N, g, b, args); return 0; }
-extern "C" int run(const char* name, const int* g, const int* b, void** args) {
-  ENTRY(ssm_step_forward) ENTRY(ssm_step_forward_fused_f32) ENTRY(ssm_burnin_forward) ENTRY(ssm_burnin_forward_nosave)
-  ENTRY(ssm_step_forward_fused_l4b128r1_f32) ENTRY(ssm_step_forward_fused_l2b64r1_f32)
-  ENTRY(ssm_step_forward_fused_l1b64r1_f32) ENTRY(ssm_step_forward_fused_l2b64r2_f32)
-  ENTRY(ssm_parallel_scan_fwd) ENTRY(ssm_parallel_scan_fwd_nosave) ENTRY(ssm_parallel_scan_bwd_f32)
-  ENTRY(ssm_parallel_scan_bwd_fold_f32) ENTRY(ssm_backward_local) ENTRY(ssm_reduce_d_BC_f32)
-  ENTRY(ssm_reduce_d_BC_tmajor_f32) ENTRY(ssm_reduce_d_BC_groups_f32) ENTRY(ssm_reduce_d_BC_groups_tmajor_f32)
-  ENTRY(ssm_reduce_d_D) ENTRY(ssm_reduce_d_a_log) ENTRY(ssm_reduce_d_a_log_chunks)
-  return 1;
-}
 """
+_EMU_CPP += LAUNCH_CPP + entries_cpp([
+    "ssm_step_forward",
+    "ssm_step_forward_fused_f32",
+    "ssm_burnin_forward",
+    "ssm_burnin_forward_nosave",
+    "ssm_step_forward_fused_l4b128r1_f32",
+    "ssm_step_forward_fused_l2b64r1_f32",
+    "ssm_step_forward_fused_l1b64r1_f32",
+    "ssm_step_forward_fused_l2b64r2_f32",
+    "ssm_parallel_scan_fwd",
+    "ssm_parallel_scan_fwd_nosave",
+    "ssm_parallel_scan_bwd_f32",
+    "ssm_parallel_scan_bwd_fold_f32",
+    "ssm_backward_local",
+    "ssm_reduce_d_BC_f32",
+    "ssm_reduce_d_BC_tmajor_f32",
+    "ssm_reduce_d_BC_groups_f32",
+    "ssm_reduce_d_BC_groups_tmajor_f32",
+    "ssm_reduce_d_D",
+    "ssm_reduce_d_a_log",
+    "ssm_reduce_d_a_log_chunks",
+])
+
 
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-    import ctypes
-    import shutil
-    import subprocess
-
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("no g++ for the host emulation")
     d = tmp_path_factory.mktemp("scan-emu")
-    (d / "mock" / "mf").mkdir(parents=True)
-    (d / "mock" / "mf" / "common.cuh").write_text(_MOCK_COMMON)
-    (d / "emu.cpp").write_text(_EMU_CPP)
-    cmd = [gxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", f"-I{d / 'mock'}", f"-I{ROOT / 'kernels/include'}",
-           f'-DSCAN_CU="{ROOT / "kernels/fixed/scan.cu"}"', "-DMF_STATE_CAP=64", "-o", str(d / "emu.so"), str(d / "emu.cpp")]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        if "barrier" in r.stderr and "No such file" in r.stderr:
-            pytest.skip("g++ without C++20 <barrier>")
-        raise AssertionError(r.stderr[-4000:])
-    return ctypes.CDLL(str(d / "emu.so"))
+    return compile_emulator(d, {"mock/mf/common.cuh": _MOCK_COMMON}, _EMU_CPP,
+                            [f"-I{d / 'mock'}", f'-DSCAN_CU="{ROOT / "kernels/fixed/scan.cu"}"', "-DMF_STATE_CAP=64"])
 
 
 def _emulate(lib, name, dims, rng, ref_override=None):

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import ctypes
 import math
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from host_emulation import LAUNCH_CPP, compile_emulator, entries_cpp
 
 from mamba_forge.references import optim as ro
 
@@ -57,6 +56,7 @@ inline WarpCtx& my_warp() { return g_warps[tid_linear() >> 5]; }
 // One barrier per exchange: the two value banks alternate, and a lane can only write a bank again after every
 // lane has passed the next exchange's barrier, i.e. finished reading it.
 inline thread_local int t_bank = 0;
+#define MF_EMU_THREAD_START t_bank = 0;  // each emulated thread starts on bank 0
 inline double exchange(double v, int src) {
   WarpCtx& w = my_warp(); int lane = tid_linear() & 31;
   double* bank = w.vals[t_bank]; t_bank ^= 1;
@@ -106,59 +106,19 @@ MF_GRAD_CLIP_COEF(grad_clip_coef_f32)
 MF_GRAD_REGION_SCALE_DEV(grad_region_scale_dev_f32)
 MF_GRAD_SPANS_SCALE_DEV(grad_spans_scale_dev_f32)
 
-template <class... A, size_t... I> void call_(void (*k)(A...), void** args, std::index_sequence<I...>) {
-  k(*reinterpret_cast<A*>(args[I])...);
-}
-template <class... A> void launch(void (*k)(A...), const int* g, const int* b, void** args) {
-  gridDim = {unsigned(g[0]), unsigned(g[1]), unsigned(g[2])};
-  blockDim = {unsigned(b[0]), unsigned(b[1]), unsigned(b[2])};
-  int nt = b[0] * b[1] * b[2], nw = (nt + 31) / 32;
-  for (int bz = 0; bz < g[2]; ++bz) for (int by = 0; by < g[1]; ++by) for (int bx = 0; bx < g[0]; ++bx) {
-    std::vector<std::unique_ptr<std::barrier<>>> bars;
-    std::vector<WarpCtx> warps(nw);
-    for (int w = 0; w < nw; ++w) { bars.emplace_back(new std::barrier<>(32)); warps[w].bar = bars.back().get(); }
-    std::barrier<> block_bar(nt);
-    g_warps = warps.data(); g_block_bar = &block_bar;
-    std::vector<std::thread> th;
-    for (int t = 0; t < nt; ++t) th.emplace_back([&, t] {
-      threadIdx = {unsigned(t % b[0]), unsigned((t / b[0]) % b[1]), unsigned(t / (b[0] * b[1]))};
-      blockIdx = {unsigned(bx), unsigned(by), unsigned(bz)};
-      t_bank = 0;
-      call_(k, args, std::index_sequence_for<A...>{});
-      my_warp().bar->arrive_and_drop();
-      g_block_bar->arrive_and_drop();
-    });
-    for (auto& x : th) x.join();
-  }
-}
-#define ENTRY(N) if (!std::strcmp(name, #N)) { launch(N, g, b, args); return 0; }
-extern "C" int run(const char* name, const int* g, const int* b, void** args) {
-  ENTRY(grad_sumsq_partial_f32) ENTRY(grad_region_sumsq_partial_f32) ENTRY(grad_spans_sumsq_partial_f32)
-  ENTRY(grad_clip_coef_f32) ENTRY(grad_region_scale_dev_f32) ENTRY(grad_spans_scale_dev_f32)
-  return 1;
-}
 """
+_EMU_CPP += LAUNCH_CPP + entries_cpp(["grad_sumsq_partial_f32", "grad_region_sumsq_partial_f32",
+                                      "grad_spans_sumsq_partial_f32", "grad_clip_coef_f32",
+                                      "grad_region_scale_dev_f32", "grad_spans_scale_dev_f32"])
+
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("no g++ for the host emulation")
     d = tmp_path_factory.mktemp("optim-emu")
-    (d / "prelude.h").write_text(_PRELUDE)
-    (d / "cuda_bf16.h").write_text(_BF16)
-    (d / "cuda_fp16.h").write_text(_FP16)
-    (d / "emu.cpp").write_text(_EMU_CPP)
-    cmd = [gxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-include", str(d / "prelude.h"), f"-I{d}",
-           f"-I{ROOT / 'kernels/include'}", f'-DOPTIM_CU="{ROOT / "kernels/fixed/optim.cu"}"',
-           "-o", str(d / "emu.so"), str(d / "emu.cpp")]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        if "barrier" in r.stderr and "No such file" in r.stderr:
-            pytest.skip("g++ without C++20 <barrier>")
-        raise AssertionError(r.stderr[-4000:])
-    return ctypes.CDLL(str(d / "emu.so"))
+    return compile_emulator(d, {"prelude.h": _PRELUDE, "cuda_bf16.h": _BF16, "cuda_fp16.h": _FP16}, _EMU_CPP,
+                            ["-include", str(d / "prelude.h"), f"-I{d}",
+                             f'-DOPTIM_CU="{ROOT / "kernels/fixed/optim.cu"}"'])
 
 
 def launch(lib, name: str, grid: int, block: int, *args) -> None:

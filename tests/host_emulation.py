@@ -1,0 +1,78 @@
+"""Host emulation of CUDA kernels for CPU tests: a kernel source compiled by g++ against a mock of the CUDA subset
+it uses (the mock, with WarpCtx, my_warp(), g_warps and g_block_bar, comes from the caller), run one block at a time
+with one std::thread per CUDA thread. It proves index arithmetic, reduction orders and store coverage on the CPU,
+not timing or the real warp hardware. Skips the test without g++ -std=c++20 and <barrier>."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# launch(kernel, grid, block, args): every thread of a block runs the kernel; MF_EMU_THREAD_START (the mock may
+# define it) runs first in each thread.
+LAUNCH_CPP = r"""
+#ifndef MF_EMU_THREAD_START
+#define MF_EMU_THREAD_START
+#endif
+template <class... A, size_t... I> void call_(void (*k)(A...), void** args, std::index_sequence<I...>) {
+  k(*reinterpret_cast<A*>(args[I])...);
+}
+template <class... A> void launch(void (*k)(A...), const int* g, const int* b, void** args) {
+  gridDim = {unsigned(g[0]), unsigned(g[1]), unsigned(g[2])};
+  blockDim = {unsigned(b[0]), unsigned(b[1]), unsigned(b[2])};
+  int nt = b[0] * b[1] * b[2], nw = (nt + 31) / 32;
+  for (int bz = 0; bz < g[2]; ++bz) for (int by = 0; by < g[1]; ++by) for (int bx = 0; bx < g[0]; ++bx) {
+    std::vector<std::unique_ptr<std::barrier<>>> bars;
+    std::vector<WarpCtx> warps(nw);
+    for (int w = 0; w < nw; ++w) { bars.emplace_back(new std::barrier<>(32)); warps[w].bar = bars.back().get(); }
+    std::barrier<> block_bar(nt);
+    g_warps = warps.data(); g_block_bar = &block_bar;
+    std::vector<std::thread> th;
+    for (int t = 0; t < nt; ++t) th.emplace_back([&, t] {
+      threadIdx = {unsigned(t % b[0]), unsigned((t / b[0]) % b[1]), unsigned(t / (b[0] * b[1]))};
+      blockIdx = {unsigned(bx), unsigned(by), unsigned(bz)};
+      MF_EMU_THREAD_START
+      call_(k, args, std::index_sequence_for<A...>{});
+      // a thread that returned early must keep serving its warp's and block's barriers: drop out of them
+      my_warp().bar->arrive_and_drop();
+      g_block_bar->arrive_and_drop();
+    });
+    for (auto& x : th) x.join();
+  }
+}
+"""
+
+
+def entries_cpp(names: Sequence[str]) -> str:
+    """`extern "C" int run(name, grid, block, args)`: launches the named kernel; 1 for a name it does not hold."""
+    calls = " ".join(f"ENTRY({n})" for n in names)
+    return ('#define ENTRY(N) if (!std::strcmp(name, #N)) { launch(N, g, b, args); return 0; }\n'
+            'extern "C" int run(const char* name, const int* g, const int* b, void** args) {\n'
+            f"  {calls}\n  return 1;\n}}\n")
+
+
+def compile_emulator(folder: Path, files: Mapping[str, str], source: str, flags: Sequence[str]) -> ctypes.CDLL:
+    """g++ -std=c++20 the emulation `source` (with `files` written under `folder` first, relative paths) into a
+    shared library; skips without g++ or <barrier>, fails the test with the compiler's message otherwise."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++ for the host emulation")
+    for rel, text in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
+    (folder / "emu.cpp").write_text(source)
+    cmd = [gxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", *flags, f"-I{ROOT / 'kernels/include'}",
+           "-o", str(folder / "emu.so"), str(folder / "emu.cpp")]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        if "barrier" in r.stderr and "No such file" in r.stderr:
+            pytest.skip("g++ without C++20 <barrier>")
+        raise AssertionError(r.stderr[-4000:])
+    return ctypes.CDLL(str(folder / "emu.so"))
