@@ -18,20 +18,17 @@ import argparse
 import datetime
 import math
 import sys
-import tempfile
 from pathlib import Path
 
 from summary import append, record  # benchmarks/summary.py
 from timing import copy_seconds, median_ms_queued  # benchmarks/timing.py
 
-from mamba_forge.build.builder import BuildRequest, build
 from mamba_forge.catalog import expr
-from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
-from mamba_forge.catalog.targets import get_target
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.gpu import tma
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gpu_support import bind, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
+from gpu_support import bind, build_modules, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
 
 RESULTS = Path(__file__).parent / "results" / "decode_gemm.md"
 HEADER = ("| date | GPU | dtype | symbol | M | N | K | ms | GB/s | cuBLAS ms | vs cuBLAS | % copy BW |\n"
@@ -45,27 +42,14 @@ F32_SKINNY = ("gemm_bi_f32_f32_skinny_n64", "gemm_bi_f32_f32_skinny_n32")
 F32_LARGE = "gemm_bi_f32_f32_s2"
 
 
-def build_modules(names: list[str]):
+def build_symbols(names: list[str]):
     """Build only the modules holding `names` for sm_90a; {symbol: (cubin path, catalog symbol)} (admitted only)."""
     cat = load_catalog(default_catalog_path())
-    kinds = {cat.symbols[n].module for n in names}
-    sub = Catalog(path=cat.path, name=cat.name, modules=tuple(m for m in cat.modules if m.kind in kinds))
-    out = Path(tempfile.mkdtemp(prefix="mf-bench-decode-"))
-    man = build(BuildRequest(sub, [get_target("sm_90a")], out, kernels=tuple(names)))  # only these symbols
-    found = {}
-    for mod in man.modules:
-        if mod.target != "sm_90a":
-            continue
-        if mod.status != "compiled":
-            raise SystemExit(f"{mod.kind} failed to compile:\n{mod.log_head}")
-        cubin = out / next(a for a in mod.artifacts if a.code == "cubin").path
-        for s in mod.symbols:
-            if s.name in names and s.verdict.status == "admitted":
-                found[s.name] = (cubin, cat.symbols[s.name])
-    missing = [n for n in names if n not in found]
+    _, where = build_modules(sorted({cat.symbols[n].module for n in names}), kernels=names, prefix="mf-bench-decode-")
+    missing = [n for n in names if n not in where]
     if missing:
         raise SystemExit(f"not built or not admitted: {missing}")
-    return cat, found
+    return cat, {n: (where[n], cat.symbols[n]) for n in names}
 
 
 def grid_of(cat, sym, M, N, K) -> tuple[int, ...]:
@@ -119,7 +103,7 @@ def main() -> None:
     dtypes = ["bf16", "f32"] + ([] if args.quick else ["f16"])
     wanted = [f"{n}_{d}" for n in (*WG_SKINNY, WG_LARGE) for d in ("bf16", "f16")]
     wanted += [*F32_SKINNY, F32_LARGE, "matvec_bi_bf16_bf16", "matvec_bi_f16_f16", "matvec_bi_f32_f32"]
-    cat, found = build_modules(wanted)
+    cat, found = build_symbols(wanted)
 
     copy_s = copy_seconds(1 << 30, 20)
     copy_tbs = 2 * (1 << 30) / copy_s / 1e12

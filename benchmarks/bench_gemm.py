@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +24,10 @@ from pathlib import Path
 import numpy as np
 from timing import median_ms  # benchmarks/timing.py
 
-from mamba_forge.build.builder import BuildRequest, build
 from mamba_forge.catalog import expr
-from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
-from mamba_forge.catalog.targets import get_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gpu_support import bind, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
+from gpu_support import bind, build_modules, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
 
 RESULTS = Path(__file__).parent / "results" / "gemm.md"
 HEADER = ("| date | GPU | symbol | M | N | K | ms | ours | cuBLAS | unit | ratio | copy fraction |\n"
@@ -74,22 +70,6 @@ ROWS: list[Row] = [
 ]
 
 
-def build_modules():
-    cat = load_catalog(default_catalog_path())
-    sub = Catalog(path=cat.path, name=cat.name, modules=tuple(cat.module(k) for k in MODULES))
-    out = Path(tempfile.mkdtemp(prefix="mf-bench-gemm-"))
-    man = build(BuildRequest(sub, [get_target("sm_90a")], out))
-    where = {}
-    for mod in man.modules:
-        if mod.status != "compiled":
-            raise SystemExit(f"{mod.kind} failed to compile:\n{mod.log_head}")
-        cubin = out / next(a for a in mod.artifacts if a.code == "cubin").path
-        for s in mod.symbols:
-            if s.verdict.status == "admitted":
-                where[s.name] = cubin
-    return cat, where
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30)
@@ -105,7 +85,7 @@ def main() -> None:
     torch.cuda.init()
     props = torch.cuda.get_device_properties(0)
     gpu = props.name
-    cat, where = build_modules()
+    cat, where = build_modules(MODULES, prefix="mf-bench-gemm-")
     tdt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
 

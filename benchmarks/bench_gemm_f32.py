@@ -17,19 +17,15 @@ import argparse
 import datetime
 import math
 import sys
-import tempfile
 from pathlib import Path
 
 import summary  # benchmarks/summary.py
 from timing import median_ms  # benchmarks/timing.py
 
-from mamba_forge.build.builder import BuildRequest, build
-from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
-from mamba_forge.catalog.targets import get_target
 from mamba_forge.gpu import tma
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gpu_support import bind, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
+from gpu_support import bind, build_modules, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
 
 RESULTS = Path(__file__).parent / "results" / "gemm_f32.md"
 HEADER = ("| date | GPU | symbol | math | M | N | K | ms | TFLOP/s | cuBLAS TFLOP/s | ratio |\n"
@@ -40,24 +36,6 @@ PORTABLE_TF32 = "triad_sm80_nt_tf32"  # timed for reference, not recorded
 EXACT_RUNGS = ["gemm_bi_f32_f32_async_m128n128_bk16_s3"]
 EXACT_REFERENCE = "gemm_bi_f32_f32_n128_s2"  # the fma-chain class reference: timed, not recorded; bits compared
 GOAL = 0.85
-
-
-def build_modules(kinds: tuple[str, ...]):
-    cat = load_catalog(default_catalog_path())
-    sub = Catalog(path=cat.path, name=cat.name, modules=tuple(cat.module(k) for k in kinds))
-    out = Path(tempfile.mkdtemp(prefix="mf-bench-f32-"))
-    man = build(BuildRequest(sub, [get_target("sm_90a")], out))
-    where = {}
-    for mod in man.modules:
-        if mod.status != "compiled":
-            raise SystemExit(f"{mod.kind} failed to compile:\n{mod.log_head}")
-        cubin = out / next(a for a in mod.artifacts if a.code == "cubin").path
-        for s in mod.symbols:
-            if s.verdict.status == "admitted":
-                where[s.name] = cubin
-            else:
-                print(f"{s.name}: not admitted ({s.verdict.reason})")
-    return cat, where
 
 
 def launcher_wgmma_tf32(cat, cubin, name, A, B, C, M, N, K, sms, stream):
@@ -93,7 +71,7 @@ def main() -> None:
     torch.zeros(1, device="cuda")
     props = torch.cuda.get_device_properties(0)
     gpu, sms = props.name, props.multi_processor_count
-    cat, where = build_modules(("TriadSm90a", "TriadSm80", "Fixed"))
+    cat, where = build_modules(("TriadSm90a", "TriadSm80", "Fixed"), prefix="mf-bench-f32-", on_rejected=print)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
     stream = torch.cuda.current_stream().cuda_stream

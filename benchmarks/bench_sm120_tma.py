@@ -13,18 +13,14 @@ import argparse
 import datetime
 import math
 import sys
-import tempfile
 from pathlib import Path
 
 from timing import median_ms  # benchmarks/timing.py
 
-from mamba_forge.build.builder import BuildRequest, build
-from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
-from mamba_forge.catalog.targets import get_target
 from mamba_forge.gpu import tma
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gpu_support import bind, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
+from gpu_support import bind, build_modules, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
 
 RESULTS = Path(__file__).parent / "results" / "sm120_tma.md"
 HEADER = ("| date | GPU | symbol | M | N | K | ms | TFLOP/s | twin | twin ms | ratio to twin |\n"
@@ -32,22 +28,6 @@ HEADER = ("| date | GPU | symbol | M | N | K | ms | TFLOP/s | twin | twin ms | r
 MODULES = ("Sm120", "TriadSm89Half", "TriadSm89Tf32Joint")
 TWINS = {"half": "gemm_bi_nn_fixed_sm89_tc128_s3_v1_{dtype}", "tf32": "gemm_bi_nn_fixed_sm89_rna_tf32_v1_m128n96_bk32_s3",
          "fma": "gemm_bi_nn_fixed_sm120_f32_n64_copyplan_v1"}
-
-
-def build_modules():
-    cat = load_catalog(default_catalog_path())
-    sub = Catalog(path=cat.path, name=cat.name, modules=tuple(cat.module(k) for k in MODULES))
-    out = Path(tempfile.mkdtemp(prefix="mf-bench-sm120-"))
-    man = build(BuildRequest(sub, [get_target("sm_90a")], out))
-    where = {}
-    for mod in man.modules:
-        if mod.target != "sm_90a":
-            continue
-        if mod.status != "compiled":
-            raise SystemExit(f"{mod.kind} failed to compile:\n{mod.log_head}")
-        cubin = out / next(a for a in mod.artifacts if a.code == "cubin").path
-        where.update({s.name: cubin for s in mod.symbols if s.verdict.status == "admitted"})
-    return cat, where
 
 
 def kind_of(name: str) -> str:
@@ -67,7 +47,7 @@ def main() -> None:
     torch.cuda.init()
     torch.zeros(1, device="cuda")
     gpu = torch.cuda.get_device_properties(0).name
-    cat, where = build_modules()
+    cat, where = build_modules(MODULES, prefix="mf-bench-sm120-")
     wanted = [w for w in args.symbols.split(",") if w]
     names = sorted(n for n in where if n.startswith("gemm_bi_nn_sm120_tma_") and "_f16" not in n
                    and (not wanted or any(w in n for w in wanted)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from bench_decode_gemm import F32_SKINNY, WG_SKINNY, build_modules, launcher  # benchmarks/
+from bench_decode_gemm import F32_SKINNY, WG_SKINNY, build_symbols, launcher  # benchmarks/
 from timing import median_ms_queued
 
 
@@ -22,7 +22,7 @@ def main() -> None:
 
     N = K = 8192
     names = [f"{WG_SKINNY[0]}_bf16", F32_SKINNY[0]]
-    cat, found = build_modules(names)
+    cat, found = build_symbols(names)
     g = torch.Generator(device="cuda").manual_seed(0)
     for name in names:
         dt = torch.float32 if name.startswith("gemm_bi_f32") else torch.bfloat16

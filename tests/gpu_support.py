@@ -241,3 +241,31 @@ def admitted_function(env, name: str, role: str | None = None):
     assert sym.verdict.status == "admitted", f"{name}: {sym.verdict.reason}"
     cubin = next(a for a in mod.artifacts if a.code == "cubin")
     return load_cubin(k.out / cubin.path).function(name), catalog.symbols[name]
+
+
+def build_modules(kinds, *, kernels: Sequence[str] = (), target: str = "sm_90a", prefix: str = "mf-bench-",
+                  on_rejected: Callable[[str], None] | None = None):
+    """Build only these module kinds (with `kernels`, only those symbols) for `target`, into a fresh folder:
+    (catalog, {admitted symbol: cubin path}). A module that fails to compile stops the caller (SystemExit with
+    its log head); `on_rejected` hears "<symbol>: not admitted (<reason>)" for each symbol the build rejected."""
+    from mamba_forge.build.builder import BuildRequest, build
+    from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
+    from mamba_forge.catalog.targets import get_target
+
+    cat = load_catalog(default_catalog_path())
+    sub = Catalog(path=cat.path, name=cat.name, modules=tuple(cat.module(k) for k in kinds))
+    out = Path(tempfile.mkdtemp(prefix=prefix))
+    man = build(BuildRequest(sub, [get_target(target)], out, kernels=tuple(kernels)))
+    where: dict[str, Path] = {}
+    for mod in man.modules:
+        if mod.target != target:
+            continue
+        if mod.status != "compiled":
+            raise SystemExit(f"{mod.kind} failed to compile:\n{mod.log_head}")
+        cubin = out / next(a for a in mod.artifacts if a.code == "cubin").path
+        for s in mod.symbols:
+            if s.verdict.status == "admitted":
+                where[s.name] = cubin
+            elif on_rejected is not None:
+                on_rejected(f"{s.name}: not admitted ({s.verdict.reason})")
+    return cat, where
