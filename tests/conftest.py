@@ -23,6 +23,17 @@ def gpu_available() -> bool:
         return False
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory):
+    """Builds and the loader's verified-body memos go to a private cache of the session's own, never the user's
+    (a test that needs another location sets MAMBA_FORGE_CACHE itself)."""
+    folder = tmp_path_factory.mktemp("mf-cache")
+    folder.chmod(0o700)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MAMBA_FORGE_CACHE", str(folder))
+        yield folder
+
+
 def pytest_collection_modifyitems(config, items):
     if gpu_available():
         return

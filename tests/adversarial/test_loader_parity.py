@@ -1,9 +1,7 @@
 """Loader/verify parity: over seeded mutations of a fixture manifest's signed head and of its runtime table
 (re-signed with the trusted key or not), `load()` refuses exactly when full verification (`open_verified` with the
-whole body, as `verify` runs it) refuses.
-
-Not covered, by design (runtime/verify.py says why): a trusted key signing a body whose tables below the head
-disagree with a runtime table it also signed; the loader never parses below the head (cold start)."""
+whole body, as `verify` runs it) refuses. Edits below the head (a trusted key signing tables that disagree with
+the runtime table): test_verified_memo.py."""
 
 from __future__ import annotations
 
