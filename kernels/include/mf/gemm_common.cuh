@@ -28,6 +28,20 @@ MF_DEVICE void cp_async16(void* smem, const void* gmem, bool pred) {
 MF_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> MF_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// One 16-byte shared-memory read the compiler cannot split, narrow or merge. NVRTC 13.0's optimiser rewrites
+// the FFMA loop's plain float4 reads at random (an extra ld.shared.v2 or a masked ld.shared.f32 in some compiles,
+// depending on the process's address layout: scripts/repro_loop.py), which ptxas does not always absorb, so
+// the same source gave two cubins. An asm read leaves it nothing to rewrite. "memory": never moved across the
+// barriers and stores that fill the buffer.
+MF_DEVICE float4 lds128(const float* p) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(smem_u32(p))
+               : "memory");
+  return v;
+}
+
 MF_DEVICE u32 dynamic_smem_bytes() {
   u32 r;
   asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
@@ -156,10 +170,10 @@ struct ExactF32 {
       float a[TM], b[TN];
 #pragma unroll
       for (int g = 0; g < TM / 4; ++g)
-        *reinterpret_cast<float4*>(&a[g * 4]) = *reinterpret_cast<const float4*>(as + kk * AS + g * TY * 4);
+        *reinterpret_cast<float4*>(&a[g * 4]) = lds128(as + kk * AS + g * TY * 4);
 #pragma unroll
       for (int g = 0; g < TN / 4; ++g)
-        *reinterpret_cast<float4*>(&b[g * 4]) = *reinterpret_cast<const float4*>(bs + kk * BS + g * TX * 4);
+        *reinterpret_cast<float4*>(&b[g * 4]) = lds128(bs + kk * BS + g * TX * 4);
 #pragma unroll
       for (int i = 0; i < TM; ++i)
 #pragma unroll
