@@ -1,5 +1,6 @@
-"""Decode (skinny-M) GEMM benchmark: the skinny rungs, the current large rungs, matvec_bi_* at M = 1 and cuBLAS
-(torch `a @ b`, TF32 off for f32) in the same run, plus device-to-device copy bandwidth (a 1 GiB torch copy).
+"""Decode (skinny-M) GEMM benchmark: the skinny rungs (and the exact-f32 decode rungs), the current large rungs,
+matvec_bi_* at M = 1 and cuBLAS (torch `a @ b`, TF32 off for f32) in the same run, plus device-to-device copy
+bandwidth (a 1 GiB torch copy).
 
 bf16 (f16 with --f16 or briefly by default at two shapes) and exact f32; M in {1, 2, 4, ..., 256}; (N, K) in
 {(4096, 4096), (8192, 8192), (8192, 2048), (2048, 4096)}. CUDA-event timing of 10 back-to-back launches per
@@ -39,6 +40,7 @@ WG_SKINNY = ("gemm_bi_nn_sm90a_wgmma_skinny_m64n64_s12", "gemm_bi_nn_sm90a_wgmma
              "gemm_bi_nn_sm90a_wgmma_skinny_m64n128_s8", "gemm_bi_nn_sm90a_wgmma_skinny_m128n64_s8")
 WG_LARGE = "gemm_bi_nn_sm90a_wgmma_ws2_m128n256_s4"
 F32_SKINNY = ("gemm_bi_f32_f32_skinny_n64", "gemm_bi_f32_f32_skinny_n32")
+F32_DECODE = ("gemm_bi_f32_f32_decode_n64", "gemm_bi_f32_f32_decode_n32")  # mf/decode_f32.cuh, routed at M <= 8
 F32_LARGE = "gemm_bi_f32_f32_s2"
 
 
@@ -102,7 +104,7 @@ def main() -> None:
     gpu = props.name
     dtypes = ["bf16", "f32"] + ([] if args.quick else ["f16"])
     wanted = [f"{n}_{d}" for n in (*WG_SKINNY, WG_LARGE) for d in ("bf16", "f16")]
-    wanted += [*F32_SKINNY, F32_LARGE, "matvec_bi_bf16_bf16", "matvec_bi_f16_f16", "matvec_bi_f32_f32"]
+    wanted += [*F32_DECODE, *F32_SKINNY, F32_LARGE, "matvec_bi_bf16_bf16", "matvec_bi_f16_f16", "matvec_bi_f32_f32"]
     cat, found = build_symbols(wanted)
 
     copy_s = copy_seconds(1 << 30, 20)
@@ -114,7 +116,7 @@ def main() -> None:
         tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dt]
         esz = 4 if dt == "f32" else 2
         if dt == "f32":
-            ours = [*F32_SKINNY, F32_LARGE]
+            ours = [*F32_DECODE, *F32_SKINNY, F32_LARGE]
         else:
             ours = [f"{n}_{dt}" for n in (*WG_SKINNY, WG_LARGE)]
         mv = f"matvec_bi_{dt}_{dt}"
@@ -154,11 +156,11 @@ def main() -> None:
                                            ours=round(tbs, 3), baseline=round(copy_tbs, 3), baseline_name="device copy",
                                            unit="TB/s", goal=">=85% copy" if headline else "", speedup=round(tbs / copy_tbs, 3),
                                            met=tbs / copy_tbs >= 0.85, gpu=gpu))
-                    if "_skinny" in name and (best is None or ms < best[1]):
+                    if ("_skinny" in name or "_decode" in name) and (best is None or ms < best[1]):
                         best = (name, ms)
                     del C
                 if best is not None:
-                    print(f"     best skinny {best[0]}: x{ms_ref / best[1]:.2f} cuBLAS")
+                    print(f"     best skinny/decode {best[0]}: x{ms_ref / best[1]:.2f} cuBLAS")
             del B
             torch.cuda.empty_cache()
     if args.no_record:

@@ -1,9 +1,10 @@
 """The M=1 decode GEMM under Nsight Compute (the decode-speed issue's limiter): our bf16 skinny rung, the exact
-f32 skinny rung and cuBLAS at M=1, N=K=8192, each launched a few times for ncu to sample. Not a benchmark: run it
-under ncu, e.g.
+f32 skinny and decode rungs and cuBLAS at M=1, N=K=8192, each launched a few times for ncu to sample. Not a
+benchmark: run it under ncu, e.g.
 
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-        --section WarpStateStats --launch-skip 2 --launch-count 1 -k regex:skinny python benchmarks/profile_m1.py
+        --section WarpStateStats --launch-skip 2 --launch-count 1 -k 'regex:skinny|decode' \
+        python benchmarks/profile_m1.py
 
 (`--clock-control none`: the H200 runs at its own clocks, as in the benchmarks.) Prints each kernel's time
 (events, 10 queued launches) so the profile can be read next to the benchmark's figures.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from bench_decode_gemm import F32_SKINNY, WG_SKINNY, build_symbols, launcher  # benchmarks/
+from bench_decode_gemm import F32_DECODE, F32_SKINNY, WG_SKINNY, build_symbols, launcher  # benchmarks/
 from timing import median_ms_queued
 
 
@@ -21,7 +22,7 @@ def main() -> None:
     import torch
 
     N = K = 8192
-    names = [f"{WG_SKINNY[0]}_bf16", F32_SKINNY[0]]
+    names = [f"{WG_SKINNY[0]}_bf16", F32_SKINNY[0], *F32_DECODE]
     cat, found = build_symbols(names)
     g = torch.Generator(device="cuda").manual_seed(0)
     for name in names:

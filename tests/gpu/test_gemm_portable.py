@@ -35,6 +35,7 @@ MODULES = ("Fixed", "TriadScalar", "TriadSm80")
 GUARD = 64  # poisoned elements after C that no launch may touch
 EXACT = ["gemm_bi_f32_f32", "gemm_bi_f32_f32_s2", "gemm_bi_f32_f32_m128n64_s2", "gemm_bi_f32_f32_n128_s2",
          "gemm_bi_f32_f32_skinny_n64", "gemm_bi_f32_f32_skinny_n32",
+         "gemm_bi_f32_f32_decode_n64", "gemm_bi_f32_f32_decode_n32",
          "triad_scalar_nn_f32", "triad_scalar_tn_f32", "triad_scalar_nt_f32"]
 BATCH_MS = (1, 3, 17, 64, 1000, 4096)
 EPS_OUT = {"f32": 2.0**-23, "bf16": 2.0**-8, "f16": 2.0**-10}
@@ -251,7 +252,8 @@ def test_triad_scalar_layouts_equal_nn_on_transposed_inputs(lay, rng):
 def test_misaligned_pointers_take_the_scalar_path_with_the_same_bits(rng):
     """A/B offset by one element (not 16-byte aligned): same bits as the aligned launch (vector path)."""
     k_ = kernels()
-    for name in ("gemm_bi_f32_f32_n128_s2", "gemm_bi_nn_tc128_bf16", "matvec_bi_bf16_bf16", "triad_sm80_nt_tf32"):
+    for name in ("gemm_bi_f32_f32_n128_s2", "gemm_bi_f32_f32_decode_n64", "gemm_bi_f32_f32_decode_n32",
+                 "gemm_bi_nn_tc128_bf16", "matvec_bi_bf16_bf16", "triad_sm80_nt_tf32"):
         s = Sym(name)
         m, n, k = 40, 256, 128
         a2, b2, bias = _operands(rng, m, n, k, s.a)

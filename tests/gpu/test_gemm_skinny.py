@@ -6,8 +6,10 @@
   M = 1000 on the same A rows and B. This is what proves that wgmma m64nNk16 for N in {32, 64, 128} gives per
   element the bits of m64n256k16 (an assumption of the kernels' equivalence argument, not something the code
   can show by itself).
-* gemm_bi_f32_f32_skinny_* (exact f32, Fixed): against float64, and bit for bit equal to gemm_bi_f32_f32_s2 at
-  M = 1000 (with and without bias) row by row, and to the host FFMA-chain reference on a small shape.
+* gemm_bi_f32_f32_skinny_* and gemm_bi_f32_f32_decode_* (exact f32, Fixed): against float64, and bit for bit
+  equal to gemm_bi_f32_f32_s2 at M = 1000 (with and without bias) row by row, and to the host FFMA-chain
+  reference on a small shape; the decode rungs also bit for bit equal to gemm_bi_f32_f32_n128_s2 at their own
+  M (1, 2, 3, 5, 8, and past MC) on odd N and K (the 4-byte copy path, N and K tails), bias and no bias.
 
 Every launch uses the catalog's block, dynamic shared memory and grid expressions; outputs are poisoned (NaN)
 first and inputs are fresh random tensors. Memory and the float64 oracle are torch.
@@ -34,7 +36,12 @@ TARGET = "sm_90a"
 WG_SKINNY = [f"gemm_bi_nn_sm90a_wgmma_skinny_{t}" for t in ("m64n64_s12", "m64n32_s18", "m64n128_s8", "m128n64_s8")]
 WG_REF = "gemm_bi_nn_sm90a_wgmma_ws2_m128n256_s4"
 F32_SKINNY = ["gemm_bi_f32_f32_skinny_n64", "gemm_bi_f32_f32_skinny_n32"]
+F32_DECODE = ["gemm_bi_f32_f32_decode_n64", "gemm_bi_f32_f32_decode_n32"]
 F32_REF = "gemm_bi_f32_f32_s2"
+F32_TILE = "gemm_bi_f32_f32_n128_s2"  # the fma-chain route class's reference rung
+DECODE_MS = (1, 2, 3, 5, 8, 9, 17)  # the route's M range (1..8), then more row chunks than one
+# (N, K): the headline decode shape, aligned, ragged K (tail k-tile), odd N and K (4-byte copies), N < BN
+DECODE_NK = [(8192, 8192), (4096, 4096), (1032, 1000), (263, 201), (37, 29), (1, 3), (8193, 517)]
 SKINNY_MS = (1, 3, 17, 64, 256)
 REF_M = 1000
 # (N, K): ragged (the qualifier's N and K), and a decode projection
@@ -157,7 +164,7 @@ def test_wgmma_skinny_repeat_bitwise(env, family):
 # ---- exact f32 skinny rungs ----
 
 
-@pytest.mark.parametrize("family", F32_SKINNY)
+@pytest.mark.parametrize("family", F32_SKINNY + F32_DECODE)
 def test_f32_skinny_matches_float64(env, family):
     torch = env[0]
     for i, (M, N, K) in enumerate(SHAPES + [(5, 37, 29), (2, 1, 3)]):  # + N, K not multiples of 4: scalar copies
@@ -179,7 +186,7 @@ def test_f32_skinny_rows_equal_the_reference_rung(env, N, K, with_bias):
     full = run_f32(env, F32_REF, A, B, bias)
     assert torch.isfinite(full).all()
     bad = []
-    for name in F32_SKINNY:
+    for name in F32_SKINNY + F32_DECODE:
         for M in SKINNY_MS + (REF_M,):
             part = run_f32(env, name, A[:M].contiguous(), B, bias)
             if not _same_bits(torch, part, full[:M]):
@@ -196,6 +203,46 @@ def test_f32_skinny_equals_the_host_chain(env):
     bias = _rand(torch, (N,), torch.float32, 33)
     a, b, c = A.cpu().numpy(), B.cpu().numpy(), bias.cpu().numpy()
     want = R.chain_f32(a, b, c)
-    for name in F32_SKINNY:
+    for name in F32_SKINNY + F32_DECODE:
         got = run_f32(env, name, A, B, bias).cpu().numpy()
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{name}: not the chain"
+
+
+# ---- exact f32 decode rungs (M <= 8) ----
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("N,K", DECODE_NK)
+def test_f32_decode_equals_the_tile_rung_at_its_own_m(env, N, K, with_bias):
+    """Every decode rung == gemm_bi_f32_f32_n128_s2 bit for bit at the same M, on fresh inputs per M (outputs
+    poisoned with NaN first: an unwritten element fails), and close to float64."""
+    torch = env[0]
+    bad = []
+    for i, M in enumerate(DECODE_MS):
+        seed = 1000 * i + 7 * (N % 97) + (K % 89) + (500 if with_bias else 0)
+        A, B = _rand(torch, (M, K), torch.float32, seed), _rand(torch, (K, N), torch.float32, seed + 1)
+        bias = _rand(torch, (N,), torch.float32, seed + 2) if with_bias else None
+        want = run_f32(env, F32_TILE, A, B, bias)
+        assert torch.isfinite(want).all()
+        a, b = A.double(), B.double()
+        ref = a @ b + (bias.double() if with_bias else 0)
+        absprod = a.abs() @ b.abs() + (bias.double().abs() if with_bias else 0)
+        for name in F32_DECODE:
+            got = run_f32(env, name, A, B, bias)
+            _assert_close(torch, got, ref, absprod, 2.0**-23, f"{name} M={M} N={N} K={K} bias={with_bias}")
+            if not _same_bits(torch, got, want):
+                bad.append(f"{name} M={M}: {int((got.view(torch.int32) != want.view(torch.int32)).sum())} differ")
+    assert not bad, f"N={N} K={K} bias={with_bias}: differ from {F32_TILE}: {bad}"
+
+
+def test_f32_decode_keeps_a_negative_zero_chain_through_the_k_tail(env):
+    """Every product underflows to -0, so every chain is -0; a step over a zero-filled slot past K would make it
+    +0 (fma(+0, +0, -0) = +0). The decode rungs and the tile rung (whose padding steps are fma(-0, +0, acc))
+    all keep -0."""
+    torch = env[0]
+    for M, N, K in [(1, 8192, 8192 + 3), (3, 263, 70), (8, 40, 1)]:
+        A = torch.full((M, K), -1e-30, dtype=torch.float32, device="cuda")
+        B = torch.full((K, N), 1e-30, dtype=torch.float32, device="cuda")
+        for name in F32_DECODE + [F32_TILE]:
+            C = run_f32(env, name, A, B)
+            assert bool((C.view(torch.int32) == -(2**31)).all()), f"{name} M={M} N={N} K={K}: not all -0"
