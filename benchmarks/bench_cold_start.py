@@ -168,6 +168,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mf-cold-") as tmp:
         work = Path(tmp)
         bundle, key = prepare(args, work)
+        # a private, empty cache: the first load checks the whole body and writes the verified-body memo
+        # (runtime/memo.py) that every later load of the same bytes takes; that first load is timed on its own
+        memo_cache = work / "cache"
+        memo_cache.mkdir(mode=0o700)
+        os.environ["MAMBA_FORGE_CACHE"] = str(memo_cache)
+        first_load = json.loads(sh([sys.executable, "-c", LOAD_CHILD, str(bundle), str(key)], 300))
         k = load(bundle, trusted_keys=[key])  # also checks the bundle is for this GPU before timing anything
         info = cu.Device(0).info()
         symbols: dict[str, list[str]] = {}
@@ -203,6 +209,9 @@ def main() -> int:
                         else (float("nan"), float("nan")))
     rows = [(f"verify + load, {what} (runtime)", load_ms[what], min(r["load_s"] for r in rs) * 1e3, len(rs))
             for what, rs in loads.items()]
+    first_ms = first_load["load_s"] * 1e3
+    rows += [("verify + load, tar.gz bundle, first on this machine (whole body checked, memo written; not counted)",
+              first_ms, first_ms, 1)]
     rows += [
         ("compile + load, NVRTC cold (empty compute cache)", cold_ms, cold_ms, 1),
         ("compile + load, NVRTC warm (its compute cache hit)", warm_ms, warm_ms, 1),
@@ -238,6 +247,22 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import summary
+
+    shape = f"{first['modules']} modules, {first['symbols']} symbols"
+    recs = [summary.record(family="cold_start", symbol=f"load {what}", shape=shape, dtype="-", ours=round(ms, 2),
+                           baseline=round(cold_ms, 1) if compiles else None,
+                           baseline_name="NVRTC cold compile + load" if compiles else "",
+                           unit="ms", goal=f"< {LOAD_GOAL_MS:.0f} ms", met=ms < LOAD_GOAL_MS, gpu=info.name)
+            for what, ms in load_ms.items()]
+    recs.append(summary.record(family="cold_start", symbol="load tar.gz bundle, first on this machine", shape=shape,
+                               dtype="-", ours=round(first_ms, 2), baseline=None, baseline_name="", unit="ms",
+                               goal="once per machine (not counted)", met=True, gpu=info.name))
+    recs.append(summary.record(family="cold_start", symbol="import mamba_forge.runtime", shape="-", dtype="-",
+                               ours=round(import_ms, 2), baseline=None, baseline_name="", unit="ms",
+                               goal=f"<= {IMPORT_GOAL_MS:.0f} ms", met=import_ms <= IMPORT_GOAL_MS, gpu=info.name))
+    summary.append(recs)
     return 0
 
 

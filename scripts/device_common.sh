@@ -20,3 +20,20 @@ run() {  # run NAME LIMIT_S CMD...: log to $OUT/NAME.txt, print the tail
   grep -v -e "DeprecationWarning" -e "fn = lambda" "$OUT/$name.txt" | tail -n "${TAILN:-8}"
   return $rc
 }
+
+bench() {  # bench NAME [LIMIT_S]: one benchmark (they append to benchmarks/results/*.md and summary.json);
+  # the bundle ones need BUNDLE (a signed bundle) and manifests/keys
+  local b=$1 lim=${2:-}
+  case $b in
+    decode_step) TAILN=16 run bench_decode_step "${lim:-90}" python3 benchmarks/bench_decode_step.py ;;
+    decode_gemm) TAILN=12 run bench_decode_gemm "${lim:-120}" python3 benchmarks/bench_decode_gemm.py ;;
+    cold_start) TAILN=16 run bench_cold_start "${lim:-160}" python3 benchmarks/bench_cold_start.py ${COLD_FLAGS:-} --bundle "$BUNDLE" \
+      --key manifests/keys ;;
+    launch) TAILN=14 run bench_launch "${lim:-60}" python3 benchmarks/bench_launch_overhead.py --bundle "$BUNDLE" \
+      --key manifests/keys ;;
+    conv1d) TAILN=12 run bench_conv1d "${lim:-60}" python3 benchmarks/bench_conv1d.py ;;
+    gemm_f32) TAILN=12 run bench_gemm_f32 "${lim:-60}" python3 benchmarks/bench_gemm_f32.py --iters 20 ;;
+    sm120_tma) TAILN=20 run bench_sm120_tma "${lim:-60}" python3 benchmarks/bench_sm120_tma.py --iters 20 ;;
+    *) echo "unknown benchmark $b" ;;
+  esac
+}

@@ -2,7 +2,8 @@
 # A development session on one H200 (one device call, under 10 minutes): build for sm_90a, a quick qualification
 # of the whole catalog (admission, float64 references, determinism, route-equivalence of the new rungs), the GPU
 # test files of the kernels that changed, and their benchmarks; the NVRTC repro loop runs niced in the background.
-# Carried: .whl. Results: $OUT/res.tar.gz. Env: TESTS (test files), BENCH (1: run the benchmarks), DEADLINE.
+# Carried: .whl. Results: $OUT/res.tar.gz. Env: TESTS (test files), BENCHES (names of device_common.sh's bench),
+# DEADLINE.
 set -uo pipefail
 RES=/tmp/res
 OUT_FINAL=${OUT:-/tmp/out}
@@ -20,7 +21,5 @@ run build 240 mamba-forge build --arch sm_90a --out build -q -j 16
 TAILN=40 run qualify_quick 200 mamba-forge qualify --device 0 --build build --level quick --out /tmp/res/quick.toml -q
 grep -B1 -A3 'status = "rejected"' /tmp/res/quick.toml | grep -E '^name|^reason|^check' | head -60
 TAILN=30 run tests $(( $(left) > 200 ? 200 : $(left) - 100 )) python3 -m pytest -q -p no:cacheprovider -n 6 --maxfail=40 ${TESTS}
-[ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 60 ] && TAILN=30 run bench_gemm_f32 $(( $(left) / 3 )) python3 benchmarks/bench_gemm_f32.py --iters 20
-[ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 50 ] && TAILN=40 run bench_conv1d $(( $(left) / 2 )) python3 benchmarks/bench_conv1d.py
-[ "${BENCH:-1}" = 1 ] && [ "$(left)" -gt 30 ] && TAILN=20 run bench_sm120_tma $(( $(left) - 10 )) python3 benchmarks/bench_sm120_tma.py --iters 20
+for b in ${BENCHES:-gemm_f32 conv1d}; do [ "$(left)" -gt 40 ] && bench "$b" $(( $(left) - 20 < 120 ? $(left) - 20 : 120 )); done
 echo done

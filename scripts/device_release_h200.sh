@@ -5,7 +5,8 @@
 # kernels that changed first, the rest while time is left. Most important first: a call cut short still brings
 # back the signed manifest. Needs (carried, never committed): .whl (wheels the machine lacks), .keys/release.key,
 # .peers (the mamba-ssm sdist, for the decode-step baseline). Results: $OUT/res.tar.gz (at most 8 files return).
-# Env: QUALIFY_FLAGS (e.g. --no-sanitize), QUALIFY_S (its limit), BENCHES, FIRST_TESTS (test files run first),
+# Env: QUALIFY_FLAGS (e.g. --no-sanitize), QUALIFY_S (its limit), BENCHES, COLD_FLAGS (e.g. --no-compile),
+# FIRST_TESTS (test files run first),
 # DEADLINE (seconds of the call).
 set -uo pipefail
 RES=/tmp/res
@@ -26,19 +27,9 @@ TAILN=30 run qualify ${QUALIFY_S:-330} mamba-forge qualify --device 0 --build bu
 cp manifests/h200.toml manifests/h200.runtime.json "$OUT/"
 run bundle 60 mamba-forge bundle manifests/h200.toml --build build -o "$OUT/h200.tar.gz"
 run verify 60 mamba-forge verify "$OUT/h200.tar.gz"
-# BENCHES: which benchmarks run after the signed manifest (default: all of them)
-for b in ${BENCHES:-decode_step decode_gemm cold_start launch}; do
-  case $b in
-    decode_step) TAILN=16 run bench_decode_step 90 python3 benchmarks/bench_decode_step.py ;;
-    decode_gemm) TAILN=12 run bench_decode_gemm 120 python3 benchmarks/bench_decode_gemm.py ;;
-    cold_start) TAILN=14 run bench_cold_start 160 python3 benchmarks/bench_cold_start.py --bundle "$OUT/h200.tar.gz" \
-      --key manifests/keys ;;
-    launch) TAILN=14 run bench_launch 60 python3 benchmarks/bench_launch_overhead.py --bundle "$OUT/h200.tar.gz" \
-      --key manifests/keys ;;
-    conv1d) TAILN=12 run bench_conv1d 60 python3 benchmarks/bench_conv1d.py ;;
-    gemm_f32) TAILN=12 run bench_gemm_f32 60 python3 benchmarks/bench_gemm_f32.py --iters 20 ;;
-  esac
-done
+# BENCHES: which benchmarks run after the signed manifest
+BUNDLE="$OUT/h200.tar.gz"
+for b in ${BENCHES:-decode_step decode_gemm cold_start launch}; do bench "$b"; done
 export MF_RUNTIME_BUNDLE="$OUT/h200.tar.gz" MF_RUNTIME_KEY=manifests/keys
 FIRST=${FIRST_TESTS:-tests/gpu/test_gemm_skinny.py tests/gpu/test_decode_step.py tests/gpu/test_runtime_gpu.py tests/gpu/test_gemm_sm90a.py tests/gpu/test_scan.py}
 TAILN=12 run test_gpu_changed $(( $(left) > 60 ? $(left) - 40 : 20 )) python3 -m pytest -q -p no:cacheprovider -n 4 $FIRST

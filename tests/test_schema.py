@@ -495,3 +495,41 @@ def test_schema_imports_only_the_standard_library():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert codec.__all__ and schema.__all__
+
+
+def _typed(v):
+    """A record's plain data with each leaf's exact type beside it (1 and 1.0, True and 1 told apart)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(v):
+        return {f.name: _typed(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    if isinstance(v, list):
+        return [_typed(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _typed(x) for k, x in v.items()}
+    return (type(v).__name__, v)
+
+
+def test_trusted_reader_builds_what_from_dict_builds_for_the_committed_runtime_table():
+    """The loader's memo-hit path (from_trusted_dict) and the checked path give the same records, leaf types
+    included, for the committed table and for one with every defaulted field left out and ints where floats go."""
+    import json
+    from pathlib import Path
+
+    from mamba_forge.manifest.codec import from_dict, from_trusted_dict
+    from mamba_forge.manifest.schema import RuntimeTable
+
+    plain = json.loads((Path(__file__).resolve().parent.parent / "manifests" / "h200.runtime.json").read_bytes())
+    assert _typed(from_trusted_dict(RuntimeTable, plain)) == _typed(from_dict(RuntimeTable, plain))
+    sparse = json.loads(json.dumps(plain))
+    sparse["qualification_seconds"] = 100  # an int where a float goes
+    for s in sparse["symbols"]:
+        for k in ("dtype", "reason", "check", "fallback", "dynamic_smem", "constants", "seed"):
+            s.pop(k, None)
+        for p in s["params"]:
+            p.pop("value", None)
+    for key in ("sanitizer", "catalog", "development_key"):
+        sparse.pop(key, None)
+    checked, trusted = from_dict(RuntimeTable, sparse), from_trusted_dict(RuntimeTable, sparse)
+    assert _typed(trusted) == _typed(checked)
+    assert type(trusted.qualification_seconds) is float

@@ -185,6 +185,55 @@ def from_dict(cls: type[T], data: Any, *, where: str = "the manifest") -> T:
         raise SchemaError(where, "".join(reversed(e.parts)).removeprefix("."), e.problem) from None
 
 
+_TRUSTED: dict[type, Any] = {}
+
+
+def _trusted_reader(cls: type):
+    """Once per class: a reader that builds the record from data already proven to fit (no type checks), as
+    from_dict would build it: defaults filled in, nested records built, an int where a float goes made a float."""
+    hints, nested, defaults, floats = get_type_hints(cls), [], [], []
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        inner = [a for a in get_args(t) if a is not type(None)] if get_origin(t) in (Union, types.UnionType) else [t]
+        t = inner[0] if len(inner) == 1 else t
+        if dataclasses.is_dataclass(t):
+            nested.append((f.name, False, t))
+        elif get_origin(t) is list and dataclasses.is_dataclass(get_args(t)[0]):
+            nested.append((f.name, True, get_args(t)[0]))
+        elif t is float:
+            floats.append(f.name)
+        if f.default is not dataclasses.MISSING:
+            defaults.append((f.name, False, f.default))
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults.append((f.name, True, f.default_factory))
+    new = object.__new__
+
+    def read(v: dict):
+        d = dict(v)
+        for name, factory, default in defaults:
+            if name not in d:
+                d[name] = default() if factory else default
+        for name, many, t in nested:
+            x = d[name]
+            if x is not None:
+                r = _TRUSTED.get(t) or _trusted_reader(t)
+                d[name] = [r(y) for y in x] if many else r(x)
+        for name in floats:
+            if type(d[name]) is int:
+                d[name] = float(d[name])
+        o = new(cls)
+        o.__dict__ = d
+        return o
+    _TRUSTED[cls] = read
+    return read
+
+
+def from_trusted_dict(cls: type[T], data: dict) -> T:
+    """from_dict's record for data that from_dict already accepted, without checking it again (the loader, for
+    a runtime table whose exact bytes passed full verification on this machine: runtime/memo.py)."""
+    return (_TRUSTED.get(cls) or _trusted_reader(cls))(data)
+
+
 def _plain(v: Any) -> Any:
     if type(v) is list or type(v) is tuple:
         return [_plain(x) for x in v]
@@ -225,4 +274,4 @@ def runtime_table_bytes(m: QualifiedManifest) -> bytes:
     return to_json_bytes(runtime_table(m))
 
 
-__all__ = ["SchemaError", "from_dict", "runtime_table_bytes", "to_dict", "to_json_bytes"]
+__all__ = ["SchemaError", "from_dict", "from_trusted_dict", "runtime_table_bytes", "to_dict", "to_json_bytes"]

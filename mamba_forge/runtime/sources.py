@@ -127,13 +127,16 @@ class _Inflater:
         else:
             data = b""
             while not data:
-                if self.zlib.eof:
-                    return b""
+                if self.zlib.eof:  # a gzip file may hold several members, one after the other (RFC 1952)
+                    rest = self.zlib.unused_data + self.raw or self.f.read(self._IN)
+                    if not rest:
+                        return b""
+                    self.zlib, self.raw = zlib.decompressobj(wbits=31), rest
                 src = self.zlib.unconsumed_tail or self.raw or self.f.read(self._IN)
                 self.raw = b""
-                if not src:
-                    return b""
-                data = self.zlib.decompress(src, want)
+                data = self.zlib.decompress(src, want)  # b"" in: what zlib still holds of the input it took
+                if not src and not data and not self.zlib.eof:
+                    return b""  # the file ended inside a member
         self.total += len(data)
         if self.total > self.cap:
             raise ArtifactRefused(f"{self.label} decompresses to more than {self.cap} bytes")
@@ -160,6 +163,15 @@ class _Inflater:
             need -= len(data)
         self.buf, self.pos = b"", 0
         return b"".join(parts)
+
+    def finish(self) -> None:
+        """Read to the end of the file (the tar's padding, at most the cap): a gzip stream must end with its
+        last member complete, so a cut or trailing junk is refused even where it holds only padding."""
+        self.buf, self.pos = b"", 0
+        while self._more(1 << 16):
+            pass
+        if self.zlib is not None and not self.zlib.eof:
+            raise ArtifactRefused(f"{self.label} is truncated")
 
     def remaining(self) -> int:
         return self.cap - self.total + len(self.buf) - self.pos
@@ -198,6 +210,7 @@ class TarReader:
         while True:
             block = self.stream.read(_BLOCK)
             if block == bytes(_BLOCK):
+                self.stream.finish()
                 return None
             try:
                 info = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mamba_forge.manifest.codec import from_dict, runtime_table_bytes
+from mamba_forge.manifest.codec import from_dict, from_trusted_dict, runtime_table_bytes
 from mamba_forge.manifest.schema import (
     MANIFEST_VERSION,
     QUALIFIED_SCHEMA,
@@ -184,15 +184,17 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def _table_record(head: dict, data: bytes, what: str) -> RuntimeTable:  # type: ignore[valid-type]
-    """The runtime table's record; its top-level values must be exactly the signed head's."""
+def _table_record(head: dict, data: bytes, what: str, *, proven: bool = False) -> RuntimeTable:  # type: ignore[valid-type]
+    """The runtime table's record; its top-level values must be exactly the signed head's. `proven`: these exact
+    bytes passed full verification on this machine (the memo), so the schema check is not run again."""
     try:
         plain = parse_json(data)
     except (UnicodeDecodeError, ValueError):
         plain = None
     if type(plain) is not dict:
         raise ManifestRefused(f"the runtime table of {what} is not a JSON object")
-    table = _record(RuntimeTable, plain, f"the runtime table of {what}")
+    table = (from_trusted_dict(RuntimeTable, plain) if proven
+             else _record(RuntimeTable, plain, f"the runtime table of {what}"))
     for k, v in head.items():
         if k not in RUNTIME_KEYS and (k not in plain or not _same(plain[k], v)):
             raise ManifestRefused(f"the runtime table of {what} disagrees with its signed body on {k!r}")
@@ -288,8 +290,9 @@ def open_verified(path: str | Path, *, keys: Mapping[str, Ed25519PublicKey], bui
     kind = _kind(head, what)
     table = _bound_table(head, source, what) if kind == "qualified" and any(k in head for k in RUNTIME_KEYS) else None
     if table is not None and not full_body:
-        record = _table_record(head, table, what)
-        if not memo.seen(doc, sha256(table)):  # once per machine: the whole body, as `verify` checks it
+        proven = memo.seen(doc, sha256(table))
+        record = _table_record(head, table, what, proven=proven)
+        if not proven:  # once per machine: the whole body, as `verify` checks it
             _check_projection(_record(_RECORDS[kind], _parse_body(body_bytes, what), what), table, doc, what)
     else:
         record = _record(_RECORDS[kind], _parse_body(body_bytes, what), what)

@@ -341,3 +341,59 @@ def test_tar_path_that_is_not_a_file(tmp_path, fx, kind):
             f.truncate((1 << 31) + 1)
     with pytest.raises(ArtifactRefused, match="regular file|larger than"):
         load(p, trusted_keys=[fx.pub], backend=FakeBackend())
+
+
+# ---- multi-member gzip (the bundle writer's text member + stored artifact member) ---------------------------
+
+
+def test_bundle_is_a_compressed_text_member_then_a_stored_artifact_member(fx):
+    """What mamba-forge bundle writes: manifest and runtime table deflated, artifacts stored (the loader's cold
+    start), read back by tarfile and by the loader as one tar stream."""
+    raw = fx.tar.read_bytes()
+    d = zlib.decompressobj(wbits=31)
+    first = d.decompress(raw)
+    assert d.eof and d.unused_data[:2] == b"\x1f\x8b"  # a second gzip member follows
+    with tarfile.open(fileobj=io.BytesIO(first + bytes(1024))) as t:
+        assert [m.name for m in t.getmembers()] == ["manifest.toml", "runtime.json"]
+    second = d.unused_data
+    assert second[10] & 0x06 == 0  # its first deflate block is stored (BTYPE 00)
+    assert [n for n, _ in _members(fx)][:2] == ["manifest.toml", "runtime.json"] and len(_members(fx)) > 2
+
+
+def _split_members(raw: bytes, pieces: int) -> bytes:
+    """The same tar stream re-written as `pieces` gzip members of about equal size."""
+    body = gzip.decompress(raw)  # every member (zlib.decompress stops after the first)
+    step = -(-len(body) // pieces)
+    return b"".join(gzip.compress(body[i:i + step], mtime=0) for i in range(0, len(body), step))
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 3, 7, 64])
+def test_any_split_into_gzip_members_loads(tmp_path, fx, pieces):
+    p = tmp_path / "m.tar.gz"
+    p.write_bytes(_split_members(fx.tar.read_bytes(), pieces))
+    load(p, trusted_keys=[fx.pub], backend=FakeBackend()).function("scale_f32")
+
+
+@pytest.mark.parametrize("tail", [b"\0" * 16, b"garbage!", b"\x1f\x8b\x08\0\0\0\0\0\0\xff", b"\x1f\x8b"])
+def test_junk_where_a_next_member_would_be_is_refused(tmp_path, fx, tail):
+    """A member boundary inside the tar stream followed by bytes that are not a gzip member: one line, exit 1."""
+    body = gzip.decompress(fx.tar.read_bytes())
+    p = tmp_path / "j.tar.gz"
+    p.write_bytes(gzip.compress(body[:1536], mtime=0) + tail)
+    with pytest.raises(ArtifactRefused) as exc:
+        load(p, trusted_keys=[fx.pub], backend=FakeBackend())
+    assert "\n" not in str(exc.value)
+    rc, _, err = cli("verify", p, "--key", fx.pub)
+    assert rc == 1 and one_line_error(err)
+
+
+def test_a_bomb_spread_over_many_members_is_capped(monkeypatch):
+    """The decompressed-size cap counts every member, not each one."""
+    from mamba_forge.runtime import sources
+
+    member = gzip.compress(bytes(1 << 20), mtime=0)
+    stream = io.BytesIO(member * 40)  # 40 MB of zeros in 40 members, ~40 KB compressed
+    inflater = sources._Inflater(stream, 8 << 20, "bundle test")
+    with pytest.raises(ArtifactRefused, match="decompresses to more than"):
+        while inflater.read(1 << 20):
+            pass
