@@ -133,9 +133,9 @@ def test_exact_fallback_casts_except_for_tf32(cat):
     r = RT.select(tbl, 5, 64, 64, "bf16", "bf16", "bf16", serves=exact_only.__contains__)
     assert r.cast and (r.a, r.c) == ("f32", "f32") and r.eq_class == "sm89-copyplan"  # the f32 route's order
     r = RT.select(tbl, 5, 64, 64, "bf16", "bf16", "bf16", bias=True, serves=exact_only.__contains__)
-    assert r.cast and r.symbol == "gemm_bi_f32_f32_decode_n64" and r.eq_class == "fma-chain"  # copyplan: no bias; M=5
-    r = RT.select(tbl, 9, 64, 64, "bf16", "bf16", "bf16", bias=True, serves=exact_only.__contains__)
-    assert r.symbol == "gemm_bi_f32_f32_skinny_n64" and r.eq_class == "fma-chain"  # past the decode rungs' M <= 8
+    assert r.cast and r.symbol == "gemm_bi_f32_f32_decode_n32" and r.eq_class == "fma-chain"  # copyplan: no bias; M=5
+    r = RT.select(tbl, 17, 64, 64, "bf16", "bf16", "bf16", bias=True, serves=exact_only.__contains__)
+    assert r.symbol == "gemm_bi_f32_f32_skinny_n64" and r.eq_class == "fma-chain"  # past the decode rungs' M <= 16
     r = RT.select(tbl, 5, 64, 64, "tf32", "tf32", "f32", serves=exact_only.__contains__)
     assert not r.cast
     assert RT.select(tbl, 5, 64, 64, "bf16", "bf16", "bf16").symbol == "gemm_bi_nn_sm100_tcgen_c4_bf16"

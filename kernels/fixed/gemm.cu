@@ -1,7 +1,7 @@
 // Portable batch-invariant inference GEMMs (NN: C [M,N] = A [M,K] B [K,N] (+ bias [N])) and matvecs.
 // Tiles, stages and dtypes come from kernels/fixed/gemm.toml; the implementations live in
 // mf/gemm_common.cuh (exact f32 FFMA), mf/skinny_f32.cuh (exact f32, skinny M), mf/decode_f32.cuh (exact f32,
-// M = 1..8 decode) and mf/mma_sm80.cuh (tensor cores).
+// M = 1..16 decode) and mf/mma_sm80.cuh (tensor cores).
 // The matvec is here.
 #include "mf/decode_f32.cuh"
 #include "mf/gemm_common.cuh"

@@ -1,4 +1,4 @@
-// Exact f32 decode GEMM (M = 1..8), NN layout, dense row-major: C [M,N] = A [M,K] B [K,N] (+ bias [N]).
+// Exact f32 decode GEMM (routed at M = 1..16; any M is served, MC rows per CTA), NN layout, dense row-major: C [M,N] = A [M,K] B [K,N] (+ bias [N]).
 //
 // Same arithmetic as every gemm_bi_f32_f32* symbol (mf/gemm_common.cuh ExactF32, mf/skinny_f32.cuh): per output
 // ONE FFMA chain acc = +0; for k = 0..K-1 ascending: acc = fmaf(A[m,k], B[k,n], acc); then, with a bias,
