@@ -15,6 +15,36 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+def cuda_mock(what: str, *, warp_fields: str = "", shared: str = "", includes: Sequence[str] = ()) -> str:
+    """The start of a host mock of the CUDA subset (force-included before the kernel source): the standard
+    headers, threadIdx/blockIdx/blockDim/gridDim, WarpCtx (its barrier plus `warp_fields`), g_warps, g_block_bar,
+    my_warp(), the qualifier macros (`__shared__` expands to `shared`: "static" where a kernel declares static
+    shared arrays), float4/uint4. The caller appends the intrinsics its kernels use."""
+    heads = ["barrier", "cmath", "cstdint", "cstring", "algorithm", "memory", "thread", "vector", *includes]
+    return "\n".join([
+        f"// CUDA subset for the host emulation of {what} (force-included before everything).",
+        "#pragma once",
+        *(f"#include <{h}>" for h in dict.fromkeys(heads)),
+        "using std::min; using std::max;",
+        "struct dim3_ { unsigned x = 1, y = 1, z = 1; };",
+        "inline thread_local dim3_ threadIdx, blockIdx;",
+        "inline dim3_ blockDim, gridDim;",
+        f"struct WarpCtx {{ std::barrier<>* bar; {warp_fields} }};",
+        "inline WarpCtx* g_warps = nullptr;",
+        "inline std::barrier<>* g_block_bar = nullptr;",
+        "#define __device__", "#define __host__", "#define __global__", "#define __forceinline__ inline",
+        "#define __launch_bounds__(...)", "#define __restrict__", f"#define __shared__ {shared}",
+        "#define __align__(n) __attribute__((aligned(n)))",
+        "struct uint4 { unsigned x, y, z, w; };",
+        "struct float4 { float x, y, z, w; };",
+        "inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }",
+        "inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }",
+        "inline int tid_linear() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }",
+        "inline WarpCtx& my_warp() { return g_warps[tid_linear() >> 5]; }",
+        "",
+    ])
+
+
 # launch(kernel, grid, block, args): every thread of a block runs the kernel; MF_EMU_THREAD_START (the mock may
 # define it) runs first in each thread.
 LAUNCH_CPP = r"""

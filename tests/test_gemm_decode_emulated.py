@@ -20,7 +20,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from host_emulation import LAUNCH_CPP, compile_emulator, entries_cpp
+from host_emulation import LAUNCH_CPP, compile_emulator, cuda_mock, entries_cpp
 
 from mamba_forge.catalog import expr
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
@@ -31,41 +31,7 @@ NAMES = sorted(n for n, s in CAT.symbols.items() if s.family == "gemm_bi_exact_f
 GUARD = 16  # NaN elements after C that no launch may touch
 SMEM_CAP = 256 * 1024
 
-_PRELUDE = r"""// CUDA subset for the host emulation of mf/decode_f32.cuh (force-included before everything).
-#pragma once
-#include <math.h>
-#include <atomic>
-#include <barrier>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <algorithm>
-#include <deque>
-#include <memory>
-#include <thread>
-#include <utility>
-#include <vector>
-using std::min; using std::max;
-struct dim3_ { unsigned x = 1, y = 1, z = 1; };
-inline thread_local dim3_ threadIdx, blockIdx;
-inline dim3_ blockDim, gridDim;
-struct WarpCtx { std::barrier<>* bar; };
-inline WarpCtx* g_warps = nullptr;
-inline std::barrier<>* g_block_bar = nullptr;
-#define __device__
-#define __host__
-#define __global__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __restrict__
-#define __shared__
-#define __align__(n) __attribute__((aligned(n)))
-struct uint4 { unsigned x, y, z, w; };
-struct float4 { float x, y, z, w; };
-inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
-inline int tid_linear() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
-inline WarpCtx& my_warp() { return g_warps[tid_linear() >> 5]; }
+_PRELUDE = cuda_mock("mf/decode_f32.cuh", includes=["math.h", "atomic", "deque", "utility"]) + r"""
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int) { std::abort(); return v; }  // unused by the decode kernel
 inline double __shfl_xor_sync(unsigned, double v, int) { std::abort(); return v; }

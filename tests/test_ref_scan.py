@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from host_emulation import LAUNCH_CPP, compile_emulator, entries_cpp
+from host_emulation import LAUNCH_CPP, compile_emulator, cuda_mock, entries_cpp
 
 from mamba_forge.catalog import expr
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
@@ -390,33 +390,7 @@ def test_references_write_every_declared_output_with_its_shape():
 # catalog specs and compared with the float64 references. It checks the kernels' indexing, chunking, scans and
 # reductions on the CPU (not bf16/f16 conversions, timing or the real warp hardware). Skips without g++ -std=c++20.
 
-_MOCK_COMMON = r"""// Host emulation of the CUDA subset the scan kernels use: one block at a time, one std::thread per CUDA thread,
-// std::barrier for warp shuffles / __syncwarp / __syncthreads. f32 only.
-#pragma once
-#include <barrier>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <algorithm>
-#include <memory>
-using std::min; using std::max;
-struct dim3_ { unsigned x = 1, y = 1, z = 1; };
-inline thread_local dim3_ threadIdx, blockIdx;
-inline dim3_ blockDim, gridDim;
-struct WarpCtx { std::barrier<>* bar; float vals[32]; };
-inline WarpCtx* g_warps = nullptr;
-inline std::barrier<>* g_block_bar = nullptr;
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __restrict__
-#define __shared__ static
-struct uint4 { unsigned x, y, z, w; };
-struct float4 { float x, y, z, w; };
-inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-inline int tid_linear() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
-inline WarpCtx& my_warp() { return g_warps[tid_linear() >> 5]; }
+_MOCK_COMMON = cuda_mock("the scan kernels", warp_fields="float vals[32];", shared="static") + r"""
 inline float shfl_impl(float v, int src) {
   WarpCtx& w = my_warp(); int lane = tid_linear() & 31;
   w.bar->arrive_and_wait(); w.vals[lane] = v; w.bar->arrive_and_wait();

@@ -17,42 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from host_emulation import LAUNCH_CPP, compile_emulator, entries_cpp
+from host_emulation import LAUNCH_CPP, compile_emulator, cuda_mock, entries_cpp
 
 from mamba_forge.references import optim as ro
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_PRELUDE = r"""// CUDA subset for the host emulation of kernels/fixed/optim.cu (force-included before everything).
-#pragma once
-#include <barrier>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <algorithm>
-#include <memory>
-#include <thread>
-#include <vector>
-using std::min; using std::max;
-struct dim3_ { unsigned x = 1, y = 1, z = 1; };
-inline thread_local dim3_ threadIdx, blockIdx;
-inline dim3_ blockDim, gridDim;
-struct WarpCtx { std::barrier<>* bar; double vals[2][32]; };
-inline WarpCtx* g_warps = nullptr;
-inline std::barrier<>* g_block_bar = nullptr;
-#define __device__
-#define __host__
-#define __global__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __restrict__
-#define __shared__ static
-struct uint4 { unsigned x, y, z, w; };
-struct float4 { float x, y, z, w; };
-inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
-inline int tid_linear() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
-inline WarpCtx& my_warp() { return g_warps[tid_linear() >> 5]; }
+_PRELUDE = cuda_mock("kernels/fixed/optim.cu", warp_fields="double vals[2][32];", shared="static") + r"""
 // One barrier per exchange: the two value banks alternate, and a lane can only write a bank again after every
 // lane has passed the next exchange's barrier, i.e. finished reading it.
 inline thread_local int t_bank = 0;

@@ -6,7 +6,8 @@
     launch(kernels.function("softplus_forward_bf16"), grid, block, (y, x, n))   # positional, for power users
 
 Order of checks in :func:`load`: signature against trusted keys (canonical table), the runtime table the signed
-body names (size and sha256; the manifest's TOML is read no further than its top-level keys), layout and expiry,
+body names (size and sha256; the manifest's TOML is read past its top-level keys only on the first load of those
+bytes on this machine, which proves the table is the body's projection: runtime/memo.py), layout and expiry,
 every artifact's presence and size (and completeness of a bundle), then the device: model name, compute
 capability, SM count, and a driver whose CUDA major is at least the qualifying one. Cubins load lazily, on the
 first function taken from them, from bytes whose size and sha256 are checked right before cuModuleLoadData.
