@@ -167,3 +167,13 @@ def test_a_memo_that_cannot_be_written_warns_and_loads(tmp_path, fx, cache_dir, 
         _load(fx, fx.manifest)
     notes = [r.getMessage() for r in caplog.records if "memo not written" in r.getMessage()]
     assert len(notes) == 1
+
+
+def test_verify_writes_the_memo_the_loader_takes(fx, cache_dir, monkeypatch):
+    """`mamba-forge verify` (the full path) pays the whole-body check once; the next load does not parse."""
+    open_verified(fx.tar, keys=_keys(fx))
+    calls = []
+    real = verify_mod._parse_body
+    monkeypatch.setattr(verify_mod, "_parse_body", lambda *a: calls.append(1) or real(*a))
+    load(fx.tar, trusted_keys=_keys(fx), default_keys=False, backend=FakeBackend())
+    assert calls == []
