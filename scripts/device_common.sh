@@ -6,6 +6,17 @@ export PYTHONUNBUFFERED=1 MAMBA_FORGE_CACHE=/tmp/mf-cache NCCL_NVLS_ENABLE=0
 mkdir -p -m 700 "$MAMBA_FORGE_CACHE"
 mkdir -p "$OUT"
 
+archive_results() {  # a session's results: steps log to /tmp/res (OUT from here on), and on exit that folder,
+  # with the benchmark tables, is packed into res.tar.gz in the caller's OUT (a call brings back at most 8 files)
+  RES=/tmp/res OUT_FINAL=$OUT
+  OUT=$RES
+  mkdir -p "$OUT"
+  trap 'cp benchmarks/results/*.md benchmarks/results/summary.json "$RES/" 2>/dev/null
+        tar -czf "$OUT_FINAL/res.tar.gz" -C /tmp res' EXIT
+}
+
+left() { echo $((DEADLINE - SECONDS)); }  # seconds of the call left (the caller sets DEADLINE)
+
 install_wheels() {  # install_wheels WHEEL_DIR: this package, editable, with wheels the machine lacks
   python3 -m pip install -q --no-index --find-links "$1" --no-build-isolation -e . >/tmp/install.log 2>&1 \
     || { tail /tmp/install.log; return 1; }

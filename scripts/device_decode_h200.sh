@@ -5,12 +5,9 @@
 # benchmarks/results/*.md and summary.json, copied back). Needs (carried): .whl, .peers (the mamba-ssm sdist:
 # Triton's selective_state_update is read from it). Results: $OUT/res.tar.gz.
 set -uo pipefail
-RES=/tmp/res
-OUT_FINAL=${OUT:-/tmp/out}
-OUT=$RES WHL=${WHL:-.whl}
+WHL=${WHL:-.whl}
 source "$(dirname "$0")/device_common.sh"
-pack() { cp benchmarks/results/*.md benchmarks/results/summary.json "$RES/" 2>/dev/null; tar -czf "$OUT_FINAL/res.tar.gz" -C /tmp res; }
-trap pack EXIT
+archive_results
 
 install_wheels "$WHL" || exit 1
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm --format=csv,noheader

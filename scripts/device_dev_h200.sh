@@ -5,15 +5,10 @@
 # Carried: .whl. Results: $OUT/res.tar.gz. Env: TESTS (test files), BENCHES (names of device_common.sh's bench),
 # DEADLINE.
 set -uo pipefail
-RES=/tmp/res
-OUT_FINAL=${OUT:-/tmp/out}
-OUT=$RES WHL=${WHL:-.whl}
+WHL=${WHL:-.whl}
 DEADLINE=${DEADLINE:-560}
 source "$(dirname "$0")/device_common.sh"
-pack() { cp benchmarks/results/*.md benchmarks/results/summary.json "$RES/" 2>/dev/null
-         tar -czf "$OUT_FINAL/res.tar.gz" -C /tmp res; }
-trap pack EXIT
-left() { echo $((DEADLINE - SECONDS)); }
+archive_results
 install_wheels "$WHL" || exit 1
 run build 240 mamba-forge build --arch sm_90a --out build -q -j 16
 (nice -n 10 python3 scripts/repro_loop.py --kernels 'gemm_bi_f32_f32*' --runs 12 -j 3 --keep /tmp/res/ptx \

@@ -4,11 +4,9 @@
 # once, the M=1 GEMM under ncu, and the NVRTC reproducibility loop (Fixed, ASLR on and off).
 # Carried: .whl, .bundle (h200.tar.gz = the committed bundle, sample.txt = the sampled symbols).
 set -uo pipefail
-RES=/tmp/res
-OUT_FINAL=${OUT:-/tmp/out}
-OUT=$RES WHL=${WHL:-.whl}
+WHL=${WHL:-.whl}
 source "$(dirname "$0")/device_common.sh"
-trap 'tar -czf "$OUT_FINAL/res.tar.gz" -C /tmp res' EXIT
+archive_results
 install_wheels "$WHL" || exit 1
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm --format=csv,noheader; nproc
 TAILN=14 run cold_start 90 python3 benchmarks/bench_cold_start.py --bundle .bundle/h200.tar.gz --key manifests/keys

@@ -9,15 +9,10 @@
 # FIRST_TESTS (test files run first),
 # DEADLINE (seconds of the call).
 set -uo pipefail
-RES=/tmp/res
-OUT_FINAL=${OUT:-/tmp/out}
-OUT=$RES WHL=${WHL:-.whl}
+WHL=${WHL:-.whl}
 DEADLINE=${DEADLINE:-570}
 source "$(dirname "$0")/device_common.sh"
-pack() { cp benchmarks/results/*.md benchmarks/results/summary.json "$RES/" 2>/dev/null
-         tar -czf "$OUT_FINAL/res.tar.gz" -C /tmp res; }
-trap pack EXIT
-left() { echo $((DEADLINE - SECONDS)); }
+archive_results
 
 install_wheels "$WHL" || exit 1
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm --format=csv,noheader
