@@ -21,7 +21,7 @@ from mamba_forge import __version__, safety
 from mamba_forge.errors import ForgeError, ManifestError
 from mamba_forge.fsio import write_atomic
 from mamba_forge.manifest import signing, toml_io
-from mamba_forge.manifest.schema import IndexEntry, ReleaseIndex
+from mamba_forge.manifest.schema import RESERVED_PATHS, IndexEntry, ReleaseIndex
 from mamba_forge.runtime.errors import LoadError
 from mamba_forge.runtime.sources import BUNDLE_MANIFEST, RUNTIME_TABLE, is_tar_path, sha256
 from mamba_forge.runtime.verify import Verified, open_verified
@@ -58,18 +58,18 @@ def bundle_files(v: Verified) -> list[tuple[str, bytes]]:
     return files
 
 
-def tar_bytes(files: list[tuple[str, bytes]], *, text_members: int = 0) -> bytes:
-    """A reproducible .tar.gz of the files, in the given order. The first `text_members` files (the manifest and
-    its runtime table) and their tar headers are one gzip member at level 9; the rest (the cubins) a second
-    member stored without compression (level 0). Inflating the cubins cost the loader ~25-35 ms of its 100 ms
+def tar_bytes(files: list[tuple[str, bytes]]) -> bytes:
+    """A reproducible .tar.gz of the files, in the given order (bundle_files'). The leading manifest and runtime
+    table and their tar headers are one gzip member at level 9; the rest (the cubins) a second member stored
+    without compression (level 0). Inflating the cubins cost the loader ~25-35 ms of its 100 ms
     cold start on the H200 host and the CPU machine (10 MB at level 9), stored they cost a copy and a CRC; the
     bundle grows from ~1.8 to ~8.7 MB. Both members are plain gzip (RFC 1952 allows several): tar, gzip and
     Python's tarfile read the file as one stream."""
     raw = io.BytesIO()
-    split = 0
+    split = None  # where the first artifact's header starts
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for i, (name, data) in enumerate(files):
-            if i == text_members:
+        for name, data in files:
+            if split is None and name not in RESERVED_PATHS:
                 split = raw.tell()
             info = tarfile.TarInfo(name)
             info.size, info.mtime, info.mode = len(data), 0, 0o644
@@ -78,7 +78,7 @@ def tar_bytes(files: list[tuple[str, bytes]], *, text_members: int = 0) -> bytes
             info.type = tarfile.REGTYPE
             tar.addfile(info, io.BytesIO(data))
     body = raw.getvalue()
-    split = split if 0 < text_members < len(files) else len(body)
+    split = len(body) if split is None else split
     out = io.BytesIO()
     for part, level in ((body[:split], 9), (body[split:], 0)):
         if part:
@@ -98,7 +98,7 @@ def write_bundle(manifest: Path, out: Path, *, keys, build: Path | None = None) 
               *((v.source.root / a.path) for a in v.manifest.artifacts if v.source.root is not None)]
     if is_tar_path(out):
         _check_output(out, inputs, "bundle")
-        return _write(out, tar_bytes(files, text_members=2 if v.runtime_table is not None else 1))
+        return _write(out, tar_bytes(files))
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BundleError(f"{out} exists and is not an empty folder; a folder bundle holds exactly its files")
     _check_output_dir(out.parent, "the folder of bundle")

@@ -205,11 +205,12 @@ def _table_record(head: dict, data: bytes, what: str, *, proven: bool = False) -
 
 
 def _check_projection(record: QualifiedManifest, table: bytes, document: bytes, what: str) -> None:  # type: ignore[valid-type]
-    """The runtime table must be exactly the projection of the parsed body; a pass is remembered (memo.py)."""
+    """The runtime table must be exactly the projection of the parsed body; a pass is remembered (memo.py)
+    under the table's sha256, which _bound_table checked against the signed head."""
     if runtime_table_bytes(record) != table:
         raise ManifestRefused(f"the runtime table of {what} is not the projection of its signed body; "
                               "re-sign the manifest")
-    memo.remember(document, sha256(table))
+    memo.remember(document, record.runtime_table_sha256)
 
 
 # ---- completeness -----------------------------------------------------------------------------------------
@@ -290,7 +291,7 @@ def open_verified(path: str | Path, *, keys: Mapping[str, Ed25519PublicKey], bui
     kind = _kind(head, what)
     table = _bound_table(head, source, what) if kind == "qualified" and any(k in head for k in RUNTIME_KEYS) else None
     if table is not None and not full_body:
-        proven = memo.seen(doc, sha256(table))
+        proven = memo.seen(doc, head[RUNTIME_KEYS[0]])  # the table's sha256, checked by _bound_table
         record = _table_record(head, table, what, proven=proven)
         if not proven:  # once per machine: the whole body, as `verify` checks it
             _check_projection(_record(_RECORDS[kind], _parse_body(body_bytes, what), what), table, doc, what)

@@ -56,6 +56,14 @@ def _load(fx, manifest):
     return load(manifest, trusted_keys=_keys(fx), default_keys=False, backend=FakeBackend())
 
 
+def _count_parses(monkeypatch) -> list:
+    """From now on, one entry per whole-body TOML parse (verify's _parse_body)."""
+    calls: list = []
+    real = verify_mod._parse_body
+    monkeypatch.setattr(verify_mod, "_parse_body", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
 def _outcome(call) -> str | None:
     try:
         call()
@@ -103,9 +111,7 @@ def test_the_projection_mismatch_is_named(tmp_path, fx, cache_dir):
 
 def test_a_memo_skips_the_body_parse_and_only_for_these_bytes(tmp_path, fx, cache_dir, monkeypatch):
     _load(fx, fx.manifest)  # checks the whole body, remembers
-    real = verify_mod._parse_body
-    calls = []
-    monkeypatch.setattr(verify_mod, "_parse_body", lambda *a: calls.append(1) or real(*a))
+    calls = _count_parses(monkeypatch)
     _load(fx, fx.manifest)
     assert calls == []  # the memo served
     body, _ = signing.split(fx.manifest.read_bytes())
@@ -120,9 +126,7 @@ def test_a_memo_naming_another_table_or_a_broken_entry_is_not_trusted(tmp_path, 
     doc = fx.manifest.read_bytes()
     key = memo._key(doc)
     cache = Cache(cache_dir)
-    calls = []
-    real = verify_mod._parse_body
-    monkeypatch.setattr(verify_mod, "_parse_body", lambda *a: calls.append(1) or real(*a))
+    calls = _count_parses(monkeypatch)
     cache.put(key, {memo.TABLE_PART: b"0" * 64})  # a memo for another runtime table
     _load(fx, fx.manifest)
     assert calls == [1]
@@ -140,9 +144,7 @@ def test_a_memo_naming_another_table_or_a_broken_entry_is_not_trusted(tmp_path, 
 
 
 def test_without_a_usable_cache_every_load_checks_the_whole_body(tmp_path, fx, monkeypatch, caplog):
-    calls = []
-    real = verify_mod._parse_body
-    monkeypatch.setattr(verify_mod, "_parse_body", lambda *a: calls.append(1) or real(*a))
+    calls = _count_parses(monkeypatch)
     unsafe = tmp_path / "open"
     unsafe.mkdir(mode=0o777)
     unsafe.chmod(0o777)
@@ -172,8 +174,6 @@ def test_a_memo_that_cannot_be_written_warns_and_loads(tmp_path, fx, cache_dir, 
 def test_verify_writes_the_memo_the_loader_takes(fx, cache_dir, monkeypatch):
     """`mamba-forge verify` (the full path) pays the whole-body check once; the next load does not parse."""
     open_verified(fx.tar, keys=_keys(fx))
-    calls = []
-    real = verify_mod._parse_body
-    monkeypatch.setattr(verify_mod, "_parse_body", lambda *a: calls.append(1) or real(*a))
+    calls = _count_parses(monkeypatch)
     load(fx.tar, trusted_keys=_keys(fx), default_keys=False, backend=FakeBackend())
     assert calls == []
