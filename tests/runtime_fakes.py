@@ -55,6 +55,44 @@ class FakeTorchTensor:
     def get_device(self) -> int:
         return self.device.index if self.is_cuda else -1
 
+    # ---- what runtime/gemm.py asks of a torch tensor beyond the contract's checks: shape, allocation, casts ----
+    @classmethod
+    def matrix(cls, *shape: int, dtype: str = "f32", **kw) -> FakeTorchTensor:
+        t = cls(int(np_prod(shape)), dtype, **kw)
+        t.shape = tuple(shape)
+        return t
+
+    shape: tuple[int, ...] = ()
+    ops: list | None = None  # the torch calls runtime/gemm.py made on this tensor (new_empty, float, copy_)
+
+    def _log(self, *op) -> None:
+        if self.ops is None:
+            self.ops = []
+        self.ops.append(op)
+
+    def new_empty(self, shape) -> FakeTorchTensor:
+        self._log("new_empty", tuple(shape), self.token)
+        return FakeTorchTensor.matrix(*shape, dtype=self.token)
+
+    def float(self) -> FakeTorchTensor:
+        self._log("float")
+        return FakeTorchTensor.matrix(*self.shape, dtype="f32")
+
+    def copy_(self, src) -> FakeTorchTensor:
+        self._log("copy_", src)
+        return self
+
+    @property
+    def token(self) -> str:
+        return next(k for k, v in TORCH_DTYPES.items() if v is self.dtype)
+
+
+def np_prod(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
 
 FakeTorchTensor.__module__ = "torch"
 
@@ -67,6 +105,7 @@ class FakeCAI:
         self.ptr = next(_addresses) if ptr is None else ptr
         self.__cuda_array_interface__ = {"data": (self.ptr, readonly), "shape": tuple(shape), "typestr": typestr,
                                          "strides": strides, "version": 3}
+        self.shape = tuple(shape)
         if cupy:
             self.device = FakeDevice("cuda", device)
             self.device.id = device

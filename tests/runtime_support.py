@@ -39,6 +39,18 @@ template <typename T> __device__ __forceinline__ void copy(T* __restrict__ y, co
   extern "C" __global__ void __launch_bounds__(128) NAME(T* __restrict__ y, const T* __restrict__ x, float a, long long n) { \
     tiny::scale<T>(y, x, a, n); \
   }
+// GEMM ABIs (kernels/fixed/gemm.toml, kernels/sm90a/wgmma.toml) for runtime/gemm.py's tests: never launched
+#define TINY_GEMM(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(128) NAME(T* __restrict__ C, const T* __restrict__ A, \
+      const T* __restrict__ B, const T* __restrict__ bias, int M, int N, int K) { \
+    if (threadIdx.x == 0 && M > 0 && N > 0) C[0] = bias ? bias[0] : tiny::from_f32<T>(tiny::to_f32(A[0]) * tiny::to_f32(B[0]) + K); \
+  }
+#define TINY_GEMM_TMA(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(128) NAME(const __grid_constant__ tiny::Blob128 tmA, \
+      const __grid_constant__ tiny::Blob128 tmB, T* __restrict__ C, const T* __restrict__ A, \
+      const T* __restrict__ B, int M, int N, int K) { \
+    if (threadIdx.x == 0 && M > 0) C[0] = tiny::from_f32<T>((float)(tmA.b[0] + tmB.b[0] + N + K) + tiny::to_f32(A[0])); \
+  }
 #define TINY_COPY(NAME, T) \
   extern "C" __global__ void __launch_bounds__(128) NAME(T* __restrict__ y, const T* __restrict__ x, long long n) { \
     tiny::copy<T>(y, x, n); \
@@ -56,6 +68,7 @@ template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+struct alignas(64) Blob128 { unsigned char b[128]; };  // a CUtensorMap's size and alignment
 }  // namespace tiny
 """
 
@@ -150,6 +163,64 @@ params = [
   { name = "n", type = "i64", value = "n" },
 ]
 qualify = { dims = { n = 4096 } }
+"""
+
+
+# GEMM rungs for runtime/gemm.py's tests: an exact-f32-like ABI with the optional bias (f32 and bf16, bf16 out),
+# and TMA rungs named as the skinny family (tile constants BN, blobs tmA/tmB) and as a family no map rule covers
+GEMM_TOML = """
+[[family]]
+name = "tiny_gemm"
+instantiate = "TINY_GEMM"
+variants = ["f32", "bf16"]
+launch = { block = 128, grid = ["ceil_div(N, 64)", "ceil_div(M, 64)"] }
+params = [
+  { name = "C", type = "ptr", dtype = "T", role = "out", shape = ["M * N"] },
+  { name = "A", type = "ptr", dtype = "T", shape = ["M * K"] },
+  { name = "B", type = "ptr", dtype = "T", shape = ["K * N"] },
+  { name = "bias", type = "ptr", dtype = "T", shape = ["N"] },
+  { name = "M", type = "i32", value = "M" },
+  { name = "N", type = "i32", value = "N" },
+  { name = "K", type = "i32", value = "K" },
+]
+qualify = { dims = { M = 64, N = 64, K = 64 } }
+
+[[family]]
+name = "gemm_bi_nn_sm90a_wgmma_skinny"
+instantiate = "TINY_GEMM_TMA"
+variants = ["bf16"]
+instances = [{ BM = 64, BN = 32 }, { BM = 64, BN = 64 }]
+symbol = "{name}_m{BM}n{BN}_{dtype}"
+args = ["T"]
+launch = { block = 128, grid = ["min(ceil_div(M, BM) * ceil_div(N, BN), 132)"] }
+params = [
+  { name = "tmA", type = "bytes", size = 128, align = 64 },
+  { name = "tmB", type = "bytes", size = 128, align = 64 },
+  { name = "C", type = "ptr", dtype = "T", role = "out", shape = ["M * N"] },
+  { name = "A", type = "ptr", dtype = "T", shape = ["M * K"] },
+  { name = "B", type = "ptr", dtype = "T", shape = ["K * N"] },
+  { name = "M", type = "i32", value = "M" },
+  { name = "N", type = "i32", value = "N" },
+  { name = "K", type = "i32", value = "K" },
+]
+qualify = { dims = { M = 64, N = 64, K = 64 }, prepare = "mamba_forge.gpu.tma:prepare_gemm_nn_skinny" }
+
+[[family]]
+name = "tiny_tma_unmapped"
+instantiate = "TINY_GEMM_TMA"
+variants = ["bf16"]
+launch = { block = 128, grid = ["ceil_div(N, 64)"] }
+params = [
+  { name = "tmA", type = "bytes", size = 128, align = 64 },
+  { name = "tmB", type = "bytes", size = 128, align = 64 },
+  { name = "C", type = "ptr", dtype = "T", role = "out", shape = ["M * N"] },
+  { name = "A", type = "ptr", dtype = "T", shape = ["M * K"] },
+  { name = "B", type = "ptr", dtype = "T", shape = ["K * N"] },
+  { name = "M", type = "i32", value = "M" },
+  { name = "N", type = "i32", value = "N" },
+  { name = "K", type = "i32", value = "K" },
+]
+qualify = { dims = { M = 64, N = 64, K = 64 }, prepare = "mamba_forge.gpu.tma:prepare_gemm_nn" }
 """
 
 

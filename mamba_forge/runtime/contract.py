@@ -128,11 +128,13 @@ class Contract:
         self._smem = int(symbol.dynamic_smem)
         self.packer = param_packer(params)
 
-    def bind(self, kwargs: dict, device: int = 0, locate=None) -> Bound:
+    def bind(self, kwargs: dict, device: int = 0, locate=None, null: str = "") -> Bound:
         """Check every argument against the contract and return the launch; raises LaunchRefused otherwise.
 
         device: the ordinal the kernels are loaded on. locate: optional callable address -> device ordinal, used
-        for a tensor whose object does not say its device (a Numba array); without it such a tensor is refused."""
+        for a tensor whose object does not say its device (a Numba array); without it such a tensor is refused.
+        null: the one pointer parameter that may be None (passed as address 0): a caller that knows the kernel
+        reads none there, as the GEMM rungs' optional bias (runtime/gemm.py); no dim comes from it."""
         name, get = self.symbol, kwargs.get
         values: list = [None] * len(self._plan)
         dims: list = [None] * len(self.dims)
@@ -147,6 +149,10 @@ class Contract:
                 continue
             seen += 1
             if how == _PTR:
+                if v is None and pname == null:
+                    values[i] = ("ptr", 0)
+                    numels[j] = -1  # no size to check; a dim that would come from it is asked for instead
+                    continue
                 if type(v) in _TORCH_TYPES and v.is_cuda and TORCH_DTYPE_TOKENS.get(v.dtype) == ptype \
                         and v.get_device() == device and v.is_contiguous():
                     if not owner:  # the torch fast path: what describe() would read, less the device object
@@ -188,7 +194,7 @@ class Contract:
                 if v is not _MISSING:
                     seen += 1
                     dims[k] = scalar_value("i64", v, f"dim {d} of {name}")
-                elif j >= 0:
+                elif j >= 0 and numels[j] >= 0:
                     dims[k] = numels[j]
                 else:
                     raise LaunchRefused(self._missing(ask, -1, d, kwargs))
@@ -212,7 +218,7 @@ class Contract:
             if type(g) is not int or not 1 <= g <= limit:
                 raise LaunchRefused(self._bad_grid(grid, dims))
         for have, count in zip(numels, out[ng:]):  # noqa: B905 - out continues with the derived scalars
-            if have < count:
+            if 0 <= have < count:  # have -1: the null pointer
                 raise LaunchRefused(self._too_small(numels, out[ng:], dims))
         if self._derived:
             self._bind_derived(values, out[ng + len(numels):], given_derived, dims)

@@ -108,8 +108,12 @@ class Kernel:
         if positional:
             raise LaunchRefused(f"{self.name} takes keyword arguments ({', '.join(self.contract.accepted)}); "
                                 "for positional arguments use launch(fn, grid, block, args)")
+        self._launch(kwargs, stream)
+
+    def _launch(self, kwargs: dict, stream, null: str = "") -> None:
+        """The keyword launch; `null`: the one pointer that may be None (contract.bind: the GEMM bias)."""
         bind, packer, resolve = self._call or self._compile()
-        b = bind(kwargs, self.ordinal, self._locate)
+        b = bind(kwargs, self.ordinal, self._locate, null)
         handle = resolve(stream, b.owner, b.ordinal)
         params = packer.fill([v for _, v in b.values])
         try:
@@ -149,6 +153,7 @@ class Kernels:
                 self._symbols[s.name] = s  # a serving record wins over a rejected/checked one
         self._modules: dict[str, object] = {}
         self._functions: dict[str, Kernel] = {}
+        self._gemm_routes: dict[tuple, tuple] = {}  # runtime/gemm.py: (M, N, K, dtypes, layout, ...) -> (route, Kernel)
         self._reported: set[str] = set()
         self.fallbacks: dict[str, str] = {}  # requested -> serving symbol, once followed
         self._families = index_families(self._symbols.values())
@@ -173,6 +178,14 @@ class Kernels:
 
         return select(self.manifest.routes, m, n, k, a, b or a, c or (b or a), layout, bias=bias, symbol=symbol,
                       serves=self._serves_name)
+
+    def gemm(self, A, B, out=None, *, bias=None, layout: str = "nn", math: str | None = None,
+             symbol: str | None = None, stream=None):
+        """C = op(A) op(B) (+ bias) through the rung gemm_route picks (mamba_forge.runtime.gemm): shapes give
+        M, N, K; the rung's tensor maps are built as it was qualified; bias may be None. Returns C."""
+        from mamba_forge.runtime.gemm import gemm
+
+        return gemm(self, A, B, out, bias=bias, layout=layout, math=math, symbol=symbol, stream=stream)
 
     def _serves_name(self, name: str) -> bool:
         s = self._symbols.get(name)

@@ -171,6 +171,31 @@ def test_wgmma_gemm_with_caller_built_tensor_maps(kernels):
     np.testing.assert_allclose(_np(C), ref, rtol=8e-3, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_kernels_gemm_routes_by_m_and_rows_do_not_depend_on_m(kernels, dtype):
+    """kernels.gemm: the route's rung at each M (skinny rungs at small M, their class's other rungs above), its
+    tensor maps built as qualified, bias None (null) and a bias; every M's rows are bitwise the M = 1000 rows."""
+    from mamba_forge.references.gemm import gemm_nn
+
+    tdt = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype]
+    N_, K = 392, 328
+    A, B = _rand((1000, K), -1, 1, tdt, 30), _rand((K, N_), -1, 1, tdt, 31)
+    bias = _rand((N_,), -1, 1, tdt, 32) if dtype == "f32" else None
+    full = kernels.gemm(A, B, bias=bias)
+    ref = gemm_nn({"A": _np(A), "B": _np(B), "M": 1000, "N": N_, "K": K}, {})["C"]
+    if bias is not None:
+        ref = ref + np.tile(_np(bias), 1000)
+    np.testing.assert_allclose(_np(full), ref, rtol=8e-3 if dtype == "bf16" else 1e-5, atol=2e-2 if dtype == "bf16" else 1e-4)
+    view = torch.int16 if dtype == "bf16" else torch.int32
+    served = set()
+    for m in (1, 3, 17, 64, 256):
+        out = torch.full((m, N_), float("nan"), dtype=tdt, device="cuda")
+        assert kernels.gemm(A[:m], B, out, bias=bias) is out
+        served.add(kernels.gemm_route(m, N_, K, dtype, bias=bias is not None).symbol)
+        assert torch.equal(out.view(view), full[:m].view(view)), f"{dtype} M={m}: rows differ from M=1000's"
+    assert len(served) >= 2, served  # more than one rung served: the check compared rungs, not one rung with itself
+
+
 def test_a_float_for_an_int_is_refused_and_the_context_stays_usable(kernels):
     from mamba_forge.runtime import LaunchRefused, launch
 

@@ -1,0 +1,214 @@
+"""One call for a routed GEMM: ``kernels.gemm(A, B, out=None, bias=None, layout="nn", math=None, stream=None)``.
+
+An engine should not have to know a rung's ABI to multiply two matrices: which rung serves (the route table, by
+(N, K, bias) for the class and M for the rung), which tensor maps a TMA rung reads and with which boxes (the
+skinny rungs' differ from the large tiles'), that a rung's bias pointer may be null, or that an exact-f32
+fallback needs casts. This module does those steps, in this order, and launches through the rung's checked
+keyword contract, so nothing reaches the GPU unchecked:
+
+1. the operands: 2-D tensors (``.shape``) that the contract's tensor rules accept (CUDA, this device, row-major
+   dense); their shapes fix (M, N, K) for the layout (nn: A[M,K] B[K,N]; nt: A[M,K] B[N,K]; tn: A[K,M] B[K,N]),
+   C is [M,N], bias [N] in C's dtype; dtypes bf16, f16, f32 (``math="tf32"``: f32 operands on the TF32 route);
+2. the rung: :func:`mamba_forge.runtime.routes.select` through ``Kernels.gemm_route`` (``symbol=`` names one,
+   the only way to reach a force rung); the rung itself serves, never a fallback of it (a fallback is another
+   class: the bits would depend on what was rejected);
+3. its by-value blobs: the family's tensor maps from the same prepare hook its catalog entry qualified with
+   (:data:`TENSOR_MAPS`, held to the catalog by tests/test_runtime_gemm.py), at this call's addresses and shape;
+4. the launch: the rung's keyword contract (runtime/contract.py) with M, N, K given, the bias pointer null when
+   there is none (the GEMM ABI's "none": kernels/fixed/gemm.toml, kernels/triad/*.toml).
+
+A route served with casts (an exact-f32 class for 16-bit operands, where the device has no 16-bit class) is run
+on f32 copies made by the operands' framework (torch only), then rounded into C by it. Empty products (M or N = 0)
+launch nothing. Standard library only; mamba_forge.gpu.tma (cuda-bindings) is imported when a rung takes tensor
+maps.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mamba_forge.runtime.errors import LaunchRefused
+from mamba_forge.runtime.routes import LAYOUTS
+from mamba_forge.runtime.tensors import TORCH_DTYPE_TOKENS, TORCH_TYPES, describe
+
+if TYPE_CHECKING:
+    from mamba_forge.runtime.loader import Kernel, Kernels
+
+# rung family -> the mamba_forge.gpu.tma prepare hook that builds its tensor maps (the family's qualify.prepare)
+TENSOR_MAPS = {
+    "gemm_bi_nn_sm90a_wgmma_skinny": "prepare_gemm_nn_skinny",
+    "gemm_bi_nn_sm90a_wgmma_ws2": "prepare_gemm_nn",
+    "gemm_bi_nn_sm90a_wgmma_wg1": "prepare_gemm_nn",
+    "gemm_bi_nn_sm90a_wgmma_ws2_tmastore": "prepare_gemm_nn_tmastore",
+    "gemm_bi_nt_sm90a_wgmma_ws2": "prepare_gemm_nt",
+    "gemm_bi_nt_sm90a_wgmma_ws2_tmastore": "prepare_gemm_nt_tmastore",
+    "gemm_bi_tn_sm90a_wgmma_ws2": "prepare_gemm_tn",
+    "gemm_bi_tn_sm90a_wgmma_ws2_tmastore": "prepare_gemm_tn_tmastore",
+    "gemm_bi_nt_sm90a_wgmma_tf32": "prepare_gemm_nt_tf32",
+    "gemm_bi_nn_sm100_tcgen_c4": "prepare_gemm_nn",
+    "gemm_bi_nn_sm120_tma": "prepare_padded_tiles_16bit",
+    "gemm_bi_nn_sm120_tma_f32out": "prepare_padded_tiles_16bit",
+    "gemm_bi_nn_sm120_tma_tf32_v1": "prepare_padded_tiles_f32",
+    "gemm_bi_nn_sm120_tma_tf32_v1_pair": "prepare_padded_tiles_f32",
+    "gemm_bi_nn_sm120_tma_tf32_v1_producer": "prepare_padded_tiles_f32",
+    "gemm_bi_nn_sm120_tma_fma_v1_fixed_nobias": "prepare_padded_tiles_f32",
+    "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias": "prepare_padded_tiles_f32",
+    "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias_k4": "prepare_padded_tiles_f32",
+    "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias_t256": "prepare_padded_tiles_f32",
+}
+STORED = ("bf16", "f16", "f32")
+BIAS = "bias"  # the GEMM ABI's optional pointer (null = none)
+CACHE_ENTRIES = 4096  # routes (per Kernels) and tensor maps; a full cache is emptied (decode reuses few shapes)
+
+
+def _matrix(x, what: str) -> tuple[int, int, str]:
+    """(rows, cols, dtype token) of a 2-D tensor argument; the contract checks device, density and the rest."""
+    shape = getattr(x, "shape", None)
+    if type(x) in TORCH_TYPES and (tok := TORCH_DTYPE_TOKENS.get(x.dtype)) is not None and len(shape) == 2:
+        return int(shape[0]), int(shape[1]), _stored(tok, what)  # the contract checks device and density
+    info = describe(x, what) if shape is not None else None
+    if info is None:
+        raise LaunchRefused(f"{what} of type {type(x).__name__} is not a tensor (torch, __cuda_array_interface__ "
+                            "or DLPack, with a .shape)")
+    shape = tuple(shape)
+    if len(shape) != 2 or not all(type(d) is int or hasattr(d, "__index__") for d in shape):
+        raise LaunchRefused(f"{what} has shape {shape}; a GEMM operand is a 2-D matrix")
+    return int(shape[0]), int(shape[1]), _stored(info.dtype, what)
+
+
+def _stored(tok: str, what: str) -> str:
+    if tok not in STORED:
+        raise LaunchRefused(f"{what} is {tok}; GEMM operands are {', '.join(STORED)}")
+    return tok
+
+
+def _dims(layout: str, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int, int]:
+    """(M, N, K) from the stored shapes of A and B; refuses a K that disagrees."""
+    (m, ka) = a if layout in ("nn", "nt") else a[::-1]
+    (kb, n) = b if layout in ("nn", "tn") else b[::-1]
+    if ka != kb:
+        want = {"nn": "A [M, K] and B [K, N]", "nt": "A [M, K] and B [N, K]", "tn": "A [K, M] and B [K, N]"}[layout]
+        raise LaunchRefused(f"{layout.upper()} GEMM: A is {a[0]} x {a[1]} and B is {b[0]} x {b[1]}: K differs "
+                            f"({ka} vs {kb}); {layout} takes {want}")
+    return m, n, ka
+
+
+def _is_torch(x) -> bool:
+    """A torch tensor (by its type's module: torch is never imported here)."""
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", math: str | None = None,
+         symbol: str | None = None, stream=None):
+    """C = op(A) op(B) (+ bias) through the rung the route table picks here; returns C (`out`, or a new tensor of
+    A's dtype when out is None and A is a torch tensor). See the module docstring for the steps and refusals."""
+    if layout not in LAYOUTS:
+        raise LaunchRefused(f"layout {layout!r} is not a GEMM layout ({', '.join(LAYOUTS)})")
+    if math not in (None, "tf32"):
+        raise LaunchRefused(f"math={math!r}: the one math option is 'tf32' (f32 operands, TF32 products); "
+                            "None runs each dtype's own route")
+    ar, ac, at = _matrix(A, "A")
+    br, bc, bt = _matrix(B, "B")
+    if at != bt:
+        raise LaunchRefused(f"A is {at} and B is {bt}; a GEMM route takes operands of one dtype")
+    if math == "tf32" and at != "f32":
+        raise LaunchRefused(f"math='tf32' takes f32 operands, not {at}")
+    M, N, K = _dims(layout, (ar, ac), (br, bc))
+    if out is None:
+        if not _is_torch(A):
+            raise LaunchRefused("out=None allocates C with torch; for other tensors pass out= (an M x N matrix)")
+        out = A.new_empty((M, N))
+    cr, cc, ct = _matrix(out, "out")
+    if (cr, cc) != (M, N):
+        raise LaunchRefused(f"out is {cr} x {cc}; this product is {M} x {N}")
+    if bias is not None:
+        shape = tuple(getattr(bias, "shape", ()))
+        info = describe(bias, "bias")
+        if info is None or len(shape) != 1 or int(shape[0]) != N or info.dtype != ct:
+            got = f"{info.dtype} of shape {shape}" if info is not None else type(bias).__name__
+            raise LaunchRefused(f"bias is {got}; it must be a vector of N = {N} {ct} elements (C's dtype)")
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        raise LaunchRefused(f"K = 0: the product is {M} x {N} zeros (+ bias) and no GEMM rung runs an empty "
+                            "reduction; fill C yourself")
+    a_tok = "tf32" if math == "tf32" else at
+    route, kern = _rung(kernels, (M, N, K, a_tok, ct, layout, bias is not None, symbol))
+    if not route.cast:
+        _launch(kern, A, B, out, bias, M, N, K, stream)
+        return out
+    if not all(_is_torch(x) for x in (A, B, out) + (() if bias is None else (bias,))):
+        raise LaunchRefused(f"{layout} {a_tok}x{a_tok}->{ct} is served here only by {route.symbol} on f32 copies "
+                            "(no 16-bit rung is admitted on this device); the casts need torch tensors")
+    a32, b32 = A.float(), B.float()
+    c32 = out if ct == "f32" else a32.new_empty((M, N))
+    bias32 = bias if bias is None or ct == "f32" else bias.float()
+    _launch(kern, a32, b32, c32, bias32, M, N, K, stream)
+    if c32 is not out:
+        out.copy_(c32)
+    return out
+
+
+def _rung(kernels: Kernels, key: tuple):
+    """(route, its Kernel) for (M, N, K, a, c, layout, bias, symbol): select() once per key (what serves is fixed
+    from load on, so the answer is too)."""
+    cache = kernels._gemm_routes
+    hit = cache.get(key)
+    if hit is None:
+        M, N, K, a, c, layout, bias, symbol = key
+        route = kernels.gemm_route(M, N, K, a, a, c, layout, bias=bias, symbol=symbol)
+        kern = kernels.function(route.symbol, follow_fallback=False)
+        if kern.name != route.symbol:  # never a fallback: another class would compute other bits
+            raise LaunchRefused(f"{route.symbol} is routed but {kern.name} would serve it")
+        if len(cache) >= CACHE_ENTRIES:
+            cache.clear()
+        hit = cache[key] = (route, kern)
+    return hit
+
+
+def _launch(kern: Kernel, A, B, C, bias, M: int, N: int, K: int, stream) -> None:
+    names = [p.name for p in kern.symbol.params]
+    kwargs = {"C": C, "A": A, "B": B, "M": M, "N": N, "K": K}
+    null = ""
+    if BIAS in names:
+        kwargs[BIAS] = bias
+        null = BIAS if bias is None else ""
+    elif bias is not None:  # select() refuses this; a named symbol= rung without a bias gets here
+        raise LaunchRefused(f"{kern.name} takes no bias")
+    blobs = [p.name for p in kern.symbol.params if p.kind == "blob"]
+    if blobs:
+        kwargs.update(_tensor_maps(kern, A, B, C, M, N, K, blobs))
+    kern._launch(kwargs, stream, null)
+
+
+def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs: list[str]) -> dict[str, bytes]:
+    hook = TENSOR_MAPS.get(kern.family)
+    if hook is None:
+        raise LaunchRefused(f"{kern.name} takes {', '.join(blobs)} but mamba_forge.runtime.gemm knows no tensor-map "
+                            f"rule for its family {kern.family}; launch it with its own maps")
+    ptrs = {n: x.data_ptr() if type(x) in TORCH_TYPES else describe(x, n).ptr for n, x in (("A", A), ("B", B), ("C", C))}
+    # a map is a pure function of the rung (its hook and tile), the addresses and the shape: cached on those
+    key = (kern.name, ptrs["A"], ptrs["B"], ptrs["C"], M, N, K)
+    hit = _MAPS.get(key)
+    if hit is not None:
+        return hit
+    from mamba_forge.gpu import tma
+
+    dims = {**kern.symbol.constants, "M": M, "N": N, "K": K}
+    try:
+        maps = getattr(tma, hook)(ptrs, {}, dims)
+    except tma.TmaError as exc:
+        raise LaunchRefused(f"{kern.name}: {exc}") from None
+    missing = [b for b in blobs if b not in maps]
+    if missing:
+        raise LaunchRefused(f"{kern.name}: {hook} built no {', '.join(missing)}")
+    if len(_MAPS) >= CACHE_ENTRIES:
+        _MAPS.clear()
+    out = _MAPS[key] = {b: maps[b] for b in blobs}
+    return out
+
+
+_MAPS: dict[tuple, dict[str, bytes]] = {}  # (rung, addresses, M, N, K) -> its tensor maps
+
+
+__all__ = ["TENSOR_MAPS", "gemm"]

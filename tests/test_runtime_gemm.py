@@ -1,0 +1,277 @@
+"""Kernels.gemm (mamba_forge/runtime/gemm.py) on the CPU: real signatures and cubins from the tiny catalog's GEMM
+rungs, a fake GPU backend, fake torch tensors, and cuTensorMapEncodeTiled replaced by a recorder. Proves the
+route's rung is the one launched, with M, N, K from the shapes, a null bias when there is none, the tensor maps
+its family qualified with, casts for an exact-f32 fallback; that every bad argument (generated below) is refused
+with nothing launched; and that the map-rule table is the catalog's own (every routed TMA family)."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from types import SimpleNamespace
+
+import pytest
+from runtime_fakes import FakeCAI
+from runtime_fakes import FakeTorchTensor as T
+from runtime_support import (
+    GEMM_TOML,
+    FakeBackend,
+    build_tiny,
+    keypair,
+    qualified_body,
+    write_tiny_catalog,
+    write_with_runtime_table,
+)
+
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.gpu import tma
+from mamba_forge.runtime import LaunchRefused, load
+from mamba_forge.runtime import gemm as rgemm
+
+SKINNY = "gemm_bi_nn_sm90a_wgmma_skinny"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_trust(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+
+
+@pytest.fixture(autouse=True)
+def fake_encode(monkeypatch):
+    """cuTensorMapEncodeTiled's stand-in: the 128 bytes spell (address, rows, cols, box columns, box rows)."""
+    calls = []
+
+    def encode(ptr, rows, cols, element_bytes, dtype, box, swizzle, l2, name):
+        calls.append((name, ptr, rows, cols, box))
+        return struct.pack("<QQQQQ", ptr, rows, cols, box[0], box[1]).ljust(tma.TMA_DESC_BYTES, b"\0")
+
+    monkeypatch.setattr(tma, "_encode_tiled", encode)
+    monkeypatch.setattr(rgemm, "_MAPS", {})
+    return calls
+
+
+def _routes():
+    bf16 = [{"symbol": f"{SKINNY}_m64n32_bf16", "eq_class": "k16", "m_min": 1, "m_max": 16, "needs": {"n": 8, "k": 8}},
+            {"symbol": f"{SKINNY}_m64n64_bf16", "eq_class": "k16", "needs": {"n": 8, "k": 8}},
+            {"symbol": "tiny_tma_unmapped_bf16", "eq_class": "", "mode": "force"}]
+    f32 = [{"symbol": "tiny_gemm_f32", "eq_class": "chain", "bias": True}]
+    bf16_f32out = [{"symbol": "tiny_gemm_bf16", "eq_class": "t", "bias": True}]
+    return [{"layout": "nn", "a": "bf16", "b": "bf16", "c": "bf16", "symbols": [r["symbol"] for r in bf16],
+             "rungs": bf16},
+            {"layout": "nn", "a": "f32", "b": "f32", "c": "f32", "symbols": ["tiny_gemm_f32"], "rungs": f32},
+            {"layout": "tn", "a": "f32", "b": "f32", "c": "f32", "symbols": ["tiny_gemm_f32"], "rungs": f32},
+            {"layout": "nt", "a": "bf16", "b": "bf16", "c": "bf16", "symbols": ["tiny_gemm_bf16"],
+             "rungs": bf16_f32out}]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemm")
+    cat = write_tiny_catalog(root / "cat", GEMM_TOML)
+    bm = build_tiny(cat, root / "build", root / "cache")
+    priv, pub, _ = keypair(root / "keys", "release")
+    body = qualified_body(bm, cat)
+    body["routes"] = _routes()
+    manifest = root / "build" / "h200.toml"
+    write_with_runtime_table(body, priv, manifest)
+    return SimpleNamespace(manifest=manifest, pub=pub)
+
+
+def _load(tiny):
+    fake = FakeBackend()
+    return load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake), fake
+
+
+def _by_name(k, rec) -> dict:
+    names = [p.name for p in k.symbol(rec["fn"]).params]
+    return dict(zip(names, rec["values"], strict=True))
+
+
+# ---- what launches ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("M,want", [(1, "m64n32"), (16, "m64n32"), (17, "m64n64"), (1000, "m64n64")])
+def test_the_route_picks_the_rung_and_its_family_builds_the_maps(tiny, fake_encode, M, want):
+    k, fake = _load(tiny)
+    A, B, C = T.matrix(M, 128, dtype="bf16"), T.matrix(128, 256, dtype="bf16"), T.matrix(M, 256, dtype="bf16")
+    assert k.gemm(A, B, C) is C
+    (rec,) = fake.launches
+    assert rec["fn"] == f"{SKINNY}_{want}_bf16"
+    v = _by_name(k, rec)
+    assert (v["M"], v["N"], v["K"]) == (("i32", M), ("i32", 256), ("i32", 128))
+    assert v["C"] == ("ptr", C.data_ptr()) and v["A"] == ("ptr", A.data_ptr()) and v["B"] == ("ptr", B.data_ptr())
+    # the maps are exactly what the family's qualify hook builds for these addresses and this shape
+    bn = 32 if want == "m64n32" else 64
+    hook = tma.prepare_gemm_nn_skinny({"A": A.data_ptr(), "B": B.data_ptr(), "C": C.data_ptr()}, {},
+                                      {"M": M, "N": 256, "K": 128, "BM": 64, "BN": bn})
+    assert v["tmA"] == ("bytes", hook["tmA"]) and v["tmB"] == ("bytes", hook["tmB"])
+    a_map = struct.unpack("<QQQQQ", v["tmA"][1][:40])
+    b_map = struct.unpack("<QQQQQ", v["tmB"][1][:40])
+    assert a_map[:3] == (A.data_ptr(), M, 128) and b_map[:3] == (B.data_ptr(), 128, 256)
+    assert b_map[3] == tma.skinny_b_box_cols(bn)  # the BN = 32 rung reads B through a 32-column box
+
+
+def test_bias_none_is_the_null_pointer_and_a_bias_is_passed(tiny):
+    k, fake = _load(tiny)
+    A, B, C, bias = T.matrix(3, 40, dtype="f32"), T.matrix(40, 24), T.matrix(3, 24), T.matrix(24)
+    k.gemm(A, B, C)
+    k.gemm(A, B, C, bias=bias)
+    none, given = (_by_name(k, r) for r in fake.launches)
+    assert none["bias"] == ("ptr", 0) and given["bias"] == ("ptr", bias.data_ptr())
+    assert fake.launches[0]["grid"] == (1, 1, 1) and none["K"] == ("i32", 40)
+
+
+def test_layouts_read_m_n_k_from_the_stored_shapes(tiny):
+    k, fake = _load(tiny)
+    k.gemm(T.matrix(40, 3), T.matrix(40, 24), T.matrix(3, 24), layout="tn")  # A is K x M
+    v = _by_name(k, fake.launches[0])
+    assert (v["M"], v["N"], v["K"]) == (("i32", 3), ("i32", 24), ("i32", 40))
+
+
+def test_a_16_bit_gemm_without_a_16_bit_rung_runs_on_f32_copies(tiny):
+    """nn f16 has no route here: the exact-f32 route serves it on torch's f32 copies, C rounded back by torch."""
+    k, fake = _load(tiny)
+    A, B, C = T.matrix(2, 16, dtype="f16"), T.matrix(16, 8, dtype="f16"), T.matrix(2, 8, dtype="f16")
+    bias = T.matrix(8, dtype="f16")
+    assert k.gemm(A, B, C, bias=bias) is C
+    (rec,) = fake.launches
+    assert rec["fn"] == "tiny_gemm_f32"
+    assert A.ops == [("float",)] and B.ops == [("float",)] and bias.ops == [("float",)]
+    (copy,) = C.ops
+    assert copy[0] == "copy_" and copy[1].token == "f32" and copy[1].shape == (2, 8)
+    v = _by_name(k, rec)
+    assert v["C"] == ("ptr", copy[1].data_ptr()) and v["C"] != ("ptr", C.data_ptr())
+    assert v["bias"] != ("ptr", bias.data_ptr()) and v["bias"] != ("ptr", 0)
+
+
+def test_out_none_allocates_with_torch_and_empty_products_launch_nothing(tiny):
+    k, fake = _load(tiny)
+    A, B = T.matrix(5, 16, dtype="f32"), T.matrix(16, 8)
+    C = k.gemm(A, B)
+    assert A.ops == [("new_empty", (5, 8), "f32")] and C.shape == (5, 8) and len(fake.launches) == 1
+    for m, n in ((0, 8), (5, 0)):
+        out = T.matrix(m, n)
+        assert k.gemm(T.matrix(m, 16), T.matrix(16, n), out) is out
+    assert len(fake.launches) == 1
+
+
+def test_a_force_rung_serves_by_name_only(tiny):
+    k, fake = _load(tiny)
+    A, B, C = T.matrix(4, 64, dtype="bf16"), T.matrix(64, 64, dtype="bf16"), T.matrix(4, 64, dtype="bf16")
+    k.gemm(A, B, C)
+    assert fake.launches[-1]["fn"] == f"{SKINNY}_m64n32_bf16"
+    with pytest.raises(LaunchRefused, match="knows no tensor-map rule for its family tiny_tma_unmapped"):
+        k.gemm(A, B, C, symbol="tiny_tma_unmapped_bf16")
+    assert len(fake.launches) == 1
+
+
+# ---- refusals: generated bad calls, each refused before a launch --------------------------------------------
+
+
+def _good():
+    return {"A": T.matrix(4, 64, dtype="bf16"), "B": T.matrix(64, 128, dtype="bf16"),
+            "out": T.matrix(4, 128, dtype="bf16")}
+
+
+def _bad_calls():
+    """(label, kwargs, message) for every class of bad argument, crossed with the operand it hits."""
+    for what, (shape, dtype) in itertools.product(("A", "B", "out"), [
+            ((64,), "bf16"), ((2, 2, 16), "bf16"), ((4, 64), "i32"), ((4, 64), "f64")]):
+        kw = _good()
+        kw[what] = T.matrix(*shape, dtype=dtype)
+        yield f"{what}-{len(shape)}d-{dtype}", kw, r"2-D matrix|GEMM operands are|shape"
+    for what, bad in itertools.product(("A", "B", "out"), [42, "A", None, b"\0" * 8, 3.5]):
+        if what == "out" and bad is None:
+            continue  # out=None allocates
+        kw = _good()
+        kw[what] = bad
+        yield f"{what}-{type(bad).__name__}", kw, "not a tensor"
+    for what, dev in itertools.product(("A", "B", "out"), [("cpu", None), ("cuda", 1)]):
+        kw = _good()
+        kw[what] = T.matrix(*kw[what].shape, dtype="bf16", device=dev)
+        yield f"{what}-on-{dev[0]}{dev[1]}", kw, "host memory|device|cpu|on cuda"
+    for what in ("A", "B", "out"):
+        kw = _good()
+        kw[what] = T.matrix(*kw[what].shape, dtype="bf16", contiguous=False)
+        yield f"{what}-strided", kw, "dense|contiguous|row-major"
+    kw = _good()
+    kw["B"] = T.matrix(63, 128, dtype="bf16")
+    yield "k-mismatch", kw, "K differs"
+    kw = _good()
+    kw["B"] = T.matrix(64, 128, dtype="f16")
+    yield "dtype-mix", kw, "one dtype"
+    for shape in ((4, 127), (3, 128), (128, 4)):
+        kw = _good()
+        kw["out"] = T.matrix(*shape, dtype="bf16")
+        yield f"out-{shape}", kw, "this product is 4 x 128"
+    for bias in (T.matrix(127, dtype="bf16"), T.matrix(128, dtype="f32"), T.matrix(1, 128, dtype="bf16"), 7):
+        kw = _good()
+        kw["bias"] = bias
+        yield f"bias-{getattr(bias, 'shape', bias)}", kw, "bias is"
+    yield "layout", {**_good(), "layout": "NN"}, "not a GEMM layout"
+    yield "math", {**_good(), "math": "fp8"}, "math="
+    yield "math-tf32-bf16", {**_good(), "math": "tf32"}, "takes f32 operands"
+    yield "k-zero", {"A": T.matrix(4, 0, dtype="bf16"), "B": T.matrix(0, 128, dtype="bf16"),
+                     "out": T.matrix(4, 128, dtype="bf16")}, "K = 0"
+    yield "cupy-out-none", {"A": FakeCAI((4, 64)), "B": FakeCAI((64, 128))}, "out=None allocates C with torch"
+    yield "misaligned-A", {**_good(), "A": T.matrix(4, 64, dtype="bf16", ptr=0x7E00_0000_0008)}, "16-byte aligned"
+
+
+BAD = list(_bad_calls())
+
+
+@pytest.mark.parametrize("label,kw,match", BAD, ids=[b[0] for b in BAD])
+def test_bad_arguments_are_refused_before_a_launch(tiny, label, kw, match):
+    k, fake = _load(tiny)
+    kw = dict(kw)
+    A, B = kw.pop("A"), kw.pop("B")
+    with pytest.raises((LaunchRefused, LookupError), match=match):
+        k.gemm(A, B, **kw)
+    assert fake.launches == []
+
+
+def test_no_route_is_a_lookup_error_naming_the_key(tiny):
+    k, fake = _load(tiny)
+    with pytest.raises(LookupError, match="nt f32xf32->f32"):
+        k.gemm(T.matrix(4, 16), T.matrix(8, 16), T.matrix(4, 8), layout="nt")
+    assert fake.launches == []
+
+
+# ---- the table against the real catalog ---------------------------------------------------------------------
+
+
+def test_the_map_rules_are_the_catalogs_prepare_hooks():
+    """Every GEMM rung family (auto and force) that takes blobs has a map rule here, and it is the hook its catalog
+    entry qualified with; every rung's bias is an optional [N] vector of C's dtype (the GEMM ABI's null = none)."""
+    cat = load_catalog(default_catalog_path())
+    seen: dict[str, str] = {}
+    for route in cat.routes:
+        for rung in route.rungs():
+            sym = cat.symbols[rung.symbol]
+            fam = cat.module(sym.module).family(sym.family)
+            if any(p.type == "bytes" for p in fam.params):
+                seen[fam.name] = fam.qualify.prepare
+            by = {p.name: p for p in fam.params}
+            if "bias" in by:
+                assert rung.bias and list(by["bias"].shape) == ["N"] and by["bias"].dtype == by["C"].dtype, sym.name
+    assert seen, "no TMA rungs in the catalog's routes?"
+    assert {f: f"mamba_forge.gpu.tma:{h}" for f, h in rgemm.TENSOR_MAPS.items()} == seen
+    for hook in rgemm.TENSOR_MAPS.values():
+        assert callable(getattr(tma, hook))
+
+
+def test_only_the_named_pointer_may_be_null_and_no_dim_comes_from_it(tiny):
+    """contract.bind's `null`: the GEMM path's bias only; the plain keyword call still refuses None, and a dim the
+    null pointer would have carried (N, from bias [N]) must then be given."""
+    k, fake = _load(tiny)
+    kern = k.function("tiny_gemm_f32")
+    A, B, C = T.matrix(2, 8), T.matrix(8, 4), T.matrix(2, 4)
+    with pytest.raises(LaunchRefused, match="bias of tiny_gemm_f32 of type NoneType is not a tensor"):
+        kern(C=C, A=A, B=B, bias=None, M=2, N=4, K=8)
+    with pytest.raises(LaunchRefused, match="A of tiny_gemm_f32 of type NoneType is not a tensor"):
+        kern._launch({"C": C, "A": None, "B": B, "bias": None, "M": 2, "N": 4, "K": 8}, None, "bias")
+    with pytest.raises(LaunchRefused, match="missing argument N"):
+        kern._launch({"C": C, "A": A, "B": B, "bias": None, "M": 2, "K": 8}, None, "bias")
+    assert fake.launches == []
+    kern._launch({"C": C, "A": A, "B": B, "bias": None, "M": 2, "N": 4, "K": 8}, None, "bias")
+    assert _by_name(k, fake.launches[0])["bias"] == ("ptr", 0)
