@@ -9,7 +9,9 @@ plus every buffer written (in/out buffers count twice; the tiny weight/bias/desc
 Baseline: torch's copy of half those bytes (a copy reads and writes each byte, so it moves the same total).
 Timing: CUDA events around each launch, 3 warm-up launches, median of --reps (at least 20). Ratio = kernel
 GB/s / copy GB/s. Prints a table and appends rows to benchmarks/results/conv_optim.md (date, GPU, kernel,
-shape, GB/s, copy GB/s, ratio). The goal is a ratio >= 0.85 for the conv1d forwards and AdamW.
+shape, GB/s, copy GB/s, ratio) and records to benchmarks/results/summary.json (benchmarks/summary.py, as
+bench_conv1d.py writes them: ours = GB/s, baseline = copy GB/s, speedup = the ratio). The goal is a ratio >= 0.85
+for the conv1d forwards and AdamW (and >= 0.70 for the conv1d backward, bench_conv1d.py's goal for the same records).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import summary  # benchmarks/summary.py
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +30,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 SIZES = {"f32": 4, "bf16": 2, "f16": 2}
 CONV = {"batch": 4, "d": 4096, "L": 4096, "width": 4}
+# family -> goal (a fraction of the copy's bandwidth): the docstring's 0.85 for the conv1d forwards and AdamW, and
+# bench_conv1d.py's 0.70 for conv1d_bwd_tiled (its records have the same symbol, shape and dtype as ours).
+# grad_sumsq_partial has no goal: goal "" and met = at least the copy's bandwidth (parity with the baseline, as
+# bench_scan.py encodes its goal-less rows).
+GOALS = {"conv1d_burnin_forward_nosave_tiled": 0.85, "conv1d_burnin_forward_tiled": 0.85, "conv1d_bwd_tiled": 0.70,
+         "adamw_step": 0.85, "adamw_step_capturable": 0.85, "adamw_step_multi": 0.85}
 
 
 def device_values(count: int, dtype: str, lo: float = -1.0, hi: float = 1.0):
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
     ap.add_argument("--only", default="", help="run only kernels whose name contains this")
     ap.add_argument("--params", type=int, default=200, help="millions of parameters for AdamW and the norm")
-    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/conv_optim.md")
+    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/conv_optim.md or summary.json")
     a = ap.parse_args(argv)
     if a.reps < 20:
         ap.error("--reps must be at least 20")
@@ -159,10 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     import cupy as cp  # device arrays and their memory pool only; kernels launch through mamba_forge.gpu
     from gpu_support import kernels
 
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
     from mamba_forge.gpu import driver as cu
 
     k = kernels()
     gpu = cu.Device(0).info().name
+    syms = {s.name: s for s in load_catalog(default_catalog_path()).module("Fixed").symbols}  # family and dtype
     rows = []
     print(f"{'kernel':42} {'shape':22} {'MB':>9} {'us':>9} {'GB/s':>7} {'copy GB/s':>10} {'ratio':>6}")
     for name, shape, moved, setup in conv_cases(k) + optim_cases(k, a.params):
@@ -174,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         cp.get_default_memory_pool().free_all_blocks()
         tc = copy_seconds(moved // 2, a.reps)
         r = {"kernel": name, "shape": shape, "mb": moved / 1e6, "us": t * 1e6, "gbs": moved / t / 1e9,
-             "copy_gbs": moved / tc / 1e9, "ratio": tc / t}
+             "copy_gbs": moved / tc / 1e9, "ratio": tc / t, "family": syms[name].family,
+             "dtype": syms[name].dtype or "-"}
         rows.append(r)
         print(f"{name:42} {shape:22} {r['mb']:9.1f} {r['us']:9.1f} {r['gbs']:7.0f} {r['copy_gbs']:10.0f} "
               f"{r['ratio']:6.2f}")
@@ -192,7 +204,23 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(f"| {date} | {gpu} | {r['kernel']} | {r['shape']} | {r['gbs']:.0f} | {r['copy_gbs']:.0f} | "
                         f"{r['ratio']:.2f} |\n")
         print(f"appended {len(rows)} rows to {out.relative_to(ROOT)}")
+        summary.append(summary_records(rows, gpu))
+        print(f"appended {len(rows)} records to {summary.SUMMARY.relative_to(ROOT)}")
     return 0
+
+
+def summary_records(rows: list[dict], gpu: str) -> list[dict]:
+    """summary.json records for main()'s rows: bandwidth against the copy of the same bytes (speedup = the ratio of
+    the two bandwidths); the goal from GOALS by family."""
+    recs = []
+    for r in rows:
+        goal = GOALS.get(r["family"])
+        recs.append(summary.record(
+            family=r["family"], symbol=r["kernel"], shape=r["shape"], dtype=r["dtype"], ours=round(r["gbs"], 1),
+            baseline=round(r["copy_gbs"], 1), baseline_name="torch device-to-device copy, same bytes", unit="GB/s",
+            goal="" if goal is None else f">= {goal} of copy bandwidth",
+            met=r["ratio"] >= (1.0 if goal is None else goal), gpu=gpu, speedup=round(r["ratio"], 3)))
+    return recs
 
 
 if __name__ == "__main__":

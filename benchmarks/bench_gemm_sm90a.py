@@ -1,7 +1,8 @@
 """Hopper wgmma GEMM benchmark: every TriadSm90a rung against torch.matmul (cuBLAS) in the same run, bf16 and f16.
 
 CUDA-event timing, warm-up first, median of --iters (>= 20) launches on random data; prints a table and appends
-rows (date, GPU, symbol, shape, TFLOP/s, ratio to cuBLAS) to benchmarks/results/gemm_sm90a.md. Not a test.
+rows (date, GPU, symbol, shape, TFLOP/s, ratio to cuBLAS) to benchmarks/results/gemm_sm90a.md and records (ms
+against cuBLAS, goal >= 0.9x cuBLAS; summary_records below) to benchmarks/results/summary.json. Not a test.
 
     python benchmarks/bench_gemm_sm90a.py [--iters 30] [--dtype bf16] [--shapes 4096x4096x4096,8192x8192x8192]
 """
@@ -15,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from summary import append, record  # benchmarks/summary.py
 from timing import median_ms  # benchmarks/timing.py
 
 from mamba_forge.build.builder import BuildRequest, build
@@ -29,6 +31,7 @@ RESULTS = Path(__file__).parent / "results" / "gemm_sm90a.md"
 HEADER = ("| date | GPU | symbol | layout | M | N | K | ms | TFLOP/s | cuBLAS TFLOP/s | ratio |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 DEFAULT_SHAPES = "4096x4096x4096,8192x8192x8192,16384x4096x2048"
+GOAL = 0.9  # large bf16/f16 tensor-core GEMMs: >= 0.9x cuBLAS (benchmarks/results/README.md)
 
 
 def layout_of(name: str) -> str:
@@ -114,7 +117,8 @@ def main() -> None:
                 ref = torch.matmul(A if lay != "tn" else A.t(), B if lay != "nt" else B.t())
                 rel = float((C.float() - ref.float()).norm() / ref.float().norm())
                 ok = "" if rel < 1e-2 else f" WRONG (rel err {rel:.2e})"
-                row = (date, gpu, name, lay, M, N, K, ms, flops / ms / 1e9, flops / ms_ref / 1e9, ms_ref / ms)
+                row = (date, gpu, name, lay, M, N, K, ms, flops / ms / 1e9, flops / ms_ref / 1e9, ms_ref / ms, ms_ref,
+                       sym.family, rel < 1e-2)  # the table writes the first 11; the summary records use the rest
                 rows.append(row)
                 print(f"{name:48s} {lay} {M:6d} {N:6d} {K:6d}  {ms:8.3f} ms  {row[8]:7.1f} TFLOP/s  "
                       f"cuBLAS {row[9]:7.1f}  ratio {row[10]:.3f}{ok}")
@@ -127,6 +131,19 @@ def main() -> None:
             fh.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.3f} | {r[8]:.1f} | "
                      f"{r[9]:.1f} | {r[10]:.3f} |\n")
     print(f"wrote {len(rows)} rows to {RESULTS}")
+    records = summary_records(rows, gpu)
+    if records:
+        append(records)
+        print(f"recorded {len(records)} results in benchmarks/results/summary.json")
+
+
+def summary_records(rows: list[tuple], gpu: str) -> list[dict]:
+    """summary.json records for main()'s rows: ms against cuBLAS in the rung's dtype and layout (the symbol names
+    both); a rung whose result failed the sanity check is recorded as not met, so it supersedes an older record."""
+    return [record(family=family, symbol=name, shape=f"M{M}xN{N}xK{K}", dtype=name.rsplit("_", 1)[1],
+                   ours=round(ms, 5), baseline=round(ms_ref, 5), baseline_name="cuBLAS (torch)", unit="ms",
+                   goal=f">={GOAL}x cuBLAS", met=ok and ratio >= GOAL, gpu=gpu)
+            for _date, _gpu, name, _lay, M, N, K, ms, _tf, _tf_ref, ratio, ms_ref, family, ok in rows]
 
 
 if __name__ == "__main__":

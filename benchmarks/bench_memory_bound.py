@@ -10,7 +10,9 @@ each byte, so it moves the same total). Timing: CUDA events around each launch, 
 (a widening cast, an f32 += bf16) move a traffic mix a copy does not; for those the same operation in torch on
 the same sizes is timed too (`peer`: torch time / ours, > 1 = we are faster), to tell a kernel's shortfall from
 the memory system's. Rows are appended to benchmarks/results/memory_bound.md (date, GPU, kernel, shape, GB/s,
-ratio, peer).
+ratio, peer) and records to benchmarks/results/summary.json (benchmarks/summary.py, as bench_conv1d.py writes
+them: ours = GB/s, baseline = copy GB/s, speedup = the ratio, goal >= 0.85 of the copy; the torch peer stays in
+the table).
 Conv1d forward and AdamW kernels, where the catalog has them, run at their own qualification shapes.
 """
 
@@ -22,6 +24,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import summary  # benchmarks/summary.py
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +53,9 @@ TORCH_PEERS = {
     "cast_f32_to_bf16": ("copy_", "bfloat16", "float32"),
     "residual_add_f32_bf16": ("add_", "float32", "bfloat16"),
 }
+# Every kernel here, the catalog's conv1d forwards and AdamW included: >= 0.85 of the copy's bandwidth
+# (benchmarks/results/README.md; bench_conv1d.py and bench_conv_optim.py hold those two families to the same).
+GOAL = 0.85
 SCALAR_NP = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64, "f32": np.float32, "f64": np.float64}
 
 
@@ -130,14 +136,15 @@ def bench_one(k, fixed, name: str, dims: dict[str, int], reps: int) -> dict:
         peer = tp / t
     shape = " ".join(f"{k_}={v}" for k_, v in dims.items())
     return {"kernel": name, "shape": shape, "bytes": moved, "us": t * 1e6, "gbs": moved / t / 1e9,
-            "copy_gbs": moved / tc / 1e9, "ratio": tc / t, "peer": peer}
+            "copy_gbs": moved / tc / 1e9, "ratio": tc / t, "peer": peer, "family": sym.family,
+            "dtype": sym.dtype or "-"}  # the casts and the like declare no single dtype
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
     ap.add_argument("--only", default="", help="run only kernels whose name contains this")
-    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/memory_bound.md")
+    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/memory_bound.md or summary.json")
     a = ap.parse_args(argv)
     if a.reps < 20:
         ap.error("--reps must be at least 20")
@@ -183,7 +190,21 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(f"| {date} | {gpu} | {r['kernel']} | {r['shape']} | {r['bytes'] / 1e6:.1f} | {r['us']:.1f} | "
                         f"{r['gbs']:.0f} | {r['copy_gbs']:.0f} | {r['ratio']:.2f}{peer} |\n")
         print(f"appended {len(rows)} rows to {out}")
+        if rows:
+            summary.append(summary_records(rows, gpu))
+            print(f"appended {len(rows)} records to {summary.SUMMARY.relative_to(ROOT)}")
     return 0
+
+
+def summary_records(rows: list[dict], gpu: str) -> list[dict]:
+    """summary.json records for bench_one's rows: bandwidth against the copy of the same bytes (speedup = the
+    ratio of the two bandwidths)."""
+    return [summary.record(family=r["family"], symbol=r["kernel"], shape=r["shape"], dtype=r["dtype"],
+                           ours=round(r["gbs"], 1), baseline=round(r["copy_gbs"], 1),
+                           baseline_name="torch device-to-device copy, same bytes", unit="GB/s",
+                           goal=f">= {GOAL} of copy bandwidth", met=r["ratio"] >= GOAL, gpu=gpu,
+                           speedup=round(r["ratio"], 3))
+            for r in rows]
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Selective-scan benchmark: ours (kernels/fixed/scan.cu) against mamba-ssm 2.3.2.post1 in the same run (H200).
 
     bash benchmarks/peers/build_mamba_ssm.sh      # once per machine (~2.5 min); optional
-    python benchmarks/bench_scan.py [--quick]     # table on stdout, rows appended to benchmarks/results/scan.md
+    python benchmarks/bench_scan.py [--quick] [--no-write]  # table; rows to results/scan.md, records to summary.json
 
 Cases (bf16 in, f32 state, delta_softplus, D, z, delta_bias):
   * forward: ours ssm_parallel_scan_fwd_nosave_bf16 (and the saving training forward) vs selective_scan_cuda.fwd;
@@ -10,6 +10,8 @@ Cases (bf16 in, f32 state, delta_softplus, D, z, delta_bias):
 Timing: CUDA events, warm-up, median of repeats. Checks: ours against the float64 reference on a subset of
 channels (the kernels are per-channel, so any subset checks the full launch), and bitwise repeatability of every
 output. Floors: bytes moved at the measured copy bandwidth, and one exp per (b, d, l, n) on the SFUs.
+Records (benchmarks/summary.py, summary_records below): ms against the peer; goals <= 1.0x mamba-ssm forward time
+(both forwards), <= 0.9x its fwd+bwd time (the fold), <= 1.0x Triton time (decode step).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import datetime as _dt
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,10 +29,17 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 
-import torch  # noqa: E402
+from summary import append as summary_append  # noqa: E402  (benchmarks/summary.py)
+from summary import record  # noqa: E402
 from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
 
 from mamba_forge.references import scan as ref  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported by the functions that use it, not here: tests/test_benchmark_records.py imports this module
+# (summary_records) on a machine without torch.
 
 REPS = 20  # timed launches per figure (median)
 
@@ -37,6 +47,26 @@ RESULTS = ROOT / "benchmarks" / "results" / "scan.md"
 FWD_SHAPES = [(8, 2048, 2048, 16), (4, 4096, 4096, 16)]
 PEER_ANCHOR = {(8, 2048, 2048, 16): (0.585, 3.042), (4, 4096, 4096, 16): (1.151, 6.048)}  # anchors.md (ms)
 DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+PEER_FWD = "mamba-ssm 2.3.2.post1 selective_scan_cuda.fwd"
+PEER_FWD_BWD = "mamba-ssm 2.3.2.post1 selective_scan_cuda fwd + bwd"
+PEER_DECODE = "mamba-ssm Triton selective_state_update (graphs)"  # bench_decode_step.BASELINE: the same records
+# case -> (family, launched symbol, goal, most ours / peer time that meets it, baseline name). The fwd+bwd cases
+# time our saving forward + the backward + the fixed-order reductions against the peer's fwd + bwd; they are keyed
+# by their backward symbol, the launch that tells the two apart. The plain (W=4) backward has no goal of its own
+# (the fold is the training path): goal "" and met = parity with mamba-ssm (ours <= peer), so its record still
+# says whether it keeps up. The decode rows are the records bench_decode_step.py writes for its current symbol
+# (same symbol, shape, dtype, baseline and goal): whichever script ran last holds them.
+SUMMARY_CASES = {
+    "fwd nosave": ("ssm_parallel_scan_fwd_nosave", "ssm_parallel_scan_fwd_nosave_bf16",
+                   "<=1.0x mamba-ssm forward time", 1.0, PEER_FWD),
+    "fwd save": ("ssm_parallel_scan_fwd", "ssm_parallel_scan_fwd_bf16", "<=1.0x mamba-ssm forward time", 1.0, PEER_FWD),
+    "fwd+bwd": ("ssm_parallel_scan_bwd", "ssm_parallel_scan_bwd_bf16", "", 1.0, PEER_FWD_BWD),
+    "fwd+bwd fold": ("ssm_parallel_scan_bwd_fold", "ssm_parallel_scan_bwd_fold_bf16", "<=0.9x mamba-ssm fwd+bwd time",
+                     0.9, PEER_FWD_BWD),
+    "decode step (graph)": ("ssm_step_forward_fused", "ssm_step_forward_fused_bf16", "<=1.0x Triton time", 1.0,
+                            PEER_DECODE),
+}
 
 
 def p(t: torch.Tensor | None) -> np.uint64:
@@ -47,6 +77,8 @@ def p(t: torch.Tensor | None) -> np.uint64:
 
 def time_graph_ms(fn, inner=20, reps=20) -> float:
     """Median time per call of `fn` replayed from a CUDA graph holding `inner` calls."""
+    import torch
+
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -62,6 +94,8 @@ def time_graph_ms(fn, inner=20, reps=20) -> float:
 
 
 def copy_bandwidth() -> float:
+    import torch
+
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
     ms = median_ms(lambda: y.copy_(x), REPS)
@@ -79,12 +113,15 @@ class Ours:
 
     def bind(self, name, grid, block, args):
         """A zero-argument launcher with the parameters packed once (the timed loop pays only the launch)."""
+        import torch
         from gpu_support import bind
 
         return bind(self.ops.fn(name), grid, block, args, stream=torch.cuda.current_stream)
 
 
 def make_inputs(b, d, L, n, seed=0):
+    import torch
+
     g = torch.Generator(device="cuda").manual_seed(seed)
     bf = torch.bfloat16
 
@@ -97,6 +134,8 @@ def make_inputs(b, d, L, n, seed=0):
 
 
 def ours_forward(o: Ours, x, save: bool):
+    import torch
+
     b, d, L = x["u"].shape
     n = x["A_log"].shape[1]
     ref.check_launch("ssm_parallel_scan_fwd", {"batch": b, "d_inner": d, "d_state": n, "L": L}, o.cap)
@@ -114,6 +153,8 @@ def ours_forward(o: Ours, x, save: bool):
 
 
 def ours_backward(o: Ours, x, saved, fold: bool):
+    import torch
+
     b, d, L = x["u"].shape
     n = x["A_log"].shape[1]
     w = 8 if fold else 4
@@ -179,6 +220,8 @@ def _nerr(got, want) -> float:
 
 
 def bitwise_repeat(fn, outs: dict, runs=5) -> bool:
+    import torch
+
     fn()
     torch.cuda.synchronize()
     first = {k: v.clone() for k, v in outs.items() if v is not None}
@@ -203,9 +246,11 @@ def floors_ms(b, d, L, n, bw_bytes, sms):
 
 
 def main() -> int:
+    import torch
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="first forward shape and 3 decode batches only")
-    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--no-write", action="store_true", help="print only: no scan.md rows, no summary records")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.cuda.get_device_properties(0)
@@ -227,11 +272,14 @@ def main() -> int:
     _print(rows, gpu)
     if not a.no_write:
         _write(rows, gpu)
+        summary_append(summary_records(rows, gpu))
     return 0 if all(r[4] for r in rows) else 1
 
 
 def _seq_case(o: Ours, ssc, shape_t, bw, sms):
     """Forward and forward+backward rows for one (batch, d_inner, L, d_state)."""
+    import torch
+
     b, d, L, n = shape_t
     rows = []
     x = make_inputs(b, d, L, n)
@@ -280,6 +328,8 @@ def _seq_case(o: Ours, ssc, shape_t, bw, sms):
 
 
 def _decode_case(o: Ours, ssu, bsz, bw, d=2048, n=16, r=128):
+    import torch
+
     g = torch.Generator(device="cuda").manual_seed(bsz)
     bf = torch.bfloat16
 
@@ -350,6 +400,18 @@ def _print(rows, gpu):
     for case, shape, t, tp, ok, floor, anchor in rows:
         ratio = "-" if tp is None else f"{t / tp:.3f}"
         print(f"{case:<20} {shape:<24} {t:9.4f} {_fmt(tp):>9} {ratio:>7} {_fmt(anchor):>7}  {'yes' if ok else 'NO':<5} {floor}")
+
+
+def summary_records(rows, gpu: str) -> list[dict]:
+    """benchmarks/results/summary.json records for the rows main() builds (case, shape, ours ms, peer ms or None,
+    ok, floors, anchor): ms, bf16, met only with the peer timed in this run and every check passed."""
+    recs = []
+    for case, shape, t, tp, ok, _floor, _anchor in rows:
+        family, symbol, goal, most, peer = SUMMARY_CASES[case]
+        recs.append(record(family=family, symbol=symbol, shape=shape.replace(" ", "x"), dtype="bf16", ours=t,
+                           baseline=tp, baseline_name=peer, unit="ms", goal=goal,
+                           met=tp is not None and ok and t <= most * tp, gpu=gpu))
+    return recs
 
 
 def _write(rows, gpu):

@@ -2,7 +2,8 @@
 check builds (run on the H200; the CC 12.x numbers need a CC 12.x GPU). Per symbol: median ms, TFLOP/s, and the
 ratio to its cp.async twin (bf16/f16 -> gemm_bi_nn_fixed_sm89_tc128_s3_v1, TF32 -> the Ada RNA tile, exact f32 ->
 the Sm120 copyplan tile), with a bitwise check against the twin so a fast wrong kernel cannot post a number.
-Appends rows to benchmarks/results/sm120_tma.md. Not a test.
+Appends rows to benchmarks/results/sm120_tma.md and records (ms against the twin; summary_records below) to
+benchmarks/results/summary.json. Not a test.
 
     python benchmarks/bench_sm120_tma.py [--iters 30] [--shapes 4096x4096x4096,1024x4096x4096]
 """
@@ -15,6 +16,7 @@ import math
 import sys
 from pathlib import Path
 
+from summary import append, record  # benchmarks/summary.py
 from timing import median_ms  # benchmarks/timing.py
 
 from mamba_forge.gpu import tma
@@ -28,6 +30,7 @@ HEADER = ("| date | GPU | symbol | M | N | K | ms | TFLOP/s | twin | twin ms | r
 MODULES = ("Sm120", "TriadSm89Half", "TriadSm89Tf32Joint")
 TWINS = {"half": "gemm_bi_nn_fixed_sm89_tc128_s3_v1_{dtype}", "tf32": "gemm_bi_nn_fixed_sm89_rna_tf32_v1_m128n96_bk32_s3",
          "fma": "gemm_bi_nn_fixed_sm120_f32_n64_copyplan_v1"}
+DTYPES = {"half": "bf16", "tf32": "tf32", "fma": "f32"}  # the math of each kind as run here (no _f16 symbol is run)
 
 
 def kind_of(name: str) -> str:
@@ -91,7 +94,8 @@ def main() -> None:
             same = torch.equal((C.to(Ct.dtype) if C.dtype != Ct.dtype else C).view(torch.int16 if Ct.dtype == torch.bfloat16
                                else torch.int32), Ct.view(torch.int16 if Ct.dtype == torch.bfloat16 else torch.int32))
             flag = "" if same else "  NOT BITWISE EQUAL TO THE TWIN"
-            rows.append((date, gpu, name, M, N, K, ms, flops / ms / 1e9, twin, ms_t, ms_t / ms))
+            rows.append((date, gpu, name, M, N, K, ms, flops / ms / 1e9, twin, ms_t, ms_t / ms, cat.symbols[name].family,
+                         same))  # the table writes the first 11; the summary records use the rest
             print(f"{name:58s} {M:5d} {N:5d} {K:5d} {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s  twin {ms_t:8.3f} ms"
                   f"  ratio {ms_t / ms:.3f}{flag}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +107,22 @@ def main() -> None:
             fh.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]:.3f} | {r[7]:.1f} | {r[8]} | "
                      f"{r[9]:.3f} | {r[10]:.3f} |\n")
     print(f"wrote {len(rows)} rows to {RESULTS}")
+    records = summary_records(rows, gpu)
+    if records:
+        append(records)
+        print(f"recorded {len(records)} results in benchmarks/results/summary.json")
+
+
+def summary_records(rows: list[tuple], gpu: str) -> list[dict]:
+    """summary.json records for main()'s rows: ms against the cp.async twin. No goal is stated for these tiles, and
+    on the H200 they run as sm_90a check builds (the CC 12.x figures need a CC 12.x GPU): goal "" and met = bitwise
+    equal to the twin and at least as fast (ours <= twin time), the parity encoding bench_scan.py gives its
+    goal-less rows; a tile that differs from its twin is never met."""
+    return [record(family=family, symbol=name, shape=f"M{M}xN{N}xK{K}", dtype=DTYPES[kind_of(name)],
+                   ours=round(ms, 5), baseline=round(ms_t, 5),
+                   baseline_name=f"{twin} (cp.async twin, same math; sm_90a check build)", unit="ms", goal="",
+                   met=same and ratio >= 1.0, gpu=gpu)
+            for _date, _gpu, name, M, N, K, ms, _tflops, twin, ms_t, ratio, family, same in rows]
 
 
 if __name__ == "__main__":
