@@ -6,7 +6,9 @@ mamba-ssm 2.3.2.post1's Triton selective_state_update, all inside CUDA graphs, i
 Shape: d_inner 2048, d_state 16, dt_rank 128 (as bench_scan.py's decode rows), batch 1..256 (--quick: 1, 16, 256);
 f32 state updated in place, bf16 u/dt/z/x_dbl/out, f32 A_log/dt_bias/D, dt_softplus, D and z. Triton gets
 A = -exp(A_log) precomputed and B, C as strided views of x_dbl (what a Mamba decode loop passes it).
-Timing: `--inner` steps (default 20) captured in one CUDA graph, median of 20 replays, per step. Checks per symbol
+Timing: `--inner` steps (default 20) captured in one CUDA graph per contender (ours and Triton), then `--rounds`
+interleaved rounds (default 9), each timing every graph (median of 5 replays) in an order rotated per round; the
+median over rounds, per step (interleaved_ms: one contender timed in a block let clock drift rank). Checks per symbol
 and batch: out and state of one step against the float64 reference, and the step repeated from the same state
 bitwise equal. Floor: the bytes one step moves (state read + written, A_log, x_dbl, u/dt/z/out, dt_bias, D) at the
 torch device-copy bandwidth measured in the same run.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -30,9 +33,10 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
-from bench_scan import _nerr, _peer_ssu, copy_bandwidth, f64, p, time_graph_ms  # noqa: E402
+from bench_scan import _nerr, _peer_ssu, copy_bandwidth, f64, p  # noqa: E402
 from summary import append as summary_append  # noqa: E402
 from summary import record  # noqa: E402
+from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
 
 from mamba_forge.references import scan as ref  # noqa: E402
 
@@ -89,7 +93,7 @@ def step_bytes(b: int) -> int:
     return (b * D * N * 4 * 2 + D * N * 4 + b * (R + 2 * N) * 2 + 4 * b * D * 2 + 2 * D * 4)
 
 
-def decode_batch(o: DecodeOps, ssu, names: list[str], bsz: int, inner: int):
+def decode_batch(o: DecodeOps, ssu, names: list[str], bsz: int, inner: int, rounds: int):
     g = torch.Generator(device="cuda").manual_seed(bsz)
     bf = torch.bfloat16
 
@@ -104,7 +108,7 @@ def decode_batch(o: DecodeOps, ssu, names: list[str], bsz: int, inner: int):
     want = ref.ssm_step_forward_fused(
         {"state": f64(s0).ravel(), "u": f64(u).ravel(), "dt": f64(dt).ravel(), "dt_bias": f64(dt_bias),
          "A_log": f64(A_log).ravel(), "x_dbl": f64(x_dbl).ravel(), "Dp": f64(Dp), "z": f64(z).ravel()}, dims)
-    res = {}
+    res, graphs = {}, {}
     for name in names:
         state = s0.clone()
         out = torch.empty(bsz, D, dtype=bf, device="cuda")
@@ -123,17 +127,50 @@ def decode_batch(o: DecodeOps, ssu, names: list[str], bsz: int, inner: int):
             torch.cuda.synchronize()
             rep = rep and torch.equal(out.view(torch.int16), o1.view(torch.int16)) and \
                 torch.equal(state.view(torch.int32), st1.view(torch.int32))
-        t = time_graph_ms(fn, inner=inner)
+        graphs[name] = (capture_graph(fn, inner), (state, out))  # the buffers live as long as the graph
         ok = rep and err_out <= 1e-2 and err_state <= 2e-5  # bf16 out, f32 state (tests/gpu/test_scan.py's bounds)
-        res[name] = dict(ms=t, ok=ok, err_out=err_out, err_state=err_state, grid=sp.grid, block=sp.block)
-        del state, out
-    t_peer = None
+        res[name] = dict(ok=ok, err_out=err_out, err_state=err_state, grid=sp.grid, block=sp.block)
     if ssu is not None:
         state = s0.clone()
         A = -torch.exp(A_log)
         Bv, Cv = x_dbl[:, R:R + N], x_dbl[:, R + N:]
-        t_peer = time_graph_ms(lambda: ssu(state, u, dt, A, Bv, Cv, Dp, z, dt_bias, True), inner=inner)
-    return res, t_peer
+        graphs[PEER] = (capture_graph(lambda: ssu(state, u, dt, A, Bv, Cv, Dp, z, dt_bias, True), inner), (state,))
+    times = interleaved_ms({k: g for k, (g, _) in graphs.items()}, inner, rounds)
+    for name in names:
+        res[name]["ms"] = times[name]
+    return res, times.get(PEER)
+
+
+PEER = "triton"
+
+
+def capture_graph(fn, inner: int):
+    """`inner` calls of fn captured in one CUDA graph (after warm-up on a side stream); the graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    return g
+
+
+def interleaved_ms(graphs: dict, inner: int, rounds: int, reps: int = 5) -> dict[str, float]:
+    """ms per step of each graph: `rounds` rounds, each timing every graph (median of `reps` replays) in an order
+    rotated by one per round; the median over rounds. Timing each contender in one block, as before, let the
+    GPU's clock and the order decide the ranking: the same kernel under two names measured 1.75 and 1.94 us at
+    batch 1 in one run (2026-12-01), more than the gaps it had to rank."""
+    keys = list(graphs)
+    per: dict[str, list[float]] = {k: [] for k in keys}
+    for r in range(rounds):
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            per[k].append(median_ms(graphs[k].replay, reps, warmup=2) / inner)
+    return {k: statistics.median(v) for k, v in per.items()}
 
 
 def main() -> int:
@@ -141,6 +178,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="batches 1, 16, 256 only")
     ap.add_argument("--no-write", action="store_true", help="print only: no scan.md rows, no summary records")
     ap.add_argument("--inner", type=int, default=20, help="steps captured per CUDA graph")
+    ap.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds (median over rounds)")
     a = ap.parse_args()
     dev = torch.cuda.get_device_properties(0)
     gpu = dev.name
@@ -155,7 +193,7 @@ def main() -> int:
     batches = [1, 16, 256] if a.quick else BATCHES
     rows = []
     for bsz in batches:
-        res, tp = decode_batch(o, ssu, names, bsz, a.inner)
+        res, tp = decode_batch(o, ssu, names, bsz, a.inner, a.rounds)
         rows.append((bsz, res, tp, step_bytes(bsz) / bw * 1e3))
     _print(rows, names)
     if not a.no_write:
