@@ -20,6 +20,7 @@ import datetime
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from summary import append, record  # benchmarks/summary.py
 from timing import copy_seconds, median_ms_queued  # benchmarks/timing.py
@@ -27,6 +28,8 @@ from timing import copy_seconds, median_ms_queued  # benchmarks/timing.py
 from mamba_forge.catalog import expr
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.gpu import tma
+from mamba_forge.qualify.assemble import route_table
+from mamba_forge.runtime.routes import select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from gpu_support import bind, build_modules, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
@@ -42,6 +45,8 @@ WG_LARGE = "gemm_bi_nn_sm90a_wgmma_ws2_m128n256_s4"
 F32_SKINNY = ("gemm_bi_f32_f32_skinny_n64", "gemm_bi_f32_f32_skinny_n32")
 F32_DECODE = ("gemm_bi_f32_f32_decode_n64", "gemm_bi_f32_f32_decode_n32")  # mf/decode_f32.cuh, routed at M <= 8
 F32_LARGE = "gemm_bi_f32_f32_s2"
+F32_ROUTED = ("gemm_bi_f32_f32_async_m128n128_bk16_s3", "gemm_bi_f32_f32_n128_s2")  # the f32 route's large-M rungs
+ROUTE_FAMILY = "gemm_route"  # summary rows for the rung the route table serves at each (M, N, K)
 
 
 def build_symbols(names: list[str]):
@@ -78,6 +83,21 @@ def launcher(torch, cat, found, name, A, B, C, bias=None):
     return bind(fn, grid_of(cat, sym, M, N, K), sym.block, args, smem=sym.dynamic_smem, stream=stream)
 
 
+def route_records(table, found, times: dict, dt: str, M: int, N: int, K: int, ms_ref: float, gpu: str) -> list[dict]:
+    """The issue's figure for this (M, N, K): the rung the route table serves here (every built rung serving, as
+    on a device that admitted them all), timed above; symbol "nn <dt> route -> <rung>" so each M's pick shows."""
+    rung = select(table, M, N, K, dt, dt, dt, "nn", serves=lambda s: s in found).symbol
+    if rung not in times:
+        print(f"     route picks {rung}, not timed here")
+        return []
+    ms = times[rung]
+    headline = M == 1 and (N, K) == (8192, 8192)
+    goal = ">=1.0x cuBLAS" if headline else ">=0.9x cuBLAS"
+    return [record(family=ROUTE_FAMILY, symbol=f"nn {dt} route", shape=f"M{M}xN{N}xK{K}", dtype=dt,
+                   ours=round(ms, 5), baseline=round(ms_ref, 5), baseline_name=f"cuBLAS (torch); served by {rung}",
+                   unit="ms", goal=goal, met=ms_ref / ms >= (1.0 if headline else 0.9), gpu=gpu)]
+
+
 def check(torch, name, C, A, B, tol):
     ref = A.double() @ B.double()
     rel = float((C.double() - ref).norm() / ref.norm().clamp_min(1e-30))
@@ -104,8 +124,10 @@ def main() -> None:
     gpu = props.name
     dtypes = ["bf16", "f32"] + ([] if args.quick else ["f16"])
     wanted = [f"{n}_{d}" for n in (*WG_SKINNY, WG_LARGE) for d in ("bf16", "f16")]
-    wanted += [*F32_DECODE, *F32_SKINNY, F32_LARGE, "matvec_bi_bf16_bf16", "matvec_bi_f16_f16", "matvec_bi_f32_f32"]
+    wanted += [*F32_DECODE, *F32_SKINNY, F32_LARGE, *F32_ROUTED, "matvec_bi_bf16_bf16", "matvec_bi_f16_f16",
+               "matvec_bi_f32_f32"]
     cat, found = build_symbols(wanted)
+    table = route_table(cat.routes, [SimpleNamespace(name=n, status="admitted") for n in found])
 
     copy_s = copy_seconds(1 << 30, 20)
     copy_tbs = 2 * (1 << 30) / copy_s / 1e12
@@ -116,7 +138,7 @@ def main() -> None:
         tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dt]
         esz = 4 if dt == "f32" else 2
         if dt == "f32":
-            ours = [*F32_DECODE, *F32_SKINNY, F32_LARGE]
+            ours = [*F32_DECODE, *F32_SKINNY, F32_LARGE, *F32_ROUTED]
         else:
             ours = [f"{n}_{dt}" for n in (*WG_SKINNY, WG_LARGE)]
         mv = f"matvec_bi_{dt}_{dt}"
@@ -131,11 +153,11 @@ def main() -> None:
                 ms_ref = median_ms_queued(lambda A=A, B=B: A @ B, iters)
                 nbytes = (M * K + K * N + M * N) * esz
                 names = ours + ([mv] if M == 1 else [])
-                best = None
+                best, times = None, {}
                 for name in names:
                     C = torch.empty((M, N), dtype=tdt, device="cuda")
                     run = launcher(torch, cat, found, name, A, B, C)
-                    ms = median_ms_queued(run, iters)
+                    ms = times[name] = median_ms_queued(run, iters)
                     check(torch, name, C, A, B, tol)
                     gbs = nbytes / ms / 1e6
                     row = (date, gpu, dt, name, M, N, K, ms, gbs, ms_ref, ms_ref / ms, gbs / 1e3 / copy_tbs)
@@ -161,6 +183,7 @@ def main() -> None:
                     del C
                 if best is not None:
                     print(f"     best skinny/decode {best[0]}: x{ms_ref / best[1]:.2f} cuBLAS")
+                recs.extend(route_records(table, found, times, dt, M, N, K, ms_ref, gpu))
             del B
             torch.cuda.empty_cache()
     if args.no_record:

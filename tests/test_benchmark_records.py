@@ -343,3 +343,36 @@ def test_append_merges_by_symbol_shape_dtype_latest_winning(tmp_path):
     with pytest.raises(ValueError, match="lacks"):
         summary.append([{k: v for k, v in first[0].items() if k != "goal"}], path)
     assert json.loads(path.read_text()) == merged  # a bad record writes nothing
+
+
+# ---- bench_decode_gemm: the routed rung's figure per (M, N, K) ------------------------------------------------
+
+
+def test_decode_gemm_route_records_follow_the_route_table():
+    """The record for each M is the time of the rung the catalog's route table serves there (all built rungs
+    serving), with the rung named; met against >=0.9x cuBLAS (>=1.0x at the M = 1, 8192^2 headline)."""
+    from types import SimpleNamespace
+
+    import bench_decode_gemm as bdg
+
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+
+    cat = load_catalog(default_catalog_path())
+    names = [f"{n}_bf16" for n in (*bdg.WG_SKINNY, bdg.WG_LARGE)] + [*bdg.F32_DECODE, *bdg.F32_SKINNY, *bdg.F32_ROUTED]
+    names = [n for n in names if n in cat.symbols]
+    found = dict.fromkeys(names)
+    table = bdg.route_table(cat.routes, [SimpleNamespace(name=n, status="admitted") for n in found])
+    picks = {}
+    for dt in ("bf16", "f32"):
+        for m in (1, 16, 17, 64, 65, 256):
+            times = {n: 0.010 for n in names}
+            (r,) = bdg.route_records(table, found, times, dt, m, 8192, 8192, 0.0095, GPU)
+            fields_ok([r])
+            assert r["family"] == bdg.ROUTE_FAMILY and r["symbol"] == f"nn {dt} route" and r["shape"] == f"M{m}xN8192xK8192"
+            picks[dt, m] = r["baseline_name"].split("served by ")[1]
+            assert r["met"] is (m != 1)  # 0.95x cuBLAS: meets 0.9x, not the headline's 1.0x
+    assert picks["f32", 1] == picks["f32", 16] != picks["f32", 17]  # the decode rung up to its M range, then not
+    assert picks["bf16", 64] != picks["bf16", 65]
+    assert all(p in names for p in picks.values())
+    # a pick that was not timed gives no record (never another rung's time)
+    assert bdg.route_records(table, found, {}, "bf16", 1, 8192, 8192, 0.01, GPU) == []
