@@ -16,7 +16,8 @@ GPU part (with torch, a GPU and --bundle [--key], a signed bundle holding softpl
 path on torch tensors: keyword ``kernels.function(name)(y=y, x=x)`` (bind + torch's current stream + pack +
 cuLaunchKernel), positional ``launch(fn, grid, block, (y, x, n))`` (typed_params + pack + launch) and raw
 cuLaunchKernel of the same function with parameters packed once, CPU microseconds per enqueue, synchronised per
-batch.
+batch. And kernels.gemm at M = 1 (bf16 8192 x 8192) against the keyword call of the rung it routes to, maps
+prebuilt (gemm_records): what routing adds per call.
 Records go to benchmarks/results/summary.json (benchmarks/summary.py).
 """
 
@@ -41,6 +42,9 @@ from mamba_forge.runtime.args import positional_typer, typed_params  # noqa: E40
 from mamba_forge.runtime.contract import contract  # noqa: E402
 
 KEYWORD_GOAL_US, POSITIONAL_GOAL_US = 15.0, 5.0
+# kernels.gemm: the keyword launch's budget plus 10 us for what it adds (2-D shape checks, the cached route, the
+# cached tensor maps); a decode step's M = 1 projection takes ~15-40 us on the GPU, so more would show in eager mode
+GEMM_GOAL_US = KEYWORD_GOAL_US + 10.0
 
 
 def per_call_us(fn, batches: int, calls: int, clock=time.thread_time) -> float:
@@ -158,12 +162,37 @@ def gpu_records(bundle: Path, key: Path | None, batches: int, calls: int) -> lis
     shape = f"n={n}"
     common = {"family": "softplus_forward", "shape": shape, "dtype": "f32", "baseline": round(raw_us, 3),
               "baseline_name": "raw cuLaunchKernel", "unit": "us/call (CPU)", "gpu": gpu}
-    return [
+    return gemm_records(kernels, timed, gpu) + [
         summary.record(symbol=f"{name}:keyword-launch", ours=round(kw_us, 3), goal=f"<= {KEYWORD_GOAL_US} us",
                        met=kw_us <= KEYWORD_GOAL_US, **common),
         summary.record(symbol=f"{name}:positional-launch", ours=round(pos_us, 3), goal=f"<= {POSITIONAL_GOAL_US} us",
                        met=pos_us <= POSITIONAL_GOAL_US, **common),
     ]
+
+
+def gemm_records(kernels, timed, gpu: str) -> list[dict]:
+    """kernels.gemm at M = 1 (bf16, 8192 x 8192: the decode projection) against the keyword call of the rung it
+    routes to with its tensor maps built once: what routing, the shape checks and the map cache add per call."""
+    import torch
+
+    from mamba_forge.runtime import gemm as rgemm
+
+    M, N, K = 1, 8192, 8192
+    A = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+    B = torch.randn(K, N, device="cuda").to(torch.bfloat16)
+    C = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    kern = kernels.function(kernels.gemm_route(M, N, K, "bf16").symbol, follow_fallback=False)
+    kw = {"C": C, "A": A, "B": B, "M": M, "N": N, "K": K}
+    blobs = [p.name for p in kern.symbol.params if p.kind == "blob"]
+    if blobs:
+        kw.update(rgemm._tensor_maps(kern, A, B, C, M, N, K, blobs))
+    gemm_us, rung_us = timed(lambda: kernels.gemm(A, B, C)), timed(lambda: kern(**kw))
+    torch.testing.assert_close(C.float(), (A.double() @ B.double()).float(), rtol=2e-2, atol=0.5)
+    print(f"kernels.gemm M={M} N={N} K={K} bf16 ({kern.name}): {gemm_us:.2f} us; its keyword call {rung_us:.2f} us")
+    return [summary.record(family="gemm_route", symbol="nn bf16 route:kernels.gemm", shape=f"M{M}xN{N}xK{K}",
+                           dtype="bf16", ours=round(gemm_us, 3), baseline=round(rung_us, 3),
+                           baseline_name=f"the keyword call of {kern.name}, maps prebuilt", unit="us/call (CPU)",
+                           goal=f"<= {GEMM_GOAL_US} us", met=gemm_us <= GEMM_GOAL_US, gpu=gpu)]
 
 
 def main() -> None:
