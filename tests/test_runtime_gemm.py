@@ -215,6 +215,21 @@ def _bad_calls():
                      "out": T.matrix(4, 128, dtype="bf16")}, "K = 0"
     yield "cupy-out-none", {"A": FakeCAI((4, 64)), "B": FakeCAI((64, 128))}, "out=None allocates C with torch"
     yield "misaligned-A", {**_good(), "A": T.matrix(4, 64, dtype="bf16", ptr=0x7E00_0000_0008)}, "16-byte aligned"
+    yield "negative-shape", {**_good(), "A": _shaped(T.matrix(4, 64, dtype="bf16"), (-4, 64))}, "2-D matrix"
+    # out sharing bytes with an input: the same buffer, the last byte of one against the first of the other
+    for what, off in itertools.product(("A", "B"), (0, -2, 2)):
+        kw = _good()
+        src = kw[what]
+        kw["out"] = T.matrix(4, 128, dtype="bf16", ptr=src.data_ptr() + off + (src.numel() * 2 - 2 if off < 0 else 0))
+        yield f"out-overlaps-{what}{off:+d}", kw, f"out overlaps {what}"
+    kw = _good()
+    kw["bias"] = T.matrix(128, dtype="bf16", ptr=kw["out"].data_ptr() + 64)
+    yield "out-overlaps-bias", kw, "out overlaps bias"
+
+
+def _shaped(t, shape):
+    t.shape = shape
+    return t
 
 
 BAD = list(_bad_calls())

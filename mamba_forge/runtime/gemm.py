@@ -64,16 +64,36 @@ CACHE_ENTRIES = 4096  # routes (per Kernels) and tensor maps; a full cache is em
 def _matrix(x, what: str) -> tuple[int, int, str]:
     """(rows, cols, dtype token) of a 2-D tensor argument; the contract checks device, density and the rest."""
     shape = getattr(x, "shape", None)
-    if type(x) in TORCH_TYPES and (tok := TORCH_DTYPE_TOKENS.get(x.dtype)) is not None and len(shape) == 2:
+    if type(x) in TORCH_TYPES and (tok := TORCH_DTYPE_TOKENS.get(x.dtype)) is not None and len(shape) == 2 \
+            and shape[0] >= 0 and shape[1] >= 0:
         return int(shape[0]), int(shape[1]), _stored(tok, what)  # the contract checks device and density
     info = describe(x, what) if shape is not None else None
     if info is None:
         raise LaunchRefused(f"{what} of type {type(x).__name__} is not a tensor (torch, __cuda_array_interface__ "
                             "or DLPack, with a .shape)")
     shape = tuple(shape)
-    if len(shape) != 2 or not all(type(d) is int or hasattr(d, "__index__") for d in shape):
+    if len(shape) != 2 or not all(type(d) is int or hasattr(d, "__index__") for d in shape) or min(shape) < 0:
         raise LaunchRefused(f"{what} has shape {shape}; a GEMM operand is a 2-D matrix")
     return int(shape[0]), int(shape[1]), _stored(info.dtype, what)
+
+
+_SIZES = {"bf16": 2, "f16": 2, "f32": 4}
+
+
+def _span(x, dtype: str, count: int) -> tuple[int, int]:
+    """[first byte, past the last) of a dense tensor of `count` elements."""
+    ptr = x.data_ptr() if type(x) in TORCH_TYPES else describe(x, "tensor").ptr
+    return ptr, ptr + count * _SIZES[dtype]
+
+
+def _refuse_overlap(out, ct: str, M: int, N: int, inputs) -> None:
+    """C may not share a byte with an input: the kernels read A, B and bias while C is written."""
+    lo, hi = _span(out, ct, M * N)
+    for what, x, dtype, count in inputs:
+        a, b = _span(x, dtype, count)
+        if a < hi and lo < b:
+            raise LaunchRefused(f"out overlaps {what} in memory; C must be a buffer of its own (it is written while "
+                                f"{what} is read)")
 
 
 def _stored(tok: str, what: str) -> str:
@@ -129,6 +149,8 @@ def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", mat
             raise LaunchRefused(f"bias is {got}; it must be a vector of N = {N} {ct} elements (C's dtype)")
     if M == 0 or N == 0:
         return out
+    _refuse_overlap(out, ct, M, N, [("A", A, at, ar * ac), ("B", B, bt, br * bc)]
+                    + ([("bias", bias, ct, N)] if bias is not None else []))
     if K == 0:
         raise LaunchRefused(f"K = 0: the product is {M} x {N} zeros (+ bias) and no GEMM rung runs an empty "
                             "reduction; fill C yourself")
