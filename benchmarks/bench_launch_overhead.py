@@ -17,7 +17,7 @@ path on torch tensors: keyword ``kernels.function(name)(y=y, x=x)`` (bind + torc
 cuLaunchKernel), positional ``launch(fn, grid, block, (y, x, n))`` (typed_params + pack + launch) and raw
 cuLaunchKernel of the same function with parameters packed once, CPU microseconds per enqueue, synchronised per
 batch. And kernels.gemm at M = 1 (bf16 8192 x 8192) against the keyword call of the rung it routes to, maps
-prebuilt (gemm_records): what routing adds per call.
+prebuilt (gemm_records): what routing adds per call; on the CPU the same with fakes (cpu_gemm_records).
 Records go to benchmarks/results/summary.json (benchmarks/summary.py).
 """
 
@@ -122,6 +122,40 @@ def cpu_records(batches: int, calls: int) -> list[dict]:
     return out
 
 
+def cpu_gemm_records(batches: int, calls: int) -> list[dict]:
+    """What kernels.gemm adds on the CPU to the keyword launch of its rung (fake tensors and a stand-in for the
+    loaded Kernels whose route and tensor maps are cached, as after the first call): the 2-D shape checks, the
+    overlap check, the cached route and maps, then the same bind + pack."""
+    from types import SimpleNamespace
+
+    from mamba_forge.runtime import gemm as rgemm
+    from mamba_forge.runtime.routes import Route
+
+    sym = gemm_wgmma("bf16")
+    M, N, K = 1, 8192, 8192
+    A, B, C = (T.matrix(r, c, dtype="bf16", ptr=(0x70 + i) << 40) for i, (r, c) in enumerate(((M, K), (K, N), (M, N))))
+
+    def launch(kwargs, stream, null=""):  # Kernel._launch less the stream and cuLaunchKernel
+        c = contract(sym)
+        p = c.packer.fill([v for _, v in c.bind(kwargs, 0, None, null).values])
+        c.packer.release(p)
+
+    kern = SimpleNamespace(name=sym.name, family=sym.family, symbol=sym, _launch=launch)
+    route = Route(sym.name, "nn", "bf16", "bf16", "bf16", False, False, "k16")
+    kernels = SimpleNamespace(_gemm_routes={(M, N, K, "bf16", "bf16", "nn", False, None): (route, kern, (False, ("tmA", "tmB")))})
+    maps = {"tmA": bytes(128), "tmB": bytes(128)}
+    rgemm._MAPS[(sym.name, A.data_ptr(), B.data_ptr(), C.data_ptr(), M, N, K)] = maps
+    kw = {"C": C, "A": A, "B": B, "M": M, "N": N, "K": K, **maps}
+    gemm_us = per_call_us(lambda: rgemm.gemm(kernels, A, B, C), batches, calls)
+    kw_us = per_call_us(lambda: launch(kw, None), batches, calls)
+    print(f"kernels.gemm (cached route and maps) {gemm_us:6.2f}  its keyword bind+pack {kw_us:6.2f}  "
+          f"(us/call, CPU) [M={M},N={N},K={K} bf16]")
+    return [summary.record(family="gemm_route", symbol="nn bf16 route:kernels.gemm(cpu,fake)",
+                           shape=f"M{M}xN{N}xK{K}", dtype="bf16", ours=round(gemm_us, 3), baseline=round(kw_us, 3),
+                           baseline_name="the rung's keyword bind+pack", unit="us/call (CPU)",
+                           goal=f"<= {GEMM_GOAL_US} us", met=gemm_us <= GEMM_GOAL_US)]
+
+
 def gpu_records(bundle: Path, key: Path | None, batches: int, calls: int) -> list[dict]:
     """The real loader path on the GPU: keyword Kernel.__call__, positional launch(), raw cuLaunchKernel."""
     import torch  # only here: the CPU part runs without it
@@ -203,7 +237,7 @@ def main() -> None:
     ap.add_argument("--key", type=Path, help="the bundle's public key (file or folder), besides the trusted ones")
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args()
-    records = cpu_records(a.batches, a.calls)
+    records = cpu_records(a.batches, a.calls) + cpu_gemm_records(a.batches, a.calls)
     if a.bundle is not None:
         records += gpu_records(a.bundle, a.key, a.batches, max(1, a.calls // 10))
     if not a.no_write:

@@ -155,9 +155,9 @@ def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", mat
         raise LaunchRefused(f"K = 0: the product is {M} x {N} zeros (+ bias) and no GEMM rung runs an empty "
                             "reduction; fill C yourself")
     a_tok = "tf32" if math == "tf32" else at
-    route, kern = _rung(kernels, (M, N, K, a_tok, ct, layout, bias is not None, symbol))
+    route, kern, plan = _rung(kernels, (M, N, K, a_tok, ct, layout, bias is not None, symbol))
     if not route.cast:
-        _launch(kern, A, B, out, bias, M, N, K, stream)
+        _launch(kern, plan, A, B, out, bias, M, N, K, stream)
         return out
     if not all(_is_torch(x) for x in (A, B, out) + (() if bias is None else (bias,))):
         raise LaunchRefused(f"{layout} {a_tok}x{a_tok}->{ct} is served here only by {route.symbol} on f32 copies "
@@ -165,15 +165,15 @@ def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", mat
     a32, b32 = A.float(), B.float()
     c32 = out if ct == "f32" else a32.new_empty((M, N))
     bias32 = bias if bias is None or ct == "f32" else bias.float()
-    _launch(kern, a32, b32, c32, bias32, M, N, K, stream)
+    _launch(kern, plan, a32, b32, c32, bias32, M, N, K, stream)
     if c32 is not out:
         out.copy_(c32)
     return out
 
 
 def _rung(kernels: Kernels, key: tuple):
-    """(route, its Kernel) for (M, N, K, a, c, layout, bias, symbol): select() once per key (what serves is fixed
-    from load on, so the answer is too)."""
+    """(route, its Kernel, (takes a bias, its blob names)) for (M, N, K, a, c, layout, bias, symbol): select() once
+    per key (what serves is fixed from load on, so the answer is too)."""
     cache = kernels._gemm_routes
     hit = cache.get(key)
     if hit is None:
@@ -184,26 +184,27 @@ def _rung(kernels: Kernels, key: tuple):
             raise LaunchRefused(f"{route.symbol} is routed but {kern.name} would serve it")
         if len(cache) >= CACHE_ENTRIES:
             cache.clear()
-        hit = cache[key] = (route, kern)
+        plan = (any(p.name == BIAS for p in kern.symbol.params), tuple(p.name for p in kern.symbol.params
+                                                                        if p.kind == "blob"))
+        hit = cache[key] = (route, kern, plan)
     return hit
 
 
-def _launch(kern: Kernel, A, B, C, bias, M: int, N: int, K: int, stream) -> None:
-    names = [p.name for p in kern.symbol.params]
+def _launch(kern: Kernel, plan: tuple, A, B, C, bias, M: int, N: int, K: int, stream) -> None:
+    takes_bias, blobs = plan
     kwargs = {"C": C, "A": A, "B": B, "M": M, "N": N, "K": K}
     null = ""
-    if BIAS in names:
+    if takes_bias:
         kwargs[BIAS] = bias
         null = BIAS if bias is None else ""
     elif bias is not None:  # select() refuses this; a named symbol= rung without a bias gets here
         raise LaunchRefused(f"{kern.name} takes no bias")
-    blobs = [p.name for p in kern.symbol.params if p.kind == "blob"]
     if blobs:
         kwargs.update(_tensor_maps(kern, A, B, C, M, N, K, blobs))
     kern._launch(kwargs, stream, null)
 
 
-def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs: list[str]) -> dict[str, bytes]:
+def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs) -> dict[str, bytes]:
     hook = TENSOR_MAPS.get(kern.family)
     if hook is None:
         raise LaunchRefused(f"{kern.name} takes {', '.join(blobs)} but mamba_forge.runtime.gemm knows no tensor-map "
