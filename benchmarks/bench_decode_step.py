@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from bench_scan import _nerr, _peer_ssu, copy_bandwidth, f64, p  # noqa: E402
 from summary import append as summary_append  # noqa: E402
 from summary import record  # noqa: E402
-from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
+from timing import capture_graph, median_ms  # noqa: E402  (benchmarks/timing.py)
 
 from mamba_forge.references import scan as ref  # noqa: E402
 
@@ -142,22 +142,6 @@ def decode_batch(o: DecodeOps, ssu, names: list[str], bsz: int, inner: int, roun
 
 
 PEER = "triton"
-
-
-def capture_graph(fn, inner: int):
-    """`inner` calls of fn captured in one CUDA graph (after warm-up on a side stream); the graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            fn()
-    return g
 
 
 def interleaved_ms(graphs: dict, inner: int, rounds: int, reps: int = 5) -> dict[str, float]:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 
 from summary import append as summary_append  # noqa: E402  (benchmarks/summary.py)
 from summary import record  # noqa: E402
-from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
+from timing import capture_graph, median_ms  # noqa: E402  (benchmarks/timing.py)
 
 from mamba_forge.references import scan as ref  # noqa: E402
 
@@ -77,20 +77,7 @@ def p(t: torch.Tensor | None) -> np.uint64:
 
 def time_graph_ms(fn, inner=20, reps=20) -> float:
     """Median time per call of `fn` replayed from a CUDA graph holding `inner` calls."""
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            fn()
-    return median_ms(g.replay, reps, warmup=3) / inner
+    return median_ms(capture_graph(fn, inner).replay, reps, warmup=3) / inner
 
 
 def copy_bandwidth() -> float:

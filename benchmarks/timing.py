@@ -35,6 +35,25 @@ def median_ms_queued(fn: Callable[[], object], reps: int, per: int = 10, warmup:
     return statistics.median(times)
 
 
+def capture_graph(fn: Callable[[], object], inner: int):
+    """A torch CUDA graph of `inner` calls of fn, captured after 3 warm-up calls on a side stream (what capture
+    needs: no first-call allocation or module load inside it)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    return g
+
+
 def time_events(fn: Callable[[], object], reps: int) -> float:
     """Median seconds of fn() over `reps` launches, timed with mamba_forge.gpu events on the legacy stream, after
     3 warm-up calls."""

@@ -304,6 +304,24 @@ def write_with_runtime_table(body: dict, private, manifest: Path) -> bytes:
     return doc
 
 
+def signed_tiny(root: Path, extra_families: str = "", routes: list | None = None):
+    """The tiny catalog (plus extra_families) built for sm_90a, its qualified body (with `routes` as its route table
+    when given), signed by a fresh release key into root/build/h200.toml: SimpleNamespace(root, cat, bm, build, priv,
+    pub, body, manifest)."""
+    from types import SimpleNamespace
+
+    cat = write_tiny_catalog(root / "cat", extra_families)
+    bm = build_tiny(cat, root / "build", root / "cache")
+    priv, pub, _ = keypair(root / "keys", "release")
+    body = qualified_body(bm, cat)
+    if routes is not None:
+        body["routes"] = routes
+    manifest = root / "build" / "h200.toml"
+    write_with_runtime_table(body, priv, manifest)
+    return SimpleNamespace(root=root, cat=cat, bm=bm, build=root / "build", priv=priv, pub=pub, body=body,
+                           manifest=manifest)
+
+
 def keypair(folder: Path, name: str):
     priv_path, pub_path, kid = signing.write_keypair(folder, name)
     return signing.parse_private(priv_path.read_bytes()), pub_path, kid

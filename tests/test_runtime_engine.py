@@ -16,10 +16,8 @@ from runtime_support import (
     REJECTED,
     TILED_TOML,
     FakeBackend,
-    build_tiny,
-    keypair,
     qualified_body,
-    write_tiny_catalog,
+    signed_tiny,
     write_with_runtime_table,
 )
 
@@ -39,15 +37,7 @@ def _isolated_trust(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("engine")
-    cat = write_tiny_catalog(root / "cat", TILED_TOML)
-    bm = build_tiny(cat, root / "build", root / "cache")
-    priv, pub, _ = keypair(root / "keys", "release")
-    body = qualified_body(bm, cat)
-    manifest = root / "build" / "h200.toml"
-    write_with_runtime_table(body, priv, manifest)
-    return SimpleNamespace(root=root, cat=cat, bm=bm, build=root / "build", priv=priv, pub=pub, body=body,
-                           manifest=manifest)
+    return signed_tiny(tmp_path_factory.mktemp("engine"), TILED_TOML)
 
 
 def _signed(tiny, body: dict, name: str):

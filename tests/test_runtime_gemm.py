@@ -8,20 +8,11 @@ from __future__ import annotations
 
 import itertools
 import struct
-from types import SimpleNamespace
 
 import pytest
 from runtime_fakes import FakeCAI
 from runtime_fakes import FakeTorchTensor as T
-from runtime_support import (
-    GEMM_TOML,
-    FakeBackend,
-    build_tiny,
-    keypair,
-    qualified_body,
-    write_tiny_catalog,
-    write_with_runtime_table,
-)
+from runtime_support import GEMM_TOML, FakeBackend, signed_tiny
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.gpu import tma
@@ -66,15 +57,7 @@ def _routes():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gemm")
-    cat = write_tiny_catalog(root / "cat", GEMM_TOML)
-    bm = build_tiny(cat, root / "build", root / "cache")
-    priv, pub, _ = keypair(root / "keys", "release")
-    body = qualified_body(bm, cat)
-    body["routes"] = _routes()
-    manifest = root / "build" / "h200.toml"
-    write_with_runtime_table(body, priv, manifest)
-    return SimpleNamespace(manifest=manifest, pub=pub)
+    return signed_tiny(tmp_path_factory.mktemp("gemm"), GEMM_TOML, _routes())
 
 
 def _load(tiny):
