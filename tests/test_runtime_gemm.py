@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import struct
+import sys
+from types import SimpleNamespace
 
 import pytest
 from runtime_fakes import FakeCAI
@@ -25,6 +27,15 @@ SKINNY = "gemm_bi_nn_sm90a_wgmma_skinny"
 @pytest.fixture(autouse=True)
 def _isolated_trust(tmp_path, monkeypatch):
     monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+
+
+@pytest.fixture(autouse=True)
+def _fake_torch_stream(request, monkeypatch):
+    """The fake tensors say they are torch's, so a launch asks sys.modules["torch"] for the current stream: a stand-in
+    answers (a CPU build of torch, imported by another test, has no CUDA streams). The op test keeps the real one."""
+    if "torch_op_registers" not in request.node.name:
+        fake = SimpleNamespace(cuda=SimpleNamespace(current_stream=lambda dev: SimpleNamespace(cuda_stream=0)))
+        monkeypatch.setitem(sys.modules, "torch", fake)
 
 
 @pytest.fixture(autouse=True)
@@ -273,3 +284,65 @@ def test_only_the_named_pointer_may_be_null_and_no_dim_comes_from_it(tiny):
     assert fake.launches == []
     kern._launch({"C": C, "A": A, "B": B, "bias": None, "M": 2, "N": 4, "K": 8}, None, "bias")
     assert _by_name(k, fake.launches[0])["bias"] == ("ptr", 0)
+
+
+# ---- mamba_forge::gemm's table (torch itself is needed only to register: tests/gpu/test_runtime_gpu.py) --------
+
+
+def test_the_torch_op_shape_rule_is_kernels_gemm_s():
+    from mamba_forge.runtime import torch_ops
+
+    assert torch_ops.SCHEMAS["gemm"].startswith("gemm(Tensor A, Tensor B, Tensor? bias=None")
+    assert torch_ops.gemm_shape("nn", (3, 40), (40, 24)) == (3, 24)
+    assert torch_ops.gemm_shape("nt", (3, 40), (24, 40)) == (3, 24)
+    assert torch_ops.gemm_shape("tn", (40, 3), (40, 24)) == (3, 24)
+    for call, match in ((lambda: torch_ops.gemm_shape("nn", (3, 40), (41, 24)), "K differs"),
+                        (lambda: torch_ops.gemm_shape("nt", (3, 40), (40, 24)), "K differs"),
+                        (lambda: torch_ops.gemm_shape("NN", (3, 40), (40, 24)), "not one of nn, tn, nt"),
+                        (lambda: torch_ops.gemm_shape("nn", (3, 40, 1), (40, 24)), "must be 2-D"),
+                        (lambda: torch_ops.gemm_shape("nn", (40,), (40, 24)), "must be 2-D")):
+        with pytest.raises(LaunchRefused, match=match):
+            call()
+
+
+def test_the_torch_op_preloads_every_serving_rung(tiny):
+    """register() loads what mamba_forge::gemm may launch: every auto rung that serves here, once, in table order
+    (force rungs serve only by name, which the op does not take)."""
+    from mamba_forge.runtime import torch_ops
+
+    k, _ = _load(tiny)
+    assert torch_ops.serving_gemm_rungs(k) == [f"{SKINNY}_m64n32_bf16", f"{SKINNY}_m64n64_bf16", "tiny_gemm_f32",
+                                               "tiny_gemm_bf16"]
+    empty = SimpleNamespace(manifest=SimpleNamespace(routes=[]), _serves_name=lambda n: True)
+    assert torch_ops.serving_gemm_rungs(empty) == []
+    none_serve = SimpleNamespace(manifest=k.manifest, _serves_name=lambda n: False)
+    assert torch_ops.serving_gemm_rungs(none_serve) == []
+
+
+def test_the_torch_op_registers_and_its_fake_gives_the_shape():
+    """With torch (a CPU build is enough): register() defines mamba_forge::gemm with its schema, and the fake
+    implementation torch.compile traces with gives [M, N] for each layout and refuses a K that disagrees."""
+    torch = pytest.importorskip("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import mamba_forge.runtime.torch as mft
+
+    class StandIn:  # fn() for the fixed ops' families; no GEMM rungs to preload
+        manifest = SimpleNamespace(routes=[])
+
+        def fn(self, family, dtype):
+            return object()
+
+        def _serves_name(self, name):
+            return True
+
+    assert "mamba_forge::gemm" in mft.register(StandIn())
+    assert str(torch.ops.mamba_forge.gemm.default._schema) == (
+        'mamba_forge::gemm(Tensor A, Tensor B, Tensor? bias=None, str layout="nn") -> Tensor')
+    bf = torch.bfloat16
+    with FakeTensorMode():
+        for layout, a, b in (("nn", (3, 40), (40, 24)), ("nt", (3, 40), (24, 40)), ("tn", (40, 3), (40, 24))):
+            c = torch.ops.mamba_forge.gemm(torch.empty(a, dtype=bf), torch.empty(b, dtype=bf), None, layout)
+            assert tuple(c.shape) == (3, 24) and c.dtype == bf, layout
+        with pytest.raises(LaunchRefused, match="K differs"):
+            torch.ops.mamba_forge.gemm(torch.empty(3, 40, dtype=bf), torch.empty(41, 24, dtype=bf))

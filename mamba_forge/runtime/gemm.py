@@ -102,7 +102,7 @@ def _stored(tok: str, what: str) -> str:
     return tok
 
 
-def _dims(layout: str, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int, int]:
+def gemm_dims(layout: str, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int, int]:
     """(M, N, K) from the stored shapes of A and B; refuses a K that disagrees."""
     (m, ka) = a if layout in ("nn", "nt") else a[::-1]
     (kb, n) = b if layout in ("nn", "tn") else b[::-1]
@@ -133,7 +133,7 @@ def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", mat
         raise LaunchRefused(f"A is {at} and B is {bt}; a GEMM route takes operands of one dtype")
     if math == "tf32" and at != "f32":
         raise LaunchRefused(f"math='tf32' takes f32 operands, not {at}")
-    M, N, K = _dims(layout, (ar, ac), (br, bc))
+    M, N, K = gemm_dims(layout, (ar, ac), (br, bc))
     if out is None:
         if not _is_torch(A):
             raise LaunchRefused("out=None allocates C with torch; for other tensors pass out= (an M x N matrix)")
@@ -234,4 +234,4 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs) -> dict[s
 _MAPS: dict[tuple, dict[str, bytes]] = {}  # (rung, addresses, M, N, K) -> its tensor maps
 
 
-__all__ = ["TENSOR_MAPS", "gemm"]
+__all__ = ["TENSOR_MAPS", "gemm", "gemm_dims"]

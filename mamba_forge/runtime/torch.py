@@ -7,10 +7,12 @@
     y, rstd = torch.ops.mamba_forge.rms_norm(x, w, 1e-5, torch.bfloat16)   # x f32 [..., dim], w f32 [dim]
     y = torch.ops.mamba_forge.causal_conv1d(x, w, b)       # silu(conv + b): x [batch, d, L], w [d, width] f32
     out, last_state = torch.ops.mamba_forge.selective_scan(u, delta, A_log, B, C, D, z, delta_bias)
+    c = torch.ops.mamba_forge.gemm(a, b)                   # kernels.gemm: the route's rung for this M (bias=, layout=)
 
 Each op allocates its outputs with torch (so a CUDA-graph capture takes them from the graph's pool), derives the
 grid from the signed contract and launches on torch's current stream of the tensors' device; nothing syncs with
-the host. register() loads every kernel the ops may launch up front, so no module is loaded during a capture.
+the host. register() loads every kernel the ops may launch up front (every GEMM rung that serves, too), so no
+module is loaded during a capture.
 Fake (meta) implementations give torch.compile the output shapes and dtypes. The op table is
 mamba_forge/runtime/torch_ops.py.
 """
@@ -27,11 +29,13 @@ from mamba_forge.runtime.torch_ops import (
     SCAN_FAMILY,
     SCHEMAS,
     conv1d_shapes,
+    gemm_shape,
     kernels_used,
     rms_norm_kernel,
     rms_norm_shapes,
     scan_shapes,
     sequence_kernel,
+    serving_gemm_rungs,
     softplus_kernel,
 )
 
@@ -118,9 +122,26 @@ def _selective_scan_fake(u, delta, A_log, B, C, D, z, delta_bias):
     return out, last
 
 
+def _gemm_out(A, B, layout: str):
+    m, n = gemm_shape(layout, tuple(A.shape), tuple(B.shape))
+    return torch.empty((m, n), dtype=A.dtype, device=A.device)
+
+
+def _gemm(A, B, bias=None, layout: str = "nn"):
+    if _state["kernels"] is None:
+        raise LaunchRefused("mamba_forge torch ops: call mamba_forge.runtime.torch.register(kernels) first")
+    out = _gemm_out(A, B, layout)
+    return _state["kernels"].gemm(A.contiguous(), B.contiguous(), out, layout=layout,
+                                  bias=None if bias is None else bias.contiguous())
+
+
+def _gemm_fake(A, B, bias=None, layout: str = "nn"):
+    return _gemm_out(A, B, layout)
+
+
 _IMPLS = {"softplus_forward": (_softplus_forward, _softplus_forward_fake), "rms_norm": (_rms_norm, _rms_norm_fake),
           "causal_conv1d": (_causal_conv1d, _causal_conv1d_fake),
-          "selective_scan": (_selective_scan, _selective_scan_fake)}
+          "selective_scan": (_selective_scan, _selective_scan_fake), "gemm": (_gemm, _gemm_fake)}
 
 
 def _register_fake(qualname: str, fn) -> None:
@@ -136,6 +157,8 @@ def register(kernels) -> list[str]:
     Returns the ops' qualified names. Raises SymbolUnavailable when the manifest lacks one of them."""
     global _lib
     functions = {fd: kernels.fn(*fd) for fd in kernels_used()}  # refuse before anything is changed
+    for rung in serving_gemm_rungs(kernels):  # their modules load now, not inside a capture
+        kernels.function(rung, follow_fallback=False)
     _state["kernels"], _state["functions"] = kernels, functions
     if _lib is None:
         lib = torch.library.Library(LIBRARY, "DEF")

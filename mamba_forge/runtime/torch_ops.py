@@ -18,6 +18,8 @@ SCHEMAS = {
     # the Mamba-1 selective scan forward with delta_softplus, D and z; returns (out [batch, d, L], last_state f32)
     "selective_scan": ("selective_scan(Tensor u, Tensor delta, Tensor A_log, Tensor B, Tensor C, Tensor D, Tensor z, "
                        "Tensor delta_bias) -> (Tensor, Tensor)"),
+    # C = op(A) op(B) (+ bias) through the route table's rung (Kernels.gemm): C in A's dtype, [M, N] for the layout
+    "gemm": "gemm(Tensor A, Tensor B, Tensor? bias=None, str layout='nn') -> Tensor",
 }
 
 SOFTPLUS_DTYPES = ("f32", "bf16", "f16")
@@ -95,6 +97,30 @@ def scan_shapes(u: tuple[int, ...], delta: tuple[int, ...], A_log: tuple[int, ..
     return batch, d, n, length
 
 
+def gemm_shape(layout: str, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int]:
+    """(M, N) of mamba_forge::gemm's output for A and B stored as `layout` says (runtime/gemm.gemm_dims)."""
+    from mamba_forge.runtime.gemm import gemm_dims
+    from mamba_forge.runtime.routes import LAYOUTS
+
+    if layout not in LAYOUTS:
+        raise LaunchRefused(f"mamba_forge::gemm: layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    if len(a) != 2 or len(b) != 2:
+        raise LaunchRefused(f"mamba_forge::gemm: A {list(a)} and B {list(b)} must be 2-D matrices")
+    m, n, _ = gemm_dims(layout, (a[0], a[1]), (b[0], b[1]))
+    return m, n
+
+
+def serving_gemm_rungs(kernels) -> list[str]:
+    """Every auto rung of the loaded manifest's route table that serves on this device, in table order: what
+    mamba_forge::gemm may launch, loaded by register() so a capture loads no module."""
+    out: list[str] = []
+    for route in getattr(kernels.manifest, "routes", None) or ():
+        for rung in route.rungs:
+            if rung.mode == "auto" and rung.symbol not in out and kernels._serves_name(rung.symbol):
+                out.append(rung.symbol)
+    return out
+
+
 def kernels_used() -> list[tuple[str, str]]:
     """Every (family, dtype) an op may launch: loaded at registration, so a CUDA-graph capture loads no module."""
     return ([softplus_kernel(d) for d in SOFTPLUS_DTYPES] + list(RMS_NORM_KERNELS.values())
@@ -102,5 +128,5 @@ def kernels_used() -> list[tuple[str, str]]:
 
 
 __all__ = ["CONV1D_FAMILY", "LIBRARY", "RMS_NORM_KERNELS", "SCAN_FAMILY", "SCHEMAS", "SEQUENCE_DTYPES",
-           "SOFTPLUS_DTYPES", "conv1d_shapes", "kernels_used", "rms_norm_kernel", "rms_norm_shapes", "scan_shapes",
-           "sequence_kernel", "softplus_kernel"]
+           "SOFTPLUS_DTYPES", "conv1d_shapes", "gemm_shape", "kernels_used", "rms_norm_kernel", "rms_norm_shapes", "scan_shapes",
+           "sequence_kernel", "serving_gemm_rungs", "softplus_kernel"]

@@ -237,7 +237,7 @@ def test_torch_ops_compile_and_capture(kernels):
     import mamba_forge.runtime.torch as mft
 
     assert mft.register(kernels) == ["mamba_forge::softplus_forward", "mamba_forge::rms_norm",
-                                     "mamba_forge::causal_conv1d", "mamba_forge::selective_scan"]
+                                     "mamba_forge::causal_conv1d", "mamba_forge::selective_scan", "mamba_forge::gemm"]
     x = torch.randn(3, 4096, device="cuda")
     torch.testing.assert_close(torch.ops.mamba_forge.softplus_forward(x), torch.nn.functional.softplus(x),
                                rtol=1e-5, atol=1e-6)
@@ -261,6 +261,35 @@ def test_torch_ops_compile_and_capture(kernels):
     g.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(static_y, torch.nn.functional.softplus(static_x), rtol=1e-5, atol=1e-6)
+
+
+def test_torch_gemm_op_is_kernels_gemm_under_compile_and_capture(kernels):
+    """mamba_forge::gemm: the bits of kernels.gemm (the route's rung), eager, under torch.compile (fake impl gives
+    the shape) and replayed from a CUDA graph (register() loaded every rung first)."""
+    import mamba_forge.runtime.torch as mft
+
+    mft.register(kernels)
+    A, B = _rand((17, 328), -1, 1, torch.bfloat16, 40), _rand((328, 392), -1, 1, torch.bfloat16, 41)
+    want = kernels.gemm(A, B)
+    got = torch.ops.mamba_forge.gemm(A, B)
+    assert got.shape == (17, 392) and torch.equal(got.view(torch.int16), want.view(torch.int16))
+    compiled = torch.compile(lambda a, b: torch.ops.mamba_forge.gemm(a, b) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(A, B), want * 2)
+    static_a = torch.zeros_like(A)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.ops.mamba_forge.gemm(static_a, B)  # warm-up outside the capture (route and tensor maps cached)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_c = torch.ops.mamba_forge.gemm(static_a, B)
+    static_a.copy_(A)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_c.view(torch.int16), want.view(torch.int16))
+    with pytest.raises(Exception, match="K differs"):
+        torch.ops.mamba_forge.gemm(A, B[:-8])
 
 
 def test_torch_sequence_ops_match_the_references(kernels):
