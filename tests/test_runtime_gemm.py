@@ -105,6 +105,18 @@ def test_the_route_picks_the_rung_and_its_family_builds_the_maps(tiny, fake_enco
     assert b_map[3] == tma.skinny_b_box_cols(bn)  # the BN = 32 rung reads B through a 32-column box
 
 
+def test_maps_are_built_once_per_operand_addresses_whatever_the_output(tiny, fake_encode):
+    """The skinny rung's maps describe A and B only: a new C each call (what the torch op allocates) reuses them;
+    a new A does not."""
+    k, fake = _load(tiny)
+    A, B = T.matrix(1, 128, dtype="bf16"), T.matrix(128, 256, dtype="bf16")
+    for _ in range(3):
+        k.gemm(A, B, T.matrix(1, 256, dtype="bf16"))
+    assert len(fake_encode) == 2 and len(fake.launches) == 3  # tmA and tmB, encoded once
+    k.gemm(T.matrix(1, 128, dtype="bf16"), B, T.matrix(1, 256, dtype="bf16"))
+    assert len(fake_encode) == 4
+
+
 def test_bias_none_is_the_null_pointer_and_a_bias_is_passed(tiny):
     k, fake = _load(tiny)
     A, B, C, bias = T.matrix(3, 40, dtype="f32"), T.matrix(40, 24), T.matrix(3, 24), T.matrix(24)
@@ -260,6 +272,8 @@ def test_the_map_rules_are_the_catalogs_prepare_hooks():
             fam = cat.module(sym.module).family(sym.family)
             if any(p.type == "bytes" for p in fam.params):
                 seen[fam.name] = fam.qualify.prepare
+                # the map cache keys on C's address only for hooks named _tmastore: exactly the rungs with a tmC
+                assert any(p.name == "tmC" for p in fam.params) == fam.qualify.prepare.endswith("_tmastore"), fam.name
             by = {p.name: p for p in fam.params}
             if "bias" in by:
                 assert rung.bias and list(by["bias"].shape) == ["N"] and by["bias"].dtype == by["C"].dtype, sym.name
