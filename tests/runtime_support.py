@@ -168,6 +168,17 @@ qualify = { dims = { n = 4096 } }
 
 # GEMM rungs for runtime/gemm.py's tests: an exact-f32-like ABI with the optional bias (f32 and bf16, bf16 out),
 # and TMA rungs named as the skinny family (tile constants BN, blobs tmA/tmB) and as a family no map rule covers
+_TMA_PARAMS = """params = [
+  { name = "tmA", type = "bytes", size = 128, align = 64 },
+  { name = "tmB", type = "bytes", size = 128, align = 64 },
+  { name = "C", type = "ptr", dtype = "T", role = "out", shape = ["M * N"] },
+  { name = "A", type = "ptr", dtype = "T", shape = ["M * K"] },
+  { name = "B", type = "ptr", dtype = "T", shape = ["K * N"] },
+  { name = "M", type = "i32", value = "M" },
+  { name = "N", type = "i32", value = "N" },
+  { name = "K", type = "i32", value = "K" },
+]
+"""  # the wgmma GEMM ABI (kernels/sm90a/wgmma.toml), shared by both TMA families below
 GEMM_TOML = """
 [[family]]
 name = "tiny_gemm"
@@ -193,34 +204,14 @@ instances = [{ BM = 64, BN = 32 }, { BM = 64, BN = 64 }]
 symbol = "{name}_m{BM}n{BN}_{dtype}"
 args = ["T"]
 launch = { block = 128, grid = ["min(ceil_div(M, BM) * ceil_div(N, BN), 132)"] }
-params = [
-  { name = "tmA", type = "bytes", size = 128, align = 64 },
-  { name = "tmB", type = "bytes", size = 128, align = 64 },
-  { name = "C", type = "ptr", dtype = "T", role = "out", shape = ["M * N"] },
-  { name = "A", type = "ptr", dtype = "T", shape = ["M * K"] },
-  { name = "B", type = "ptr", dtype = "T", shape = ["K * N"] },
-  { name = "M", type = "i32", value = "M" },
-  { name = "N", type = "i32", value = "N" },
-  { name = "K", type = "i32", value = "K" },
-]
-qualify = { dims = { M = 64, N = 64, K = 64 }, prepare = "mamba_forge.gpu.tma:prepare_gemm_nn_skinny" }
+""" + _TMA_PARAMS + """qualify = { dims = { M = 64, N = 64, K = 64 }, prepare = "mamba_forge.gpu.tma:prepare_gemm_nn_skinny" }
 
 [[family]]
 name = "tiny_tma_unmapped"
 instantiate = "TINY_GEMM_TMA"
 variants = ["bf16"]
 launch = { block = 128, grid = ["ceil_div(N, 64)"] }
-params = [
-  { name = "tmA", type = "bytes", size = 128, align = 64 },
-  { name = "tmB", type = "bytes", size = 128, align = 64 },
-  { name = "C", type = "ptr", dtype = "T", role = "out", shape = ["M * N"] },
-  { name = "A", type = "ptr", dtype = "T", shape = ["M * K"] },
-  { name = "B", type = "ptr", dtype = "T", shape = ["K * N"] },
-  { name = "M", type = "i32", value = "M" },
-  { name = "N", type = "i32", value = "N" },
-  { name = "K", type = "i32", value = "K" },
-]
-qualify = { dims = { M = 64, N = 64, K = 64 }, prepare = "mamba_forge.gpu.tma:prepare_gemm_nn" }
+""" + _TMA_PARAMS + """qualify = { dims = { M = 64, N = 64, K = 64 }, prepare = "mamba_forge.gpu.tma:prepare_gemm_nn" }
 """
 
 
