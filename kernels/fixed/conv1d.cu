@@ -13,6 +13,7 @@
 // (f32 accumulation would leave ~1e-6 absolute errors where the sum cancels). Padded positions enter as
 // products with 0, like the padded convolution.
 #include "mf/common.cuh"
+#include "mf/conv.cuh"
 
 namespace mf {
 
@@ -24,18 +25,6 @@ constexpr int CONV_FWD_CHUNKS = 4;             // 16-byte chunks per thread in a
 // in flight whatever the dtype. (At 2048 a 16-bit thread had two, half the bytes in flight of f32: bf16 reached
 // 0.53 of copy bandwidth against f32's 0.89.) The catalog's grid is batch*d*ceil_div(L, 8192 // sizeof_T).
 constexpr int CONV_STEP_BLOCK = 256;
-
-// The one per-output formula. xs: W consecutive inputs, oldest first. Callers convert each input to f64 once
-// (f32 -> f64 is exact; conversions run at a quarter of the f64 arithmetic rate, so not once per use).
-// fma(w, x, acc) == acc + w*x rounded once == __dadd_rn(acc, __dmul_rn(w, x)) bit for bit: w and x are f32
-// values, so their product is exact in f64 (48 significant bits, exponent in [-298, 256]); one DFMA instead of
-// DMUL + DADD halves the f64 work without changing a bit (the host walk, which rounds the sum, checks it).
-template <int W> MF_DEVICE float conv_dot(const double* w, const double* xs, double bias) {
-  double acc = bias;
-#pragma unroll
-  for (int k = 0; k < W; ++k) acc = __fma_rn(w[k], xs[k], acc);
-  return (float)acc;
-}
 
 // mf::silu of N values, bit for bit, without a branch per value. mf::sigmoid's 1.f / y (y = 1 + expf(-z)) is
 // rcp.rn.f32, which ptxas expands to MUFU.RCP + one FMA Newton step when y's exponent is in range and to a

@@ -25,15 +25,20 @@ from mamba_forge.runtime.errors import LaunchRefused
 from mamba_forge.runtime.tensors import torch_dtype
 from mamba_forge.runtime.torch_ops import (
     CONV1D_FAMILY,
+    CONV_TOKENS_FAMILY,
     LIBRARY,
+    RMS_NORM_ADD_FAMILY,
     SCAN_FAMILY,
+    SCAN_TOKENS_FAMILY,
     SCHEMAS,
     conv1d_shapes,
+    conv_tokens_shapes,
     gemm_shape,
     kernels_used,
     rms_norm_kernel,
     rms_norm_shapes,
     scan_shapes,
+    scan_tokens_shapes,
     sequence_kernel,
     serving_gemm_rungs,
     softplus_kernel,
@@ -139,7 +144,74 @@ def _gemm_fake(A, B, bias=None, layout: str = "nn"):
     return _gemm_out(A, B, layout)
 
 
-_IMPLS = {"softplus_forward": (_softplus_forward, _softplus_forward_fake), "rms_norm": (_rms_norm, _rms_norm_fake),
+def _dense(t: torch.Tensor, what: str) -> torch.Tensor:
+    """The tensor itself when row-major dense; a state argument that is not is refused (a copy would drop the
+    update the caller expects in place)."""
+    if not t.is_contiguous():
+        raise LaunchRefused(f"{what} must be contiguous: it is updated in place")
+    return t
+
+
+def _conv_tokens_out(xz, weight, bias, conv_state):
+    kernel = sequence_kernel("conv_tokens", CONV_TOKENS_FAMILY, torch_dtype(xz.dtype))
+    dims = conv_tokens_shapes(*(tuple(t.shape) for t in (xz, weight, bias, conv_state)))
+    batch, d, length, _ = dims
+    return kernel, dims, torch.empty((batch, length, d), dtype=xz.dtype, device=xz.device)
+
+
+def _conv_tokens(xz, weight, bias, conv_state):
+    kernel, (batch, d, length, width), out = _conv_tokens_out(xz, weight, bias, conv_state)
+    _kernel(*kernel)(out=out, conv_state=_dense(conv_state, "conv_state"), xz=xz.contiguous(),
+                     weight=weight.contiguous(), bias=bias.contiguous(), batch=batch, d=d, L=length, width=width)
+    return out
+
+
+def _conv_tokens_fake(xz, weight, bias, conv_state):
+    return _conv_tokens_out(xz, weight, bias, conv_state)[2]
+
+
+def _scan_tokens_out(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
+    kernel = sequence_kernel("scan_tokens", SCAN_TOKENS_FAMILY, torch_dtype(u.dtype))
+    dims = scan_tokens_shapes(*(tuple(t.shape) for t in (u, dt, dt_bias, A_log, x_dbl, D, xz, state)))
+    return kernel, dims, torch.empty(u.shape, dtype=u.dtype, device=u.device)
+
+
+def _scan_tokens(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
+    kernel, (batch, length, d, n, r), out = _scan_tokens_out(u, dt, dt_bias, A_log, x_dbl, D, xz, state)
+    _kernel(*kernel)(out=out, state=_dense(state, "state"), u=u.contiguous(), dt=dt.contiguous(),
+                     dt_bias=dt_bias.contiguous(), A_log=A_log.contiguous(), x_dbl=x_dbl.contiguous(),
+                     Dp=D.contiguous(), xz=xz.contiguous(), batch=batch, d_inner=d, d_state=n, dt_rank=r, L=length)
+    return out
+
+
+def _scan_tokens_fake(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
+    return _scan_tokens_out(u, dt, dt_bias, A_log, x_dbl, D, xz, state)[2]
+
+
+def _rms_norm_add_out(x, residual, weight):
+    kernel = sequence_kernel("rms_norm_add", RMS_NORM_ADD_FAMILY, torch_dtype(x.dtype))
+    rows, dim = rms_norm_shapes(tuple(x.shape), tuple(weight.shape))
+    if tuple(residual.shape) != tuple(x.shape) or residual.dtype != torch.float32:
+        raise LaunchRefused(f"mamba_forge::rms_norm_add: residual is {residual.dtype} {list(residual.shape)}; it "
+                            f"must be float32 {list(x.shape)} (x's shape)")
+    return kernel, rows, dim, torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _rms_norm_add(x, residual, weight, eps: float):
+    kernel, rows, dim, y = _rms_norm_add_out(x, residual, weight)
+    rstd = torch.empty((rows,), dtype=torch.float32, device=x.device)
+    _kernel(*kernel)(y=y, rstd=rstd, residual=_dense(residual, "residual"), x=x.contiguous(),
+                     w=weight.contiguous(), rows=rows, dim=dim, eps=float(eps))
+    return y
+
+
+def _rms_norm_add_fake(x, residual, weight, eps: float):
+    return _rms_norm_add_out(x, residual, weight)[3]
+
+
+_IMPLS = {"conv_tokens": (_conv_tokens, _conv_tokens_fake), "scan_tokens": (_scan_tokens, _scan_tokens_fake),
+          "rms_norm_add": (_rms_norm_add, _rms_norm_add_fake),
+          "softplus_forward": (_softplus_forward, _softplus_forward_fake), "rms_norm": (_rms_norm, _rms_norm_fake),
           "causal_conv1d": (_causal_conv1d, _causal_conv1d_fake),
           "selective_scan": (_selective_scan, _selective_scan_fake), "gemm": (_gemm, _gemm_fake)}
 
@@ -171,4 +243,6 @@ def register(kernels) -> list[str]:
     return [f"{LIBRARY}::{n}" for n in SCHEMAS]
 
 
-__all__ = ["register"]
+from mamba_forge.runtime.torch_layer import Block, InferenceParams, Mamba, RMSNorm  # noqa: E402  (uses the ops above)
+
+__all__ = ["Block", "InferenceParams", "Mamba", "RMSNorm", "register"]

@@ -20,12 +20,25 @@ SCHEMAS = {
                        "Tensor delta_bias) -> (Tensor, Tensor)"),
     # C = op(A) op(B) (+ bias) through the route table's rung (Kernels.gemm): C in A's dtype, [M, N] for the layout
     "gemm": "gemm(Tensor A, Tensor B, Tensor? bias=None, str layout='nn') -> Tensor",
+    # the Mamba layer's token-major kernels (kernels/fixed/tokens.toml): prefill and decode (L = 1) alike, carrying
+    # their states in place, so any split of a sequence into calls gives the same bits.
+    # out [b, L, d] = silu(causal conv of xz[..., :d] from conv_state [b, d, width-1]); conv_state updated
+    "conv_tokens": "conv_tokens(Tensor xz, Tensor weight, Tensor bias, Tensor(a!) conv_state) -> Tensor",
+    # out [b, L, d]: the selective scan from state [b, d, n] f32 (updated): u, dt [b, L, d], x_dbl [b, L, r+2n]
+    # (B, C at columns r..), xz [b, L, 2d] (z = xz[..., d:]), dt' = softplus(dt + dt_bias)
+    "scan_tokens": ("scan_tokens(Tensor u, Tensor dt, Tensor dt_bias, Tensor A_log, Tensor x_dbl, Tensor D, "
+                    "Tensor xz, Tensor(a!) state) -> Tensor"),
+    # y = rms_norm(residual + x) * weight in x's dtype; residual (f32) becomes residual + x (a Mamba Block's add+norm)
+    "rms_norm_add": "rms_norm_add(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor",
 }
 
 SOFTPLUS_DTYPES = ("f32", "bf16", "f16")
 SEQUENCE_DTYPES = ("f32", "bf16", "f16")  # the conv1d and scan ops' activation dtypes (weights and states: f32)
 CONV1D_FAMILY = "conv1d_burnin_forward_nosave_tiled"  # kernels/fixed/conv1d.toml
 SCAN_FAMILY = "ssm_parallel_scan_fwd_nosave"  # kernels/fixed/scan.toml
+CONV_TOKENS_FAMILY = "conv1d_tokens_silu"  # kernels/fixed/tokens.toml
+SCAN_TOKENS_FAMILY = "ssm_scan_tokens"
+RMS_NORM_ADD_FAMILY = "rmsnorm_forward_resadd_f32in"  # kernels/fixed/norm.toml
 RMS_NORM_KERNELS = {  # (x dtype, out dtype) -> (family, dtype): kernels/fixed/norm.toml
     ("f32", "f32"): ("rmsnorm_forward", "f32"),
     ("f32", "bf16"): ("rmsnorm_forward_f32in", "bf16"),  # the residual stream stays f32, the output is half
@@ -97,6 +110,41 @@ def scan_shapes(u: tuple[int, ...], delta: tuple[int, ...], A_log: tuple[int, ..
     return batch, d, n, length
 
 
+def conv_tokens_shapes(xz: tuple[int, ...], weight: tuple[int, ...], bias: tuple[int, ...],
+                       conv_state: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(batch, d, L, width) of xz [batch, L, 2d], weight [d, width] (width 2..4), bias [d], conv_state
+    [batch, d, width-1]."""
+    if len(xz) != 3 or xz[2] % 2 or len(weight) != 2:
+        raise LaunchRefused(f"mamba_forge::conv_tokens: xz {list(xz)} must be [batch, L, 2*d] and weight "
+                            f"{list(weight)} [d, width]")
+    batch, length, d = xz[0], xz[1], xz[2] // 2
+    width = weight[1]
+    if not 2 <= width <= 4:
+        raise LaunchRefused(f"mamba_forge::conv_tokens: width {width}; the kernels take 2..4")
+    _shape_problem("conv_tokens", {"xz": xz, "weight": weight, "bias": bias, "conv_state": conv_state},
+                   {"weight": (d, width), "bias": (d,), "conv_state": (batch, d, width - 1)})
+    return batch, d, length, width
+
+
+def scan_tokens_shapes(u: tuple[int, ...], dt: tuple[int, ...], dt_bias: tuple[int, ...], A_log: tuple[int, ...],
+                       x_dbl: tuple[int, ...], D: tuple[int, ...], xz: tuple[int, ...],
+                       state: tuple[int, ...]) -> tuple[int, int, int, int, int]:
+    """(batch, L, d_inner, d_state, dt_rank) of u, dt [batch, L, d], A_log [d, n], x_dbl [batch, L, r + 2n],
+    D, dt_bias [d], xz [batch, L, 2d], state [batch, d, n]."""
+    if len(u) != 3 or len(A_log) != 2 or len(x_dbl) != 3:
+        raise LaunchRefused(f"mamba_forge::scan_tokens: u {list(u)} must be [batch, L, d_inner], A_log "
+                            f"{list(A_log)} [d_inner, d_state], x_dbl {list(x_dbl)} [batch, L, dt_rank + 2*d_state]")
+    batch, length, d = u
+    n = A_log[1]
+    r = x_dbl[2] - 2 * n
+    if r < 0:
+        raise LaunchRefused(f"mamba_forge::scan_tokens: x_dbl has {x_dbl[2]} columns, fewer than 2*d_state = {2 * n}")
+    got = {"u": u, "dt": dt, "dt_bias": dt_bias, "A_log": A_log, "x_dbl": x_dbl, "D": D, "xz": xz, "state": state}
+    _shape_problem("scan_tokens", got, {"dt": u, "dt_bias": (d,), "A_log": (d, n), "x_dbl": (batch, length, r + 2 * n),
+                                        "D": (d,), "xz": (batch, length, 2 * d), "state": (batch, d, n)})
+    return batch, length, d, n, r
+
+
 def gemm_shape(layout: str, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int]:
     """(M, N) of mamba_forge::gemm's output for A and B stored as `layout` says (runtime/gemm.gemm_dims)."""
     from mamba_forge.runtime.gemm import gemm_dims
@@ -124,9 +172,11 @@ def serving_gemm_rungs(kernels) -> list[str]:
 def kernels_used() -> list[tuple[str, str]]:
     """Every (family, dtype) an op may launch: loaded at registration, so a CUDA-graph capture loads no module."""
     return ([softplus_kernel(d) for d in SOFTPLUS_DTYPES] + list(RMS_NORM_KERNELS.values())
-            + [(CONV1D_FAMILY, d) for d in SEQUENCE_DTYPES] + [(SCAN_FAMILY, d) for d in SEQUENCE_DTYPES])
+            + [(CONV1D_FAMILY, d) for d in SEQUENCE_DTYPES] + [(SCAN_FAMILY, d) for d in SEQUENCE_DTYPES]
+            + [(f, d) for f in (CONV_TOKENS_FAMILY, SCAN_TOKENS_FAMILY, RMS_NORM_ADD_FAMILY) for d in SEQUENCE_DTYPES])
 
 
-__all__ = ["CONV1D_FAMILY", "LIBRARY", "RMS_NORM_KERNELS", "SCAN_FAMILY", "SCHEMAS", "SEQUENCE_DTYPES",
+__all__ = ["CONV1D_FAMILY", "CONV_TOKENS_FAMILY", "LIBRARY", "RMS_NORM_ADD_FAMILY", "SCAN_TOKENS_FAMILY",
+           "conv_tokens_shapes", "scan_tokens_shapes", "RMS_NORM_KERNELS", "SCAN_FAMILY", "SCHEMAS", "SEQUENCE_DTYPES",
            "SOFTPLUS_DTYPES", "conv1d_shapes", "gemm_shape", "kernels_used", "rms_norm_kernel", "rms_norm_shapes", "scan_shapes",
            "sequence_kernel", "serving_gemm_rungs", "softplus_kernel"]

@@ -1,0 +1,259 @@
+"""A drop-in Mamba-1 layer on qualified kernels (``mamba_forge.runtime.torch.Mamba``, ``Block``): mamba-ssm's
+``Mamba`` and ``Block`` from the outside (constructor arguments, parameter names, so ``load_state_dict`` takes a
+mamba-ssm state dict unchanged; ``forward(hidden_states, inference_params=None)``, ``step``,
+``allocate_inference_cache``), our kernels inside, launched through the torch ops of ``runtime/torch.py``:
+
+    in_proj   xz [b*L, 2*d_inner]        = hidden @ W_in^T            mamba_forge::gemm (batch-invariant route)
+    conv      x  [b, L, d_inner]          = silu(conv(xz[..., :d]))    mamba_forge::conv_tokens (conv_state in place)
+    x_proj    x_dbl [b*L, dt_rank + 2N]   = x @ W_x^T                  mamba_forge::gemm
+    dt_proj   dt [b*L, d_inner]           = x_dbl[:, :dt_rank] @ W_dt^T  (the bias enters the scan, as mamba-ssm)
+    scan      y  [b, L, d_inner]          (z = xz[..., d:], B, C read from x_dbl; ssm_state in place)
+    out_proj  out [b*L, d_model]          = y @ W_out^T
+
+Prefill, chunked prefill (``inference_params.seqlen_offset > 0`` with several tokens) and decode (one token) run
+the same kernels, so a token gets the same bits however its sequence was split (issue 23); every GEMM row's bits
+are independent of how many rows were multiplied, so the output of sequence i does not depend on the batch.
+
+Differences from mamba-ssm, on purpose: the inference cache holds conv_state [b, d_inner, d_conv-1] in the
+activation dtype and ssm_state [b, d_inner, d_state] in float32 (the kernels' state); ``seqlen_offset > 0`` with
+more than one token continues the sequence (mamba-ssm asserts one token). Only kernels of the registered manifest
+run: a dtype, shape or route the manifest cannot serve is an error when the layer is built, never a fallback.
+The GEMMs read transposed weights ([K, N], the layout whose routes hold the decode tiles), made once per weight
+version (``prepare()`` makes them ahead, e.g. before a CUDA-graph capture).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from mamba_forge.runtime.errors import LaunchRefused
+from mamba_forge.runtime.tensors import torch_dtype
+
+
+@dataclass
+class InferenceParams:
+    """mamba-ssm's inference cache record (mamba_ssm.utils.generation.InferenceParams), for users without it:
+    the layers keep (conv_state, ssm_state) per layer_idx in key_value_memory_dict."""
+
+    max_seqlen: int
+    max_batch_size: int
+    seqlen_offset: int = 0
+    batch_size_offset: int = 0
+    key_value_memory_dict: dict = field(default_factory=dict)
+    lengths_per_sample: torch.Tensor | None = None
+
+    def reset(self, max_seqlen: int, max_batch_size: int) -> None:
+        self.max_seqlen, self.max_batch_size, self.seqlen_offset = max_seqlen, max_batch_size, 0
+        if self.lengths_per_sample is not None:
+            self.lengths_per_sample.zero_()
+
+
+def _ops():
+    from mamba_forge.runtime import torch as mft
+
+    if mft._state["kernels"] is None:
+        raise LaunchRefused("mamba_forge layers need loaded kernels: pass kernels=load(...) or call "
+                            "mamba_forge.runtime.torch.register(kernels) first")
+    return mft, mft._state["kernels"]
+
+
+class Mamba(nn.Module):
+    """mamba_ssm.modules.mamba_simple.Mamba on qualified kernels (see the module docstring)."""
+
+    def __init__(self, d_model, d_state=16, d_conv=4, expand=2, dt_rank="auto", dt_min=0.001, dt_max=0.1,
+                 dt_init="random", dt_scale=1.0, dt_init_floor=1e-4, conv_bias=True, bias=False, use_fast_path=True,
+                 layer_idx=None, device=None, dtype=None, *, kernels=None):
+        factory_kwargs = {"device": device, "dtype": dtype}
+        super().__init__()
+        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
+        self.d_inner = int(self.expand * self.d_model)
+        self.dt_rank = math.ceil(self.d_model / 16) if dt_rank == "auto" else dt_rank
+        self.use_fast_path = use_fast_path  # kept for mamba-ssm's signature: there is one path here
+        self.layer_idx = layer_idx
+        if not 2 <= d_conv <= 4:
+            raise ValueError(f"d_conv={d_conv}: the conv kernels take widths 2..4")
+        self.in_proj = nn.Linear(self.d_model, self.d_inner * 2, bias=bias, **factory_kwargs)
+        self.conv1d = nn.Conv1d(in_channels=self.d_inner, out_channels=self.d_inner, bias=conv_bias,
+                                kernel_size=d_conv, groups=self.d_inner, padding=d_conv - 1, **factory_kwargs)
+        self.activation = "silu"
+        self.act = nn.SiLU()
+        self.x_proj = nn.Linear(self.d_inner, self.dt_rank + self.d_state * 2, bias=False, **factory_kwargs)
+        self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True, **factory_kwargs)
+        dt_init_std = self.dt_rank ** -0.5 * dt_scale
+        if dt_init == "constant":
+            nn.init.constant_(self.dt_proj.weight, dt_init_std)
+        elif dt_init == "random":
+            nn.init.uniform_(self.dt_proj.weight, -dt_init_std, dt_init_std)
+        else:
+            raise NotImplementedError(f"dt_init={dt_init!r}: 'random' or 'constant'")
+        dt = torch.exp(torch.rand(self.d_inner, **factory_kwargs) * (math.log(dt_max) - math.log(dt_min))
+                       + math.log(dt_min)).clamp(min=dt_init_floor)
+        inv_dt = dt + torch.log(-torch.expm1(-dt))  # inverse of softplus
+        with torch.no_grad():
+            self.dt_proj.bias.copy_(inv_dt)
+        self.dt_proj.bias._no_reinit = True
+        A = torch.arange(1, self.d_state + 1, dtype=torch.float32, device=device).repeat(self.d_inner, 1).contiguous()
+        self.A_log = nn.Parameter(torch.log(A))
+        self.A_log._no_weight_decay = True
+        self.D = nn.Parameter(torch.ones(self.d_inner, device=device))
+        self.D._no_weight_decay = True
+        self.out_proj = nn.Linear(self.d_inner, self.d_model, bias=bias, **factory_kwargs)
+        self._derived: dict[str, tuple[tuple, torch.Tensor]] = {}
+        if kernels is not None:
+            from mamba_forge.runtime import torch as mft
+
+            mft.register(kernels)
+        self.check_kernels()
+
+    # ---- what the manifest must serve ---------------------------------------------------------------------------
+    def check_kernels(self) -> None:
+        """Refuse now what no qualified kernel of the registered manifest serves (dtype, widths, GEMM routes)."""
+        _, kernels = _ops()
+        act = torch_dtype(self.in_proj.weight.dtype)
+        from mamba_forge.runtime.torch_ops import CONV_TOKENS_FAMILY, SCAN_TOKENS_FAMILY, SEQUENCE_DTYPES
+
+        if act not in SEQUENCE_DTYPES:
+            raise LaunchRefused(f"Mamba: parameters are {act}; the layer runs f32, bf16 or f16")
+        for family in (CONV_TOKENS_FAMILY, SCAN_TOKENS_FAMILY):
+            kernels.fn(family, act)
+        if self.d_state > kernels.fn(SCAN_TOKENS_FAMILY, act).symbol.state_capacity:
+            raise LaunchRefused(f"Mamba: d_state={self.d_state} is over the manifest's state capacity")
+        for name, (n, k) in self._gemm_shapes().items():
+            try:
+                kernels.gemm_route(1, n, k, act)
+            except LaunchRefused as exc:
+                raise LaunchRefused(f"Mamba: no qualified GEMM serves {name} (N={n}, K={k}, {act}): {exc}") from None
+
+    def _gemm_shapes(self) -> dict[str, tuple[int, int]]:
+        return {"in_proj": (2 * self.d_inner, self.d_model), "x_proj": (self.dt_rank + 2 * self.d_state, self.d_inner),
+                "dt_proj": (self.d_inner, self.dt_rank), "out_proj": (self.d_model, self.d_inner)}
+
+    # ---- derived tensors (transposed weights, f32 vectors), remade when a parameter changes -----------------------
+    def _derive(self, name: str, src: torch.Tensor, make) -> torch.Tensor:
+        key = (src.data_ptr(), src._version, src.dtype, src.device)
+        got = self._derived.get(name)
+        if got is None or got[0] != key:
+            with torch.no_grad():
+                got = (key, make(src.detach()))
+            self._derived[name] = got
+        return got[1]
+
+    def _weights(self):
+        t = lambda w: w.t().contiguous()  # noqa: E731  Linear's [N, K] -> [K, N]
+        f32 = lambda v: v.float().contiguous()  # noqa: E731
+        d = self._derive
+        conv_b = (d("conv_b", self.conv1d.bias, f32) if self.conv1d.bias is not None
+                  else d("conv_b0", self.conv1d.weight, lambda w: w.new_zeros(w.shape[0], dtype=torch.float32)))
+        return {
+            "in": d("in", self.in_proj.weight, t), "x": d("x", self.x_proj.weight, t),
+            "dt": d("dt", self.dt_proj.weight, t), "out": d("out", self.out_proj.weight, t),
+            "conv_w": d("conv_w", self.conv1d.weight, lambda w: w.reshape(w.shape[0], -1).float().contiguous()),
+            "conv_b": conv_b, "dt_bias": d("dt_bias", self.dt_proj.bias, f32),
+            "A_log": d("A_log", self.A_log, f32), "D": d("D", self.D, f32),
+        }
+
+    def prepare(self) -> None:
+        """Make the derived tensors now (before a CUDA-graph capture: the capture then allocates none)."""
+        self._weights()
+
+    # ---- inference cache ----------------------------------------------------------------------------------------
+    def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None, **kwargs):
+        device = self.out_proj.weight.device
+        conv_dtype = self.in_proj.weight.dtype if dtype is None else dtype
+        conv_state = torch.zeros(batch_size, self.d_inner, self.d_conv - 1, device=device, dtype=conv_dtype)
+        ssm_state = torch.zeros(batch_size, self.d_inner, self.d_state, device=device, dtype=torch.float32)
+        return conv_state, ssm_state
+
+    def _get_states_from_cache(self, inference_params, batch_size, initialize_states=False):
+        if self.layer_idx is None:
+            raise ValueError("Mamba: an inference cache needs layer_idx (the key of its states)")
+        cache = inference_params.key_value_memory_dict
+        if self.layer_idx not in cache:
+            cache[self.layer_idx] = self.allocate_inference_cache(batch_size, inference_params.max_seqlen)
+        conv_state, ssm_state = cache[self.layer_idx]
+        if initialize_states:
+            conv_state.zero_()
+            ssm_state.zero_()
+        return conv_state, ssm_state
+
+    # ---- forward --------------------------------------------------------------------------------------------------
+    def forward(self, hidden_states, inference_params=None):
+        """hidden_states [b, L, d_model] -> [b, L, d_model]. With inference_params: seqlen_offset == 0 starts the
+        sequence from zero states; > 0 continues it (one token: a decode step; more: a chunk of prefill)."""
+        batch, seqlen, _ = hidden_states.shape
+        if inference_params is not None:
+            conv_state, ssm_state = self._get_states_from_cache(
+                inference_params, batch, initialize_states=inference_params.seqlen_offset == 0)
+            if tuple(conv_state.shape) != (batch, self.d_inner, self.d_conv - 1) or ssm_state.dtype != torch.float32:
+                raise LaunchRefused("Mamba: the cache's states are not this layer's (conv_state [b, d_inner, "
+                                    "d_conv-1], ssm_state float32 [b, d_inner, d_state]): allocate them with "
+                                    "allocate_inference_cache")
+        else:
+            conv_state, ssm_state = self.allocate_inference_cache(batch, seqlen, dtype=hidden_states.dtype)
+        return self._run(hidden_states, conv_state, ssm_state)
+
+    def step(self, hidden_states, conv_state, ssm_state):
+        """One token [b, 1, d_model] from the given states (updated in place): (out, conv_state, ssm_state)."""
+        if hidden_states.shape[1] != 1:
+            raise ValueError(f"Mamba.step decodes one token at a time; got {hidden_states.shape[1]}")
+        return self._run(hidden_states, conv_state, ssm_state), conv_state, ssm_state
+
+    def _run(self, hidden_states, conv_state, ssm_state):
+        mft, kernels = _ops()
+        ops = torch.ops.mamba_forge
+        batch, seqlen, _ = hidden_states.shape
+        w = self._weights()
+        tokens = batch * seqlen
+        h = hidden_states.reshape(tokens, self.d_model).contiguous()
+        xz = kernels.gemm(h, w["in"], bias=self.in_proj.bias).view(batch, seqlen, 2 * self.d_inner)
+        x = ops.conv_tokens(xz, w["conv_w"], w["conv_b"], conv_state)
+        x_dbl = kernels.gemm(x.view(tokens, self.d_inner), w["x"])
+        dt = kernels.gemm(x_dbl[:, :self.dt_rank].contiguous(), w["dt"])
+        y = ops.scan_tokens(x, dt.view(batch, seqlen, self.d_inner), w["dt_bias"], w["A_log"],
+                            x_dbl.view(batch, seqlen, -1), w["D"], xz, ssm_state)
+        out = kernels.gemm(y.view(tokens, self.d_inner), w["out"], bias=self.out_proj.bias)
+        return out.view(batch, seqlen, self.d_model)
+
+
+class RMSNorm(nn.Module):
+    """mamba-ssm's RMSNorm parameters (weight [dim], eps); applied by Block through mamba_forge::rms_norm_add."""
+
+    def __init__(self, hidden_size, eps=1e-5, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.register_parameter("bias", None)
+
+
+class Block(nn.Module):
+    """mamba_ssm.modules.block.Block with fused add + RMSNorm (residual in float32), no MLP:
+    residual = hidden + residual; hidden = mixer(rms_norm(residual) * norm.weight). Returns (hidden, residual)."""
+
+    def __init__(self, dim, mixer_cls, mlp_cls=nn.Identity, norm_cls=RMSNorm, fused_add_norm=True,
+                 residual_in_fp32=True):
+        super().__init__()
+        if mlp_cls is not nn.Identity or not fused_add_norm or not residual_in_fp32:
+            raise ValueError("Block: the qualified path is fused add + RMSNorm with a float32 residual and no MLP")
+        self.residual_in_fp32, self.fused_add_norm = True, True
+        self.norm = norm_cls(dim)
+        self.mixer = mixer_cls(dim)
+        self.mlp = None
+        if not isinstance(self.norm, RMSNorm):
+            raise ValueError("Block: norm_cls must make an RMSNorm")
+
+    def forward(self, hidden_states, residual=None, inference_params=None, **mixer_kwargs):
+        residual = (torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
+                    if residual is None else residual.float().contiguous())
+        w = self.norm.weight if self.norm.weight.dtype == torch.float32 else self.norm.weight.float()
+        hidden_states = torch.ops.mamba_forge.rms_norm_add(hidden_states, residual, w, self.norm.eps)
+        return self.mixer(hidden_states, inference_params=inference_params, **mixer_kwargs), residual
+
+    def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None, **kwargs):
+        return self.mixer.allocate_inference_cache(batch_size, max_seqlen, dtype=dtype, **kwargs)
+
+
+__all__ = ["Block", "InferenceParams", "Mamba", "RMSNorm"]

@@ -1,0 +1,192 @@
+"""Host emulation of the token-major sequence kernels (kernels/fixed/tokens.cu, mf/tokens.cuh) beside the decode
+step (kernels/fixed/scan.cu, mf/decode.cuh): compiled by g++ against the scan tests' mock of the CUDA subset,
+launched from the catalog's specs.
+
+It proves on the CPU what issue 23 asks of them (the GPU tests prove it on the hardware): the float64 references
+agree; the scan over L equals L successive launches at L = 1 and equals L successive ssm_step_forward_fused steps
+(the production decode step) bit for bit, out and state; any split of L into chunks gives the same bits; the conv
+likewise against itself at L = 1 and any chunking. A negative control (a step whose state is nudged by one ulp)
+is told apart. Skips without g++ -std=c++20.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from host_emulation import LAUNCH_CPP, ROOT, compile_emulator, entries_cpp
+from test_ref_scan import _MOCK_COMMON
+
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.qualify import fills
+from mamba_forge.qualify import spec as S
+from mamba_forge.references import tokens as ref
+
+_MOCK = _MOCK_COMMON + r"""
+inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+"""
+
+_EMU_CPP = r"""#include <thread>
+#include <vector>
+#include <utility>
+#include <cstring>
+#include SCAN_CU
+#include TOKENS_CU
+#define F float
+MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_f32, F, 2, 64, 1, 16)
+MF_SSM_SCAN_TOKENS(ssm_scan_tokens_f32, F)
+MF_CONV1D_TOKENS_SILU(conv1d_tokens_silu_f32, F)
+""" + LAUNCH_CPP + entries_cpp(["ssm_step_forward_fused_f32", "ssm_scan_tokens_f32", "conv1d_tokens_silu_f32"])
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tokens-emu")
+    return compile_emulator(d, {"mock/mf/common.cuh": _MOCK}, _EMU_CPP,
+                            [f"-I{d / 'mock'}", f'-DSCAN_CU="{ROOT / "kernels/fixed/scan.cu"}"',
+                             f'-DTOKENS_CU="{ROOT / "kernels/fixed/tokens.cu"}"', "-DMF_STATE_CAP=64"])
+
+_FIXED = None
+
+
+def _spec(name: str, dims: dict[str, int]) -> S.LaunchSpec:
+    global _FIXED
+    if _FIXED is None:
+        _FIXED = load_catalog(default_catalog_path()).module("Fixed")
+    sym = next(s for s in _FIXED.symbols if s.name == name)
+    return S.evaluate(sym, _FIXED.family(sym.family), dims)
+
+
+def _launch(lib, name: str, dims: dict[str, int], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run `name` at `dims` on copies of `arrays` (f32, by parameter name); outputs start as NaN. Returns every
+    buffer after the launch."""
+    sp = _spec(name, dims)
+    bufs, keep = {}, []
+    args = (ctypes.c_void_p * (len(sp.buffers) + len(sp.scalars)))()
+    for b in sp.buffers:
+        a = arrays.get(b.name)
+        bufs[b.name] = np.full(b.count, np.nan, np.float32) if a is None else np.array(a, np.float32).ravel().copy()
+        assert bufs[b.name].size >= b.count, (name, b.name, bufs[b.name].size, b.count)
+        ptr = ctypes.c_void_p(bufs[b.name].ctypes.data)
+        keep.append(ptr)
+        args[b.index] = ctypes.cast(ctypes.pointer(ptr), ctypes.c_void_p)
+    ctype = {"i32": ctypes.c_int32, "i64": ctypes.c_int64}
+    for s in sp.scalars:
+        v = ctype[s.type](s.value)
+        keep.append(v)
+        args[s.index] = ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
+    assert lib.run(name.encode(), (ctypes.c_int * 3)(*sp.grid), (ctypes.c_int * 3)(*sp.block), args) == 0
+    return bufs
+
+
+def _scan_inputs(rng, b, L, d, n, r):
+    return {
+        "state": rng.uniform(-1, 1, (b, d, n)), "u": rng.uniform(-1, 1, (b, L, d)), "dt": rng.uniform(-4, 0, (b, L, d)),
+        "dt_bias": rng.uniform(-1, 1, d), "A_log": rng.uniform(-1, 1.5, (d, n)),
+        "x_dbl": rng.uniform(-1, 1, (b, L, r + 2 * n)), "Dp": rng.uniform(-1, 1, d), "xz": rng.uniform(-3, 3, (b, L, 2 * d)),
+    }
+
+
+def _scan(lib, x, b, L, d, n, r, l0=0, l1=None, state=None):
+    """ssm_scan_tokens over timesteps l0 .. l1 of x (from `state`, default x's)."""
+    l1 = L if l1 is None else l1
+    part = {k: v[:, l0:l1] for k, v in x.items() if k in ("u", "dt", "x_dbl", "xz")}
+    dims = {"batch": b, "d_inner": d, "d_state": n, "dt_rank": r, "L": l1 - l0}
+    got = _launch(lib, "ssm_scan_tokens_f32", dims, {**x, **part, "state": x["state"] if state is None else state})
+    return got["out"].reshape(b, l1 - l0, d), got["state"]
+
+
+SCAN_DIMS = [(2, 37, 70, 16, 8), (1, 20, 64, 32, 16), (3, 9, 5, 35, 13), (1, 17, 130, 10, 4)]
+
+
+@pytest.mark.parametrize("b,L,d,n,r", SCAN_DIMS)
+def test_scan_tokens_matches_the_float64_reference(emu, b, L, d, n, r):
+    x = {k: v.astype(np.float32) for k, v in _scan_inputs(np.random.default_rng(1), b, L, d, n, r).items()}
+    out, state = _scan(emu, x, b, L, d, n, r)
+    want_out, want_state = ref.scan_tokens(x["state"], x["u"], x["dt"], x["dt_bias"], x["A_log"], x["x_dbl"], x["Dp"],
+                                           x["xz"], r)
+    assert np.all(np.isfinite(out)), "out not fully written"
+    assert np.max(np.abs(out - want_out)) <= 2e-5 * max(1.0, np.max(np.abs(want_out)))
+    assert np.max(np.abs(state - want_state.ravel())) <= 2e-5 * max(1.0, np.max(np.abs(want_state)))
+
+
+@pytest.mark.parametrize("b,L,d,n,r", SCAN_DIMS)
+def test_scan_tokens_equals_the_decode_step_bit_for_bit(emu, b, L, d, n, r):
+    """scan(L) == L x scan(1) == L x ssm_step_forward_fused, and chunked == whole, out and state, every bit."""
+    x = {k: v.astype(np.float32) for k, v in _scan_inputs(np.random.default_rng(2), b, L, d, n, r).items()}
+    out, state = _scan(emu, x, b, L, d, n, r)
+    st1 = stp = x["state"].ravel().copy()
+    for t in range(L):
+        o1, st1 = _scan(emu, x, b, L, d, n, r, t, t + 1, st1)
+        step = _launch(emu, "ssm_step_forward_fused_f32", {"batch": b, "d_inner": d, "d_state": n, "dt_rank": r},
+                       {"state": stp, "u": x["u"][:, t], "dt": x["dt"][:, t], "dt_bias": x["dt_bias"],
+                        "A_log": x["A_log"], "x_dbl": x["x_dbl"][:, t], "Dp": x["Dp"], "z": x["xz"][:, t, d:]})
+        stp = step["state"]
+        assert np.array_equal(o1[:, 0].view(np.uint32), out[:, t].view(np.uint32)), f"scan(1) at t={t}"
+        assert np.array_equal(step["out"].reshape(b, d).view(np.uint32), out[:, t].view(np.uint32)), f"step at t={t}"
+    assert np.array_equal(st1.view(np.uint32), state.view(np.uint32))
+    assert np.array_equal(stp.view(np.uint32), state.view(np.uint32))
+    cut = [0, 1, L // 3 + 1, L]
+    st, parts = x["state"].ravel().copy(), []
+    for l0, l1 in zip(cut, cut[1:], strict=False):
+        if l1 > l0:
+            o, st = _scan(emu, x, b, L, d, n, r, l0, l1, st)
+            parts.append(o)
+    assert np.array_equal(np.concatenate(parts, axis=1).view(np.uint32), out.view(np.uint32))
+    assert np.array_equal(st.view(np.uint32), state.view(np.uint32))
+
+
+def test_bitwise_comparison_tells_a_one_ulp_input_apart(emu):
+    """Negative control: the same comparison with one input nudged by one ulp differs, in out and in state."""
+    b, L, d, n, r = 1, 5, 8, 16, 4
+    x = {k: v.astype(np.float32) for k, v in _scan_inputs(np.random.default_rng(3), b, L, d, n, r).items()}
+    out, state = _scan(emu, x, b, L, d, n, r)
+    y = {**x, "u": x["u"].copy()}
+    y["u"][0, 2, 3] = np.nextafter(y["u"][0, 2, 3], np.float32(np.inf))
+    out2, state2 = _scan(emu, y, b, L, d, n, r)
+    assert not np.array_equal(out.view(np.uint32), out2.view(np.uint32))
+    assert not np.array_equal(state.view(np.uint32), state2.view(np.uint32))
+
+
+def _conv(lib, xz, state, weight, bias, b, L, d, w, l0=0, l1=None):
+    l1 = L if l1 is None else l1
+    dims = {"batch": b, "d": d, "L": l1 - l0, "width": w}
+    got = _launch(lib, "conv1d_tokens_silu_f32", dims, {"xz": xz[:, l0:l1], "conv_state": state, "weight": weight,
+                                                         "bias": bias})
+    return got["out"].reshape(b, l1 - l0, d), got["conv_state"]
+
+
+@pytest.mark.parametrize("b,L,d,w", [(2, 77, 130, 4), (1, 33, 5, 3), (3, 2, 129, 4), (1, 40, 64, 2), (2, 9, 7, 2)])
+def test_conv_tokens_matches_the_reference_and_itself_chunked(emu, b, L, d, w):
+    rng = np.random.default_rng(4)
+    xz = rng.uniform(-2, 2, (b, L, 2 * d)).astype(np.float32)
+    st0 = rng.uniform(-2, 2, (b, d, max(w - 1, 1))).astype(np.float32)[:, :, :w - 1].copy()
+    weight = rng.uniform(-1, 1, (d, w)).astype(np.float32)
+    bias = rng.uniform(-1, 1, d).astype(np.float32)
+    out, st = _conv(emu, xz, st0, weight, bias, b, L, d, w)
+    want, want_st = ref.conv_tokens(st0, xz, weight, bias, w)
+    assert np.all(np.isfinite(out))
+    assert np.max(np.abs(out - want)) <= 1e-6 * max(1.0, np.max(np.abs(want)))
+    assert np.array_equal(st, want_st.astype(np.float32).ravel())  # the state is a copy of inputs: exact
+    for cut in ([0, 1, L], [0, L // 2, L], list(range(L + 1))):
+        s, parts = st0.ravel().copy(), []
+        for l0, l1 in zip(cut, cut[1:], strict=False):
+            if l1 > l0:
+                o, s = _conv(emu, xz, s, weight, bias, b, L, d, w, l0, l1)
+                parts.append(o)
+        assert np.array_equal(np.concatenate(parts, axis=1).view(np.uint32), out.view(np.uint32)), cut
+        assert np.array_equal(s.view(np.uint32), st.view(np.uint32)), cut
+
+
+def test_catalog_references_write_every_output():
+    for name in ("ssm_scan_tokens_f32", "conv1d_tokens_silu_f32"):
+        fixed = load_catalog(default_catalog_path()).module("Fixed")
+        sym = next(s for s in fixed.symbols if s.name == name)
+        sp = S.evaluate(sym, fixed.family(sym.family))
+        rng = np.random.default_rng(5)
+        args = {b.name: fills.make_input(b, "uniform", rng).astype(np.float64) for b in sp.buffers if b.needs_fill}
+        want = getattr(ref, sp.family)(args | {s.name: s.value for s in sp.scalars}, sp.dims)
+        assert {b.name for b in sp.outputs} == set(want), name
+        for b in sp.outputs:
+            assert want[b.name].size == b.count and np.all(np.isfinite(want[b.name])), (name, b.name)

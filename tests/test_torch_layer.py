@@ -1,0 +1,223 @@
+"""The Mamba layer (mamba_forge.runtime.torch.Mamba, Block) on the CPU, where torch is installed (a CPU build is
+enough): mamba-ssm's parameter names and shapes, the refusals at construction, the new ops' shape rules and fake
+implementations, and the layer's wiring (which columns are x, z, dt, B, C; where the biases go; the states) against
+a float64 transcription of mamba-ssm's reference path, with the kernels stood in for by our float64 references
+(tests/gpu/test_mamba_layer_gpu.py runs the real kernels)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from mamba_forge.runtime.errors import LaunchRefused, SymbolUnavailable
+from mamba_forge.runtime.torch_ops import conv_tokens_shapes, scan_tokens_shapes
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def test_token_op_shape_rules_refuse_what_does_not_fit():
+    assert conv_tokens_shapes((2, 5, 16), (8, 4), (8,), (2, 8, 3)) == (2, 8, 5, 4)
+    ok = ((2, 5, 8), (2, 5, 8), (8,), (8, 4), (2, 5, 11), (8,), (2, 5, 16), (2, 8, 4))
+    assert scan_tokens_shapes(*ok) == (2, 5, 8, 4, 3)
+    bad_conv = [((2, 5, 15), (8, 4), (8,), (2, 8, 3)), ((2, 5, 16), (8, 5), (8,), (2, 8, 4)),
+                ((2, 5, 16), (8, 4), (7,), (2, 8, 3)), ((2, 5, 16), (8, 4), (8,), (2, 8, 4)),
+                ((2, 5, 16), (8, 1), (8,), (2, 8, 0)), ((5, 16), (8, 4), (8,), (2, 8, 3))]
+    for shapes in bad_conv:
+        with pytest.raises(LaunchRefused, match="conv_tokens"):
+            conv_tokens_shapes(*shapes)
+    for i in range(1, 8):
+        shapes = list(ok)
+        shapes[i] = tuple(n + 1 for n in shapes[i])
+        with pytest.raises(LaunchRefused, match="scan_tokens"):
+            scan_tokens_shapes(*shapes)
+    with pytest.raises(LaunchRefused, match="fewer than 2\\*d_state"):
+        scan_tokens_shapes((2, 5, 8), (2, 5, 8), (8,), (8, 4), (2, 5, 7), (8,), (2, 5, 16), (2, 8, 4))
+
+
+# ---- stand-ins: the kernels' contracts computed by the float64 references, on CPU tensors ------------------------
+
+def _np(t):
+    return t.detach().double().cpu().numpy()
+
+
+class _RefKernel:
+    def __init__(self, family):
+        self.family = family
+        self.symbol = SimpleNamespace(state_capacity=64)
+
+    def __call__(self, **a):
+        from mamba_forge.references import norm as rn
+        from mamba_forge.references import tokens as rt
+
+        if self.family == "ssm_scan_tokens":
+            b, d, n, r, L = a["batch"], a["d_inner"], a["d_state"], a["dt_rank"], a["L"]
+            out, st = rt.scan_tokens(_np(a["state"]), _np(a["u"]), _np(a["dt"]), _np(a["dt_bias"]), _np(a["A_log"]),
+                                     _np(a["x_dbl"]), _np(a["Dp"]), _np(a["xz"]), r)
+            a["out"].copy_(torch.from_numpy(out).reshape(a["out"].shape))
+            a["state"].copy_(torch.from_numpy(st).reshape(a["state"].shape))
+        elif self.family == "conv1d_tokens_silu":
+            out, st = rt.conv_tokens(_np(a["conv_state"]), _np(a["xz"]), _np(a["weight"]), _np(a["bias"]), a["width"])
+            a["out"].copy_(torch.from_numpy(out).reshape(a["out"].shape))
+            a["conv_state"].copy_(torch.from_numpy(st).reshape(a["conv_state"].shape))
+        elif self.family == "rmsnorm_forward_resadd_f32in":
+            got = rn.rmsnorm_forward_resadd({k: _np(v) if torch.is_tensor(v) else v for k, v in a.items()},
+                                            {"rows": a["rows"], "dim": a["dim"]})
+            for k in ("y", "rstd", "residual"):
+                a[k].copy_(torch.from_numpy(got[k]).reshape(a[k].shape))
+        else:
+            raise AssertionError(self.family)
+
+
+class _RefKernels:
+    manifest = SimpleNamespace(routes=[])
+
+    def __init__(self, missing=(), no_route=False):
+        self.missing, self.no_route = set(missing), no_route
+
+    def fn(self, family, dtype=None):
+        if family in self.missing:
+            raise SymbolUnavailable(family, f"{family}_{dtype} is not in this manifest")
+        return _RefKernel(family)
+
+    def _serves_name(self, name):
+        return False
+
+    def gemm_route(self, m, n, k, a, *rest, **kw):
+        if self.no_route:
+            raise LaunchRefused(f"no route for n={n} k={k}")
+        return "ref"
+
+    def gemm(self, A, B, out=None, *, bias=None, layout="nn", **kw):
+        c = A.double() @ B.double()
+        if bias is not None:
+            c = c + bias.double()
+        return c.to(A.dtype)
+
+
+@pytest.fixture(scope="module")
+def mft():
+    import mamba_forge.runtime.torch as mft
+
+    mft.register(_RefKernels())
+    for name in ("conv_tokens", "scan_tokens", "rms_norm_add"):  # CPU dispatch for the stand-ins
+        fn = getattr(mft, f"_{name}")
+        try:
+            torch.library.impl(f"mamba_forge::{name}", "CPU")(fn)
+        except RuntimeError:
+            pass  # already registered by an earlier module
+    return mft
+
+
+def test_parameters_are_mamba_ssms(mft):
+    m = mft.Mamba(64, layer_idx=3, dtype=torch.float32)
+    shapes = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    d_inner, dt_rank = 128, math.ceil(64 / 16)
+    assert shapes == {"in_proj.weight": (2 * d_inner, 64), "conv1d.weight": (d_inner, 1, 4), "conv1d.bias": (d_inner,),
+                      "x_proj.weight": (dt_rank + 32, d_inner), "dt_proj.weight": (d_inner, dt_rank),
+                      "dt_proj.bias": (d_inner,), "A_log": (d_inner, 16), "D": (d_inner,), "out_proj.weight": (64, d_inner)}
+    assert m.A_log.dtype == torch.float32 and m.D.dtype == torch.float32
+    assert torch.allclose(m.A_log[0], torch.log(torch.arange(1, 17, dtype=torch.float32)))
+    dt = F.softplus(m.dt_proj.bias.detach().float())
+    assert float(dt.min()) >= 1e-4 - 1e-9 and float(dt.max()) <= 0.1 + 1e-6  # dt_min/dt_max init as mamba-ssm
+    m2 = mft.Mamba(64, layer_idx=3, dtype=torch.float32)
+    m2.load_state_dict(m.state_dict())  # a mamba-ssm state dict has these keys: it loads unchanged
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"missing": {"ssm_scan_tokens"}}, "ssm_scan_tokens"),
+    ({"missing": {"conv1d_tokens_silu"}}, "conv1d_tokens_silu"),
+    ({"no_route": True}, "no qualified GEMM serves in_proj"),
+])
+def test_construction_refuses_what_the_manifest_cannot_serve(mft, kw, match):
+    with pytest.raises((LaunchRefused, SymbolUnavailable), match=match):
+        mft.Mamba(64, kernels=_RefKernels(**kw), dtype=torch.float32)
+    mft.register(_RefKernels())
+
+
+def test_construction_refuses_without_kernels_and_bad_widths(mft):
+    saved = mft._state["kernels"]
+    mft._state["kernels"] = None
+    try:
+        with pytest.raises(LaunchRefused, match="need loaded kernels"):
+            mft.Mamba(64, dtype=torch.float32)
+    finally:
+        mft._state["kernels"] = saved
+    for w in (1, 5):
+        with pytest.raises(ValueError, match="widths 2..4"):
+            mft.Mamba(64, d_conv=w, dtype=torch.float32)
+    with pytest.raises(LaunchRefused, match="f32, bf16 or f16"):
+        mft.Mamba(64, dtype=torch.float64)
+
+
+def _reference_block(m, h):
+    """mamba-ssm's slow path (mamba_simple.Mamba.forward without the fused kernels), in float64."""
+    b, L, _ = h.shape
+    d = lambda t: t.detach().double()  # noqa: E731
+    xz = (d(h) @ d(m.in_proj.weight).T).transpose(1, 2)  # b, 2D, L
+    x, z = xz.chunk(2, dim=1)
+    x = F.silu(F.conv1d(x, d(m.conv1d.weight), d(m.conv1d.bias), padding=m.d_conv - 1, groups=m.d_inner)[..., :L])
+    x_dbl = x.transpose(1, 2).reshape(b * L, -1) @ d(m.x_proj.weight).T
+    dt, B, C = torch.split(x_dbl, [m.dt_rank, m.d_state, m.d_state], dim=-1)
+    dt = F.softplus((dt @ d(m.dt_proj.weight).T + d(m.dt_proj.bias)).reshape(b, L, -1).transpose(1, 2))
+    B, C = B.reshape(b, L, -1).transpose(1, 2), C.reshape(b, L, -1).transpose(1, 2)
+    A = -torch.exp(d(m.A_log))
+    hs = torch.zeros(b, m.d_inner, m.d_state, dtype=torch.float32)
+    ys = []
+    for t in range(L):
+        hs = torch.exp(dt[:, :, t, None] * A) * hs + (dt[:, :, t] * x[:, :, t])[..., None] * B[:, None, :, t]
+        ys.append((hs * C[:, None, :, t]).sum(-1))
+    y = (torch.stack(ys, -1) + d(m.D)[None, :, None] * x) * F.silu(z)
+    return y.transpose(1, 2) @ d(m.out_proj.weight).T
+
+
+def test_layer_wiring_matches_mamba_ssms_reference_path_and_decodes_the_same(mft):
+    torch.manual_seed(0)
+    m = mft.Mamba(32, d_state=8, layer_idx=0, dtype=torch.float32)
+    with torch.no_grad():
+        for p in (m.conv1d.bias, m.D):
+            p.uniform_(-1, 1)
+    h = torch.randn(2, 9, 32, dtype=torch.float32)
+    want = _reference_block(m, h).float()
+    got = m(h)
+    assert torch.allclose(got, want, rtol=2e-5, atol=2e-5), float((got - want).abs().max())
+    cache = mft.InferenceParams(max_seqlen=9, max_batch_size=2)
+    parts = [m(h[:, :4], inference_params=cache)]
+    cache.seqlen_offset = 4
+    parts.append(m(h[:, 4:6], inference_params=cache))  # a chunk of prefill continues the sequence
+    for t in range(6, 9):
+        cache.seqlen_offset = t
+        parts.append(m(h[:, t:t + 1], inference_params=cache))  # decode steps
+    assert torch.allclose(torch.cat(parts, 1), want, rtol=2e-5, atol=2e-5)
+    cache.seqlen_offset = 0  # a new sequence starts from zero states
+    assert torch.allclose(m(h, inference_params=cache), want, rtol=2e-5, atol=2e-5)
+
+
+def test_block_adds_and_normalises_before_the_mixer(mft):
+    torch.manual_seed(1)
+    blk = mft.Block(32, lambda dim: mft.Mamba(dim, d_state=8, layer_idx=0, dtype=torch.float32))
+    h = torch.randn(1, 5, 32, dtype=torch.float32)
+    res = torch.randn(1, 5, 32, dtype=torch.float32)
+    out, new_res = blk(h, res.clone())
+    want_res = res.double() + h
+    normed = want_res * torch.rsqrt(want_res.pow(2).mean(-1, keepdim=True) + 1e-5)
+    assert torch.allclose(new_res.double(), want_res.float().double(), atol=1e-6)
+    assert torch.allclose(out, blk.mixer(normed.float()), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="fused add"):
+        mft.Block(32, lambda dim: None, fused_add_norm=False)
+
+
+def test_fake_implementations_give_shapes(mft):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    bf = torch.bfloat16
+    with FakeTensorMode():
+        xz = torch.empty(2, 5, 16, dtype=bf)
+        out = torch.ops.mamba_forge.conv_tokens(xz, torch.empty(8, 4), torch.empty(8), torch.empty(2, 8, 3, dtype=bf))
+        assert tuple(out.shape) == (2, 5, 8) and out.dtype == bf
+        y = torch.ops.mamba_forge.scan_tokens(torch.empty(2, 5, 8, dtype=bf), torch.empty(2, 5, 8, dtype=bf),
+                                              torch.empty(8), torch.empty(8, 4), torch.empty(2, 5, 11, dtype=bf),
+                                              torch.empty(8), xz, torch.empty(2, 8, 4))
+        assert tuple(y.shape) == (2, 5, 8) and y.dtype == bf
