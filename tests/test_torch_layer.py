@@ -53,7 +53,7 @@ class _RefKernel:
         from mamba_forge.references import tokens as rt
 
         if self.family == "ssm_scan_tokens":
-            b, d, n, r, L = a["batch"], a["d_inner"], a["d_state"], a["dt_rank"], a["L"]
+            r = a["dt_rank"]
             out, st = rt.scan_tokens(_np(a["state"]), _np(a["u"]), _np(a["dt"]), _np(a["dt_bias"]), _np(a["A_log"]),
                                      _np(a["x_dbl"]), _np(a["Dp"]), _np(a["xz"]), r)
             a["out"].copy_(torch.from_numpy(out).reshape(a["out"].shape))

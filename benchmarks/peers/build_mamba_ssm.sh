@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Build the peer mamba-ssm 2.3.2.post1 (selective_scan_cuda extension) for sm_90 only, on the GPU machine
-# (no network: the PyPI sdist is carried in the repo-ignored .peers/ folder). About 2.5 minutes with 16 cores.
-#   bash benchmarks/peers/build_mamba_ssm.sh            # -> /tmp/peers/mamba_ssm-2.3.2.post1 (built in place)
+# Build a peer for sm_90 only, on the GPU machine (no network: the PyPI sdists are carried in the repo-ignored
+# .peers/ folder): mamba-ssm 2.3.2.post1 (selective_scan_cuda) by default, or causal-conv1d 1.7.0 (its fast path's
+# conv; with it importable, mamba-ssm's Mamba runs mamba_inner_fn). About 2.5 minutes each with 16 cores.
+#   bash benchmarks/peers/build_mamba_ssm.sh                          # -> /tmp/peers/mamba_ssm-2.3.2.post1
+#   bash benchmarks/peers/build_mamba_ssm.sh causal_conv1d-1.7.0      # -> /tmp/peers/causal_conv1d-1.7.0
 # Then benchmarks/peers/mamba_peer.py imports selective_scan_cuda from there, and the Triton
 # selective_state_update by file path (no compiled extension needed for that one).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-SDIST="$ROOT/.peers/mamba_ssm-2.3.2.post1.tar.gz"
+PKG="${1:-mamba_ssm-2.3.2.post1}"
+case $PKG in mamba_ssm-*) SO=selective_scan_cuda ;; causal_conv1d-*) SO=causal_conv1d_cuda ;; *) echo "unknown peer $PKG" >&2; exit 2 ;; esac
+SDIST="$ROOT/.peers/$PKG.tar.gz"
 DEST="${MAMBA_PEER_DIR:-/tmp/peers}"
-SRC="$DEST/mamba_ssm-2.3.2.post1"
+SRC="$DEST/$PKG"
 [ -f "$SDIST" ] || { echo "missing $SDIST (download it on a networked machine; see the scan report)" >&2; exit 2; }
-if ls "$SRC"/selective_scan_cuda*.so >/dev/null 2>&1; then echo "already built: $SRC"; exit 0; fi
+if ls "$SRC"/$SO*.so >/dev/null 2>&1; then echo "already built: $SRC"; exit 0; fi
 mkdir -p "$DEST"
 rm -rf "$SRC"
 tar xzf "$SDIST" -C "$DEST"
@@ -33,6 +37,6 @@ open(p, "w").write(s)
 print(f"setup.py: removed {n} gencode pairs; kept compute_90/sm_90")
 PY
 grep -n 'arch=compute' setup.py
-export MAMBA_FORCE_BUILD=TRUE MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="9.0"
+export MAMBA_FORCE_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="9.0"
 time python3 setup.py build_ext --inplace 2>&1 | tail -20
-ls -la "$SRC"/selective_scan_cuda*.so
+ls -la "$SRC"/$SO*.so
