@@ -88,8 +88,8 @@ def main(argv=None) -> int:
         with torch.no_grad():
             for b, L in prefill:
                 h = torch.randn(b, L, dm, device="cuda", dtype=bf)
-                t_ours = median_ms(lambda h=h: ours(h), reps)
-                t_peer = median_ms(lambda h=h: peer(h), reps) if peer is not None else None
+                t_ours = median_ms(lambda h=h, m=ours: m(h), reps)
+                t_peer = median_ms(lambda h=h, m=peer: m(h), reps) if peer is not None else None
                 shape = f"d{dm} b{b} L{L}"
                 rows.append(("prefill", shape, t_ours, t_peer))
                 rec(family="mamba_block", symbol="Mamba prefill", shape=shape, dtype="bf16", ours=t_ours,
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
                 h = torch.randn(b, 1, dm, device="cuda", dtype=bf)
                 ours(h, inference_params=oc)
                 oc.seqlen_offset = 1
-                g = capture_graph(lambda h=h, oc=oc: ours(h, inference_params=oc), 10)
+                g = capture_graph(lambda h=h, oc=oc, m=ours: m(h, inference_params=oc), 10)
                 t_ours = median_ms(g.replay, reps) / 10
                 t_peer = None
                 if peer is not None:
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                     pc = PI(max_seqlen=2, max_batch_size=b)
                     peer(h, inference_params=pc)
                     pc.seqlen_offset = 1
-                    gp = capture_graph(lambda h=h, pc=pc: peer(h, inference_params=pc), 10)
+                    gp = capture_graph(lambda h=h, pc=pc, m=peer: m(h, inference_params=pc), 10)
                     t_peer = median_ms(gp.replay, reps) / 10
                 shape = f"d{dm} batch{b}"
                 rows.append(("decode (graph)", shape, t_ours, t_peer))
@@ -122,8 +122,8 @@ def main(argv=None) -> int:
             ours(h, inference_params=oc)
             oc.seqlen_offset = 1
             host = {}
-            for name, fn in (("ours", lambda h=h, oc=oc: ours(h, inference_params=oc)),
-                             *((("peer", lambda h=h, pc=pc: peer(h, inference_params=pc)),) if peer is not None else ())):
+            for name, fn in (("ours", lambda h=h, oc=oc, m=ours: m(h, inference_params=oc)),
+                             *((("peer", lambda h=h, pc=pc, p=peer: p(h, inference_params=pc)),) if peer is not None else ())):
                 for _ in range(3):
                     fn()
                 torch.cuda.synchronize()
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
                     rec(family="mamba_block_gemm", symbol=f"{proj} route", shape=shape, dtype="bf16", ours=t_o,
                         baseline=t_c, baseline_name="cuBLAS (torch.matmul) in CUDA graphs", unit="ms",
                         goal=">= 0.9x cuBLAS", met=t_c / t_o >= 0.9)
-        del ours, peer
+        ours = peer = None  # free the GPU memory before the next width
         torch.cuda.empty_cache()
     print(f"peer: {peer_name}{'' if Peer else ' — ' + why}")
     for what, shape, t_o, t_p in rows:
