@@ -1,0 +1,82 @@
+"""The prefill-decode-consistent scan (ssm_scan_tokens, through torch.ops.mamba_forge.scan_tokens) against
+mamba-ssm's forward (selective_scan_cuda.fwd with z, D, delta_bias, softplus) and our parallel scan
+(ssm_parallel_scan_fwd_nosave, mamba_forge::selective_scan), each on its own layout, GPU time (CUDA events), one
+run. Issue 23's goal: the consistent scan at most 1.0x mamba-ssm's time at B8 D2048 L2048 N16 and B4 D4096 L4096
+N16. Appends to benchmarks/results/summary.json.
+    python benchmarks/bench_scan_tokens.py --bundle h200.tar.gz --key manifests/keys [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "peers"))
+
+PEER = "mamba-ssm 2.3.2.post1 selective_scan_cuda.fwd"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bundle", required=True)
+    p.add_argument("--key", required=True)
+    p.add_argument("--smoke", action="store_true", help="one small shape, seconds; nothing recorded")
+    p.add_argument("--reps", type=int, default=20)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    import torch
+    from mamba_peer import load_selective_scan_cuda
+    from summary import append, record
+    from timing import median_ms
+
+    import mamba_forge.runtime.torch as mft
+    from mamba_forge.runtime import load
+
+    keys = sorted(Path(a.key).glob("*.pub")) if Path(a.key).is_dir() else [Path(a.key)]
+    mft.register(load(a.bundle, trusted_keys=keys))
+    ssc, why = load_selective_scan_cuda()
+    ops, bf, gpu = torch.ops.mamba_forge, torch.bfloat16, torch.cuda.get_device_name()
+    shapes = [(1, 256, 128, 16)] if a.smoke else [(8, 2048, 2048, 16), (4, 4096, 4096, 16), (1, 2048, 2048, 16)]
+    reps, r = (3 if a.smoke else a.reps), 64
+    records = []
+    for b, d, L, n in shapes:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        rnd = lambda *s, lo=-1.0, hi=1.0, g=g: torch.rand(s, generator=g, device="cuda") * (hi - lo) + lo  # noqa: E731
+        u, dt = rnd(b, L, d).to(bf), rnd(b, L, d, lo=-4, hi=0).to(bf)
+        x_dbl, xz = rnd(b, L, r + 2 * n).to(bf), rnd(b, L, 2 * d, lo=-3, hi=3).to(bf)
+        A_log, D, dt_bias, state = rnd(d, n, lo=-1, hi=1.5), rnd(d), rnd(d), torch.zeros(b, d, n, device="cuda")
+        ours = median_ms(lambda: ops.scan_tokens(u, dt, dt_bias, A_log, x_dbl, D, xz, state), reps)  # noqa: B023
+        # the channel-major forms (what mamba-ssm and our parallel scan read)
+        uc, dtc, zc = (t.transpose(1, 2).contiguous() for t in (u, dt, xz[..., d:]))
+        Bc = x_dbl[..., r:r + n].transpose(1, 2).contiguous()
+        Cc = x_dbl[..., r + n:].transpose(1, 2).contiguous()
+        par = median_ms(lambda: ops.selective_scan(uc, dtc, A_log, Bc, Cc, D, zc, dt_bias), reps)  # noqa: B023
+        peer = None
+        if ssc is not None:
+            A = -torch.exp(A_log)
+            peer = median_ms(lambda: ssc.fwd(uc, dtc, A, Bc.unsqueeze(1), Cc.unsqueeze(1), D, zc, dt_bias, True),  # noqa: B023
+                             reps)
+        shape = f"B{b} D{d} L{L} N{n}"
+        print(f"{shape}: scan_tokens {ours * 1e3:.1f} us, parallel scan {par * 1e3:.1f} us, "
+              f"peer {peer * 1e3 if peer else float('nan'):.1f} us" + ("" if peer else f" ({why})"))
+        if not a.smoke:
+            records.append(record(family="ssm_scan_tokens", symbol="ssm_scan_tokens_bf16", shape=shape, dtype="bf16",
+                                  ours=ours, baseline=peer, baseline_name=PEER, unit="ms", gpu=gpu,
+                                  goal="<= 1.0x peer time", met=bool(peer and ours <= peer)))
+            records.append(record(family="ssm_scan_tokens", symbol="ssm_scan_tokens_bf16 vs parallel scan",
+                                  shape=shape, dtype="bf16", ours=ours, baseline=par, gpu=gpu,
+                                  baseline_name="ssm_parallel_scan_fwd_nosave_bf16 (mamba_forge::selective_scan)",
+                                  unit="ms", goal="information", met=True))
+    if records:
+        append(records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
