@@ -25,7 +25,9 @@ from mamba_forge import __version__
 from mamba_forge.build import admit, nvrtc
 from mamba_forge.build.cache import DIGEST_PREFIX, Cache, CacheRefused, cache_key, default_location
 from mamba_forge.build.worker import die_with_parent, run_job
+from mamba_forge.catalog.compile_rules import redact_log
 from mamba_forge.catalog.model import Catalog, ModuleSpec, Symbol
+from mamba_forge.catalog.sources import check_resolved, read_headers, read_source
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
 from mamba_forge.errors import CatalogError
 from mamba_forge.fsio import write_if_changed
@@ -41,7 +43,6 @@ from mamba_forge.manifest.schema import (
 
 META_VERSION = 2  # the worker's metadata layout (build/worker.py): part of every cache key
 BASE_OPTIONS = ["-std=c++17", "--fmad=true", "-DNDEBUG", "--frandom-seed=mamba-forge"]
-HEADER_SUFFIXES = {".h", ".cuh", ".hpp", ".inl"}
 LOG_HEAD_LINES = 12
 
 ProgressFn = Callable[[str, ModuleBuild | None], None]
@@ -87,6 +88,11 @@ class Job:
     def program_name(self) -> str:
         return f"mamba_forge_{self.module.kind}.cu"
 
+    @property
+    def known_files(self) -> set[str]:
+        """The file names the compiler log may name for this program: its sources, headers and the program."""
+        return {*self.module.module.sources, *self.headers, "<instantiations>", self.program_name}
+
 
 def collect_headers(module: ModuleSpec) -> dict[str, bytes]:
     """Every header file under the module's include folders, keyed by its include name."""
@@ -100,7 +106,7 @@ def compose(module: ModuleSpec) -> str:
     """The module's one program: its sources in order, then the catalog's instantiation lines."""
     parts = [f"// mamba-forge module {module.kind}: composed from the catalog; do not edit\n"]
     for rel in module.module.sources:
-        text = (module.root / rel).read_text(encoding="utf-8")
+        text = read_source(module.root / rel, f"module {module.kind}: source")
         parts.append(f'#line 1 "{rel}"\n{text}\n')
     lines = []
     for sym in module.symbols:
@@ -139,6 +145,10 @@ def plan(req: BuildRequest) -> list[Job]:
             continue
         headers = collect_headers(module)
         source = compose(module)
+        # NVRTC opens any include it cannot find in memory on disk: every name must be an in-memory header or one
+        # of the pinned CUDA headers (the catalog checked the names are plain; this checks they resolve)
+        check_resolved({"the composed program": source, **headers},
+                       lambda n, hs=headers: n in hs or nvrtc.is_cuda_header(n), f"module {module.kind}")
         entry = module.module.model_dump(mode="json", exclude={"families"})
         for target, role in pairs:
             options = module_options(module, target, req.state_capacity)
@@ -237,6 +247,8 @@ def _finish(job: Job, parts: dict[str, bytes], out: Path) -> ModuleBuild:
         compile_seconds=meta.get("seconds", 0.0),
     )
     if not meta["ok"]:
+        # what reaches the manifest never quotes a file outside the catalog (defence behind the include rule)
+        log = redact_log(log, lambda f: f in job.known_files or nvrtc.is_cuda_header_path(f))
         head = "\n".join(line for line in log.splitlines() if line.strip())
         record.log_head = "\n".join(head.splitlines()[:LOG_HEAD_LINES])
         reason = f"module {job.module.kind} failed to compile for {job.target.name}: " + (
@@ -362,18 +374,8 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
 
 
 def collect_headers_at(base: Path) -> dict[str, bytes]:
-    """Every header under an include folder, by relative name; a header that is a link out of the folder is
-    refused (the catalog's path rule, applied to what the folder holds)."""
-    root = base.resolve()
-    out = {}
-    for p in sorted(base.rglob("*")):
-        if p.suffix not in HEADER_SUFFIXES or not p.is_file():
-            continue
-        if not p.resolve().is_relative_to(root):
-            raise CatalogError(f"header {p} leads out of its include folder {root} (to {p.resolve()})",
-                               hint="keep headers inside the catalog's folder")
-        out[p.relative_to(base).as_posix()] = p.read_bytes()
-    return out
+    """Every header under an include folder, by relative name (bounded, include-checked: catalog/sources.py)."""
+    return read_headers(base)
 
 
 def count_jobs(req: BuildRequest) -> int:
