@@ -24,7 +24,7 @@ from pathlib import Path
 from mamba_forge import __version__
 from mamba_forge.build import admit, nvrtc
 from mamba_forge.build.cache import DIGEST_PREFIX, Cache, CacheRefused, cache_key, default_location
-from mamba_forge.build.worker import die_with_parent, run_job
+from mamba_forge.build.worker import die_with_parent, entry_problem, run_job
 from mamba_forge.catalog.compile_rules import redact_log
 from mamba_forge.catalog.model import Catalog, ModuleSpec, Symbol
 from mamba_forge.catalog.sources import check_resolved, read_headers, read_source
@@ -313,13 +313,15 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
     results: dict[int, ModuleBuild] = {}
     pending: list[int] = []
     for i, job in enumerate(jobs):
-        parts = cache.get(job.key) if cache else None
+        parts = cache.get(job.key, accept=lambda p, cc=job.target.cc: entry_problem(p, cc)) if cache else None
         if parts is not None:
             results[i] = _finish(job, dict(parts, cached=b"1"), req.out)
             if progress:
                 progress("done", results[i])
         else:
             pending.append(i)
+    for w in cache.warnings if cache else ():
+        _noting_warnings({"cache_warning": w.encode()}, req)
     if pending:
         workers = min(len(pending), req.jobs or os.cpu_count() or 1)
         payloads = {
@@ -330,6 +332,7 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
                 "headers": jobs[i].headers,
                 "key": jobs[i].key,
                 "cache_root": str(cache.root) if cache else None,
+                "cc": jobs[i].target.cc,
             }
             for i in pending
         }
