@@ -24,13 +24,13 @@ from pathlib import Path
 from mamba_forge import __version__
 from mamba_forge.build import admit, nvrtc
 from mamba_forge.build.cache import DIGEST_PREFIX, Cache, CacheRefused, cache_key, default_location
+from mamba_forge.build.outputs import OutputStage, hold_out
 from mamba_forge.build.worker import die_with_parent, entry_problem, run_job
 from mamba_forge.catalog.compile_rules import redact_log
 from mamba_forge.catalog.model import Catalog, ModuleSpec, Symbol
 from mamba_forge.catalog.sources import check_resolved, read_headers, read_source
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
 from mamba_forge.errors import CatalogError
-from mamba_forge.fsio import write_if_changed
 from mamba_forge.manifest.schema import (
     Artifact,
     BuildManifest,
@@ -59,6 +59,7 @@ class BuildRequest:
     warnings: list[str] = field(default_factory=list)
     kernels: tuple[str, ...] = ()  # symbol-name globs (`build --kernels`); empty: every symbol
     modules: tuple[str, ...] = ()  # module kinds (`build --module`); empty: every module
+    write_manifest: bool = False  # also write <out>/manifest.toml, renamed in with the artifacts (the CLI's way)
 
     def __post_init__(self) -> None:
         if self.modules:
@@ -230,7 +231,7 @@ def _symbol_record(sym: Symbol, res: Resources | None, verdict: Verdict) -> Symb
     )
 
 
-def _finish(job: Job, parts: dict[str, bytes], out: Path) -> ModuleBuild:
+def _finish(job: Job, parts: dict[str, bytes], out: OutputStage) -> ModuleBuild:
     meta = json.loads(parts["meta"])
     log = parts["log"].decode(errors="replace")
     record = ModuleBuild(
@@ -263,7 +264,7 @@ def _finish(job: Job, parts: dict[str, bytes], out: Path) -> ModuleBuild:
         if not data:
             continue
         rel = f"{job.target.name}/{job.module.kind}.{code}"
-        write_if_changed(out / rel, data)
+        out.add(rel, data)
         digest = parts.get(DIGEST_PREFIX + code)  # a cache hit's verified digest: no second pass over the bytes
         record.artifacts.append(Artifact(path=rel, sha256=digest.decode() if digest else _sha(data), size=len(data),
                                          code=code))  # type: ignore[arg-type]
@@ -306,8 +307,24 @@ def open_cache(req: BuildRequest) -> Cache | None:
 
 
 def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifest:
-    """Build every (module x target) the catalog gates admit; never raises for a module that fails to compile."""
-    req.out.mkdir(parents=True, exist_ok=True)
+    """Build every (module x target) the catalog gates admit; never raises for a module that fails to compile.
+    Holds `req.out` for the build (a second build into it is refused) and writes it all or nothing."""
+    with hold_out(req.out):
+        stage = OutputStage(req.out)
+        try:
+            manifest = _build(req, stage, progress)
+            if req.write_manifest:
+                from mamba_forge.manifest.toml_io import dumps
+
+                stage.add("manifest.toml", dumps(manifest).encode())
+            stage.commit()
+        except BaseException:
+            stage.abort()
+            raise
+    return manifest
+
+
+def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -> BuildManifest:
     cache = open_cache(req)
     jobs = plan(req)
     results: dict[int, ModuleBuild] = {}
@@ -315,7 +332,7 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
     for i, job in enumerate(jobs):
         parts = cache.get(job.key, accept=lambda p, cc=job.target.cc: entry_problem(p, cc)) if cache else None
         if parts is not None:
-            results[i] = _finish(job, dict(parts, cached=b"1"), req.out)
+            results[i] = _finish(job, dict(parts, cached=b"1"), stage)
             if progress:
                 progress("done", results[i])
         else:
@@ -342,18 +359,22 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
             for i in pending:
                 if progress:
                     progress("start", None)
-                results[i] = _finish(jobs[i], _noting_warnings(run_job(payloads[i]), req), req.out)
+                results[i] = _finish(jobs[i], _noting_warnings(run_job(payloads[i]), req), stage)
                 if progress:
                     progress("done", results[i])
         else:
             ctx = multiprocessing.get_context(_start_method())
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=die_with_parent) as pool:
                 futures = {pool.submit(run_job, payloads[i]): i for i in pending}
-                for fut in as_completed(futures):
-                    i = futures[fut]
-                    results[i] = _finish(jobs[i], _noting_warnings(fut.result(), req), req.out)
-                    if progress:
-                        progress("done", results[i])
+                try:
+                    for fut in as_completed(futures):
+                        i = futures[fut]
+                        results[i] = _finish(jobs[i], _noting_warnings(fut.result(), req), stage)
+                        if progress:
+                            progress("done", results[i])
+                except BaseException:  # an output that cannot be written: no compile still queued runs
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
     lib = nvrtc.library_identity()
     headers = {}
     for m in req.catalog.modules:
