@@ -71,12 +71,36 @@ class OutputStage:
         return True
 
     def commit(self) -> None:
+        """Rename every staged file over its name. Each file about to be replaced is first hard-linked aside (no
+        data written) and the old manifest removed before any artifact changes, so a rename that fails midway is
+        rolled back; where even the rollback fails, the folder holds no manifest.toml (never one that disagrees
+        with the artifacts) and the message names the kept copy."""
+        backups: list[tuple[Path, Path]] = []
+        done: list[Path] = []
         try:
+            for _, final in self.pending:
+                if os.path.lexists(final):
+                    backup = final.parent / f".{final.name}.previous"
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(backup)
+                    os.link(final, backup, follow_symlinks=False)
+                    backups.append((final, backup))
+            for final, _ in backups:
+                if final.name == "manifest.toml" and final.parent == self.out:
+                    os.unlink(final)  # the old manifest goes first: it never describes half-replaced artifacts
             for tmp, final in self.pending:
                 os.replace(final.parent / tmp, final)
+                done.append(final)
         except OSError as exc:
+            restored = _roll_back(done, backups)
             self.abort()
-            raise BuildError(f"cannot write {final}: {exc.strerror or exc}", hint=_HINT) from None
+            where = self.out / "manifest.toml"
+            hint = (_HINT if restored else f"{self.out} now holds no manifest.toml (the previous one is kept as "
+                    f"{where.parent / ('.' + where.name + '.previous')}); free the disk and build again")
+            raise BuildError(f"cannot write {final}: {exc.strerror or exc}", hint=hint) from None
+        for _, backup in backups:
+            with contextlib.suppress(OSError):
+                os.unlink(backup)
         for folder in {final.parent for _, final in self.pending}:
             _fsync_dir(folder)
         self.pending = []
@@ -86,6 +110,27 @@ class OutputStage:
             with contextlib.suppress(OSError):
                 os.unlink(final.parent / tmp)
         self.pending = []
+
+
+def _roll_back(done: list[Path], backups: list[tuple[Path, Path]]) -> bool:
+    """Put the previous files back; True when every one is back."""
+    ok = True
+    saved = dict(backups)
+    for final in done:
+        if final not in saved:
+            try:
+                os.unlink(final)
+            except OSError:
+                ok = False
+    for final, backup in backups:
+        try:
+            if final in done or not os.path.lexists(final):  # replaced, or the old manifest taken away first
+                os.replace(backup, final)
+            else:  # never touched: the backup is only a second name of it
+                os.unlink(backup)
+        except OSError:
+            ok = False
+    return ok
 
 
 def _holds(path: Path, data: bytes) -> bool:

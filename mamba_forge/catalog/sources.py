@@ -41,7 +41,7 @@ def read_headers(base: Path) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     total = 0
     for p in sorted(base.rglob("*")):
-        if p.suffix not in HEADER_SUFFIXES or not p.is_file():
+        if p.suffix not in HEADER_SUFFIXES or p.is_dir():  # a FIFO or device named like a header is refused below
             continue
         if not p.resolve().is_relative_to(root):
             raise CatalogError(f"header {p} leads out of its include folder {root} (to {p.resolve()})",
