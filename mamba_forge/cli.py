@@ -117,7 +117,6 @@ def build(
     from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
     from mamba_forge.catalog.targets import get_target, select_targets
     from mamba_forge.manifest.codec import to_dict
-    from mamba_forge.manifest.toml_io import write
     from mamba_forge.report.tables import render_build
     from mamba_forge.safety import PathRefused, prepare_output_dir
 
@@ -126,7 +125,8 @@ def build(
     cap = state_capacity(state_cap)
     cat = load_catalog(catalog or default_catalog_path())
     req = BuildRequest(cat, targets, out_dir, jobs=jobs, state_capacity=cap, cache_location=None if no_cache else "default",
-                       kernels=tuple(kernels or ()), modules=tuple(module or ()))  # bad input leaves no --out behind
+                       kernels=tuple(kernels or ()), modules=tuple(module or ()),  # bad input leaves no --out behind
+                       write_manifest=True)  # renamed in with the artifacts: a failed build keeps the old one
     for note in chosen.notes if not quiet else ():
         err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if dry_run:
@@ -153,7 +153,6 @@ def build(
         manifest, seconds = timed_build(req, on_event)
     for w in req.warnings if not quiet else ():
         err.print(f"warning: {w}", markup=False, highlight=False)
-    write(out_dir / "manifest.toml", manifest)
     failed = manifest.failed_mandatory()
     names = ", ".join(f"{m.kind} ({m.target})" for m in failed)
     if as_json:

@@ -62,3 +62,30 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def write_atomic_at(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600) -> None:
+    """`write_atomic` inside an already opened folder (a descriptor): the temp file is created there with
+    O_EXCL|O_NOFOLLOW and renamed over `name` there, so a folder swapped for a symlink after it was opened is
+    never written through."""
+    import secrets
+
+    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode,
+                 dir_fd=dir_fd)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    with contextlib.suppress(OSError):
+        os.fsync(dir_fd)

@@ -24,11 +24,13 @@ from pathlib import Path
 from mamba_forge import __version__
 from mamba_forge.build import admit, nvrtc
 from mamba_forge.build.cache import DIGEST_PREFIX, Cache, CacheRefused, cache_key, default_location
-from mamba_forge.build.worker import die_with_parent, run_job
+from mamba_forge.build.outputs import OutputStage, hold_out
+from mamba_forge.build.worker import die_with_parent, entry_problem, run_job
+from mamba_forge.catalog.compile_rules import redact_log
 from mamba_forge.catalog.model import Catalog, ModuleSpec, Symbol
+from mamba_forge.catalog.sources import check_resolved, read_headers, read_source
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
 from mamba_forge.errors import CatalogError
-from mamba_forge.fsio import write_if_changed
 from mamba_forge.manifest.schema import (
     Artifact,
     BuildManifest,
@@ -41,7 +43,6 @@ from mamba_forge.manifest.schema import (
 
 META_VERSION = 2  # the worker's metadata layout (build/worker.py): part of every cache key
 BASE_OPTIONS = ["-std=c++17", "--fmad=true", "-DNDEBUG", "--frandom-seed=mamba-forge"]
-HEADER_SUFFIXES = {".h", ".cuh", ".hpp", ".inl"}
 LOG_HEAD_LINES = 12
 
 ProgressFn = Callable[[str, ModuleBuild | None], None]
@@ -58,6 +59,7 @@ class BuildRequest:
     warnings: list[str] = field(default_factory=list)
     kernels: tuple[str, ...] = ()  # symbol-name globs (`build --kernels`); empty: every symbol
     modules: tuple[str, ...] = ()  # module kinds (`build --module`); empty: every module
+    write_manifest: bool = False  # also write <out>/manifest.toml, renamed in with the artifacts (the CLI's way)
 
     def __post_init__(self) -> None:
         if self.modules:
@@ -87,6 +89,11 @@ class Job:
     def program_name(self) -> str:
         return f"mamba_forge_{self.module.kind}.cu"
 
+    @property
+    def known_files(self) -> set[str]:
+        """The file names the compiler log may name for this program: its sources, headers and the program."""
+        return {*self.module.module.sources, *self.headers, "<instantiations>", self.program_name}
+
 
 def collect_headers(module: ModuleSpec) -> dict[str, bytes]:
     """Every header file under the module's include folders, keyed by its include name."""
@@ -100,7 +107,7 @@ def compose(module: ModuleSpec) -> str:
     """The module's one program: its sources in order, then the catalog's instantiation lines."""
     parts = [f"// mamba-forge module {module.kind}: composed from the catalog; do not edit\n"]
     for rel in module.module.sources:
-        text = (module.root / rel).read_text(encoding="utf-8")
+        text = read_source(module.root / rel, f"module {module.kind}: source")
         parts.append(f'#line 1 "{rel}"\n{text}\n')
     lines = []
     for sym in module.symbols:
@@ -139,6 +146,10 @@ def plan(req: BuildRequest) -> list[Job]:
             continue
         headers = collect_headers(module)
         source = compose(module)
+        # NVRTC opens any include it cannot find in memory on disk: every name must be an in-memory header or one
+        # of the pinned CUDA headers (the catalog checked the names are plain; this checks they resolve)
+        check_resolved({"the composed program": source, **headers},
+                       lambda n, hs=headers: n in hs or nvrtc.is_cuda_header(n), f"module {module.kind}")
         entry = module.module.model_dump(mode="json", exclude={"families"})
         for target, role in pairs:
             options = module_options(module, target, req.state_capacity)
@@ -220,7 +231,7 @@ def _symbol_record(sym: Symbol, res: Resources | None, verdict: Verdict) -> Symb
     )
 
 
-def _finish(job: Job, parts: dict[str, bytes], out: Path) -> ModuleBuild:
+def _finish(job: Job, parts: dict[str, bytes], out: OutputStage) -> ModuleBuild:
     meta = json.loads(parts["meta"])
     log = parts["log"].decode(errors="replace")
     record = ModuleBuild(
@@ -237,6 +248,8 @@ def _finish(job: Job, parts: dict[str, bytes], out: Path) -> ModuleBuild:
         compile_seconds=meta.get("seconds", 0.0),
     )
     if not meta["ok"]:
+        # what reaches the manifest never quotes a file outside the catalog (defence behind the include rule)
+        log = redact_log(log, lambda f: f in job.known_files or nvrtc.is_cuda_header_path(f))
         head = "\n".join(line for line in log.splitlines() if line.strip())
         record.log_head = "\n".join(head.splitlines()[:LOG_HEAD_LINES])
         reason = f"module {job.module.kind} failed to compile for {job.target.name}: " + (
@@ -251,7 +264,7 @@ def _finish(job: Job, parts: dict[str, bytes], out: Path) -> ModuleBuild:
         if not data:
             continue
         rel = f"{job.target.name}/{job.module.kind}.{code}"
-        write_if_changed(out / rel, data)
+        out.add(rel, data)
         digest = parts.get(DIGEST_PREFIX + code)  # a cache hit's verified digest: no second pass over the bytes
         record.artifacts.append(Artifact(path=rel, sha256=digest.decode() if digest else _sha(data), size=len(data),
                                          code=code))  # type: ignore[arg-type]
@@ -294,20 +307,38 @@ def open_cache(req: BuildRequest) -> Cache | None:
 
 
 def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifest:
-    """Build every (module x target) the catalog gates admit; never raises for a module that fails to compile."""
-    req.out.mkdir(parents=True, exist_ok=True)
+    """Build every (module x target) the catalog gates admit; never raises for a module that fails to compile.
+    Holds `req.out` for the build (a second build into it is refused) and writes it all or nothing."""
+    with hold_out(req.out):
+        stage = OutputStage(req.out)
+        try:
+            manifest = _build(req, stage, progress)
+            if req.write_manifest:
+                from mamba_forge.manifest.toml_io import dumps
+
+                stage.add("manifest.toml", dumps(manifest).encode())
+            stage.commit()
+        except BaseException:
+            stage.abort()
+            raise
+    return manifest
+
+
+def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -> BuildManifest:
     cache = open_cache(req)
     jobs = plan(req)
     results: dict[int, ModuleBuild] = {}
     pending: list[int] = []
     for i, job in enumerate(jobs):
-        parts = cache.get(job.key) if cache else None
+        parts = cache.get(job.key, accept=lambda p, cc=job.target.cc: entry_problem(p, cc)) if cache else None
         if parts is not None:
-            results[i] = _finish(job, dict(parts, cached=b"1"), req.out)
+            results[i] = _finish(job, dict(parts, cached=b"1"), stage)
             if progress:
                 progress("done", results[i])
         else:
             pending.append(i)
+    for w in cache.warnings if cache else ():
+        _noting_warnings({"cache_warning": w.encode()}, req)
     if pending:
         workers = min(len(pending), req.jobs or os.cpu_count() or 1)
         payloads = {
@@ -318,6 +349,7 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
                 "headers": jobs[i].headers,
                 "key": jobs[i].key,
                 "cache_root": str(cache.root) if cache else None,
+                "cc": jobs[i].target.cc,
             }
             for i in pending
         }
@@ -327,18 +359,22 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
             for i in pending:
                 if progress:
                     progress("start", None)
-                results[i] = _finish(jobs[i], _noting_warnings(run_job(payloads[i]), req), req.out)
+                results[i] = _finish(jobs[i], _noting_warnings(run_job(payloads[i]), req), stage)
                 if progress:
                     progress("done", results[i])
         else:
             ctx = multiprocessing.get_context(_start_method())
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=die_with_parent) as pool:
                 futures = {pool.submit(run_job, payloads[i]): i for i in pending}
-                for fut in as_completed(futures):
-                    i = futures[fut]
-                    results[i] = _finish(jobs[i], _noting_warnings(fut.result(), req), req.out)
-                    if progress:
-                        progress("done", results[i])
+                try:
+                    for fut in as_completed(futures):
+                        i = futures[fut]
+                        results[i] = _finish(jobs[i], _noting_warnings(fut.result(), req), stage)
+                        if progress:
+                            progress("done", results[i])
+                except BaseException:  # an output that cannot be written: no compile still queued runs
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
     lib = nvrtc.library_identity()
     headers = {}
     for m in req.catalog.modules:
@@ -362,18 +398,8 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
 
 
 def collect_headers_at(base: Path) -> dict[str, bytes]:
-    """Every header under an include folder, by relative name; a header that is a link out of the folder is
-    refused (the catalog's path rule, applied to what the folder holds)."""
-    root = base.resolve()
-    out = {}
-    for p in sorted(base.rglob("*")):
-        if p.suffix not in HEADER_SUFFIXES or not p.is_file():
-            continue
-        if not p.resolve().is_relative_to(root):
-            raise CatalogError(f"header {p} leads out of its include folder {root} (to {p.resolve()})",
-                               hint="keep headers inside the catalog's folder")
-        out[p.relative_to(base).as_posix()] = p.read_bytes()
-    return out
+    """Every header under an include folder, by relative name (bounded, include-checked: catalog/sources.py)."""
+    return read_headers(base)
 
 
 def count_jobs(req: BuildRequest) -> int:

@@ -20,17 +20,18 @@ files named like entries under ``<root>/v1/<xx>/``, never follows a symlink and 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import stat
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mamba_forge.fsio import write_atomic
+from mamba_forge.fsio import write_atomic_at
 from mamba_forge.safety import PathRefused, check_components
 
 MAGIC = b"MFCACHE2"  # 2: each part carries its own sha256 (a hit needs no second hash for the manifest)
@@ -68,6 +69,13 @@ def default_location(env: Mapping[str, str] | None = None) -> Path | None:
 
 def check_private(path: Path, *, uid: int | None = None) -> None:
     """Refuse an unsafe cache path (see module doc). Creates missing folders with mode 0700."""
+    try:
+        _check_private(path, uid=uid)
+    except OSError as exc:  # an over-long name (ENAMETOOLONG), no permission, an I/O error: no cache, one warning
+        raise CacheRefused(f"cache path {str(path)[:120]} cannot be used ({exc.strerror or exc})") from None
+
+
+def _check_private(path: Path, *, uid: int | None) -> None:
     uid = os.getuid() if uid is None else uid
     try:  # the rule shared with the trust folders: no symlinked component, no foreign writable ancestor
         path = check_components(path, uid=uid, what="cache path")
@@ -99,13 +107,31 @@ class CacheStats:
     corrupted: int = 0
 
 
+class CacheUnsafe(OSError):
+    """A folder or file inside the cache is a symlink, not a folder, or not private: the cache is not used."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.EPERM, message)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
 class Cache:
-    """Entries: ``<root>/v1/<key[:2]>/<key>``; locks: ``<root>/v1/locks/<key>.lock``."""
+    """Entries: ``<root>/v1/<key[:2]>/<key>``; locks: ``<root>/v1/locks/<key>.lock``.
+
+    The root's privacy is checked once (:meth:`open`); every folder under it, and the root itself again, is opened
+    where it is used, without following a symlink (O_NOFOLLOW|O_DIRECTORY, relative to its parent's descriptor),
+    and must be a folder of yours that nobody else can write: a `v1`, shard or locks folder swapped for a link to
+    another folder, before or during a build, is never read from or written through (an OSError: the caller
+    warns and builds without the cache)."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         self.entries = self.root / "v1"
         self.stats = CacheStats()
+        self.warnings: list[str] = []
+        self.uid = os.getuid()
 
     @classmethod
     def open(cls, location: Path | None) -> Cache | None:
@@ -117,74 +143,140 @@ class Cache:
     def _path(self, key: str) -> Path:
         return self.entries / key[:2] / key
 
-    def _mkdirs(self, p: Path) -> None:
-        for d in reversed([p, *p.parents]):
-            if d == self.root or self.root in d.parents:
-                if not d.exists():
+    def _check_dir(self, fd: int, shown: Path) -> None:
+        st = os.fstat(fd)
+        if st.st_uid != self.uid or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise CacheUnsafe(f"cache folder {shown} is not private (owner uid {st.st_uid}, mode "
+                              f"{stat.S_IMODE(st.st_mode):04o})")
+
+    @contextlib.contextmanager
+    def _folder(self, *names: str, create: bool) -> Iterator[int]:
+        """A descriptor of ``root/names...``, each component opened without following a link (made 0700 when
+        missing and `create`). FileNotFoundError when missing and not `create`; CacheUnsafe for a link or a
+        foreign folder."""
+        fds: list[int] = []
+        shown = self.root
+        try:
+            try:
+                fds.append(os.open(self.root, _DIR_FLAGS))
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise CacheUnsafe(f"cache folder {shown} is a symlink or not a folder") from None
+                raise
+            self._check_dir(fds[-1], shown)
+            for name in names:
+                shown = shown / name
+                if create:
                     with contextlib.suppress(FileExistsError):
-                        os.mkdir(d, 0o700)
+                        os.mkdir(name, 0o700, dir_fd=fds[-1])
+                try:
+                    fds.append(os.open(name, _DIR_FLAGS, dir_fd=fds[-1]))
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise CacheUnsafe(f"cache folder {shown} is a symlink or not a folder") from None
+                    raise
+                self._check_dir(fds[-1], shown)
+            yield fds[-1]
+        finally:
+            for fd in reversed(fds):
+                os.close(fd)
 
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
-        """Exclusive per-key lock; released when the block ends or the process dies."""
-        lockdir = self.entries / "locks"
-        self._mkdirs(lockdir)
-        fd = os.open(lockdir / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        """Exclusive per-key lock; released when the block ends or the process dies. The lock file is opened
+        without following a link and must be a regular file (an OSError otherwise)."""
+        with self._folder("v1", "locks", create=True) as locks:
+            try:
+                fd = os.open(f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                             | getattr(os, "O_CLOEXEC", 0), 0o600, dir_fd=locks)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                    raise CacheUnsafe(f"cache lock {self.entries / 'locks' / key}.lock is not a regular file") from None
+                raise
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CacheUnsafe(f"cache lock {self.entries / 'locks' / key}.lock is not a regular file")
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
     def has(self, key: str) -> bool:
         """Whether an entry exists, touching nothing (`build --dry-run`); `get` still decides whether it is good."""
-        return self._path(key).is_file()
-
-    def get(self, key: str) -> dict[str, bytes] | None:
-        """The entry's parts, or None on a miss. A corrupted, foreign or non-regular entry is refused, removed
-        where it can be, and counted as a miss."""
-        path = self._path(key)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+            with self._folder("v1", key[:2], create=False) as shard:
+                return stat.S_ISREG(os.stat(key, dir_fd=shard, follow_symlinks=False).st_mode)
+        except OSError:
+            return False
+
+    def _warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def get(self, key: str, accept: Callable[[dict[str, bytes]], str | None] | None = None) -> dict[str, bytes] | None:
+        """The entry's parts, or None on a miss. A corrupted, foreign or non-regular entry is refused, removed
+        where it can be, and counted as a miss; so is one whose parts `accept` finds a problem with (a warning).
+        A cache folder that is a link or not private is a miss and a warning, never read."""
+        try:
+            with self._folder("v1", key[:2], create=False) as shard:
+                return self._get_at(shard, key, accept)
+        except FileNotFoundError:
+            self.stats.misses += 1
+            return None
+        except OSError as exc:
+            self.stats.misses += 1
+            self._warn(f"build cache not usable ({exc.strerror or exc}); built without it")
+            return None
+
+    def _get_at(self, shard: int, key: str, accept) -> dict[str, bytes] | None:
+        try:
+            fd = os.open(key, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=shard)
         except FileNotFoundError:
             self.stats.misses += 1
             return None
         except OSError:  # a symlink (ELOOP), a folder we cannot open, no permission
-            return self._refuse(path)
+            return self._refuse(shard, key)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENTRY_BYTES:
-                return self._refuse(path)
+                return self._refuse(shard, key)
             with os.fdopen(fd, "rb", closefd=False) as f:
                 blob = f.read(MAX_ENTRY_BYTES + 1)
             with contextlib.suppress(OSError):  # a hit renews the entry's mtime, so `cache prune` drops the LRU
                 os.utime(fd)
         except OSError:
-            return self._refuse(path)
+            return self._refuse(shard, key)
         finally:
             os.close(fd)
         parts = _decode(blob, key)
         if parts is None:
-            return self._refuse(path)
+            return self._refuse(shard, key)
+        problem = accept(parts) if accept else None
+        if problem:
+            self._warn(f"build cache entry {key[:16]}… refused ({problem}); rebuilt")
+            return self._refuse(shard, key)
         self.stats.hits += 1
         return parts
 
-    def _refuse(self, path: Path) -> None:
+    def _refuse(self, shard: int, key: str) -> None:
         self.stats.corrupted += 1
         self.stats.misses += 1
         with contextlib.suppress(OSError):
-            if not path.is_dir() or path.is_symlink():
-                path.unlink()
+            if not stat.S_ISDIR(os.stat(key, dir_fd=shard, follow_symlinks=False).st_mode):
+                os.unlink(key, dir_fd=shard)
         return None
 
     def put(self, key: str, parts: Mapping[str, bytes]) -> str | None:
-        """Store an entry; a cache that cannot be written (ENOSPC, EROFS, a folder in the entry's place) returns
-        a warning instead of raising: the cache is an optimisation, never a reason for a build to fail."""
+        """Store an entry; a cache that cannot be written (ENOSPC, EROFS, a folder in the entry's place, a cache
+        folder swapped for a link) returns a warning instead of raising: the cache is an optimisation, never a
+        reason for a build to fail."""
         path = self._path(key)
         try:
-            self._mkdirs(path.parent)
-            write_atomic(path, _encode(parts, key), mode=0o600)
+            with self._folder("v1", key[:2], create=True) as shard:
+                write_atomic_at(shard, key, _encode(parts, key), mode=0o600)
         except OSError as exc:
             return f"build cache not written ({exc.strerror or exc}): {path}; the build goes on without storing"
         return None

@@ -34,6 +34,27 @@ class CubinError(ValueError):
     pass
 
 
+EM_CUDA = 190
+ELFOSABI_CUDA = 0x41
+
+
+def elf_problem(data: bytes, cc: int) -> str | None:
+    """Why `data` is not a cubin for compute capability `cc` (an ELF64 little-endian file for EM_CUDA whose e_flags
+    name that SM), or None. NVRTC 13 (ELF ABI version 8) keeps the SM in e_flags bits 8-15; older ABIs in bits 0-7."""
+    if len(data) < 64:
+        return f"cubin of {len(data)} bytes is not an ELF file"
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return "cubin is not a little-endian ELF64 file"
+    (machine,) = struct.unpack_from("<H", data, 18)
+    if machine != EM_CUDA:
+        return f"cubin is an ELF file for machine {machine}, not CUDA ({EM_CUDA})"
+    (flags,) = struct.unpack_from("<I", data, 48)
+    sm = (flags >> 8) & 0xFF if data[8] >= 7 else flags & 0xFF
+    if data[7] == ELFOSABI_CUDA and sm != cc:
+        return f"cubin is for sm_{sm}, not sm_{cc}"
+    return None
+
+
 @dataclass(frozen=True)
 class ParamInfo:
     ordinal: int

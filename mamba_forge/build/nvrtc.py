@@ -118,6 +118,25 @@ def cuda_include_dir() -> Path:
     return Path(found)
 
 
+@functools.lru_cache(maxsize=256)
+def is_cuda_header(name: str) -> bool:
+    """Whether an include name (already checked plain: relative, no '..') is a file of the pinned CUDA headers."""
+    root = cuda_include_dir().resolve()
+    p = (root / name).resolve()
+    return p.is_relative_to(root) and p.is_file()
+
+
+def is_cuda_header_path(path: str) -> bool:
+    """Whether a file name in the compiler log is one of the pinned CUDA headers (NVRTC names them by full path)."""
+    p = Path(path)
+    if not p.is_absolute() or ".." in p.parts:
+        return False
+    try:
+        return p.is_relative_to(cuda_include_dir()) or p.resolve().is_relative_to(cuda_include_dir().resolve())
+    except BuildError:
+        return False
+
+
 @dataclass(frozen=True)
 class CompileResult:
     ok: bool

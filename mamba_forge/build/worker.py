@@ -37,6 +37,28 @@ def compile_parts(source: str, name: str, options: list[str], headers: dict[str,
     }
 
 
+ENTRY_PARTS = ("cubin", "ptx", "log", "meta")
+_META_SHAPE = {"ok": bool, "kernels": dict, "ptxas": dict, "float_atomics": dict, "float_atomics_funcs": list,
+               "order_tokens": dict, "order_tokens_funcs": list}
+
+
+def entry_problem(parts: dict[str, bytes], cc: int) -> str | None:
+    """Why a cache entry (whose bytes matched their hashes) is still not a compile result to serve: a part
+    missing, metadata of another shape, or a cubin that is not an ELF file for this target. None: serve it."""
+    missing = [n for n in ENTRY_PARTS if n not in parts]
+    if missing:
+        return f"no {missing[0]} part"
+    try:
+        meta = json.loads(parts["meta"])
+    except ValueError:
+        return "its metadata is not JSON"
+    if not isinstance(meta, dict) or any(not isinstance(meta.get(k), t) for k, t in _META_SHAPE.items()):
+        return "its metadata is not a compile result's"
+    if meta["ok"] is not True:
+        return "a failed compile is never cached"
+    return cubin.elf_problem(parts["cubin"], cc)
+
+
 def run_job(job: dict) -> dict[str, bytes]:
     """Entry point for a worker: compile under the entry's lock, or take what a concurrent builder just made.
     A cache that cannot be locked or written adds a ``cache_warning`` part; the compile result stands."""
@@ -50,15 +72,17 @@ def run_job(job: dict) -> dict[str, bytes]:
         except OSError as exc:  # a cache folder that cannot even hold a lock file: build without it
             parts = compile_parts(job["source"], job["name"], job["options"], job["headers"])
             return dict(parts, cache_warning=f"build cache not usable ({exc.strerror or exc}); built without it".encode())
-        parts = cache.get(key)
+        parts = cache.get(key, accept=lambda p: entry_problem(p, job["cc"]))
         if parts is not None:
             return dict(parts, cached=b"1")
         parts = compile_parts(job["source"], job["name"], job["options"], job["headers"])
+        warning = cache.warnings[0] if cache.warnings else None  # a refused entry, an unusable cache folder
         if json.loads(parts["meta"])["ok"]:  # failures are not cached: a fixed header must not need a cache wipe
-            warning = cache.put(key, parts)
-            if warning:
-                parts = dict(parts, cache_warning=warning.encode())
+            warning = cache.put(key, parts) or warning
+        if warning:
+            parts = dict(parts, cache_warning=warning.encode())
         return parts
+
 
 def die_with_parent() -> None:
     """Pool initializer: the kernel kills this worker when the build's parent dies (Linux PR_SET_PDEATHSIG), so

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from mamba_forge.catalog import expr
+from mamba_forge.catalog.compile_rules import option_problem
 from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catalog's public records
     DTYPES,
     FILL_SPEC,
@@ -39,6 +40,7 @@ from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catal
     state_capacity,
     template_problem,
 )
+from mamba_forge.catalog.sources import read_headers, read_source
 from mamba_forge.catalog.targets import TARGETS
 from mamba_forge.errors import CatalogError, ForgeError
 from mamba_forge.safety import MAX_CATALOG_BYTES, PathRefused, parse_toml, read_bounded
@@ -185,6 +187,13 @@ def _check_launch_expressions(fam: Family, num_env: dict[str, int], where: str) 
                                f"dims nor instance parameters (known: {sorted(known)})")
 
 
+def _check_options(options: list[str], where: str) -> None:
+    for opt in options:
+        problem = option_problem(opt)
+        if problem:
+            raise CatalogError(f"{where}: {problem}", hint="headers come only from the catalog's include folders")
+
+
 def inside_catalog(base: Path, rel: str, what: str) -> Path:
     """The one rule for every path a catalog names: relative, no '..', and inside the catalog's folder once
     symlinks are resolved (a link that stays inside is fine; one that leads out is refused)."""
@@ -210,6 +219,8 @@ def load_catalog(path: str | Path) -> Catalog:
     if root.catalog.schema_ != SCHEMA_VERSION:
         raise CatalogError(f"{path}: catalog.schema is {root.catalog.schema_}; this tool reads schema {SCHEMA_VERSION}")
     base = path.parent
+    _check_options(root.defaults.options, f"{path}: defaults")
+    scanned: set[Path] = set()  # include folders whose headers passed the include rule (folders are shared)
     modules, seen_kinds, seen_symbols = [], set(), {}
     seen_sources: dict[Path, str] = {}  # source file -> the module kind that owns it
     for mi, mod in enumerate(root.module):
@@ -217,6 +228,7 @@ def load_catalog(path: str | Path) -> Catalog:
         if mod.kind in seen_kinds:
             raise CatalogError(f"{where}: module kind declared twice")
         seen_kinds.add(mod.kind)
+        _check_options(mod.options, where)
         for rel in mod.sources:
             src = inside_catalog(base, rel, f"{where}: source")
             if not src.is_file():
@@ -228,9 +240,14 @@ def load_catalog(path: str | Path) -> Catalog:
                     hint="move the shared code into a header under kernels/include/mf/ and #include it",
                 )
             seen_sources[src] = mod.kind
+            read_source(src, f"{where}: source")  # bounded, and its includes plain (nothing read off the catalog)
         for rel in mod.include:
-            if not inside_catalog(base, rel, f"{where}: include folder").is_dir():
+            folder = inside_catalog(base, rel, f"{where}: include folder")
+            if not folder.is_dir():
                 raise CatalogError(f"{where}: include folder {rel!r} not found under {base}")
+            if folder not in scanned:
+                read_headers(folder)
+                scanned.add(folder)
         families: list[Family] = []
         symbols: list[Symbol] = []
         for rel in mod.families:

@@ -82,7 +82,7 @@ def test_a_cache_that_cannot_be_written_warns_and_the_build_goes_on(tmp_path, mo
     def fail(*_a, **_k):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(cache_mod, "write_atomic", fail)
+    monkeypatch.setattr(cache_mod, "write_atomic_at", fail)
     req = BuildRequest(load_catalog(BASIC), [get_target("sm_90a")], tmp_path / "out", jobs=1,
                        cache_location=private(tmp_path / "cache"))
     bm = build(req)
