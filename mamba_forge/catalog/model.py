@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from mamba_forge.catalog import expr
+from mamba_forge.catalog import expr, limits
 from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catalog's public records
     DTYPES,
     FILL_SPEC,
@@ -40,7 +40,7 @@ from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catal
     template_problem,
 )
 from mamba_forge.catalog.targets import TARGETS
-from mamba_forge.errors import CatalogError, ForgeError
+from mamba_forge.errors import CatalogError, ForgeError, printable
 from mamba_forge.safety import MAX_CATALOG_BYTES, PathRefused, parse_toml, read_bounded
 
 
@@ -54,8 +54,7 @@ def _fmt_loc(loc: tuple[Any, ...], data: Any) -> str:
             if isinstance(node, dict):
                 for key in ("kind", "name"):
                     if key in node:
-                        shown = str(node[key])
-                        label = f" ({key}={shown if len(shown) <= 60 else shown[:60] + '…'})"  # hostile: bounded
+                        label = f" ({key}={printable(node[key], limit=60)})"  # hostile: escaped, bounded
                         break
             parts[-1] = f"{parts[-1]}[{item}]{label}" if parts else f"[{item}]{label}"
         else:
@@ -87,6 +86,17 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise CatalogError(f"{path}: not valid TOML: {exc}") from None
     except UnicodeDecodeError:
         raise CatalogError(f"{path}: not UTF-8 text") from None
+
+
+def _check_source_text(path: Path, where: str) -> None:
+    """A module's source is UTF-8 text within the catalog file bound (the build reads it as text)."""
+    try:
+        read_bounded(path, MAX_CATALOG_BYTES, what="source file").decode("utf-8")
+    except PathRefused as exc:
+        raise CatalogError(f"{where}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CatalogError(f"{where}: not UTF-8 text (byte {exc.start})",
+                           hint="sources are CUDA C++ text files") from None
 
 
 def _c_token(key: str, value: int | str) -> str:
@@ -139,10 +149,16 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
             smem = int(expr.evaluate(fam.launch.dynamic_smem, num_env))
         except expr.ExprError as exc:
             raise CatalogError(f"{where}: symbol {name}: {exc}") from None
-        if not all(b >= 1 for b in block):
-            raise CatalogError(f"{where}: symbol {name}: block {block} must be positive")
+        limits.check_block(block, f"{where}: symbol {name}")
+        limits.check_smem(smem, module.arch + module.check_arch + module.build_only, f"{where}: symbol {name}")
         _check_launch_expressions(fam, num_env, f"{where}: symbol {name}")
-        fallback = [f.format(**fmt) for f in fam.fallback]
+        limits.check_grid(fam.launch.grid, {**num_env, **fam.qualify.dims},
+                          bool(fam.qualify.dims) and not fam.qualify.skip, f"{where}: symbol {name}")
+        try:
+            fallback = [f.format(**fmt) for f in fam.fallback]
+        except (KeyError, IndexError) as exc:
+            raise CatalogError(f"{where}: fallback template names unknown key {exc} "
+                               f"(known: {sorted(fmt)})") from None
         out.append(
             Symbol(
                 name=name,
@@ -206,6 +222,8 @@ def load_catalog(path: str | Path) -> Catalog:
     if path.is_dir():
         path = path / "catalog.toml"
     root_data = _read_toml(path)
+    limits.check_root_size(root_data, path)
+    budget = limits.SizeBudget()  # families and symbols, counted before anything is expanded
     root: RootFile = _validate(RootFile, root_data, path)
     if root.catalog.schema_ != SCHEMA_VERSION:
         raise CatalogError(f"{path}: catalog.schema is {root.catalog.schema_}; this tool reads schema {SCHEMA_VERSION}")
@@ -221,6 +239,7 @@ def load_catalog(path: str | Path) -> Catalog:
             src = inside_catalog(base, rel, f"{where}: source")
             if not src.is_file():
                 raise CatalogError(f"{where}: source {rel!r} not found under {base}")
+            _check_source_text(src, f"{where}: source {rel!r}")
             # shared device code lives in headers (include folders); a source file belongs to one module only
             if src in seen_sources:
                 raise CatalogError(
@@ -232,16 +251,20 @@ def load_catalog(path: str | Path) -> Catalog:
             if not inside_catalog(base, rel, f"{where}: include folder").is_dir():
                 raise CatalogError(f"{where}: include folder {rel!r} not found under {base}")
         families: list[Family] = []
+        family_names: set[str] = set()
         symbols: list[Symbol] = []
         for rel in mod.families:
             fpath = inside_catalog(base, rel, f"{where}: family file")
             fdata = _read_toml(fpath)
+            budget.check_family_file(fdata, fpath)
             ff: FamilyFile = _validate(FamilyFile, fdata, fpath)
             for fi, fam in enumerate(ff.family):
                 fwhere = f"{fpath}: family[{fi}] (name={fam.name})"
-                if any(f.name == fam.name for f in families):
+                if fam.name in family_names:
                     raise CatalogError(f"{fwhere}: family declared twice in module {mod.kind}")
+                family_names.add(fam.name)
                 families.append(fam)
+                limits.check_dims(fam.qualify.dims, fwhere)
                 for sym in _expand_family(fam, mod, root.defaults.policy, fwhere):
                     if sym.name in seen_symbols:
                         raise CatalogError(f"{fwhere}: symbol {sym.name} already declared by {seen_symbols[sym.name]}")
