@@ -17,7 +17,7 @@ from mamba_forge.runtime.tensors import DLDataType, DLDevice, DLTensor
 TORCH_NAMES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "i32": "int32",
                "i64": "int64", "u8": "uint8", "i8": "int8", "u32": "uint32", "u64": "uint64"}
 SIZES = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i32": 4, "i64": 8, "u8": 1, "i8": 1, "u32": 4, "u64": 8}
-_addresses = itertools.count(0x7F00_0000_0000, 0x10_0000)
+_addresses = itertools.count(0x7F00_0000_0000, 1 << 36)  # 64 GiB apart: fakes never overlap
 
 
 class FakeDType:

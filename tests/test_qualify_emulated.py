@@ -258,6 +258,8 @@ def run_kernel(name, v, mem, rng, stream):
 
 def _run(ctx, name, level="quick"):
     cat = load_catalog(FIXTURE / "catalog.toml")
+    if name == "smem_over":  # over the opt-in limit: no catalog may declare it (catalog/limits.py), so raised here
+        cat.symbols[name] = cat.symbols[name].model_copy(update={"dynamic_smem": 240000})
     job = {"seed": 5, "level": level}
     group = {"module": "QualifyNegative", "target": "sm_90a"}
     return W.SymbolRun(ctx, cat, FakeModule(), job, {"name": name, "build_layout": []}, group).run()

@@ -75,7 +75,7 @@ def state_capacity(d_state: int) -> int:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Policy(_Model):
@@ -148,6 +148,13 @@ class Launch(_Model):
     def _grid(cls, v: list[Expr]) -> list[Expr]:
         if not 1 <= len(v) <= 3:
             raise ValueError("grid takes 1 to 3 expressions")
+        return v
+
+    @field_validator("block")
+    @classmethod
+    def _block(cls, v: Expr | list[Expr]) -> Expr | list[Expr]:
+        if isinstance(v, list) and not 1 <= len(v) <= 3:
+            raise ValueError(f"block takes 1 to 3 dims (x, y, z), got {len(v)}")
         return v
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 
@@ -78,6 +79,9 @@ _BINOPS = {
 }
 
 
+_DECIMAL = re.compile(r"^[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$")  # the only literals the grammar has
+
+
 class ExprError(ValueError):
     pass
 
@@ -109,6 +113,10 @@ def _parse(text: str) -> ast.expr:
             if not lo <= len(node.args) <= hi or any(isinstance(a, ast.Starred) for a in node.args):
                 want = str(lo) if lo == hi else f"{lo} to {hi}"
                 raise ExprError(f"expression {_shown(text)}: {node.func.id}() takes {want} arguments")
+        elif isinstance(node, ast.Constant) and not _DECIMAL.match(ast.get_source_segment(text, node) or ""):
+            shown = ast.get_source_segment(text, node) or repr(node.value)
+            raise ExprError(f"expression {_shown(text)}: literal {_shown(shown)} is not a decimal number "
+                            "(the grammar has no hex, octal, binary, underscores, strings or complex numbers)")
         elif not isinstance(
             node,
             (ast.Expression, ast.BinOp, ast.UnaryOp, ast.USub, ast.UAdd, ast.Name, ast.Load, ast.Constant)

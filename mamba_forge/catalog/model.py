@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from mamba_forge.catalog import expr
+from mamba_forge.catalog import expr, limits
 from mamba_forge.catalog.compile_rules import option_problem
 from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catalog's public records
     DTYPES,
@@ -42,7 +42,7 @@ from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catal
 )
 from mamba_forge.catalog.sources import read_headers, read_source
 from mamba_forge.catalog.targets import TARGETS
-from mamba_forge.errors import CatalogError, ForgeError
+from mamba_forge.errors import CatalogError, ForgeError, printable
 from mamba_forge.safety import MAX_CATALOG_BYTES, PathRefused, parse_toml, read_bounded
 
 
@@ -56,8 +56,7 @@ def _fmt_loc(loc: tuple[Any, ...], data: Any) -> str:
             if isinstance(node, dict):
                 for key in ("kind", "name"):
                     if key in node:
-                        shown = str(node[key])
-                        label = f" ({key}={shown if len(shown) <= 60 else shown[:60] + '…'})"  # hostile: bounded
+                        label = f" ({key}={printable(node[key], limit=60)})"  # hostile: escaped, bounded
                         break
             parts[-1] = f"{parts[-1]}[{item}]{label}" if parts else f"[{item}]{label}"
         else:
@@ -141,10 +140,16 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
             smem = int(expr.evaluate(fam.launch.dynamic_smem, num_env))
         except expr.ExprError as exc:
             raise CatalogError(f"{where}: symbol {name}: {exc}") from None
-        if not all(b >= 1 for b in block):
-            raise CatalogError(f"{where}: symbol {name}: block {block} must be positive")
+        limits.check_block(block, f"{where}: symbol {name}")
+        limits.check_smem(smem, module.arch + module.check_arch + module.build_only, f"{where}: symbol {name}")
         _check_launch_expressions(fam, num_env, f"{where}: symbol {name}")
-        fallback = [f.format(**fmt) for f in fam.fallback]
+        limits.check_grid(fam.launch.grid, {**num_env, **fam.qualify.dims},
+                          bool(fam.qualify.dims) and not fam.qualify.skip, f"{where}: symbol {name}")
+        try:
+            fallback = [f.format(**fmt) for f in fam.fallback]
+        except (KeyError, IndexError) as exc:
+            raise CatalogError(f"{where}: fallback template names unknown key {exc} "
+                               f"(known: {sorted(fmt)})") from None
         out.append(
             Symbol(
                 name=name,
@@ -215,6 +220,8 @@ def load_catalog(path: str | Path) -> Catalog:
     if path.is_dir():
         path = path / "catalog.toml"
     root_data = _read_toml(path)
+    limits.check_root_size(root_data, path)
+    budget = limits.SizeBudget()  # families and symbols, counted before anything is expanded
     root: RootFile = _validate(RootFile, root_data, path)
     if root.catalog.schema_ != SCHEMA_VERSION:
         raise CatalogError(f"{path}: catalog.schema is {root.catalog.schema_}; this tool reads schema {SCHEMA_VERSION}")
@@ -249,16 +256,20 @@ def load_catalog(path: str | Path) -> Catalog:
                 read_headers(folder)
                 scanned.add(folder)
         families: list[Family] = []
+        family_names: set[str] = set()
         symbols: list[Symbol] = []
         for rel in mod.families:
             fpath = inside_catalog(base, rel, f"{where}: family file")
             fdata = _read_toml(fpath)
+            budget.check_family_file(fdata, fpath)
             ff: FamilyFile = _validate(FamilyFile, fdata, fpath)
             for fi, fam in enumerate(ff.family):
                 fwhere = f"{fpath}: family[{fi}] (name={fam.name})"
-                if any(f.name == fam.name for f in families):
+                if fam.name in family_names:
                     raise CatalogError(f"{fwhere}: family declared twice in module {mod.kind}")
+                family_names.add(fam.name)
                 families.append(fam)
+                limits.check_dims(fam.qualify.dims, fwhere)
                 for sym in _expand_family(fam, mod, root.defaults.policy, fwhere):
                     if sym.name in seen_symbols:
                         raise CatalogError(f"{fwhere}: symbol {sym.name} already declared by {seen_symbols[sym.name]}")

@@ -39,6 +39,16 @@ def _show(v: Any) -> str:
     return r if len(r) <= 60 else r[:57] + "..."
 
 
+def document_record(data: Any, records: dict[str, type], *, where: str = "the manifest") -> type:
+    """The record class a decoded document's `kind` names among `records`; a kind of another type (a list, a
+    table: unhashable, or true for 1) or another value is one SchemaError, never a TypeError."""
+    kind = data["kind"] if type(data) is dict and "kind" in data else None
+    if type(kind) is not str or kind not in records:
+        shown = _show(kind) if kind is not None else "none"
+        raise SchemaError(where, "kind", f"expected one of {', '.join(map(repr, records))}, got {shown}")
+    return records[kind]
+
+
 def _key(k: str) -> str:
     return "." + k if k.isidentifier() else "[" + json.dumps(k) + "]"
 

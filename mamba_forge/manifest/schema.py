@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
 
+from mamba_forge.errors import printable
+
 BUILD_SCHEMA = 1  # build manifest schema_version
 QUALIFIED_SCHEMA = 1  # qualified manifest and index schema_version
 MANIFEST_VERSION = 2  # qualified body layout: 2 = per-symbol launch contract, params as tables
@@ -96,10 +98,20 @@ class SchemaError(ValueError):
 
     def __init__(self, where: str, path: str, problem: str):
         self.where, self.path, self.problem = where, path, problem
-        super().__init__(f"{where}: {path}: {problem}" if path else f"{where}: {problem}")
+        shown = printable(where, limit=400)  # a file name may hold control characters
+        super().__init__(f"{shown}: {path}: {problem}" if path else f"{shown}: {problem}")
 
     def __reduce__(self):
         return SchemaError, (self.where, self.path, self.problem)
+
+
+MAX_DRIVER_VERSION = 1_000_000  # cuDriverGetVersion: 13000 = CUDA 13.0; a million would be CUDA 1000
+
+
+def _driver_problem(version: int) -> str | None:
+    if not 0 <= version <= MAX_DRIVER_VERSION:
+        return f"driver_version {version} is not a CUDA driver version (0..{MAX_DRIVER_VERSION}, 13000 = CUDA 13.0)"
+    return None
 
 
 def _bad_relpath(path: str) -> str | None:
@@ -222,6 +234,9 @@ class QDevice:
     sm_count: int
     driver_version: int
     count: int = 1  # GPUs of this model compared (--device all)
+
+    def _check(self) -> str | None:
+        return _driver_problem(self.driver_version)
 
 
 @record
@@ -400,7 +415,7 @@ class IndexEntry:
     key_id: str = ""
 
     def _check(self) -> str | None:
-        return _bad_relpath(self.path)
+        return _bad_relpath(self.path) or _driver_problem(self.driver_version)
 
 
 @record

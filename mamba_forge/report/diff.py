@@ -14,8 +14,8 @@ from typing import Literal
 
 from mamba_forge.errors import ManifestError
 from mamba_forge.manifest import signing, toml_io
-from mamba_forge.manifest.codec import to_dict
-from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest, ReleaseIndex
+from mamba_forge.manifest.codec import document_record, to_dict
+from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest, ReleaseIndex, SchemaError
 from mamba_forge.safety import parse_toml
 
 RESOURCE_KEYS = ("registers", "static_smem", "local_bytes", "stack_frame", "spill_stores", "spill_loads",
@@ -52,10 +52,11 @@ def read_document(path: Path) -> Document:
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: not valid TOML: {exc}") from None
     data.pop("signature", None)
-    kind = data["kind"] if "kind" in data else None
-    if kind not in _RECORDS:
-        raise ManifestError(f"{path}: kind {kind!r} is not a build, qualified manifest or index")
-    return Document(toml_io.parse(data, _RECORDS[kind], source=str(path)), sig)
+    try:
+        cls = document_record(data, _RECORDS, where=str(path))
+    except SchemaError as exc:
+        raise ManifestError(f"{exc}: not a build, qualified manifest or index") from None
+    return Document(toml_io.parse(data, cls, source=str(path)), sig)
 
 
 def _resources(res) -> dict:

@@ -48,6 +48,8 @@ _WRITES = ("out", "inout", "scratch")
 _READS = ("in", "inout")
 
 
+_ITEMSIZE = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2, "i8": 1, "u8": 1, "i32": 4, "u32": 4, "i64": 8, "u64": 8}
+
 class Bound(NamedTuple):
     """A checked launch: what driver.PackedParams and cuLaunchKernel take."""
 
@@ -104,6 +106,9 @@ class Contract:
                 plan.append((p.name, _GIVEN, p.type, 0, INT_RANGES.get(p.type), what))
         self._plan = tuple(plan)
         self._pointers = tuple(pointers)
+        # (plan slot, pointer index, writes, bytes per element, name) of every pointer: the memory checks
+        self._ptr_slots = tuple((i, e[4], e[3], _ITEMSIZE.get(e[2], 1), e[0]) for i, e in enumerate(plan)
+                                if e[1] == _PTR)
         self._evaluate, self.source = compile_expressions(name, exprs, dims, constants)
         self._ngrid, self._derived = len(symbol.grid), tuple(derived)
         self._grid_pad = (1,) * (3 - len(symbol.grid))
@@ -220,6 +225,7 @@ class Contract:
         for have, count in zip(numels, out[ng:]):  # noqa: B905 - out continues with the derived scalars
             if 0 <= have < count:  # have -1: the null pointer
                 raise LaunchRefused(self._too_small(numels, out[ng:], dims))
+        self._check_memory(values, numels, null)
         if self._derived:
             self._bind_derived(values, out[ng + len(numels):], given_derived, dims)
         for i, ptype, k, rng in self._tensor_sized:
@@ -230,6 +236,30 @@ class Contract:
                     v = scalar_value(ptype, v, f"{self._plan[i][5]} (= {d}, {self.derivations[d]})")
                 values[i] = (ptype, v)
         return _bound((values, self._aligns, grid, self._block, self._smem, owner, device))
+
+    def _check_memory(self, values: list, numels: list, null: str) -> None:
+        """Before any launch: no tensor at address 0 (but the one `null` parameter), no output overlapping
+        another output, and no output overlapping an input unless both are the same memory (in place)."""
+        spans = []
+        for i, j, writes, size, pname in self._ptr_slots:
+            ptr = values[i][1]
+            if ptr == 0:
+                if pname == null:
+                    continue
+                raise LaunchRefused(f"{pname} of {self.symbol}: its data pointer is 0 (a null or freed tensor)")
+            spans.append((ptr, ptr + max(numels[j], 0) * size, writes, pname))
+        if len(spans) < 2:
+            return
+        spans.sort()
+        for k, (a0, a1, aw, an) in enumerate(spans):
+            for b0, b1, bw, bn in spans[k + 1:]:
+                if b0 >= a1:
+                    break  # sorted by start: no later span reaches into this one
+                if not (aw or bw) or (aw != bw and (a0, a1) == (b0, b1)):
+                    continue  # inputs may share memory; an output may be exactly its input (in place)
+                how = "outputs alias each other" if aw and bw else "an output partially overlaps an input"
+                raise LaunchRefused(f"{an} and {bn} of {self.symbol}: {how} ([{a0:#x}, {a1:#x}) and "
+                                    f"[{b0:#x}, {b1:#x})); pass separate memory")
 
     def _bind_derived(self, values: list, out, given: list, dims) -> None:
         for k, (i, ptype, text, what) in enumerate(self._derived):

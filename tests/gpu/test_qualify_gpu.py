@@ -39,7 +39,6 @@ EXPECTED = [
     ("batch_variant_row_sum", {"batch"}, "leading rows"),
     ("oob_write", {"fault"}, "CUDA_ERROR_ILLEGAL_ADDRESS"),
     ("spin_forever", {"timeout"}, "timed out after"),
-    ("smem_over", {"smem"}, "232448"),
     ("abi_mismatch", {"abi"}, "parameter 1"),
     ("wrong_scale", {"correctness"}, "outside rtol"),
     ("misses_tail", {"correctness"}, "not written"),
