@@ -270,7 +270,7 @@ def test_controls_pass_every_check(emulated):
         assert r.status == "admitted", r.reason
         names = [c.name for c in r.checks]
         assert names == ["admission", "correctness", "correctness", "correctness", "uninitialized", "repeat", "batch",
-                         "stream", "neighbour", "address", "graph", "bounds", "input-written"]
+                         "stream", "neighbour", "address", "graph", "bounds", "input-written", "timeout"]
         digests = {c.digest for c in r.checks if c.name in DETERMINISM}
         assert len(digests) == 1
         assert all(c.passed for c in r.checks)
@@ -415,7 +415,7 @@ def test_worker_main_streams_events(emulated, monkeypatch, tmp_path, capsys):
     assert results["control_row_sum"]["status"] == "admitted"
     assert results["wrong_scale"]["check"] == "correctness"
     assert results["control_row_sum"]["resources"]["blocks_per_sm"] == 4
-    assert sum(1 for e in events if e["event"] == "check" and e["symbol"] == "control_row_sum") == 13
+    assert sum(1 for e in events if e["event"] == "check" and e["symbol"] == "control_row_sum") == 14
 
 
 # ---- multi-tensor AdamW through aux buffers and a prepared descriptor table -----------------------------------
@@ -486,7 +486,7 @@ def test_multi_adamw_passes_every_check(multi, dt):
     assert r.status == "admitted", r.reason
     names = [c.name for c in r.checks]
     assert names == ["admission", "correctness", "correctness", "correctness", "uninitialized", "repeat", "stream",
-                     "neighbour", "address", "graph", "bounds", "input-written"]
+                     "neighbour", "address", "graph", "bounds", "input-written", "timeout"]
     corr = [c.detail for c in r.checks if c.name == "correctness"]
     assert all("param:" in d and "exp_avg:" in d and "exp_avg_sq:" in d for d in corr)  # aux outputs checked
     digests = {c.digest for c in r.checks if c.name in DETERMINISM}

@@ -27,6 +27,7 @@ from mamba_forge.qualify import checks as C
 from mamba_forge.qualify import equivalence as E
 from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import spec as S
+from mamba_forge.qualify.budget import LaunchBudget
 from mamba_forge.qualify.events import (
     CheckDone,
     CheckResult,
@@ -84,9 +85,13 @@ class SymbolRun:
         emit(CheckDone(self.name, name, passed))  # also tells the parent the worker is alive
 
     def run(self) -> SymbolResult:
-        timeout = self.fam.qualify.timeout_s
-        if timeout:
-            self.ctx.timeout_s = timeout * (TIME_FACTOR if self.job.get("sanitize") else 1)
+        scale = float(self.job.get("time_scale", TIME_FACTOR if self.job.get("sanitize") else 1))
+        if self.fam.qualify.timeout_s:  # the catalog knows this family's launches take long: it wins
+            self.ctx.budget = LaunchBudget(self.fam.qualify.timeout_s, "the family's timeout_s", scale)
+        elif self.ctx.timeout_s is not None:
+            self.ctx.budget = LaunchBudget(self.ctx.timeout_s, "--timeout", scale)
+        else:
+            self.ctx.budget = LaunchBudget(scale=scale)
         try:
             fn = self.module.function(self.name)
         except cu.CudaError as exc:
@@ -161,6 +166,8 @@ class SymbolRun:
         if checked:
             for name, detail in G.summary(checked).items():
                 self.add(name, True, detail=detail)
+        if not sanitize:  # a sanitizer pass reports only its tool's verdict (sanitize.apply_sanitizer)
+            self.add("timeout", True, detail=f"every launch within its {self.ctx.budget.describe()}")
         self.result.status = "admitted"
         return self.result
 
@@ -238,7 +245,7 @@ class SymbolRun:
         ctx.launch_neighbour(ctx.other)
         inst.enqueue(ctx.stream)
         ctx.wait(ctx.stream)
-        ctx.wait(ctx.other, max(ctx.timeout_s, 60.0))
+        ctx.wait(ctx.other, max(ctx.budget.limit, 60.0))
         inst.verify()
         v = same("neighbour", inst.outputs(), "under a concurrent memory- and ALU-heavy kernel on a second stream")
         if v:
@@ -307,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     build_dir = Path(job["build_dir"])
     try:
         dev = cu.Device(int(job["device"]))
-        ctx = C.Context(dev, dev.info(), timeout_s=float(job.get("timeout_s", 20.0)))
+        fixed = job.get("timeout_s", 20.0)  # None: each symbol's budget scales with its first launch
+        ctx = C.Context(dev, dev.info(), timeout_s=None if fixed is None else float(fixed))
         ctx.open()
     except cu.CudaError as exc:
         emit(Fatal(reason=str(exc), result=exc.result))
@@ -315,7 +323,6 @@ def main(argv: list[str] | None = None) -> int:
     i = ctx.info
     emit(Hello(WorkerDevice(name=i.name, cc=i.cc_text, sm_count=i.sm_count, driver_version=i.driver_version,
                             optin_smem=i.optin_smem, uuid=i.uuid, ordinal=i.ordinal), pid=os.getpid()))
-    base_timeout = ctx.timeout_s
     for group in job["groups"]:
         try:
             module, note = load_group(ctx, build_dir, group)
@@ -333,11 +340,10 @@ def main(argv: list[str] | None = None) -> int:
             name = entry["name"]
             emit(Start(name, group["module"], group["target"]))
             t0 = time.perf_counter()
-            ctx.timeout_s = base_timeout
             try:
                 rec = SymbolRun(ctx, catalog, module, job, entry, group).run()
             except C.Hang as exc:
-                emit(Timeout(name, f"{name}: timed out after {exc.seconds:g} s", exc.seconds))
+                emit(Timeout(name, f"{name}: {exc}", exc.seconds))
                 sys.stdout.flush()
                 os._exit(EXIT_TIMEOUT)  # the hung kernel holds the context: only process exit frees it
             except cu.CudaError as exc:
