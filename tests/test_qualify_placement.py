@@ -1,11 +1,14 @@
 """Placement, on CPU: the static warning for reads of placement- or time-dependent special registers (real NVRTC
-compiles of tiny kernels; the fixture's QualifyPlacement module) and the catalog's `acknowledge` table."""
+compiles of tiny kernels; the fixture's QualifyPlacement module), the catalog's `acknowledge` table, and the
+placement check's logic against the emulated driver of test_qualify_emulated.py (green partitions and the blocker
+emulated by FakePlacer; tests/gpu/test_qualify_gpu.py runs the real ones)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from test_qualify_emulated import FakeFunction, FakeModule, FakePlacer, _run, emulated  # noqa: F401 - fixture by name
 
 from mamba_forge.build import cubin, nvrtc
 from mamba_forge.build.builder import BuildRequest, build
@@ -13,8 +16,12 @@ from mamba_forge.catalog import entries
 from mamba_forge.catalog.model import load_catalog
 from mamba_forge.catalog.targets import get_target
 from mamba_forge.errors import CatalogError
+from mamba_forge.gpu import driver as cu
 from mamba_forge.manifest import toml_io
 from mamba_forge.manifest.schema import BuildManifest
+from mamba_forge.qualify import placement as P
+from mamba_forge.qualify import plan
+from mamba_forge.qualify import worker as W
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qualify_negative"
 
@@ -150,3 +157,166 @@ def test_acknowledging_one_register_leaves_the_others_warned(tmp_path):
                             modules=("QualifyPlacement",)))
     w = _symbols(bm)["smid_rotated_tree_row_sum"].warnings
     assert w is not None and len(w) == 1 and w[0].startswith("warning: ") and "%smid" in w[0]
+
+
+# ---- the placement check, against the emulated driver of test_qualify_emulated.py ---------------------------
+
+
+def test_the_build_warning_reaches_the_worker_job(placement_build):
+    groups = plan.plan_groups(placement_build[0], (9, 0), None)
+    warned = {s["name"]: s["placement_warned"] for g in groups for s in g.symbols}
+    assert warned == {"smid_ordered_row_sum": True, "clock_ordered_row_sum": True,
+                      "smid_rotated_tree_row_sum": False, "control_tree_row_sum": False}  # acknowledged: no warning
+
+
+def test_an_smid_ordered_sum_is_rejected_by_placement_naming_the_placement(emulated):  # noqa: F811
+    ctx, _ = emulated
+    r = _run(ctx, "smid_ordered_row_sum")
+    assert (r.status, r.check) == ("rejected", "placement"), r.reason
+    assert "its bits differ in a green context of 16 of 132 SMs from its first run alone" in r.reason
+    assert "depend on where its blocks run" in r.reason
+    assert [c.name for c in r.checks if not c.passed] == ["placement"]
+    assert next(c for c in r.checks if c.name == "repeat").passed  # alone it is the same run after run
+
+
+def test_without_green_contexts_the_blocker_still_rejects_it(emulated):  # noqa: F811
+    ctx, _ = emulated
+    ctx.placer = FakePlacer(ctx, green=False)
+    r = _run(ctx, "smid_ordered_row_sum")
+    assert (r.status, r.check) == ("rejected", "placement")
+    assert "beside a blocker holding 66 of 132 SMs" in r.reason
+    assert ctx.placer.holds == [66] and ctx.stream.held == 0  # released
+
+
+@pytest.mark.parametrize("green", [True, False])
+def test_a_rotation_of_a_commutative_tree_by_smid_is_admitted(emulated, green):  # noqa: F811
+    ctx, _ = emulated
+    ctx.placer = FakePlacer(ctx, green=green)
+    for name in ("smid_rotated_tree_row_sum", "control_tree_row_sum"):
+        r = _run(ctx, name)
+        assert r.status == "admitted", r.reason
+        rec = next(c for c in r.checks if c.name == "placement")
+        assert rec.passed and rec.digest == next(c for c in r.checks if c.name == "repeat").digest
+        assert "beside a blocker holding 66 of 132 SMs" in rec.detail
+        assert ("in a green context of 16 of 132 SMs, in a green context of 64 of 132 SMs" in rec.detail) == green
+        assert ("placed beside the blocker and with more shared memory only" in rec.detail) == (not green)
+        assert "shared memory cannot lower its residency" in rec.detail  # the fake occupancy is flat
+
+
+def test_a_clock_ordered_sum_is_rejected(emulated):  # noqa: F811
+    ctx, _ = emulated
+    r = _run(ctx, "clock_ordered_row_sum")
+    assert r.status == "rejected" and r.check in ("repeat", "placement"), r.reason
+
+
+def test_a_warned_symbol_runs_each_placement_three_times(emulated):  # noqa: F811
+    ctx, launches = emulated
+    cat = load_catalog(FIXTURE / "catalog.toml")
+    group = {"module": "QualifyPlacement", "target": "sm_90a"}
+    counts = []
+    for warned in (False, True):
+        before = launches.count("smid_rotated_tree_row_sum")
+        entry = {"name": "smid_rotated_tree_row_sum", "build_layout": [], "placement_warned": warned}
+        r = W.SymbolRun(ctx, cat, FakeModule(), {"seed": 5, "level": "quick"}, entry, group).run()
+        assert r.status == "admitted", r.reason
+        counts.append(launches.count("smid_rotated_tree_row_sum") - before)
+        rec = next(c for c in r.checks if c.name == "placement")
+        assert ("3 runs each: the build warned" in rec.detail) == warned
+    assert counts[1] - counts[0] == 2 * 3  # two more runs of each of the three placements
+    assert ctx.placer.holds == [66] + [66] * 3
+
+
+def test_more_shared_memory_is_a_placement_when_it_lowers_residency(emulated, monkeypatch):  # noqa: F811
+    ctx, _ = emulated
+    seen = []
+    real = W.C.cu.launch
+
+    def launch(fn, grid, block, params, *, smem=0, stream=None):
+        seen.append((fn.name, smem))
+        real(fn, grid, block, params, smem=smem, stream=stream)
+
+    monkeypatch.setattr(W.C.cu, "launch", launch)
+    monkeypatch.setattr(FakeFunction, "occupancy", lambda self, threads, smem: max(1, min(8, 233472 // (smem + 1024))))
+    r = _run(ctx, "control_tree_row_sum")
+    assert r.status == "admitted", r.reason
+    rec = next(c for c in r.checks if c.name == "placement")
+    assert "more bytes of dynamic shared memory (4 resident blocks per SM instead of 8)" in rec.detail
+    extra = int(rec.detail.split("with ")[1].split(" more bytes")[0])
+    assert ("control_tree_row_sum", extra) in seen and 233472 // (extra + 1024) == 4
+    assert 233472 // (extra - 256 + 1024) > 4  # the least such bytes, to 256
+
+
+class _Occ:
+    def __init__(self, per_sm: int, reserve: int = 1024, cap: int = 8):
+        self.per_sm, self.reserve, self.cap = per_sm, reserve, cap
+
+    def occupancy(self, threads, smem):
+        return max(0, min(self.cap, self.per_sm // (smem + self.reserve)))
+
+
+@pytest.mark.parametrize(("occ", "base", "static", "want"), [
+    (_Occ(233472), 0, 0, (45824, 8, 4)),  # 233472 // (45824 + 1024) = 4, // (45568 + 1024) = 5
+    (_Occ(233472), 100000, 0, None),  # 2 per SM -> 1: checked below
+    (_Occ(233472, cap=1), 0, 0, None),  # one block per SM already
+    (_Occ(233472), 0, 232000, None),  # no room left under the opt-in limit
+])
+def test_smem_for_lower_residency(occ, base, static, want):
+    got = P.smem_for_lower_residency(occ, 256, base, static, 232448)
+    if base == 100000:  # 2 resident -> 1: the least 256-multiple above 116736 - 1024 that gives 1
+        assert got is not None and got[1:] == (2, 1) and occ.occupancy(256, got[0]) == 1
+        assert occ.occupancy(256, got[0] - 256) == 2
+        return
+    assert got == want
+
+
+class _RefusingPlacer(FakePlacer):
+    """A green context the driver will not use: pushing it fails, or the launch on its stream is refused."""
+
+    def __init__(self, ctx, result: str, at: str):
+        super().__init__(ctx)
+        self.result, self.at = result, at
+
+    def partitions(self):
+        def refuse():
+            raise cu.CudaError("cuCtxPushCurrent(green)" if self.at == "enter" else "cuLaunchKernel", self.result)
+
+        parts, note = super().partitions()
+        if self.at == "enter":
+            parts[0].enter = refuse
+        else:
+            parts[0].stream.refuse = refuse
+        return parts, note
+
+
+@pytest.mark.parametrize("at", ["enter", "launch"])
+def test_a_refused_green_context_is_skipped_and_noted_not_a_rejection(emulated, monkeypatch, at):  # noqa: F811
+    ctx, _ = emulated
+    ctx.placer = _RefusingPlacer(ctx, "CUDA_ERROR_INVALID_HANDLE", at)
+    real = cu.launch
+
+    def launch(fn, grid, block, params, *, smem=0, stream=None):
+        if getattr(stream, "refuse", None):
+            stream.refuse()
+        real(fn, grid, block, params, smem=smem, stream=stream)
+
+    monkeypatch.setattr(cu, "launch", launch)
+    r = _run(ctx, "control_tree_row_sum")
+    assert r.status == "admitted", r.reason
+    rec = next(c for c in r.checks if c.name == "placement")
+    assert "not run in a green context of 16 of 132 SMs:" in rec.detail and "CUDA_ERROR_INVALID_HANDLE" in rec.detail
+    assert rec.detail.startswith("bitwise equal in a green context of 64 of 132 SMs, beside a blocker")
+
+
+def test_a_sticky_error_in_a_green_context_is_the_symbols_fault(emulated, monkeypatch):  # noqa: F811
+    ctx, _ = emulated
+    ctx.placer = _RefusingPlacer(ctx, "CUDA_ERROR_ILLEGAL_ADDRESS", "launch")
+    real = cu.launch
+
+    def launch(fn, grid, block, params, *, smem=0, stream=None):
+        if getattr(stream, "refuse", None):
+            stream.refuse()
+        real(fn, grid, block, params, smem=smem, stream=stream)
+
+    monkeypatch.setattr(cu, "launch", launch)
+    with pytest.raises(cu.CudaError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+        _run(ctx, "control_tree_row_sum")

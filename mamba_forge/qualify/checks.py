@@ -131,6 +131,7 @@ class Context:
     neighbour_buf: cu.DeviceBuffer | None = None
     _neighbour_module: cu.Module | None = field(default=None, repr=False)
     budget: LaunchBudget = field(default_factory=LaunchBudget)  # the symbol in flight's (worker.SymbolRun sets it)
+    placer: object | None = None  # placement.DevicePlacer, made on first use (the CPU tests put an emulation here)
 
     def __post_init__(self) -> None:
         self.budget = LaunchBudget(fixed_s=self.timeout_s, source="--timeout")
@@ -258,19 +259,21 @@ class Instance:
             self.free()
             raise
 
-    def enqueue(self, stream: cu.Stream, poison: int = POISON) -> None:
-        """Reset outputs and scratch (poison) and overwritten inputs (pristine copy), then launch: all on `stream`."""
+    def enqueue(self, stream: cu.Stream, poison: int = POISON, smem: int | None = None) -> None:
+        """Reset outputs and scratch (poison) and overwritten inputs (pristine copy), then launch: all on `stream`.
+        `smem`: dynamic shared memory bytes instead of the declared (the placement check's lower residency)."""
         for b in self.spec.all_buffers:
             if b.name in self.pristine:
                 cu.memcpy_dtod(self.ptrs[b.name], self.pristine[b.name], b.nbytes, stream)
             elif not b.needs_fill:
                 cu.memset_d8(self.ptrs[b.name], poison, b.nbytes, stream)
-        cu.launch(self.fn, self.spec.grid, self.spec.block, self.params, smem=self.spec.dynamic_smem, stream=stream)
+        cu.launch(self.fn, self.spec.grid, self.spec.block, self.params,
+                  smem=self.spec.dynamic_smem if smem is None else smem, stream=stream)
 
-    def run(self, stream: cu.Stream | None = None, poison: int = POISON) -> dict[str, bytes]:
+    def run(self, stream: cu.Stream | None = None, poison: int = POISON, smem: int | None = None) -> dict[str, bytes]:
         st = stream or self.ctx.stream
         assert st is not None
-        self.enqueue(st, poison)
+        self.enqueue(st, poison, smem)
         self.ctx.wait(st)
         self.verify(st)
         return self.outputs()

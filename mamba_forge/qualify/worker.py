@@ -26,6 +26,7 @@ from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import checks as C
 from mamba_forge.qualify import equivalence as E
 from mamba_forge.qualify import guards as G
+from mamba_forge.qualify import placement as P
 from mamba_forge.qualify import spec as S
 from mamba_forge.qualify.budget import LaunchBudget
 from mamba_forge.qualify.events import (
@@ -184,6 +185,36 @@ class SymbolRun:
             return diff
         return ""
 
+    def placement(self, spec, fn, inst: C.Instance, base: dict[str, bytes], want: str) -> SymbolResult | None:
+        """Its bits under other placements of its blocks (placement.py) against its first run, alone."""
+        if self.ctx.placer is None:
+            self.ctx.placer = P.DevicePlacer(self.ctx)
+        warned = bool(self.entry.get("placement_warned"))
+        reps = P.REPEATS_WARNED if warned else 1
+        runs, notes = P.placements(self.ctx, self.ctx.placer, inst, fn, spec)
+        ran = []
+        for pl in runs:
+            for i in range(reps):
+                try:
+                    outs = pl.run()
+                except P.Unavailable as exc:
+                    notes.append(f"not run {pl.label}: {exc}")
+                    break
+                d = C.digest(outs)
+                if d != want:
+                    diff = C.first_difference(base, outs)
+                    run = f" (run {i + 1} of {reps})" if reps > 1 else ""
+                    self.add("placement", False, d, f"{pl.label}{run}: {diff}")
+                    return self.reject("placement", f"{self.name}: its bits differ {pl.label}{run} from its first run "
+                                                     f"alone on the device ({diff}): they depend on where its blocks run")
+            else:
+                ran.append(pl.label)
+        detail = "bitwise equal " + ", ".join(ran) if ran else "no placement could be run"
+        if warned:
+            detail += f" ({reps} runs each: the build warned that it reads placement-dependent registers)"
+        self.add("placement", True, want, detail + "".join(f"; {n}" for n in notes))
+        return None
+
     def determinism(self, spec, fn, inst: C.Instance, inputs, base: dict[str, bytes], prepare,
                     checked: list[G.Guards]) -> SymbolResult | None:
         ctx = self.ctx
@@ -206,6 +237,10 @@ class SymbolRun:
                 self.add("repeat", False, C.digest(outs), f"run {i + 2} of {r + 1}: {diff}")
                 return self.reject("repeat", f"{self.name}: run {i + 2} of {r + 1} is not bitwise equal to run 1 ({diff})")
         self.add("repeat", True, want, f"{r} more runs bitwise equal")
+
+        v = self.placement(spec, fn, inst, base, want)
+        if v:
+            return v
 
         q = self.fam.qualify
         if q.batch_dim:
