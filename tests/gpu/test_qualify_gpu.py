@@ -25,6 +25,7 @@ from mamba_forge.qualify import checks as C
 from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import plan, runner
 from mamba_forge.qualify import spec as S
+from mamba_forge.report.classes import reason_class
 
 pytestmark = pytest.mark.gpu
 
@@ -114,6 +115,20 @@ def test_controls_admitted_with_every_check(negative_manifest, name):
     assert len(digests) == 1 and len(digests.pop()) == 64
     assert s.resources is not None and s.resources.blocks_per_sm >= 1 and s.seed is not None
     assert s.params_layout() == [[0, 8], [8, 8], [16, 4], [20, 4]]
+
+
+@pytest.mark.parametrize(("name", "status", "classes"), [
+    ("smid_ordered_row_sum", "rejected", {"placement-variant"}),
+    ("clock_ordered_row_sum", "rejected", {"nondeterministic", "placement-variant"}),
+    ("smid_rotated_tree_row_sum", "admitted", {""}),
+    ("control_tree_row_sum", "admitted", {""}),
+])
+def test_placement_controls_verdict_and_reason_class(negative_manifest, name, status, classes):
+    s = negative_manifest.symbol(name)
+    assert s.status == status, f"{name}: [{s.check}] {s.reason}"
+    assert (reason_class(s.check) if s.status == "rejected" else "") in classes, f"{name}: [{s.check}] {s.reason}"
+    if s.check == "placement":  # the reason names where its bits changed
+        assert " SMs" in s.reason or "shared memory" in s.reason, s.reason
 
 
 @pytest.mark.parametrize("name", TREE_CONTROLS)
