@@ -15,7 +15,6 @@ from mamba_forge.build.builder import BuildRequest, build
 from mamba_forge.catalog import entries
 from mamba_forge.catalog.model import load_catalog
 from mamba_forge.catalog.targets import get_target
-from mamba_forge.errors import CatalogError
 from mamba_forge.gpu import driver as cu
 from mamba_forge.manifest import toml_io
 from mamba_forge.manifest.schema import BuildManifest
@@ -132,21 +131,6 @@ def _catalog_with(tmp_path: Path, acknowledge: str) -> Path:
     (tmp_path / "placement.toml").write_text(fam)
     (tmp_path / "catalog.toml").write_text(root)
     return tmp_path / "catalog.toml"
-
-
-@pytest.mark.parametrize(("acknowledge", "problem"), [
-    ('acknowledge = { tid = "not special" }', "acknowledge.tid: not a placement-dependent register"),
-    ('acknowledge = { "%smid" = "with the percent sign" }', "acknowledge.%smid: not a placement-dependent register"),
-    ('acknowledge = { smid = "" }', "acknowledge.smid: give the reason"),
-    ('acknowledge = { smid = "   " }', "acknowledge.smid: give the reason"),
-    ('acknowledge = { smid = "' + "x" * 201 + '" }', "acknowledge.smid: give the reason in 1 to 200 characters"),
-    ('acknowledge = { smid = 1 }', "acknowledge.smid"),
-    ('acknowledge = "smid"', "acknowledge"),
-])
-def test_bad_acknowledgements_are_refused_with_the_entry(tmp_path, acknowledge, problem):
-    with pytest.raises(CatalogError) as err:
-        load_catalog(_catalog_with(tmp_path, acknowledge))
-    assert problem in str(err.value) and "smid_rotated_tree_row_sum" in str(err.value)
 
 
 def test_acknowledging_one_register_leaves_the_others_warned(tmp_path):
