@@ -31,6 +31,7 @@ NEGATIVE = Path(__file__).parent / "fixtures" / "qualify_negative" / "catalog.to
     (0.02, 2.0),  # 50 x 20 ms + 1 s = 2 s
     (0.1, 6.0),
     (1.0, 51.0),
+    (30.0, 1501.0),  # no exponent in the text
 ])
 def test_the_scaled_budget_is_fifty_times_the_first_launch_plus_a_second_at_least_two(first, limit):
     b = B.LaunchBudget()
@@ -39,7 +40,8 @@ def test_the_scaled_budget_is_fifty_times_the_first_launch_plus_a_second_at_leas
     assert b.limit == pytest.approx(limit)
     b.observe(100.0)  # only the first launch sets it
     assert b.limit == pytest.approx(limit)
-    assert f"the first launch's {first * 1e3:.3g} ms" in b.describe()
+    assert f"the first launch's {B.seconds_text(first * 1e3)} ms" in b.describe()
+    assert f"launch budget {B.seconds_text(limit)} s:" in b.describe() and "e+" not in b.describe()
 
 
 def test_a_fixed_budget_holds_for_every_launch_and_says_where_it_comes_from():

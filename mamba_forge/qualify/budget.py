@@ -17,6 +17,11 @@ SLACK_S = 1.0
 FLOOR_S = 2.0
 
 
+def seconds_text(x: float) -> str:
+    """3 significant digits, never an exponent: '2', '13.5', '1500'."""
+    return f"{x:.3g}" if x < 1000 else f"{x:.0f}"
+
+
 @dataclass
 class LaunchBudget:
     fixed_s: float | None = None  # every launch, when given
@@ -42,10 +47,11 @@ class LaunchBudget:
         """What the budget is and where it comes from, for the manifest and the timeout reason."""
         tool = f" (x{self.scale:g} under compute-sanitizer)" if self.scale != 1 else ""
         if self.fixed_s is not None:
-            return f"launch budget {self.limit:g} s, fixed by {self.source or '--timeout'}{tool}"
+            return f"launch budget {seconds_text(self.limit)} s, fixed by {self.source or '--timeout'}{tool}"
         if self.first_launch_s is None:
-            return f"launch budget {self.limit:g} s for the first launch{tool}"
-        return (f"launch budget {self.limit:.3g} s: {FACTOR:g} x the first launch's {self.first_launch_s * 1e3:.3g} ms "
+            return f"launch budget {seconds_text(self.limit)} s for the first launch{tool}"
+        return (f"launch budget {seconds_text(self.limit)} s: {FACTOR:g} x the first launch's "
+                f"{seconds_text(self.first_launch_s * 1e3)} ms "
                 f"+ {SLACK_S * self.scale:g} s, at least {FLOOR_S * self.scale:g} s{tool}")
 
 
@@ -55,4 +61,4 @@ def backstop_s(fixed_s: float | None, scale: float = 1.0) -> float:
     return (3 * (fixed_s if fixed_s is not None else FIRST_LAUNCH_S) + 60) * scale
 
 
-__all__ = ["FACTOR", "FIRST_LAUNCH_S", "FLOOR_S", "SLACK_S", "LaunchBudget", "backstop_s"]
+__all__ = ["FACTOR", "FIRST_LAUNCH_S", "FLOOR_S", "SLACK_S", "LaunchBudget", "backstop_s", "seconds_text"]

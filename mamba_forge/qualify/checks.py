@@ -19,7 +19,7 @@ from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import fills
 from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import spec as S
-from mamba_forge.qualify.budget import LaunchBudget
+from mamba_forge.qualify.budget import LaunchBudget, seconds_text
 from mamba_forge.qualify.events import LiveResources
 from mamba_forge.qualify.guards import POISON, plain
 
@@ -47,7 +47,7 @@ class Hang(Exception):
 
     def __init__(self, seconds: float, budget: str = ""):
         self.seconds, self.budget = seconds, budget
-        super().__init__(f"timed out after {seconds:.3g} s" + (f" ({budget})" if budget else ""))
+        super().__init__(f"timed out after {seconds_text(seconds)} s" + (f" ({budget})" if budget else ""))
 
 
 # ---- pure comparisons -----------------------------------------------------------------------------------
