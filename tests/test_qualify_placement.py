@@ -304,3 +304,33 @@ def test_a_sticky_error_in_a_green_context_is_the_symbols_fault(emulated, monkey
     monkeypatch.setattr(cu, "launch", launch)
     with pytest.raises(cu.CudaError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
         _run(ctx, "control_tree_row_sum")
+
+
+def test_the_device_placer_notes_why_a_green_context_is_missing(monkeypatch):
+    """DevicePlacer.partitions over a stand-in for gpu/green.py: an old driver, a binding that differs (any
+    exception is a missing placement with its reason, never the symbol's verdict) and one partition that works."""
+    from types import SimpleNamespace
+
+    from mamba_forge.gpu import green
+
+    info = cu.DeviceInfo(0, "Emulated", (9, 0), 132, 12020, 232448, 233472, 1 << 37, "")
+    ctx = SimpleNamespace(info=info, device=SimpleNamespace(handle=0))
+    made = []
+
+    def partition(handle, n):
+        if n == 16:
+            raise green.GreenUnavailable("driver 12020 < 12040 (green contexts need CUDA 12.4)")
+        if n == 66 and not made:
+            made.append(n)
+            raise TypeError("cuDevSmResourceSplitByCount() takes 5 arguments")
+        return green.GreenPartition(72, n, object(), object(), "stream")
+
+    monkeypatch.setattr(green, "partition", partition)
+    parts, note = P.DevicePlacer(ctx).partitions()
+    assert parts == [] and note == ("no green context of 16 SMs (driver 12020 < 12040 (green contexts need CUDA 12.4)); "
+                                    "no green context of 66 SMs (TypeError: cuDevSmResourceSplitByCount() takes 5 "
+                                    "arguments)")
+    placer = P.DevicePlacer(ctx)
+    parts, note = placer.partitions()
+    assert [p.label for p in parts] == ["in a green context of 72 of 132 SMs"] and note.startswith("no green context of 16")
+    assert placer.partitions() == (parts, note)  # made once per worker

@@ -88,6 +88,9 @@ class DevicePlacer:
                 except green.GreenUnavailable as exc:
                     notes.append(f"no green context of {n} SMs ({exc})")
                     continue
+                except Exception as exc:  # noqa: BLE001 - bindings that differ: a missing placement, not a verdict
+                    notes.append(f"no green context of {n} SMs ({type(exc).__name__}: {exc})")
+                    continue
                 self._owned.append(gp)
                 self._parts.append(Partition(f"in a green context of {gp.sm_count} of {total} SMs", gp.stream,
                                              gp.push, gp.pop))
@@ -118,7 +121,10 @@ class DevicePlacer:
     def hold(self, blocks: int) -> Hold:
         """Launch the blocker on ctx.other and wait (up to ARRIVAL_S) until its blocks are resident."""
         fn = self.blocker()
-        flags = green.MappedInts(1 + blocks)
+        try:
+            flags = green.MappedInts(1 + blocks)
+        except (cu.CudaError, TypeError, ValueError, AttributeError) as exc:
+            raise Unavailable(f"no mapped host memory for the blocker's flags: {exc}") from None
         params = cu.PackedParams([("ptr", flags.device_ptr), ("ptr", flags.device_ptr + 4)])
         try:
             cu.launch(fn, (blocks,), (1024,), params, smem=self.blocker_smem(), stream=self.ctx.other)
