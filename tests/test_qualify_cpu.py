@@ -619,7 +619,8 @@ def test_cli_progress_and_summary_render_the_events(tmp_path, fake_worker, monke
     assert "rejected crash_a: crash_a: the worker was killed by SIGSEGV" in err.export_text()
     render_qualify_summary(result.manifest, out)
     text = out.export_text()
-    assert "Fake GPU (cc 9.0, 2 SMs, x1)" in text and "hog [smem] hog: too much smem" in text
+    assert "Fake GPU (cc 9.0, 2 SMs, x1)" in text and "hog (Fixed/sm_90a) [smem] hog: too much smem" in text
+    assert "2 rejected: 1 fault, 1 resource" in text and text.index("fault (1)") < text.index("resource (1)")
 
 
 def test_manifest_schema_refuses_unknown_fields_and_statuses():

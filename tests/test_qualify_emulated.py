@@ -25,7 +25,7 @@ from mamba_forge.qualify import worker as W
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qualify_negative"
 OPTIN = 232448
-DETERMINISM = ("repeat", "batch", "stream", "neighbour", "address", "graph")
+DETERMINISM = ("repeat", "placement", "batch", "stream", "neighbour", "address", "graph")
 
 
 class FakeMemory:
@@ -51,8 +51,12 @@ class FakeMemory:
 
 
 class FakeStream:
-    def __init__(self):
+    def __init__(self, sms: int = 132):
         self.hung = False
+        self.sms, self.held = sms, 0  # emulated placement: block r runs on SM held + r % (sms - held)
+
+    def sm_of(self, blocks: np.ndarray) -> np.ndarray:
+        return self.held + blocks % (self.sms - self.held)
 
     def query_done(self) -> bool:
         return not self.hung
@@ -73,6 +77,8 @@ SIGNATURES = {  # emulated kernels: parameter types as the kernel declares them
     **{k: ["ptr", "ptr", "i64"] for k in ("writes_past_end", "writes_before_start", "writes_input",
                                           "accumulates_into_output")},
     "mf_guard_check": ["ptr", "ptr", "i32"],
+    **{k: ["ptr", "ptr", "i32", "i32"] for k in ("smid_ordered_row_sum", "clock_ordered_row_sum",
+                                                "smid_rotated_tree_row_sum", "control_tree_row_sum")},
     **{k: ["ptr", "ptr", "ptr", "i32", "i32", "i32"] for k in ("control_gemm_chain", "control_gemm_chain_2d",
                                                               "pairwise_gemm")},
     # the real catalog's multi-tensor AdamW: descs, num_tensors, lr, beta1, beta2, eps, step
@@ -162,6 +168,7 @@ def emulated(monkeypatch):
     info = cu.DeviceInfo(0, "Emulated H200", (9, 0), 132, 13000, OPTIN, 233472, 1 << 37, "")
     ctx = C.Context(device=None, info=info, timeout_s=0.2)  # type: ignore[arg-type]
     ctx.stream, ctx.other = FakeStream(), FakeStream()
+    ctx.placer = FakePlacer(ctx)
     return ctx, launches
 
 
@@ -207,6 +214,8 @@ def run_kernel(name, v, mem, rng, stream):
             out[:] = (parts[0] + parts[1]) + (parts[2] + parts[3])
         else:
             out[:] = np.cumsum(x, axis=1, dtype=f32)[:, -1]  # sequential column order
+    elif name in ("smid_ordered_row_sum", "clock_ordered_row_sum", "smid_rotated_tree_row_sum", "control_tree_row_sum"):
+        placed_row_sum(name, v, mem, rng, stream)
     elif name in ("control_gemm_chain", "control_gemm_chain_2d", "pairwise_gemm"):
         c_p, a_p, b_p, m, n, k = v
         a = mem.view(a_p, f32, m * k).reshape(m, k)
@@ -256,6 +265,55 @@ def run_kernel(name, v, mem, rng, stream):
             y[:] = x
 
 
+def placed_row_sum(name, v, mem, rng, stream):
+    """The placement controls (src/placement.cu): 256 strided partials per row (one block per row), folded in
+    sequence from slot smid % 256 (or a random slot for the clock one), or by a pairwise tree."""
+    f32 = np.float32
+    out_p, x_p, rows, cols = v
+    x = mem.view(x_p, f32, rows * cols).reshape(rows, cols // 256, 256)
+    out = np.frombuffer(mem.at(out_p)[0], f32, rows, mem.at(out_p)[1])
+    s = np.cumsum(x, axis=1, dtype=f32)[:, -1, :]  # s[r, t] = sum of x[r, t::256], in column order
+    if name in ("smid_ordered_row_sum", "clock_ordered_row_sum"):
+        blocks = np.arange(rows)
+        start = stream.sm_of(blocks) % 256 if name.startswith("smid") else rng.integers(0, 256, rows)
+        order = (start[:, None] + np.arange(256)[None, :]) % 256
+        out[:] = np.cumsum(np.take_along_axis(s, order, axis=1), axis=1, dtype=f32)[:, -1]
+    else:  # a pairwise tree: which thread adds a pair (the %smid rotation) changes no bit
+        h = 128
+        while h:
+            s = (s[:, :h] + s[:, h : 2 * h]).astype(f32)
+            h //= 2
+        out[:] = s[:, 0]
+
+
+class FakePlacer:
+    """placement.DevicePlacer emulated: green partitions are streams on fewer SMs, the blocker moves every block of
+    a launch on ctx.stream past the SMs it holds."""
+
+    def __init__(self, ctx, green: bool = True):
+        self.ctx, self.green, self.holds = ctx, green, []
+
+    def partitions(self):
+        from mamba_forge.qualify.placement import Partition
+
+        if not self.green:
+            return [], "no green context of 16 SMs (driver 12020 < 12040 (green contexts need CUDA 12.4))"
+        return [Partition(f"in a green context of {n} of 132 SMs", FakeStream(n)) for n in (16, 64)], ""
+
+    def hold(self, blocks):
+        ctx = self.ctx
+
+        class Held:
+            released = False
+
+            def release(self):
+                ctx.stream.held = 0
+
+        ctx.stream.held = blocks
+        self.holds.append(blocks)
+        return Held()
+
+
 def _run(ctx, name, level="quick"):
     cat = load_catalog(FIXTURE / "catalog.toml")
     if name == "smem_over":  # over the opt-in limit: no catalog may declare it (catalog/limits.py), so raised here
@@ -271,8 +329,8 @@ def test_controls_pass_every_check(emulated):
         r = _run(ctx, name)
         assert r.status == "admitted", r.reason
         names = [c.name for c in r.checks]
-        assert names == ["admission", "correctness", "correctness", "correctness", "uninitialized", "repeat", "batch",
-                         "stream", "neighbour", "address", "graph", "bounds", "input-written"]
+        assert names == ["admission", "correctness", "correctness", "correctness", "uninitialized", "repeat", "placement",
+                         "batch", "stream", "neighbour", "address", "graph", "bounds", "input-written", "timeout"]
         digests = {c.digest for c in r.checks if c.name in DETERMINISM}
         assert len(digests) == 1
         assert all(c.passed for c in r.checks)
@@ -399,6 +457,7 @@ def test_worker_main_streams_events(emulated, monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(cu, "Device", FakeDevice)
     monkeypatch.setattr(cu, "Stream", FakeStream)
     monkeypatch.setattr(cu, "Module", FakeModule)
+    monkeypatch.setattr(W.P, "DevicePlacer", FakePlacer)
     (tmp_path / "sm_90a").mkdir()
     (tmp_path / "sm_90a" / "QualifyNegative.cubin").write_bytes(b"\x7fELF")
     job = {"device": 0, "level": "quick", "seed": 1, "timeout_s": 1.0, "sanitize": False,
@@ -417,7 +476,7 @@ def test_worker_main_streams_events(emulated, monkeypatch, tmp_path, capsys):
     assert results["control_row_sum"]["status"] == "admitted"
     assert results["wrong_scale"]["check"] == "correctness"
     assert results["control_row_sum"]["resources"]["blocks_per_sm"] == 4
-    assert sum(1 for e in events if e["event"] == "check" and e["symbol"] == "control_row_sum") == 13
+    assert sum(1 for e in events if e["event"] == "check" and e["symbol"] == "control_row_sum") == 15
 
 
 # ---- multi-tensor AdamW through aux buffers and a prepared descriptor table -----------------------------------
@@ -487,8 +546,8 @@ def test_multi_adamw_passes_every_check(multi, dt):
     r = multi(dt)
     assert r.status == "admitted", r.reason
     names = [c.name for c in r.checks]
-    assert names == ["admission", "correctness", "correctness", "correctness", "uninitialized", "repeat", "stream",
-                     "neighbour", "address", "graph", "bounds", "input-written"]
+    assert names == ["admission", "correctness", "correctness", "correctness", "uninitialized", "repeat",
+                     "placement", "stream", "neighbour", "address", "graph", "bounds", "input-written", "timeout"]
     corr = [c.detail for c in r.checks if c.name == "correctness"]
     assert all("param:" in d and "exp_avg:" in d and "exp_avg_sq:" in d for d in corr)  # aux outputs checked
     digests = {c.digest for c in r.checks if c.name in DETERMINISM}
@@ -510,11 +569,11 @@ def test_multi_adamw_tables_point_at_live_aux_buffers_and_moved_run_rebuilds(mul
             assert (p, g, m, v) == (p0 + 2 * start, g0 + 2 * start, m0 + 4 * start, v0 + 4 * start) and n == want
             start += n
         bases.append(p0)
-    # three corpora (fresh instances, each run with both poisons), repeats/stream/neighbour/graph reuse the
-    # first, one moved instance
+    # three corpora (fresh instances, each run with both poisons), repeats/stream/neighbour/graph and the three
+    # placements (two green partitions, the blocker) reuse the first, one moved instance
     moved = [b for b in bases if b % 512 == 256]  # FakeMemory allocates at 512-byte steps: +256 is the moved one
     assert len(moved) == len([b for b in bases if b == moved[0]]) == 1
-    assert len(set(bases)) == 4 and len(bases) == 3 * 2 + 5 + 3 + 1
+    assert len(set(bases)) == 4 and len(bases) == 3 * 2 + 5 + 3 + 3 + 1
 
 
 def test_multi_adamw_stale_table_fails_the_address_check(multi, monkeypatch):
@@ -580,8 +639,8 @@ def _live_run(live_fixed, dt):
 def test_gpu_multi_adamw_is_qualified(live_fixed, dt):
     r = _live_run(live_fixed, dt)
     assert r.status == "admitted", r.reason
-    assert [c.name for c in r.checks][-7:] == ["repeat", "stream", "neighbour", "address", "graph", "bounds",
-                                             "input-written"]
+    assert [c.name for c in r.checks][-9:] == ["repeat", "placement", "stream", "neighbour", "address", "graph",
+                                             "bounds", "input-written", "timeout"]
 
 
 @pytest.mark.gpu

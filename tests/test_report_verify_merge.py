@@ -101,6 +101,11 @@ def test_report_qualified_text_json_markdown(tiny, capsys):
     assert data["summary"] == [{"module": "Tiny", "target": "sm_90a", "role": "qualify", "admitted": 5, "rejected": 5,
                                 "other": 0}]
     assert {r["symbol"]: (r["check"], r["reason"]) for r in data["rejected"]} == REJECTED
+    # grouped by the class of their reason, in the report's class order, with a count per class
+    assert [(r["class"], r["symbol"]) for r in data["rejected"]] == [
+        ("fault", "mid_copy_f16"), ("timeout", "slow_copy_f16"), ("incorrect", "fast_copy_bf16"),
+        ("nondeterministic", "fast_copy_f16"), ("resource", "mid_copy_bf16")]
+    assert data["rejected_by_class"] == {"fault": 1, "timeout": 1, "incorrect": 1, "nondeterministic": 1, "resource": 1}
     assert data["device"]["name"] == H200.name and data["signature"]["key_id"] == tiny.kid
     cubin = next(a for a in data["artifacts"] if a["code"] == "cubin")
     assert cubin["sha256"] == next(a["sha256"] for a in tiny.body["artifacts"] if a["code"] == "cubin")
@@ -108,7 +113,8 @@ def test_report_qualified_text_json_markdown(tiny, capsys):
     assert sym["resources"]["max_threads"] == 128 and sym["checks"][0]["name"] == "repeat"
     rc, out, _ = run(capsys, "report", tiny.manifest, "--format", "markdown")
     assert rc == 0 and out.startswith("# mamba-forge kernels qualified on NVIDIA H200")
-    assert "## Rejected" in out and "| `fast_copy_bf16` | Tiny/sm_90a | correctness |" in out
+    assert "## Rejected" in out and "| incorrect | `fast_copy_bf16` | Tiny/sm_90a | correctness |" in out
+    assert "5 rejected: 1 fault, 1 timeout, 1 incorrect, 1 nondeterministic, 1 resource." in out
     assert "| Tiny | sm_90a | qualify | 5 | 5 | 0 |" in out
     rc, _, err = run(capsys, "report", tiny.manifest, "--format", "html")
     assert rc == 2 and "unknown --format" in err

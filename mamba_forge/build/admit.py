@@ -83,3 +83,23 @@ def reject_order_tokens(sym: Symbol, target: Target, tokens: list[str]) -> Verdi
         reason=f"{sym.name} on {target.name}: the deterministic token policy forbids atom.*, red.*, local memory "
                f"and call in its PTX; found {shown}",
     )
+
+
+def placement_warnings(sym: Symbol, target: Target, registers: list[str], acknowledged: dict[str, str]) -> list[str]:
+    """Notes for a deterministic symbol whose PTX (or a .func it calls) reads placement- or time-dependent special
+    registers: a warning per unacknowledged read, naming the registers, and one note per acknowledged read with
+    the catalog's reason. Not a rejection: the qualifier's placement check runs the symbol placed differently and
+    compares bits (a symbol with a warning gets its hardest placement check). Empty for nondeterministic symbols."""
+    if not sym.deterministic or not registers:
+        return []
+    who = f"{sym.name} on {target.name}"
+    open_ = [r for r in registers if r not in acknowledged]
+    out = []
+    if open_:
+        out.append(f"warning: {who}: reads {', '.join('%' + r for r in open_)}, so its bits may depend on which SM or "
+                   f"when a block runs; the placement check will vary both (acknowledge a harmless use in the "
+                   f"family's `acknowledge` table with the reason)")
+    for r in registers:
+        if r in acknowledged:
+            out.append(f"acknowledged: {who}: reads %{r}: {acknowledged[r]}")
+    return out

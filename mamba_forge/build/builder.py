@@ -41,7 +41,7 @@ from mamba_forge.manifest.schema import (
     Verdict,
 )
 
-META_VERSION = 2  # the worker's metadata layout (build/worker.py): part of every cache key
+META_VERSION = 3  # the worker's metadata layout (build/worker.py): part of every cache key
 BASE_OPTIONS = ["-std=c++17", "--fmad=true", "-DNDEBUG", "--frandom-seed=mamba-forge"]
 LOG_HEAD_LINES = 12
 
@@ -213,7 +213,11 @@ def judge(job: Job, meta: dict) -> tuple[list[SymbolBuild], list[str]]:
             if (verdict.status == "admitted" and sym.deterministic and sym.policy.static_tokens == "deterministic"
                     and tokens):
                 verdict = admit.reject_order_tokens(sym, job.target, tokens)
-        out.append(_symbol_record(sym, res, verdict))
+        rec = _symbol_record(sym, res, verdict)
+        if res is not None:
+            ack = job.module.family(sym.family).acknowledge
+            rec.warnings = admit.placement_warnings(sym, job.target, meta["special_registers"].get(sym.name, []), ack) or None
+        out.append(rec)
     foreign = sorted(set(meta["kernels"]) - declared)
     return out, foreign
 

@@ -250,3 +250,45 @@ def float_atomics_by_entry(ptx: str) -> dict[str, list[str]]:
 def float_atomics_outside_entries(ptx: str) -> list[str]:
     """Float atomics in non-entry functions (.func bodies), which any entry might call."""
     return _outside_entries(ptx, _FLOAT_ATOMIC)
+
+
+# ---- PTX scan for placement-dependent special registers ----------------------------------------------------
+
+# Special registers whose value depends on where (which SM, warp slot) or when a block runs: a deterministic
+# kernel that reads one may make its bits depend on placement or timing. A warning, not a rejection (a rotation
+# of a commutative pairwise tree by %smid is harmless): the qualifier's placement check decides.
+PLACEMENT_REGISTERS = ("smid", "nsmid", "warpid", "nwarpid", "clock", "clock_hi", "clock64", "globaltimer",
+                       "globaltimer_lo", "globaltimer_hi")
+_SPECIAL_REGISTER = re.compile(r"%(" + "|".join(sorted(PLACEMENT_REGISTERS, key=len, reverse=True)) + r")\b")
+# a function header: `.visible .entry name(`, `.func (.param .b32 r) name(`, `.weak .func name(`
+_PTX_FUNCTION = re.compile(r"^\s*(?:\.(?:visible|weak|extern)\s+)*\.(entry|func)\s+(?:\([^)]*\)\s*)?([\w$]+)", re.M)
+_PTX_CALL = re.compile(r"\bcall(?:\.uni)?\s+(?:\([^)]*\)\s*,\s*)?([\w$]+)")
+
+
+def special_registers_by_entry(ptx: str) -> dict[str, list[str]]:
+    """Per .entry of a PTX module, the placement-dependent special registers (PLACEMENT_REGISTERS, without the
+    '%', sorted) that the entry or any .func it calls, directly or through other calls, reads; entries without
+    any are absent. Function bodies run from one header to the next (a prototype's slice holds no code)."""
+    heads = [(m.start(), m.group(1), m.group(2)) for m in _PTX_FUNCTION.finditer(ptx)]
+    reads: dict[str, set[str]] = {}
+    calls: dict[str, set[str]] = {}
+    entries: list[str] = []
+    for i, (start, kind, name) in enumerate(heads):
+        end = heads[i + 1][0] if i + 1 < len(heads) else len(ptx)
+        body = ptx[start:end]
+        reads.setdefault(name, set()).update(m.group(1) for m in _SPECIAL_REGISTER.finditer(body))
+        calls.setdefault(name, set()).update(m.group(1) for m in _PTX_CALL.finditer(body))
+        if kind == "entry":
+            entries.append(name)
+    found: dict[str, list[str]] = {}
+    for entry in entries:
+        seen, todo, regs = {entry}, [entry], set()
+        while todo:  # the transitive callees (a call to a name with no body here reads nothing we can see)
+            f = todo.pop()
+            regs |= reads.get(f, set())
+            for callee in calls.get(f, set()) - seen:
+                seen.add(callee)
+                todo.append(callee)
+        if regs:
+            found[entry] = sorted(regs)
+    return found

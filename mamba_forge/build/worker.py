@@ -29,6 +29,7 @@ def compile_parts(source: str, name: str, options: list[str], headers: dict[str,
         meta["float_atomics_funcs"] = cubin.float_atomics_outside_entries(ptx_text)
         meta["order_tokens"] = cubin.order_tokens_by_entry(ptx_text)
         meta["order_tokens_funcs"] = cubin.order_tokens_outside_entries(ptx_text)
+        meta["special_registers"] = cubin.special_registers_by_entry(ptx_text)
     return {
         "cubin": res.cubin,
         "ptx": res.ptx,

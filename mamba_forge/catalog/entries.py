@@ -194,6 +194,11 @@ class QualifySpec(_Model):
         return self
 
 
+# build/cubin.py PLACEMENT_REGISTERS (a test holds them equal; the catalog does not import the build)
+ACKNOWLEDGEABLE = ("smid", "nsmid", "warpid", "nwarpid", "clock", "clock_hi", "clock64", "globaltimer",
+                   "globaltimer_lo", "globaltimer_hi")
+
+
 class Family(_Model):
     """One templated implementation and the symbols the catalog instantiates from it."""
 
@@ -211,11 +216,19 @@ class Family(_Model):
     policy: PolicyOverride = Field(default_factory=PolicyOverride)
     params: list[Param] = Field(default_factory=list)
     qualify: QualifySpec = Field(default_factory=QualifySpec)
+    # placement-dependent special registers the family reads on purpose, each with why its bits do not depend
+    # on it ({smid = "rotation of a commutative pairwise tree"}): the build records a note, not a warning
+    acknowledge: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check(self) -> Family:
         if not SYMBOL_NAME.match(self.name):
             raise ValueError(f"family name {self.name!r} is not a C identifier")
+        for reg, why in self.acknowledge.items():
+            if reg not in ACKNOWLEDGEABLE:
+                raise ValueError(f"acknowledge.{reg}: not a placement-dependent register (known: {', '.join(ACKNOWLEDGEABLE)})")
+            if not why.strip() or len(why) > 200:
+                raise ValueError(f"acknowledge.{reg}: give the reason in 1 to 200 characters")
         for dt in self.variants + ([self.bare] if self.bare else []):
             if dt not in DTYPES:
                 raise ValueError(f"unknown dtype {dt!r} (known: {', '.join(DTYPES)})")

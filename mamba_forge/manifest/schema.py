@@ -157,6 +157,8 @@ class SymbolBuild:
     deterministic: bool
     resources: Resources | None = None  # absent when the module failed to compile or the symbol is missing
     verdict: Verdict
+    # static notes that do not reject: reads of placement-dependent special registers (build/admit.py)
+    warnings: list[str] | None = None
 
 
 @record

@@ -19,6 +19,7 @@ from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import fills
 from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import spec as S
+from mamba_forge.qualify.budget import LaunchBudget, seconds_text
 from mamba_forge.qualify.events import LiveResources
 from mamba_forge.qualify.guards import POISON, plain
 
@@ -42,11 +43,11 @@ NEIGHBOUR_ITERS = 12
 
 
 class Hang(Exception):
-    """A launch did not finish within its time limit."""
+    """A launch did not finish within its time limit (`budget` says what the limit was and where it came from)."""
 
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-        super().__init__(f"timed out after {seconds:g} s")
+    def __init__(self, seconds: float, budget: str = ""):
+        self.seconds, self.budget = seconds, budget
+        super().__init__(f"timed out after {seconds_text(seconds)} s" + (f" ({budget})" if budget else ""))
 
 
 # ---- pure comparisons -----------------------------------------------------------------------------------
@@ -122,13 +123,18 @@ class Context:
 
     device: cu.Device
     info: cu.DeviceInfo
-    timeout_s: float = 20.0
+    timeout_s: float | None = 20.0  # a fixed budget per launch (--timeout); None: scaled per symbol (budget.py)
     guards: bool = True  # guard regions and input copies (off under compute-sanitizer, which checks bounds itself)
     stream: cu.Stream | None = None
     other: cu.Stream | None = None
     neighbour_fn: cu.Function | None = None
     neighbour_buf: cu.DeviceBuffer | None = None
     _neighbour_module: cu.Module | None = field(default=None, repr=False)
+    budget: LaunchBudget = field(default_factory=LaunchBudget)  # the symbol in flight's (worker.SymbolRun sets it)
+    placer: object | None = None  # placement.DevicePlacer, made on first use (the CPU tests put an emulation here)
+
+    def __post_init__(self) -> None:
+        self.budget = LaunchBudget(fixed_s=self.timeout_s, source="--timeout")
 
     def open(self) -> None:
         self.device.make_current()
@@ -136,15 +142,19 @@ class Context:
         self.other = cu.Stream()
 
     def wait(self, stream: cu.Stream, timeout_s: float | None = None) -> None:
-        """Synchronize with a deadline: poll, so a hanging kernel becomes a Hang instead of a stuck worker."""
-        limit = timeout_s or self.timeout_s
+        """Synchronize with a deadline: poll, so a hanging kernel becomes a Hang instead of a stuck worker. Without
+        an explicit `timeout_s` the deadline is the symbol's launch budget, and the first wait measures the launch
+        that scales it (budget.py)."""
+        limit = timeout_s or self.budget.limit
         t0 = time.monotonic()
         pause = 20e-6
         while not stream.query_done():
             if time.monotonic() - t0 > limit:
-                raise Hang(limit)
+                raise Hang(limit, "" if timeout_s else self.budget.describe())
             time.sleep(pause)
             pause = min(pause * 2, 2e-3)
+        if not timeout_s:
+            self.budget.observe(time.monotonic() - t0)
 
     def neighbour(self) -> tuple[cu.Function, cu.DeviceBuffer]:
         if self.neighbour_fn is None:
@@ -249,19 +259,21 @@ class Instance:
             self.free()
             raise
 
-    def enqueue(self, stream: cu.Stream, poison: int = POISON) -> None:
-        """Reset outputs and scratch (poison) and overwritten inputs (pristine copy), then launch: all on `stream`."""
+    def enqueue(self, stream: cu.Stream, poison: int = POISON, smem: int | None = None) -> None:
+        """Reset outputs and scratch (poison) and overwritten inputs (pristine copy), then launch: all on `stream`.
+        `smem`: dynamic shared memory bytes instead of the declared (the placement check's lower residency)."""
         for b in self.spec.all_buffers:
             if b.name in self.pristine:
                 cu.memcpy_dtod(self.ptrs[b.name], self.pristine[b.name], b.nbytes, stream)
             elif not b.needs_fill:
                 cu.memset_d8(self.ptrs[b.name], poison, b.nbytes, stream)
-        cu.launch(self.fn, self.spec.grid, self.spec.block, self.params, smem=self.spec.dynamic_smem, stream=stream)
+        cu.launch(self.fn, self.spec.grid, self.spec.block, self.params,
+                  smem=self.spec.dynamic_smem if smem is None else smem, stream=stream)
 
-    def run(self, stream: cu.Stream | None = None, poison: int = POISON) -> dict[str, bytes]:
+    def run(self, stream: cu.Stream | None = None, poison: int = POISON, smem: int | None = None) -> dict[str, bytes]:
         st = stream or self.ctx.stream
         assert st is not None
-        self.enqueue(st, poison)
+        self.enqueue(st, poison, smem)
         self.ctx.wait(st)
         self.verify(st)
         return self.outputs()

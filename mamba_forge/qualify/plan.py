@@ -17,7 +17,7 @@ class Group:
     role: str
     cubin: str | None
     ptx: str | None
-    symbols: list[dict]  # {"name", "build_layout"}
+    symbols: list[dict]  # {"name", "build_layout", "placement_warned"}
 
     def job(self, names: set[str] | None = None) -> dict:
         syms = [s for s in self.symbols if names is None or s["name"] in names]
@@ -84,7 +84,9 @@ def plan_groups(build: BuildManifest, cc: tuple[int, int], only_modules: set[str
         cubin = next((a.path for a in m.artifacts if a.code == "cubin"), None)
         ptx = next((a.path for a in m.artifacts if a.code == "ptx"), None)
         syms = [
-            {"name": s.name, "build_layout": s.resources.param_layout if s.resources else []}
+            {"name": s.name, "build_layout": s.resources.param_layout if s.resources else [],
+             # the build saw it read %smid, %clock...: the placement check runs it more often
+             "placement_warned": any(w.startswith("warning:") for w in s.warnings or [])}
             for s in m.symbols
             if s.verdict.status == "admitted"
         ]

@@ -43,7 +43,7 @@ class QualifyRequest:
     devices: list[int]
     level: str = "quick"
     sanitize: bool | None = None  # None: by level (full runs it when compute-sanitizer is found)
-    timeout_s: float = 20.0
+    timeout_s: float | None = None  # a fixed budget per launch (--timeout); None: 50x each symbol's first launch + 1 s, >= 2 s
     seed: int | None = None
     only_modules: set[str] | None = None
     worker_command: list[str] | None = None
@@ -125,7 +125,7 @@ def _probe_cc(req: QualifyRequest) -> tuple[int, int]:
 
 
 def prepare_request(devices: list[int] | None, build_dir: Path | None, catalog_path: Path | None, *, level: str,
-                    sanitize: bool | None, timeout_s: float, seed: int | None, modules: list[str] | None, state_cap: int,
+                    sanitize: bool | None, timeout_s: float | None, seed: int | None, modules: list[str] | None, state_cap: int,
                     say: Callable[[str], None], jobs: int = 4, kernels: list[str] | None = None):
     """Open the device(s), load the catalog and the build (building for the device's target when none is given)."""
     from mamba_forge.build.builder import BuildRequest, build

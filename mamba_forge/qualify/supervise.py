@@ -12,10 +12,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mamba_forge.qualify.budget import backstop_s
 from mamba_forge.qualify.events import (
     Done,
     Event,
@@ -36,6 +38,9 @@ from mamba_forge.qualify.sanitize import TIME_FACTOR, UNATTRIBUTED, is_report_li
 
 DEFAULT_WORKER = [sys.executable, "-m", "mamba_forge.qualify.worker"]
 MAX_FRUITLESS_RESTARTS = 2  # a worker that dies twice before finishing any symbol: give up on the rest
+# after a fault or timeout event the worker only has to exit; a process whose exit waits on the driver (tearing
+# down a context with a kernel still spinning) is killed after this long instead of the idle backstop
+EXIT_GRACE_S = 3.0
 
 OnEvent = Callable[[int, Event], None]  # (device ordinal, event): every event a worker sends, as it comes
 
@@ -47,20 +52,21 @@ class WorkerSettings:
     device: int = 0
     level: str = "quick"
     seed: int = 0
-    timeout_s: float = 20.0  # per launch, enforced by the worker
+    timeout_s: float | None = None  # a fixed budget per launch (--timeout); None: scaled per symbol (budget.py)
     idle_s: float | None = None  # parent-side backstop: no event for this long kills the worker
     command: list[str] = field(default_factory=lambda: list(DEFAULT_WORKER))
     sanitize_tool: str | None = None
     env: dict[str, str] | None = None
 
     @property
-    def launch_timeout(self) -> float:
-        return self.timeout_s * (TIME_FACTOR if self.sanitize_tool else 1)
+    def time_scale(self) -> float:
+        return TIME_FACTOR if self.sanitize_tool else 1
 
     @property
     def idle_limit(self) -> float:
-        base = self.idle_s if self.idle_s is not None else 3 * self.timeout_s + 60
-        return base * (TIME_FACTOR if self.sanitize_tool else 1)
+        if self.idle_s is not None:
+            return self.idle_s * self.time_scale
+        return backstop_s(self.timeout_s, self.time_scale)
 
 
 @dataclass
@@ -86,7 +92,8 @@ def run_groups(groups: list[Group], ws: WorkerSettings, on_event: OnEvent | None
             break
         rem = set(remaining)
         job_groups = [g.job(rem) for g in groups if any(s["name"] in rem for s in g.symbols)]
-        job = {"device": ws.device, "level": ws.level, "seed": ws.seed, "timeout_s": ws.launch_timeout,
+        job = {"device": ws.device, "level": ws.level, "seed": ws.seed, "timeout_s": ws.timeout_s,
+               "time_scale": ws.time_scale,
                "catalog": str(ws.catalog), "build_dir": str(ws.build_dir), "sanitize": sanitize, "groups": job_groups}
         before = len(out.results)
         _one_worker(job, rem, ws, out, where, on_event)
@@ -126,11 +133,16 @@ def _one_worker(job: dict, names: set[str], ws: WorkerSettings, out: Outcome, wh
         done = False
         timed_out = False
         broken = ""  # why a line from the worker was refused
+        exiting_since: float | None = None  # when the worker reported the fault or hang it exits for
         while True:
+            wait = ws.idle_limit
+            if exiting_since is not None:
+                wait = max(0.0, min(wait, exiting_since + EXIT_GRACE_S - time.monotonic()))
             try:
-                line = q.get(timeout=ws.idle_limit)
+                line = q.get(timeout=wait)
             except queue.Empty:
-                timed_out = True
+                if exiting_since is None:
+                    timed_out = True
                 _kill(proc)
                 break
             if line is None:
@@ -165,6 +177,7 @@ def _one_worker(job: dict, names: set[str], ws: WorkerSettings, out: Outcome, wh
                     check = "fault" if isinstance(ev, Fault) else "timeout"
                     out.results[ev.symbol] = SymbolResult.rejected(ev.symbol, m, t, check, ev.reason)
                     current = None
+                    exiting_since = time.monotonic()
                 case Fatal():
                     out.last_failure = ev.reason
                 case Done():

@@ -26,7 +26,9 @@ from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import checks as C
 from mamba_forge.qualify import equivalence as E
 from mamba_forge.qualify import guards as G
+from mamba_forge.qualify import placement as P
 from mamba_forge.qualify import spec as S
+from mamba_forge.qualify.budget import LaunchBudget
 from mamba_forge.qualify.events import (
     CheckDone,
     CheckResult,
@@ -84,9 +86,13 @@ class SymbolRun:
         emit(CheckDone(self.name, name, passed))  # also tells the parent the worker is alive
 
     def run(self) -> SymbolResult:
-        timeout = self.fam.qualify.timeout_s
-        if timeout:
-            self.ctx.timeout_s = timeout * (TIME_FACTOR if self.job.get("sanitize") else 1)
+        scale = float(self.job.get("time_scale", TIME_FACTOR if self.job.get("sanitize") else 1))
+        if self.fam.qualify.timeout_s:  # the catalog knows this family's launches take long: it wins
+            self.ctx.budget = LaunchBudget(self.fam.qualify.timeout_s, "the family's timeout_s", scale)
+        elif self.ctx.timeout_s is not None:
+            self.ctx.budget = LaunchBudget(self.ctx.timeout_s, "--timeout", scale)
+        else:
+            self.ctx.budget = LaunchBudget(scale=scale)
         try:
             fn = self.module.function(self.name)
         except cu.CudaError as exc:
@@ -161,6 +167,8 @@ class SymbolRun:
         if checked:
             for name, detail in G.summary(checked).items():
                 self.add(name, True, detail=detail)
+        if not sanitize:  # a sanitizer pass reports only its tool's verdict (sanitize.apply_sanitizer)
+            self.add("timeout", True, detail=f"every launch within its {self.ctx.budget.describe()}")
         self.result.status = "admitted"
         return self.result
 
@@ -176,6 +184,36 @@ class SymbolRun:
         if diff and inst.run() == outs:
             return diff
         return ""
+
+    def placement(self, spec, fn, inst: C.Instance, base: dict[str, bytes], want: str) -> SymbolResult | None:
+        """Its bits under other placements of its blocks (placement.py) against its first run, alone."""
+        if self.ctx.placer is None:
+            self.ctx.placer = P.DevicePlacer(self.ctx)
+        warned = bool(self.entry.get("placement_warned"))
+        reps = P.REPEATS_WARNED if warned else 1
+        runs, notes = P.placements(self.ctx, self.ctx.placer, inst, fn, spec)
+        ran = []
+        for pl in runs:
+            for i in range(reps):
+                try:
+                    outs = pl.run()
+                except P.Unavailable as exc:
+                    notes.append(f"not run {pl.label}: {exc}")
+                    break
+                d = C.digest(outs)
+                if d != want:
+                    diff = C.first_difference(base, outs)
+                    run = f" (run {i + 1} of {reps})" if reps > 1 else ""
+                    self.add("placement", False, d, f"{pl.label}{run}: {diff}")
+                    return self.reject("placement", f"{self.name}: its bits differ {pl.label}{run} from its first run "
+                                                     f"alone on the device ({diff}): they depend on where its blocks run")
+            else:
+                ran.append(pl.label)
+        detail = "bitwise equal " + ", ".join(ran) if ran else "no placement could be run"
+        if warned:
+            detail += f" ({reps} runs each: the build warned that it reads placement-dependent registers)"
+        self.add("placement", True, want, detail + "".join(f"; {n}" for n in notes))
+        return None
 
     def determinism(self, spec, fn, inst: C.Instance, inputs, base: dict[str, bytes], prepare,
                     checked: list[G.Guards]) -> SymbolResult | None:
@@ -199,6 +237,10 @@ class SymbolRun:
                 self.add("repeat", False, C.digest(outs), f"run {i + 2} of {r + 1}: {diff}")
                 return self.reject("repeat", f"{self.name}: run {i + 2} of {r + 1} is not bitwise equal to run 1 ({diff})")
         self.add("repeat", True, want, f"{r} more runs bitwise equal")
+
+        v = self.placement(spec, fn, inst, base, want)
+        if v:
+            return v
 
         q = self.fam.qualify
         if q.batch_dim:
@@ -238,7 +280,7 @@ class SymbolRun:
         ctx.launch_neighbour(ctx.other)
         inst.enqueue(ctx.stream)
         ctx.wait(ctx.stream)
-        ctx.wait(ctx.other, max(ctx.timeout_s, 60.0))
+        ctx.wait(ctx.other, max(ctx.budget.limit, 60.0))
         inst.verify()
         v = same("neighbour", inst.outputs(), "under a concurrent memory- and ALU-heavy kernel on a second stream")
         if v:
@@ -307,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     build_dir = Path(job["build_dir"])
     try:
         dev = cu.Device(int(job["device"]))
-        ctx = C.Context(dev, dev.info(), timeout_s=float(job.get("timeout_s", 20.0)))
+        fixed = job.get("timeout_s", 20.0)  # None: each symbol's budget scales with its first launch
+        ctx = C.Context(dev, dev.info(), timeout_s=None if fixed is None else float(fixed))
         ctx.open()
     except cu.CudaError as exc:
         emit(Fatal(reason=str(exc), result=exc.result))
@@ -315,7 +358,6 @@ def main(argv: list[str] | None = None) -> int:
     i = ctx.info
     emit(Hello(WorkerDevice(name=i.name, cc=i.cc_text, sm_count=i.sm_count, driver_version=i.driver_version,
                             optin_smem=i.optin_smem, uuid=i.uuid, ordinal=i.ordinal), pid=os.getpid()))
-    base_timeout = ctx.timeout_s
     for group in job["groups"]:
         try:
             module, note = load_group(ctx, build_dir, group)
@@ -333,11 +375,10 @@ def main(argv: list[str] | None = None) -> int:
             name = entry["name"]
             emit(Start(name, group["module"], group["target"]))
             t0 = time.perf_counter()
-            ctx.timeout_s = base_timeout
             try:
                 rec = SymbolRun(ctx, catalog, module, job, entry, group).run()
             except C.Hang as exc:
-                emit(Timeout(name, f"{name}: timed out after {exc.seconds:g} s", exc.seconds))
+                emit(Timeout(name, f"{name}: {exc}", exc.seconds))
                 sys.stdout.flush()
                 os._exit(EXIT_TIMEOUT)  # the hung kernel holds the context: only process exit frees it
             except cu.CudaError as exc:

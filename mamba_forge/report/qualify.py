@@ -1,5 +1,5 @@
 """The summary `mamba-forge qualify` prints after a run: symbol counts by status per module and target, then
-the rejections."""
+the rejections grouped by the class of their reason (classes.py), with a count per class first."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mamba_forge.manifest.schema import QualifiedManifest
+from mamba_forge.report.classes import counts_line, group_rejections
 
 MAX_LISTED_REJECTIONS = 40  # the rest: `mamba-forge report`
 
@@ -22,11 +23,27 @@ def render_qualify_summary(m: QualifiedManifest, console: Console) -> None:
     for (mod, tgt), r in rows.items():
         t.add_row(mod, tgt, str(r["admitted"]), str(r["checked"]), str(r["rejected"]), str(r["built-only"]))
     console.print(t)
-    rej = [s for s in m.symbols if s.status == "rejected"]
-    for s in rej[:MAX_LISTED_REJECTIONS]:
-        console.print(f"  {s.name} [{s.check}] {s.reason}", markup=False, highlight=False)
-    if len(rej) > MAX_LISTED_REJECTIONS:
-        console.print(f"  and {len(rej) - MAX_LISTED_REJECTIONS} more rejected (mamba-forge report)", markup=False)
+    for indent, line in rejection_lines([s for s in m.symbols if s.status == "rejected"], MAX_LISTED_REJECTIONS):
+        console.print(" " * indent + line, markup=False, highlight=False)
 
 
-__all__ = ["render_qualify_summary"]
+def rejection_lines(rejected: list, limit: int | None = None) -> list[tuple[int, str]]:
+    """(indent, text) lines: the count per class, then each class with its symbols; at most `limit` symbols."""
+    if not rejected:
+        return []
+    groups = group_rejections(rejected)
+    out = [(2, counts_line(groups))]
+    shown = 0
+    for cls, members in groups:
+        out.append((2, f"{cls} ({len(members)})"))
+        for s in members:
+            if limit is not None and shown >= limit:
+                break
+            out.append((4, f"{s.name} ({s.module}/{s.target}) [{s.check}] {s.reason or 'no reason recorded'}"))
+            shown += 1
+    if limit is not None and len(rejected) > limit:
+        out.append((2, f"and {len(rejected) - limit} more rejected (mamba-forge report)"))
+    return out
+
+
+__all__ = ["rejection_lines", "render_qualify_summary"]

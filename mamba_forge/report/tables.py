@@ -13,7 +13,9 @@ from rich.table import Table
 from mamba_forge.manifest import signing
 from mamba_forge.manifest.codec import to_dict
 from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest, ReleaseIndex
+from mamba_forge.report.classes import class_counts, counts_line, group_rejections
 from mamba_forge.report.diff import Document
+from mamba_forge.report.qualify import rejection_lines
 
 
 def build_summary(manifest: BuildManifest) -> list[dict]:
@@ -131,8 +133,9 @@ def _signature(sig: signing.Signature | None) -> dict:
 def qualified_report(doc: Document) -> dict:
     """Everything `report --json` prints for a qualified manifest."""
     m: QualifiedManifest = doc.record  # type: ignore[assignment]
-    rejected = [{"module": s.module, "target": s.target, "symbol": s.name, "check": s.check, "reason": s.reason}
-                for s in m.symbols if s.status == "rejected"]
+    groups = group_rejections(s for s in m.symbols if s.status == "rejected")
+    rejected = [{"module": s.module, "target": s.target, "symbol": s.name, "check": s.check, "class": c,
+                 "reason": s.reason} for c, members in groups for s in members]
     symbols = [{"symbol": s.name, "module": s.module, "target": s.target, "status": s.status, "block": s.block,
                 "dynamic_smem": s.dynamic_smem, "resources": to_dict(s.resources) if s.resources else {},
                 "fallback": s.fallback, "params": [to_dict(p) for p in s.params],
@@ -142,7 +145,8 @@ def qualified_report(doc: Document) -> dict:
                  for a in m.artifacts]
     return {"manifest": {k: getattr(m, k) for k in _HEAD}, "device": to_dict(m.device),
             "toolchain": to_dict(m.toolchain), "signature": _signature(doc.signature),
-            "summary": qualified_summary(m), "rejected": rejected, "symbols": symbols, "artifacts": artifacts,
+            "summary": qualified_summary(m), "rejected_by_class": class_counts(groups), "rejected": rejected,
+            "symbols": symbols, "artifacts": artifacts,
             "routes": [to_dict(r) for r in m.routes]}
 
 
@@ -179,9 +183,8 @@ def render_qualified(doc: Document, console: Console, *, symbols: tuple[str, ...
     rejected = [s for s in m.symbols if s.status == "rejected"]
     if rejected:
         console.print(f"[bold]rejected[/bold] ({len(rejected)})")
-        for s in rejected:
-            _say(console, f"- {s.name} ({s.module}/{s.target}, check {s.check or '?'}): "
-                          f"{s.reason or 'no reason recorded'}", 2)
+        for indent, line in rejection_lines(rejected):
+            _say(console, line, indent)
     else:
         _say(console, "no symbol rejected")
     chosen = [s for s in m.symbols if symbols and match_any(s.name, symbols)]
@@ -245,11 +248,13 @@ def qualified_markdown(doc: Document) -> str:
               "| --- | --- | --- | ---: | ---: | ---: |"]
     for r in qualified_summary(m):
         lines.append(f"| {r['module']} | {r['target']} | {r['role']} | {r['admitted']} | {r['rejected']} | {r['other']} |")
-    rejected = [s for s in m.symbols if s.status == "rejected"]
-    if rejected:
-        lines += ["", "## Rejected", "", "| symbol | module | check | reason |", "| --- | --- | --- | --- |"]
-        for s in rejected:
-            lines.append(f"| `{s.name}` | {s.module}/{s.target} | {s.check} | {_md_escape(s.reason)} |")
+    groups = group_rejections(s for s in m.symbols if s.status == "rejected")
+    if groups:
+        lines += ["", "## Rejected", "", counts_line(groups) + ".", "",
+                  "| class | symbol | module | check | reason |", "| --- | --- | --- | --- | --- |"]
+        for c, members in groups:
+            for s in members:
+                lines.append(f"| {c} | `{s.name}` | {s.module}/{s.target} | {s.check} | {_md_escape(s.reason)} |")
     lines += ["", "## Artifacts", "", "| path | role | size | sha256 |", "| --- | --- | ---: | --- |"]
     for a in m.artifacts:
         lines.append(f"| `{a.path}` | {a.role} | {a.size} | `{a.sha256}` |")

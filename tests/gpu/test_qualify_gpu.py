@@ -25,11 +25,12 @@ from mamba_forge.qualify import checks as C
 from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import plan, runner
 from mamba_forge.qualify import spec as S
+from mamba_forge.report.classes import reason_class
 
 pytestmark = pytest.mark.gpu
 
 NEGATIVE = Path(__file__).resolve().parent.parent / "fixtures" / "qualify_negative" / "catalog.toml"
-DETERMINISM = ["repeat", "batch", "stream", "neighbour", "address", "graph"]
+DETERMINISM = ["repeat", "placement", "batch", "stream", "neighbour", "address", "graph"]
 # (symbol, acceptable deciding checks, text the reason must contain)
 EXPECTED = [
     ("nondet_sum", {"repeat"}, "not bitwise equal"),
@@ -49,9 +50,14 @@ EXPECTED = [
     ("accumulates_into_output", {"uninitialized"}, "depend on the poison"),
     # correct to rounding, other bits than its route class's reference (routes.toml beside the fixture)
     ("pairwise_gemm", {"route-equivalence"}, "differs in some bit from the class reference control_gemm_chain"),
+    # placement (src/placement.cu): the same bits run after run alone, others on other SMs
+    ("smid_ordered_row_sum", {"placement"}, "depend on where its blocks run"),
+    # its fold starts where the cycle counter says: another start on the next run, or under another placement
+    ("clock_ordered_row_sum", {"repeat", "placement"}, ""),
 ]
 GUARDS = ["uninitialized", "bounds", "input-written"]
 CONTROLS = ["control_row_sum", "control_smem_reverse"]
+TREE_CONTROLS = ["smid_rotated_tree_row_sum", "control_tree_row_sum"]  # admitted: a %smid rotation of pairs is benign
 
 
 def _target() -> str:
@@ -108,6 +114,33 @@ def test_controls_admitted_with_every_check(negative_manifest, name):
     assert len(digests) == 1 and len(digests.pop()) == 64
     assert s.resources is not None and s.resources.blocks_per_sm >= 1 and s.seed is not None
     assert s.params_layout() == [[0, 8], [8, 8], [16, 4], [20, 4]]
+
+
+@pytest.mark.parametrize(("name", "status", "classes"), [
+    ("smid_ordered_row_sum", "rejected", {"placement-variant"}),
+    ("clock_ordered_row_sum", "rejected", {"nondeterministic", "placement-variant"}),
+    ("smid_rotated_tree_row_sum", "admitted", {""}),
+    ("control_tree_row_sum", "admitted", {""}),
+])
+def test_placement_controls_verdict_and_reason_class(negative_manifest, name, status, classes):
+    s = negative_manifest.symbol(name)
+    assert s.status == status, f"{name}: [{s.check}] {s.reason}"
+    assert (reason_class(s.check) if s.status == "rejected" else "") in classes, f"{name}: [{s.check}] {s.reason}"
+    if s.check == "placement":  # the reason names where its bits changed
+        assert " SMs" in s.reason or "shared memory" in s.reason, s.reason
+
+
+@pytest.mark.parametrize("name", TREE_CONTROLS)
+def test_placement_controls_admitted_under_every_placement(negative_manifest, name):
+    s = negative_manifest.symbol(name)
+    assert s.status == "admitted", f"{name}: [{s.check}] {s.reason}"
+    rec = next(c for c in s.checks if c.name == "placement")
+    sms = negative_manifest.device.sm_count
+    assert rec.passed and f"beside a blocker holding {sms // 2} of {sms} SMs" in rec.detail, rec.detail
+    # the H200's driver (13.0) has green contexts: both partitions ran (a fallback would say why in the detail)
+    assert rec.detail.count("in a green context of ") == 2, rec.detail
+    assert rec.digest == next(c for c in s.checks if c.name == "repeat").digest
+    assert "launch budget" in next(c for c in s.checks if c.name == "timeout").detail
 
 
 @pytest.mark.parametrize("name", ["control_gemm_chain", "control_gemm_chain_2d"])
