@@ -21,10 +21,11 @@ cp manifests/h200.toml manifests/h200.runtime.json "$OUT/"
 run bundle 60 mamba-forge bundle manifests/h200.toml --build build -o /tmp/h200.tar.gz
 run verify 60 mamba-forge verify /tmp/h200.tar.gz
 export MF_RUNTIME_BUNDLE=/tmp/h200.tar.gz MF_RUNTIME_KEY=manifests/keys
-TAILN=40 run tests_gpu $(( $(left) > 200 ? 170 : $(left) - 30 )) python3 -m pytest -q -p no:cacheprovider -n 4 \
-  tests/gpu/test_mamba_layer_gpu.py tests/gpu/test_qualify_gpu.py
+TAILN=12 run bench_scan 60 python3 benchmarks/bench_scan_tokens.py --bundle /tmp/h200.tar.gz --key manifests/keys
+TAILN=40 run tests_gpu $(( $(left) > 300 ? ${TEST_S:-120} : $(left) - 150 )) python3 -m pytest -q -p no:cacheprovider -n 4 \
+  -rfE --tb=line ${TESTS:-tests/gpu/test_mamba_layer_gpu.py}
 if [ "${BENCH:-1}" != 0 ] && [ "$(left)" -gt 60 ]; then
-  TAILN=12 run bench_scan 60 python3 benchmarks/bench_scan_tokens.py --bundle /tmp/h200.tar.gz --key manifests/keys
+  wait
   [ "$(left)" -gt 40 ] && TAILN=60 run bench_block $(( $(left) - 15 )) python3 benchmarks/bench_mamba_block.py \
     --bundle /tmp/h200.tar.gz --key manifests/keys --d-models 1024 --reps 10
 fi

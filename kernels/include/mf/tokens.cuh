@@ -137,6 +137,10 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
       if (tile + 1 < ntiles)
         tok_scan_load<T>(nxt, u, dt, xz, x_dbl, b, L, l0 + kTokSteps, d0, d_inner, d_state, dt_rank, x_dbl_stride);
       const int steps = (int)min((long long)kTokSteps, L - l0);
+      // unrolled: a step's inputs (softplus, the exponentials, dt' u B) do not wait on the previous step, only the
+      // state's fma chain does, so the scheduler overlaps consecutive steps (measured: 1.56 ms at B8 D2048 L2048
+      // rolled, latency-bound with 8 warps per SM)
+#pragma unroll 4
       for (int l = 0; l < steps; ++l) {
         const float uv = sm.u[buf][l][c], dtr = sm.dt[buf][l][c], zv = sm.z[buf][l][c];
         const float* bl = sm.bc[buf][l];
