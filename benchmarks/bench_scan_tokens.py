@@ -69,10 +69,6 @@ def main(argv=None) -> int:
             records.append(record(family="ssm_scan_tokens", symbol="ssm_scan_tokens_bf16", shape=shape, dtype="bf16",
                                   ours=ours, baseline=peer, baseline_name=PEER, unit="ms", gpu=gpu,
                                   goal="<= 1.0x peer time", met=bool(peer and ours <= peer)))
-            records.append(record(family="ssm_scan_tokens", symbol="ssm_scan_tokens_bf16 vs parallel scan",
-                                  shape=shape, dtype="bf16", ours=ours, baseline=par, gpu=gpu,
-                                  baseline_name="ssm_parallel_scan_fwd_nosave_bf16 (mamba_forge::selective_scan)",
-                                  unit="ms", goal="information", met=True))
     if records:
         append(records)
     return 0
