@@ -102,7 +102,7 @@ def mft():
     import mamba_forge.runtime.torch as mft
 
     mft.register(_RefKernels())
-    for name in ("conv_tokens", "scan_tokens", "rms_norm_add"):  # CPU dispatch for the stand-ins
+    for name in ("conv_tokens", "scan_tokens", "rms_norm_add", "gemm"):  # CPU dispatch for the stand-ins
         fn = getattr(mft, f"_{name}")
         try:
             torch.library.impl(f"mamba_forge::{name}", "CPU")(fn)
@@ -221,3 +221,15 @@ def test_fake_implementations_give_shapes(mft):
                                               torch.empty(8), torch.empty(8, 4), torch.empty(2, 5, 11, dtype=bf),
                                               torch.empty(8), xz, torch.empty(2, 8, 4))
         assert tuple(y.shape) == (2, 5, 8) and y.dtype == bf
+
+
+def test_layer_traces_under_torch_compile(mft):
+    """torch.compile (aot_eager: the tracing, not code generation) runs the layer through the ops' fake
+    implementations and gives the eager bits."""
+    torch.manual_seed(2)
+    m = mft.Mamba(32, d_state=8, layer_idx=0, dtype=torch.float32)
+    h = torch.randn(2, 5, 32, dtype=torch.float32)
+    torch._dynamo.reset()
+    compiled = torch.compile(m, backend="aot_eager")
+    with torch.no_grad():
+        assert torch.equal(compiled(h), m(h))

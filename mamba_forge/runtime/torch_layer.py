@@ -142,6 +142,7 @@ class Mamba(nn.Module):
             self._derived[name] = got
         return got[1]
 
+    @torch.compiler.disable  # a cache keyed by storage and version: kept out of traced graphs
     def _weights(self):
         t = lambda w: w.t().contiguous()  # noqa: E731  Linear's [N, K] -> [K, N]
         f32 = lambda v: v.float().contiguous()  # noqa: E731
@@ -202,20 +203,27 @@ class Mamba(nn.Module):
             raise ValueError(f"Mamba.step decodes one token at a time; got {hidden_states.shape[1]}")
         return self._run(hidden_states, conv_state, ssm_state), conv_state, ssm_state
 
+    @staticmethod
+    def _gemm(A, B, bias=None):
+        """kernels.gemm eagerly (the lighter host path); the mamba_forge::gemm op, the same call, where torch.compile
+        traces (the op has a fake implementation)."""
+        if torch.compiler.is_compiling():
+            return torch.ops.mamba_forge.gemm(A, B, bias)
+        return _ops()[1].gemm(A, B, bias=bias)
+
     def _run(self, hidden_states, conv_state, ssm_state):
-        mft, kernels = _ops()
         ops = torch.ops.mamba_forge
         batch, seqlen, _ = hidden_states.shape
         w = self._weights()
         tokens = batch * seqlen
         h = hidden_states.reshape(tokens, self.d_model).contiguous()
-        xz = kernels.gemm(h, w["in"], bias=self.in_proj.bias).view(batch, seqlen, 2 * self.d_inner)
+        xz = self._gemm(h, w["in"], self.in_proj.bias).view(batch, seqlen, 2 * self.d_inner)
         x = ops.conv_tokens(xz, w["conv_w"], w["conv_b"], conv_state)
-        x_dbl = kernels.gemm(x.view(tokens, self.d_inner), w["x"])
-        dt = kernels.gemm(x_dbl[:, :self.dt_rank].contiguous(), w["dt"])
+        x_dbl = self._gemm(x.view(tokens, self.d_inner), w["x"])
+        dt = self._gemm(x_dbl[:, :self.dt_rank].contiguous(), w["dt"])
         y = ops.scan_tokens(x, dt.view(batch, seqlen, self.d_inner), w["dt_bias"], w["A_log"],
                             x_dbl.view(batch, seqlen, -1), w["D"], xz, ssm_state)
-        out = kernels.gemm(y.view(tokens, self.d_inner), w["out"], bias=self.out_proj.bias)
+        out = self._gemm(y.view(tokens, self.d_inner), w["out"], self.out_proj.bias)
         return out.view(batch, seqlen, self.d_model)
 
 
