@@ -20,6 +20,7 @@ from mamba_forge import __version__
 from mamba_forge import cli_json as js
 from mamba_forge.cli import cmd_build, cmd_qualify, cmd_report, cmd_verify
 from mamba_forge.cli.cmd_qualify import _qualify_with_progress  # noqa: F401 - tests drive the progress rendering
+from mamba_forge.cli.streams import GuardedStdout, StdoutFailed, printable
 from mamba_forge.errors import ForgeError
 
 try:  # typer >= 0.28 vendors its own click; older typer uses click itself
@@ -88,18 +89,56 @@ from mamba_forge.cli_env import register as _register_env_and_cache  # noqa: E40
 _register_env_and_cache(app)
 
 
+_LINE = 4000  # characters of one error line
+
+
+def _say_error(message: str) -> None:
+    """The one `error:` line, escaped; a stderr that cannot take it is ignored (nowhere left to say it)."""
+    try:
+        sys.modules[__name__].err.print(f"error: {printable(message, _LINE)}", markup=False, highlight=False,
+                                        soft_wrap=True)
+    except OSError:
+        pass
+
+
+_stdout_failed = False  # entry() then points fd 1 at /dev/null so the interpreter's last flush cannot fail
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns every user-facing error into one line and an exit code (and, with
-    --json, an envelope with ok false)."""
+    --json, an envelope with ok false). A stdout that cannot be written (full disk, closed pipe) is one line on
+    stderr and exit 2."""
+    global _stdout_failed
     if argv is None:
         argv = sys.argv[1:]
     if not argv:
         argv = ["--help"]
     js.start(argv)
+    real = sys.stdout
+    sys.stdout = guarded = GuardedStdout(real)
+    _stdout_failed = False
+    try:
+        rc = _run(argv)
+        if not _stdout_failed:
+            guarded.flush()  # block-buffered off a terminal: a full disk often shows only here
+    except StdoutFailed as exc:
+        _stdout_failed = True
+        _say_error(exc.message())
+        rc = 2
+    finally:
+        if sys.stdout is guarded:
+            sys.stdout = real
+    return rc
 
+
+def _run(argv: list[str]) -> int:
     def fail(message: str, code: int) -> int:
-        sys.modules[__name__].err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
-        js.emit_error(message, code)
+        global _stdout_failed
+        _say_error(message)
+        try:
+            js.emit_error(printable(message, _LINE), code)
+        except StdoutFailed:  # the error is said; a second line about stdout would only bury it
+            _stdout_failed = True
         return code
 
     try:
@@ -124,4 +163,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    rc = main()
+    if _stdout_failed and sys.stdout is not None:  # what is left in its buffer would fail again at exit, noisily
+        import os
+
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+    sys.exit(rc)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from mamba_forge import cli_json as js
-from mamba_forge.cli.common import DryRunOpt, JsonOpt, QuietOpt, say, stderr, stdout
+from mamba_forge.cli.common import MAX_JOBS, DryRunOpt, JsonOpt, QuietOpt, say, stderr, stdout
 from mamba_forge.errors import ForgeError
 
 
@@ -29,7 +29,7 @@ def build(
     ] = None,
     catalog: Annotated[Path | None, typer.Option("--catalog", metavar="FILE", help="Catalog TOML (default: the built-in one).")] = None,
     out_dir: Annotated[Path, typer.Option("--out", metavar="DIR", help="Output folder for artifacts and manifest.toml.")] = Path("build"),
-    jobs: Annotated[int, typer.Option("--jobs", "-j", metavar="N", min=0, help="Worker processes (0: one per CPU).")] = 0,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", metavar="N", min=0, max=MAX_JOBS, help=f"Worker processes (0: one per CPU; at most {MAX_JOBS}).")] = 0,
     state_cap: Annotated[int, typer.Option("--state-cap", metavar="N", help="Largest d_state to support (rounded up to 16s).")] = 64,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Build without the private cache.")] = False,
     dry_run: DryRunOpt = False,

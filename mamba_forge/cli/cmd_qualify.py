@@ -8,7 +8,17 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mamba_forge import cli_json as js
-from mamba_forge.cli.common import DryRunOpt, JsonOpt, QuietOpt, must_exist, say, stderr, stdout
+from mamba_forge.cli.common import (
+    MAX_JOBS,
+    MAX_TIMEOUT_S,
+    DryRunOpt,
+    JsonOpt,
+    QuietOpt,
+    must_exist,
+    say,
+    stderr,
+    stdout,
+)
 from mamba_forge.errors import ForgeError
 
 if TYPE_CHECKING:
@@ -72,10 +82,10 @@ def qualify(
     out_path: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="Signed manifest path (default manifests/<GPU>-<level>.toml).")] = None,
     module: Annotated[list[str] | None, typer.Option("--module", metavar="KIND", help="Only these module kinds (repeatable).")] = None,
     kernels: Annotated[list[str] | None, typer.Option("--kernels", metavar="GLOB", help="Only symbols matching this glob (repeatable), e.g. 'gemm_bi_*'.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", min=1.0, help="Seconds a launch may take before it counts as hung.")] = 20.0,
-    seed: Annotated[int | None, typer.Option("--seed", metavar="N", help="Base seed of the random inputs (default: fresh).")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", min=1.0, max=MAX_TIMEOUT_S, help="Seconds a launch may take before it counts as hung.")] = 20.0,
+    seed: Annotated[int | None, typer.Option("--seed", metavar="N", min=0, max=2**63 - 1, help="Base seed of the random inputs (default: fresh).")] = None,
     state_cap: Annotated[int, typer.Option("--state-cap", metavar="N", help="d_state capacity when building here.")] = 64,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", metavar="N", min=1, help="Concurrent workers per GPU.")] = 4,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", metavar="N", min=1, max=MAX_JOBS, help=f"Concurrent workers per GPU (at most {MAX_JOBS}).")] = 4,
     dry_run: DryRunOpt = False,
     quiet: QuietOpt = False,
     as_json: JsonOpt = False,

@@ -16,6 +16,10 @@ from mamba_forge.errors import ForgeError
 if TYPE_CHECKING:
     from rich.console import Console
 
+MAX_JOBS = 256  # --jobs: a bound before any pool is sized (an unbounded count would fork until the machine stops)
+MAX_TIMEOUT_S = 3600.0  # --timeout: nan and inf fail its max as well
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout (schema: mamba-forge schema).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress, notes or tables; the exit code only.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Say what would run, and why, with counts; write nothing.")]
