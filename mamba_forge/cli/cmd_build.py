@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from mamba_forge import cli_json as js
-from mamba_forge.cli.common import MAX_JOBS, DryRunOpt, JsonOpt, QuietOpt, say, stderr, stdout
+from mamba_forge.catalog.targets import DEFAULT_TARGETS  # the help names the one default list
+from mamba_forge.cli.common import MAX_JOBS, DryRunOpt, JsonOpt, QuietOpt, plural, say, stderr, stdout
 from mamba_forge.errors import ForgeError
 
 
@@ -17,7 +18,7 @@ def build(
         list[str] | None,
         typer.Option("--arch", metavar="ARCH", help="Target architecture(s): sm_90a, 9.0a (TORCH_CUDA_ARCH_LIST "
                      "spelling), all or native; repeat or comma-separate. Default: $MAMBA_FORGE_ARCH, else "
-                     "$TORCH_CUDA_ARCH_LIST, else sm_80,sm_89,sm_90a,sm_100a,sm_120a."),
+                     f"$TORCH_CUDA_ARCH_LIST, else {','.join(DEFAULT_TARGETS)}."),
     ] = None,
     kernels: Annotated[
         list[str] | None,
@@ -52,6 +53,7 @@ def build(
     targets = [get_target(n) for n in chosen.names]
     cap = state_capacity(state_cap)
     cat = load_catalog(catalog or default_catalog_path())
+    _check_globs(kernels or (), [s.name for m in cat.modules for s in m.symbols], cat.path, out_dir)
     req = BuildRequest(cat, targets, out_dir, jobs=jobs, state_capacity=cap, cache_location=None if no_cache else "default",
                        kernels=tuple(kernels or ()), modules=tuple(module or ()))  # bad input leaves no --out behind
     for note in chosen.notes if not quiet else ():
@@ -91,10 +93,32 @@ def build(
         render_build(manifest, stdout())
         n_sym = sum(1 for _ in manifest.symbols())
         n_rej = sum(1 for _, s in manifest.symbols() if s.verdict.status == "rejected")
-        say(f"built {len(manifest.modules)} programs, {n_sym} symbols ({n_rej} rejected) in {seconds:.2f}s "
-              f"-> {out_dir / 'manifest.toml'}")
+        say(f"built {plural(len(manifest.modules), 'program')}, {plural(n_sym, 'symbol')} ({n_rej} rejected) in "
+            f"{seconds:.2f}s -> {out_dir / 'manifest.toml'}")
     if failed:
         stderr().print(f"error: mandatory module failed to compile: {names}; see the log above or `mamba-forge report`",
                   markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
+
+
+def _check_globs(globs, names: list[str], catalog_path, out_dir: Path) -> None:
+    """A --kernels glob that matches no symbol of the catalog, with a hint that works before anything is built:
+    the closest names, else the name prefixes the catalog has (empty or overlong globs: catalog.select says)."""
+    from difflib import get_close_matches
+    from fnmatch import fnmatchcase
+
+    for g in globs:
+        if not g or len(g) > 200 or any(fnmatchcase(n, g) for n in names):
+            continue
+        built = out_dir / "manifest.toml"
+        close = get_close_matches(g.strip("*?[]"), names, n=3, cutoff=0.5)
+        if close:
+            hint = "close: " + ", ".join(close)
+        else:
+            prefixes = sorted({n.split("_", 1)[0] for n in names})
+            hint = "its symbol names start with " + ", ".join(f"{p}_" for p in prefixes[:12]) + (
+                f" and {len(prefixes) - 12} more" if len(prefixes) > 12 else "")
+        if built.is_file():
+            hint += f"; `mamba-forge report {built}` lists what was built there"
+        raise ForgeError(f"--kernels {g!r} matches no symbol of {catalog_path}", hint=hint)

@@ -14,6 +14,7 @@ from mamba_forge.cli.common import (
     DryRunOpt,
     JsonOpt,
     QuietOpt,
+    article,
     must_exist,
     say,
     stderr,
@@ -159,7 +160,7 @@ def _qualify_dry_run(devices, bm, build_dir, catalog, level, sanitize, module, j
         cc, name, source = info.cc, info.name, "the attached GPU"
     elif bm is not None and bm.targets:
         t = get_target(bm.targets[0])
-        cc, name, source = (t.cc // 10, t.cc % 10), f"a {t.family} GPU", f"no GPU here: the build's target {t.name}"
+        cc, name, source = (t.cc // 10, t.cc % 10), f"{article(t.family)} GPU", f"no GPU here: the build's target {t.name}"
     else:
         raise ForgeError("qualify --dry-run needs a GPU or --build DIR to plan for",
                          hint="pass --build with the folder of `mamba-forge build`")

@@ -30,12 +30,17 @@ GlobOpt = Annotated[list[str] | None, typer.Option("--kernels", metavar="GLOB",
 
 
 def report(
-    manifest: Annotated[Path, typer.Argument(metavar="MANIFEST", help="A manifest.toml (build or qualified), or an index.")],
+    manifest: Annotated[Path | None, typer.Argument(metavar="MANIFEST", show_default=False,
+                                                    help="A manifest.toml (build or qualified), or an index.")] = None,
     diff_with: Annotated[
         Path | None, typer.Option("--diff", metavar="A", help="`report --diff A B`: what changed from manifest A to "
                                   "B; exit 1 when they differ, as diff does.")
     ] = None,
     kernels: GlobOpt = None,
+    module: Annotated[list[str] | None, typer.Option("--module", metavar="KIND", help="With --diff: only this "
+                                                     "module kind (repeatable), e.g. Fixed.")] = None,
+    target: Annotated[list[str] | None, typer.Option("--target", metavar="TARGET", help="With --diff: only this "
+                                                     "target (repeatable), e.g. sm_90a.")] = None,
     symbols: Annotated[list[str] | None, typer.Option("--symbols", metavar="GLOB", help="Also each matching "
                                                       "symbol's resources and checks (repeatable; '*' for all).")] = None,
     digests: Annotated[bool, typer.Option("--digests", help="Also digests: check digests and artifact sha256, and "
@@ -50,6 +55,13 @@ def report(
     from mamba_forge.report import tables as rpt
     from mamba_forge.report.diff import diff, narrow, read_document
 
+    if manifest is None:
+        if diff_with is not None:
+            raise ForgeError(f"report --diff {diff_with} needs a second manifest to compare it with",
+                             hint=f"mamba-forge report --diff {diff_with} NEW.toml")
+        raise ForgeError("report needs a MANIFEST", hint="e.g. mamba-forge report build/manifest.toml")
+    if (module or target) and diff_with is None:
+        raise ForgeError("--module and --target narrow a diff", hint="add --diff OLD.toml, or use --kernels GLOB")
     if fmt not in ("text", "markdown"):
         raise ForgeError(f"unknown --format {fmt!r}", hint="use text or markdown")
     try:  # a file that is not a readable manifest is bad input here (verify is where a check fails)
@@ -61,8 +73,15 @@ def report(
     kernels_t, symbols_t = _globs("--kernels", kernels, names), _globs("--symbols", symbols, names)
     if base is not None:
         d = diff(base.record, doc.record)
-        if kernels_t:
-            d = narrow(d, kernels_t)
+        units = _units(doc) | _units(base)
+        for what, values, known in (("--module", module, {m for m, _ in units}), ("--target", target,
+                                                                                  {t for _, t in units})):
+            for v in values or ():
+                if v not in known:
+                    raise ForgeError(f"{what} {v!r} is in neither manifest",
+                                     hint=f"known: {', '.join(sorted(known)) or 'none'}")
+        if kernels_t or module or target:
+            d = narrow(d, kernels_t, modules=tuple(module or ()), targets=tuple(target or ()))
         if as_json:
             js.emit({"kind": "diff", "a": str(diff_with), "b": str(manifest),
                      "digest_changed_symbols": rpt.digest_symbols(d), **d}, ok=not d["changed"])
@@ -107,6 +126,13 @@ def report(
         js.emit({"kind": "build", "summary": rpt.build_summary(m), "rejected": rejected})
     else:
         rpt.render_build(m, stdout(), symbols=symbols_t, digests=digests)
+
+
+def _units(doc) -> set[tuple[str, str]]:
+    """(module kind, target) pairs of a build or qualified manifest (an index has none)."""
+    if doc.kind == "build":
+        return {(m.kind, m.target) for m in doc.record.modules}
+    return {(s.module, s.target) for s in doc.record.symbols} if doc.kind == "qualified" else set()
 
 
 def _symbol_names(doc) -> list[str]:

@@ -22,7 +22,7 @@ def verify(
 ) -> None:
     """Check the signature, every artifact's size and sha256, and completeness. Exit 0 when all hold, else 1."""
     from mamba_forge.errors import ManifestError
-    from mamba_forge.runtime.errors import LoadError
+    from mamba_forge.runtime.errors import ArtifactRefused, LoadError
     from mamba_forge.runtime.trust import trusted_keys
     from mamba_forge.runtime.verify import open_verified
 
@@ -33,7 +33,15 @@ def verify(
     try:
         v = open_verified(target, keys=keys, build=build_dir)
     except LoadError as exc:
-        raise ManifestError(str(exc)) from None  # it does not verify: a check failed (exit 1)
+        not_one = _not_a_manifest(target)  # asked only now: a manifest that verifies is read once
+        if not_one:
+            raise ForgeError(f"{target} {not_one}", hint="pass a signed manifest (.toml), a bundle (.tar.gz or "
+                             "folder) or a release index") from None
+        hint = None
+        if isinstance(exc, ArtifactRefused) and build_dir is None and target.is_file() and not _tarball(target):
+            hint = ("its artifacts are looked for beside it; pass --build DIR (the --out folder of `mamba-forge "
+                    "build`) if they are elsewhere")
+        raise ManifestError(str(exc), hint=hint) from None  # it does not verify: a check failed (exit 1)
     if v.manifest is None:
         what = f"index of {len(v.entries)} manifest(s): " + ", ".join(e.manifest.device.name for e in v.entries)
     else:
@@ -45,6 +53,44 @@ def verify(
                  "development_key": v.signature.development_key, "summary": what})
     else:
         say(f"ok: {target}: signature by key {v.signature.key_id[:16]}{dev}; {what}")
+
+
+def _tarball(path: Path) -> bool:
+    return path.name.endswith((".tar.gz", ".tgz"))
+
+
+def _not_a_manifest(path: Path) -> str | None:
+    """Why a file that failed to verify is not a manifest at all (bad input, exit 2: a README, a catalog, JSON, a
+    build manifest, which is never signed), or None when it is one that failed a check (exit 1): anything with a
+    [signature] table, an unsigned qualified manifest or index. Folders and bundles: None (what they hold is
+    checked by open_verified)."""
+    import tomllib
+
+    from mamba_forge.manifest import signing
+    from mamba_forge.manifest.toml_io import read_input
+    from mamba_forge.safety import parse_toml
+
+    if not path.is_file() or _tarball(path):
+        return None
+    try:
+        raw = read_input(path)  # bounded: the same limit the verifier applied
+    except ForgeError:
+        return None
+    if signing.MARKER in raw:
+        return None  # a signed document, however damaged: a check failed (exit 1)
+    try:
+        data = parse_toml(raw.decode("utf-8"), what=str(path))
+    except UnicodeDecodeError:
+        return "is not a manifest: not UTF-8 text"
+    except tomllib.TOMLDecodeError as exc:
+        return f"is not a manifest: not TOML ({exc})"
+    kind = data.get("kind")
+    if kind == "build":
+        return "is a build manifest, which is never signed: verify checks qualified manifests, bundles and indexes"
+    if kind not in ("qualified", "index"):
+        got = "no kind key" if kind is None else f"kind {kind!r}"
+        return f"is not a manifest: it has {got}, not kind = \"qualified\" or \"index\""
+    return None
 
 
 def merge(

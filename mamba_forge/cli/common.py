@@ -55,3 +55,13 @@ def bad_input(exc: ForgeError) -> ForgeError:
 def must_exist(path: Path, what: str, hint: str) -> None:
     if not (path.exists() or path.is_symlink()):
         raise ForgeError(f"{what} not found: {path}", hint=hint)
+
+
+def plural(n: int, word: str) -> str:
+    """'1 program', '2 programs'."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def article(word: str) -> str:
+    """'an Ampere', 'a Hopper': by the first letter, which is what the names here need (no 'an hour' cases)."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
