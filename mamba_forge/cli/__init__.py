@@ -32,8 +32,8 @@ EXIT_CODES = {
     0: "ok (report --diff: the manifests are the same)",
     1: "a check failed: a manifest does not verify, a mandatory module did not compile, report --diff found "
        "differences",
-    2: "bad input: a missing or unreadable file, a bad option, path or glob, no usable GPU; the one-line message "
-       "says what to do",
+    2: "bad input: a missing or unreadable file, a bad option, path or glob, no usable GPU, a stdout that cannot "
+       "be written; the one-line message says what to do",
 }
 EPILOG = "\b\nExit codes (every command):\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
 
