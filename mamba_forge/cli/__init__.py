@@ -20,7 +20,7 @@ from mamba_forge import __version__
 from mamba_forge import cli_json as js
 from mamba_forge.cli import cmd_build, cmd_qualify, cmd_report, cmd_verify
 from mamba_forge.cli.cmd_qualify import _qualify_with_progress  # noqa: F401 - tests drive the progress rendering
-from mamba_forge.cli.streams import GuardedStdout, StdoutFailed, printable
+from mamba_forge.cli.streams import GuardedStdout, SilentStderr, StdoutFailed, printable
 from mamba_forge.errors import ForgeError
 
 try:  # typer >= 0.28 vendors its own click; older typer uses click itself
@@ -93,12 +93,9 @@ _LINE = 4000  # characters of one error line
 
 
 def _say_error(message: str) -> None:
-    """The one `error:` line, escaped; a stderr that cannot take it is ignored (nowhere left to say it)."""
-    try:
-        sys.modules[__name__].err.print(f"error: {printable(message, _LINE)}", markup=False, highlight=False,
-                                        soft_wrap=True)
-    except OSError:
-        pass
+    """The one `error:` line, escaped (a stderr that cannot take it: SilentStderr drops it)."""
+    sys.modules[__name__].err.print(f"error: {printable(message, _LINE)}", markup=False, highlight=False,
+                                    soft_wrap=True)
 
 
 _stdout_failed = False  # entry() then points fd 1 at /dev/null so the interpreter's last flush cannot fail
@@ -107,15 +104,16 @@ _stdout_failed = False  # entry() then points fd 1 at /dev/null so the interpret
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns every user-facing error into one line and an exit code (and, with
     --json, an envelope with ok false). A stdout that cannot be written (full disk, closed pipe) is one line on
-    stderr and exit 2."""
+    stderr and exit 2; a stderr that cannot be written is ignored (the exit code still tells)."""
     global _stdout_failed
     if argv is None:
         argv = sys.argv[1:]
     if not argv:
         argv = ["--help"]
     js.start(argv)
-    real = sys.stdout
-    sys.stdout = guarded = GuardedStdout(real)
+    real, real_err = sys.stdout, sys.stderr
+    guarded, silent = GuardedStdout(real), SilentStderr(real_err)
+    sys.stdout, sys.stderr = guarded, silent
     _stdout_failed = False
     try:
         rc = _run(argv)
@@ -128,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if sys.stdout is guarded:
             sys.stdout = real
+        if sys.stderr is silent:
+            sys.stderr = real_err
     return rc
 
 

@@ -9,7 +9,7 @@ import typer
 
 from mamba_forge import cli_json as js
 from mamba_forge.catalog.targets import DEFAULT_TARGETS  # the help names the one default list
-from mamba_forge.cli.common import MAX_JOBS, DryRunOpt, JsonOpt, QuietOpt, plural, say, stderr, stdout
+from mamba_forge.cli.common import MAX_JOBS, DryRunOpt, JsonOpt, QuietOpt, plural, say, say_err, stderr, stdout
 from mamba_forge.errors import ForgeError
 
 
@@ -57,7 +57,7 @@ def build(
     req = BuildRequest(cat, targets, out_dir, jobs=jobs, state_capacity=cap, cache_location=None if no_cache else "default",
                        kernels=tuple(kernels or ()), modules=tuple(module or ()))  # bad input leaves no --out behind
     for note in chosen.notes if not quiet else ():
-        stderr().print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        say_err(f"note: {note}")
     if dry_run:
         from mamba_forge.dryrun import build_plan, render_build_plan
 
@@ -81,7 +81,7 @@ def build(
 
         manifest, seconds = timed_build(req, on_event)
     for w in req.warnings if not quiet else ():
-        stderr().print(f"warning: {w}", markup=False, highlight=False)
+        say_err(f"warning: {w}")
     write(out_dir / "manifest.toml", manifest)
     failed = manifest.failed_mandatory()
     names = ", ".join(f"{m.kind} ({m.target})" for m in failed)

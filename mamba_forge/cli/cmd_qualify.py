@@ -17,6 +17,7 @@ from mamba_forge.cli.common import (
     article,
     must_exist,
     say,
+    say_err,
     stderr,
     stdout,
 )
@@ -127,7 +128,7 @@ def qualify(
         _check_out_file(dest, inputs, create=True)
     result = _qualify_with_progress(req, info.cc, quiet=quiet)
     for n in result.notes if not quiet else ():
-        stderr().print(f"note: {n}", markup=False, highlight=False)
+        say_err(f"note: {n}")
     path, pub = keys.write_signed(result.manifest, key, dest)
     if as_json:
         js.emit({"path": str(path), "public_key": str(pub), "notes": list(result.notes),

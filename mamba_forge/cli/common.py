@@ -47,6 +47,14 @@ def say(line: str) -> None:
     stdout().print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+def say_err(line: str) -> None:
+    """One line for a person on stderr (notes, warnings), control characters escaped: notes echo environment
+    variables and paths."""
+    from mamba_forge.cli.streams import printable
+
+    stderr().print(printable(line, 4000), markup=False, highlight=False, soft_wrap=True)
+
+
 def bad_input(exc: ForgeError) -> ForgeError:
     """A failure to read an input as bad input (exit 2), keeping its message."""
     return ForgeError(exc.message, hint=exc.hint)

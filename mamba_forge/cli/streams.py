@@ -53,6 +53,29 @@ class GuardedStdout:
         return getattr(self._stream, name)
 
 
+class SilentStderr:
+    """A text stream around sys.stderr that drops what it cannot write (a full disk, a closed pipe or
+    descriptor): with nowhere left to say anything the command goes on, and its exit code still tells."""
+
+    def __init__(self, stream):
+        self._stream = stream if stream is not None else ClosedStdout()
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            pass
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 class ClosedStdout(io.TextIOBase):
     """What sys.stdout is when file descriptor 1 was closed (`mamba-forge ... >&-`, where Python sets it to
     None): every write fails as a closed descriptor would."""

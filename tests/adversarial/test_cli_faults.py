@@ -216,3 +216,24 @@ def test_printable_keeps_plain_text_and_bounds_long_values():
     assert printable("softplus_bf16 ünïcode/path.toml") == "softplus_bf16 ünïcode/path.toml"
     assert printable("a\x1b[2Jb") == "a\\x1b[2Jb"
     assert printable("x" * 1000).endswith("... (1000 characters)") and len(printable("x" * 1000)) < 330
+
+
+# a stderr that cannot be written: nothing left to say anything on, so the command goes on and its exit code tells
+STDERR_CASES = {
+    "report-missing": (["report", "/nonexistent/m.toml"], 2),
+    "schema-unknown": (["schema", "no-such-schema"], 2),
+    "jobs-usage": (["build", "--jobs", "99999999999999999999"], 2),
+    "verify-readme": (["verify", str(ROOT / "README.md")], 2),
+    "verify-ok": (["verify", "FX", "--key", "PUB"], 0),
+    "report-ok": (["report", "FX"], 0),
+}
+
+
+@pytest.mark.parametrize("fault", ["full-on-write", "pipe-on-write", "closed"])
+@pytest.mark.parametrize("case", STDERR_CASES)
+def test_unwritable_stderr_keeps_the_exit_code(case, fault, request, capsys, monkeypatch):
+    args, code = STDERR_CASES[case]
+    argv = _argv(args, request)
+    monkeypatch.setattr(sys, "stderr", FAULTS[fault]())
+    capsys.readouterr()
+    assert main(argv) == code
