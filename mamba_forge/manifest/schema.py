@@ -89,7 +89,8 @@ class _RecordInit:
         kw, empty = inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.empty
         params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
         for name, default, factory in self._fields():
-            value = default if default is not dataclasses.MISSING else _Factory() if factory is not dataclasses.MISSING else empty
+            value = (default if default is not dataclasses.MISSING
+                     else _Factory() if factory is not dataclasses.MISSING else empty)
             params.append(inspect.Parameter(name, kw, default=value))
         return inspect.Signature(params, return_annotation=None)
 
