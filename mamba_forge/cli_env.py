@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Annotated
 
@@ -51,6 +50,8 @@ def _show(as_json: bool, result: dict, text: str) -> None:
 
 
 def _dist(name: str) -> str | None:
+    from importlib import metadata  # here, not at the top: ~25 ms that `mamba-forge -h` does not need
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

@@ -12,8 +12,6 @@ import json
 import sys
 from dataclasses import dataclass
 
-from mamba_forge.schemas import SCHEMA_VERSION
-
 GROUPS = ("cache",)  # commands with subcommands: the envelope names both words ("cache prune")
 
 
@@ -41,6 +39,8 @@ def start(argv: list[str]) -> None:
 
 
 def envelope(command: str, ok: bool, result) -> dict:
+    from mamba_forge.schemas import SCHEMA_VERSION  # here: importing the schemas costs `mamba-forge -h` ~10 ms
+
     return {"schema_version": SCHEMA_VERSION, "command": command, "ok": ok, "result": result}
 
 

@@ -37,5 +37,5 @@ def printable(value: object, *, limit: int = PRINTABLE_MAX) -> str:
     if not text.isprintable():
         text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
     if len(text) > limit:
-        text = text[:limit] + f"...(+{len(text) - limit} chars)"
+        text = text[:limit] + f"... ({len(text)} characters)"
     return text

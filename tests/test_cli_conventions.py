@@ -33,7 +33,8 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     from rich.console import Console
 
-    monkeypatch.setattr(cli, "out", Console(width=80))  # what a person sees at 80 columns
+    # what a person sees on an 80-column terminal (no colour codes); off a terminal the report is one line per item
+    monkeypatch.setattr(cli, "out", Console(width=80, force_terminal=True, color_system=None))
     monkeypatch.setattr(cli, "err", Console(stderr=True, width=80))
 
 

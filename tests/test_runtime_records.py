@@ -1,5 +1,6 @@
-"""The schema's records construct exactly as the stdlib dataclasses they are (schema.record compiles __init__ on
-first call, not at import): same keyword-only signature, defaults, fresh default factories, refusals."""
+"""The schema's records construct exactly as the stdlib dataclasses they are (one shared __init__,
+schema._RecordInit, no per-class compiled code): same keyword-only signature, defaults, fresh default
+factories, refusals."""
 
 from __future__ import annotations
 

@@ -63,6 +63,36 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 240) -
     return res
 
 
+def _outer_package_dirs() -> list[str]:
+    """The site-packages of the interpreter running the tests (the venv the user made, not the base Python's)."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    dirs = [paths["purelib"], paths["platlib"]]
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return list(dict.fromkeys(d for d in dirs if os.path.isdir(d)))
+
+
+def _see_outer_packages(venv: Path) -> None:
+    """The wheel's dependencies (typer, rich, the nvidia library wheels, ...) from the outer environment, with no
+    network: each top-level entry of its site-packages linked into the new venv's site-packages. Not a .pth path
+    line: cuda.pathfinder looks for libnvrtc only under site.getsitepackages(). Not `venv --system-site-packages`
+    either: that exposes the base interpreter's packages, which lack them on a fresh machine. Left out: the
+    checkout's own editable install (mamba_forge*, __editable__*), every .pth file, and what the venv already has
+    (its own pip; another pip's metadata beside it would confuse it)."""
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    for outer in _outer_package_dirs():
+        for entry in sorted(Path(outer).iterdir()):
+            name = entry.name
+            if (name.startswith(("mamba_forge", "__editable__", "_distutils_hack")) or name == "__pycache__"
+                    or name.endswith(".pth") or name.split("-")[0] in ("pip", "setuptools")
+                    or (site / name).exists()):
+                continue
+            (site / name).symlink_to(entry)
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """(venv bin folder, wheel path, a folder outside the checkout) with the wheel of this source installed."""
@@ -75,9 +105,10 @@ def installed(tmp_path_factory):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (wheel,) = (tmp / "out").glob("mamba_forge-*.whl")
     venv = tmp / "venv"
-    res = _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], tmp, env)
+    res = _run([sys.executable, "-m", "venv", str(venv)], tmp, env)
     assert res.returncode == 0, res.stderr
-    res = _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", str(wheel)], tmp, env)
+    _see_outer_packages(venv)
+    res = _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)], tmp, env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     away = tmp / "elsewhere"
     away.mkdir()
@@ -95,6 +126,16 @@ def test_wheel_carries_the_package_data(installed):
                if p.suffix in (".toml", ".cu", ".cuh")}
     assert {f"mamba_forge/_kernels/{s}" for s in shipped} <= names
     assert not any(n.startswith(("kernels/", "manifests/", "tests/")) for n in names)
+
+
+def test_wheel_venv_sees_the_outer_venv_not_the_base_python(installed):
+    bin_dir, _, away = installed
+    cfg = (bin_dir.parent / "pyvenv.cfg").read_text()
+    assert "include-system-site-packages = false" in cfg
+    res = _run([str(bin_dir / "python"), "-c", "import sys, typer, mamba_forge; print(mamba_forge.__file__)"], away,
+               _clean_env())
+    assert res.returncode == 0, res.stderr
+    assert Path(res.stdout.strip()).is_relative_to(bin_dir.parent), res.stdout  # the wheel, not the checkout
 
 
 def test_installed_wheel_builds_from_its_own_catalog(installed, tmp_path):

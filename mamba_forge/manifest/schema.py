@@ -10,6 +10,7 @@ Literal[...] and nested records; every record is keyword-constructed (kw_only). 
 from __future__ import annotations
 
 import dataclasses
+import types
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
@@ -37,54 +38,72 @@ def _record_eq(self, other) -> bool:
     return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
 
 
-_FACTORY = object()  # an __init__ default meaning "call the field's default_factory"
+class _Factory:
+    def __repr__(self) -> str:
+        return "<factory>"
 
 
-def _lazy_init(cls: type) -> None:
-    """Give `cls` an __init__ compiled on its first call: keyword-only, defaults and default factories as the
-    dataclass declares them (what dataclass(init=True) would write). Most records are never constructed through
-    __init__ in a process (the codec reads them without it), so no process pays for compiling theirs up front."""
+class _RecordInit:
+    """The one __init__ of every record, no per-class compiled code: keyword-only, defaults and default factories
+    as the dataclass declares them, dataclass(init=True)'s TypeErrors for a positional, missing or unknown argument,
+    and its signature for inspect (made only when asked). Each class's field plan is made on its first
+    construction: most records are never built through __init__ in a process (the codec reads them without it)."""
 
-    def __init__(self, **kwargs):
-        cls.__init__ = _compile_init(cls)
-        cls.__init__(self, **kwargs)
+    __slots__ = ("cls", "plan")
+    __name__ = "__init__"
 
-    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
-    cls.__init__ = __init__
+    def __init__(self, cls: type):
+        self.cls, self.plan = cls, None
 
+    def __get__(self, obj, owner=None):
+        return self if obj is None else types.MethodType(self, obj)
 
-def _compile_init(cls: type):
-    ns: dict = {"_FACTORY": _FACTORY}
-    args, body = [], []
-    for i, f in enumerate(dataclasses.fields(cls)):
-        if not f.init:
-            continue
-        if f.default is not dataclasses.MISSING:
-            ns[f"_d{i}"] = f.default
-            args.append(f"{f.name}=_d{i}")
-            body.append(f" self.{f.name} = {f.name}")
-        elif f.default_factory is not dataclasses.MISSING:
-            ns[f"_f{i}"] = f.default_factory
-            args.append(f"{f.name}=_FACTORY")
-            body.append(f" self.{f.name} = _f{i}() if {f.name} is _FACTORY else {f.name}")
-        else:
-            args.append(f.name)
-            body.append(f" self.{f.name} = {f.name}")
-    src = f"def __init__(self{', *, ' if args else ''}{', '.join(args)}):\n" + ("\n".join(body) or " pass")
-    exec(src, ns)  # our own text: field names only
-    init = ns["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    return init
+    def _fields(self) -> tuple[tuple[str, object, object], ...]:
+        if self.plan is None:
+            self.plan = tuple((f.name, f.default, f.default_factory) for f in dataclasses.fields(self.cls) if f.init)
+        return self.plan
+
+    def __call__(self, obj, /, **kwargs) -> None:
+        missing = []
+        for name, default, factory in self._fields():
+            if name in kwargs:
+                value = kwargs.pop(name)
+            elif default is not dataclasses.MISSING:
+                value = default
+            elif factory is not dataclasses.MISSING:
+                value = factory()
+            else:
+                missing.append(name)
+                continue
+            setattr(obj, name, value)
+        where = f"{self.cls.__qualname__}.__init__()"
+        if missing:
+            names = " and ".join(", ".join(repr(n) for n in missing).rsplit(", ", 1))
+            raise TypeError(f"{where} missing {len(missing)} required keyword-only argument"
+                            f"{'s' if len(missing) > 1 else ''}: {names}")
+        if kwargs:
+            raise TypeError(f"{where} got an unexpected keyword argument {next(iter(kwargs))!r}")
+
+    @property
+    def __signature__(self):
+        import inspect
+
+        kw, empty = inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.empty
+        params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        for name, default, factory in self._fields():
+            value = (default if default is not dataclasses.MISSING
+                     else _Factory() if factory is not dataclasses.MISSING else empty)
+            params.append(inspect.Parameter(name, kw, default=value))
+        return inspect.Signature(params, return_annotation=None)
 
 
 def _finish(out: type) -> type:
-    out.__repr__, out.__eq__, out.__hash__ = _record_repr, _record_eq, None
-    _lazy_init(out)
+    out.__repr__, out.__eq__, out.__hash__, out.__init__ = _record_repr, _record_eq, None, _RecordInit(out)
     return out
 
 
 def record(cls: type) -> type:
-    """A keyword-only dataclass sharing one __repr__ and one __eq__, with an __init__ compiled on first use and a
+    """A keyword-only dataclass sharing one __repr__, one __eq__ and one __init__ (no per-class compiled code), with a
     docstring (dataclass otherwise computes one with inspect.signature): dataclasses compile __init__, __repr__ and
     __eq__ per class, which was most of what this module added to `import mamba_forge.runtime` (20 classes).
     Fields, defaults, dataclasses.fields/replace/asdict and equality are the stdlib dataclass's."""

@@ -219,20 +219,33 @@ def stale_message(manifest: Path | str, stale: list[dict], level: str = "quick")
             f"--level {level} --out {manifest}")
 
 
-def narrow(d: dict, globs: tuple[str, ...]) -> dict:
-    """A diff of only the symbols whose name (the last part of 'module/target/name') matches a glob; artifact
-    changes are dropped (they are not per symbol)."""
+def narrow(d: dict, globs: tuple[str, ...] = (), *, modules: tuple[str, ...] = (),
+           targets: tuple[str, ...] = ()) -> dict:
+    """A diff of only the symbols whose key 'module/target/name' has a name matching a glob, a module kind in
+    `modules` and a target in `targets` (an empty filter keeps all). Artifact changes are dropped with globs (they
+    are not per symbol); with only module and target filters they are kept by their path, `<target>/<module>.<code>`
+    as the builder names them."""
     from fnmatch import fnmatchcase
 
     def keep(key: str) -> bool:
-        return any(fnmatchcase(key.rsplit("/", 1)[-1], g) for g in globs)
+        module, target, name = key.split("/", 2) if key.count("/") >= 2 else ("", "", key)
+        return ((not globs or any(fnmatchcase(name, g) for g in globs)) and (not modules or module in modules)
+                and (not targets or target in targets))
+
+    def keep_artifact(path: str) -> bool:
+        if globs:
+            return False
+        target, _, file = path.partition("/")
+        return (not targets or target in targets) and (not modules or file.split(".", 1)[0] in modules)
 
     out = {}
     for k, v in d.items():
         if k in ("added", "removed"):
             out[k] = [x for x in v if keep(x)]
-        elif k.startswith("artifact"):
-            out[k] = []
+        elif k in ("artifacts_added", "artifacts_removed"):
+            out[k] = [x for x in v if keep_artifact(x)]
+        elif k == "artifact_changes":
+            out[k] = [x for x in v if keep_artifact(x["path"])]
         elif isinstance(v, list):
             out[k] = [x for x in v if keep(x["symbol"])]
     out["changed"] = any(v for v in out.values() if isinstance(v, list))

@@ -38,8 +38,18 @@ def build_summary(manifest: BuildManifest) -> list[dict]:
     return rows
 
 
+def plain(console: Console) -> bool:
+    """Off a terminal (a log, a pipe, a file) every table row, rejection and change is one line: never wrapped
+    inside a name, never padded with trailing spaces, so grep and diff see whole names."""
+    return not console.is_terminal
+
+
 def _say(console: Console, text: str, indent: int = 0) -> None:
-    """Plain text wrapped to the console's width; a word longer than a line (a symbol name) is folded, never cut."""
+    """Plain text: on a terminal wrapped to its width, a word longer than a line (a symbol name) folded, never
+    cut; off one, a single line."""
+    if plain(console):
+        console.print(" " * indent + text, markup=False, highlight=False, soft_wrap=True)
+        return
     from rich.padding import Padding
     from rich.text import Text
 
@@ -47,11 +57,44 @@ def _say(console: Console, text: str, indent: int = 0) -> None:
     console.print(Padding(t, (0, 0, 0, indent)) if indent else t, highlight=False)
 
 
-def _table(title: str, cols: tuple[str, ...], right: tuple[str, ...] = ()) -> Table:
-    table = Table(title=title)
-    for col in cols:
-        table.add_column(col, justify="right" if col in right else "left", overflow="fold")
-    return table
+def _head(console: Console, title: str, count: int | None = None) -> None:
+    """A section title, bold on a terminal."""
+    text = title if count is None else f"{title} ({count})"
+    if plain(console):
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+    else:
+        from rich.text import Text
+
+        console.print(Text(text, style="bold"))
+
+
+class _Rows:
+    """A table: a rich Table on a terminal; off one, the title and then one aligned line per row (the header
+    first), with no trailing spaces."""
+
+    def __init__(self, title: str, cols: tuple[str, ...], right: tuple[str, ...] = ()):
+        self.title, self.cols, self.right = title, cols, right
+        self.rows: list[tuple[tuple[str, ...], str | None]] = []
+
+    def add_row(self, *cells: str, style: str | None = None) -> None:
+        self.rows.append((tuple(cells), style))
+
+    def print(self, console: Console) -> None:
+        if not plain(console):
+            table = Table(title=self.title)
+            for col in self.cols:
+                table.add_column(col, justify="right" if col in self.right else "left", overflow="fold")
+            for cells, style in self.rows:
+                table.add_row(*cells, style=style)
+            console.print(table)
+            return
+        lines = [self.cols] + [cells for cells, _ in self.rows]
+        widths = [max(len(line[i]) for line in lines) for i in range(len(self.cols))]
+        console.print(self.title, markup=False, highlight=False, soft_wrap=True)
+        for line in lines:
+            text = "  ".join(c.rjust(w) if col in self.right else c.ljust(w)
+                             for c, w, col in zip(line, widths, self.cols, strict=True))
+            console.print(text.rstrip(), markup=False, highlight=False, soft_wrap=True)
 
 
 def match_any(name: str, globs: tuple[str, ...] | list[str]) -> bool:
@@ -60,7 +103,7 @@ def match_any(name: str, globs: tuple[str, ...] | list[str]) -> bool:
 
 def render_build(manifest: BuildManifest, console: Console, *, symbols: tuple[str, ...] = (),
                  digests: bool = False) -> None:
-    table = _table(f"build of catalog {manifest.catalog} (state capacity {manifest.state_capacity})",
+    table = _Rows(f"build of catalog {manifest.catalog} (state capacity {manifest.state_capacity})",
                    ("module", "target", "role", "mandatory", "status", "admitted", "rejected"),
                    ("admitted", "rejected"))
     for r in build_summary(manifest):
@@ -69,23 +112,24 @@ def render_build(manifest: BuildManifest, console: Console, *, symbols: tuple[st
             r["module"], r["target"], r["role"], "yes" if r["mandatory"] else "no", r["status"],
             str(r["admitted"]), str(r["rejected"]), style=style,
         )
-    console.print(table)
+    table.print(console)
     for m in manifest.modules:
         if m.status == "failed" and m.log_head:
-            console.print(f"[red]{m.kind} on {m.target} failed to compile:[/red]")
-            console.print(m.log_head, markup=False, highlight=False, overflow="fold")
+            console.print(f"{m.kind} on {m.target} failed to compile:", style="red", markup=False, highlight=False,
+                          soft_wrap=plain(console))
+            console.print(m.log_head, markup=False, highlight=False, overflow="fold", soft_wrap=plain(console))
     by_module: dict[str, list] = defaultdict(list)
     for m, s in manifest.symbols():
         if s.verdict.status == "rejected":
             by_module[f"{m.kind} / {m.target}"].append(s)
     for where, syms in by_module.items():
-        console.print(f"[bold]rejected in {where}[/bold] ({len(syms)})")
+        _head(console, f"rejected in {where}", len(syms))
         for s in syms:
             why = s.verdict.reason or "no reason recorded"
             _say(console, f"- {why}" if why.startswith(s.name) else f"- {s.name}: {why}", 2)
     chosen = [(m, s) for m, s in manifest.symbols() if symbols and match_any(s.name, symbols)]
     if chosen:
-        console.print(f"[bold]symbols[/bold] ({len(chosen)})")
+        _head(console, "symbols", len(chosen))
     for m, s in chosen:
         _say(console, f"{s.name} ({m.kind}/{m.target}) {s.verdict.status}")
         r = s.resources
@@ -94,7 +138,7 @@ def render_build(manifest: BuildManifest, console: Console, *, symbols: tuple[st
                           f"{r.stack_frame}, spills {r.spill_stores}/{r.spill_loads}, max threads {r.max_threads}, "
                           f"block {'x'.join(map(str, s.block))}", 4)
     if digests:
-        console.print("[bold]artifacts[/bold]")
+        _head(console, "artifacts")
         for m in manifest.modules:
             for a in m.artifacts:
                 _say(console, f"{a.path} {a.size} bytes sha256 {a.sha256}", 2)
@@ -162,6 +206,24 @@ def _sig_line(sig: signing.Signature | None) -> str:
     return f"signed by key {sig.key_id[:16]}{dev}; run `mamba-forge verify` to check it"
 
 
+def check_labels(checks) -> list[str]:
+    """A name per check that tells repeated ones apart: `correctness(uniform)` for the check run on corpus
+    `uniform` (its detail says `corpus uniform: ...`), else the detail's first words, else a count."""
+    from collections import Counter
+
+    repeated = {n for n, k in Counter(c.name for c in checks).items() if k > 1}
+    labels, seen = [], Counter()
+    for c in checks:
+        if c.name not in repeated:
+            labels.append(c.name)
+            continue
+        seen[c.name] += 1
+        head = c.detail.split(":", 1)[0].strip() if c.detail else ""
+        head = head.removeprefix("corpus ").strip()
+        labels.append(f"{c.name}({head})" if head and len(head) <= 40 else f"{c.name}#{seen[c.name]}")
+    return labels
+
+
 def render_qualified(doc: Document, console: Console, *, symbols: tuple[str, ...] = (), digests: bool = False,
                      kernels: tuple[str, ...] = ()) -> None:
     """Header, the per-module summary and every rejection; per-symbol resources and checks only for the symbols
@@ -174,22 +236,22 @@ def render_qualified(doc: Document, console: Console, *, symbols: tuple[str, ...
                   f"{dev.count} GPU) level {m.level}, {m.qualification_seconds:.1f} s")
     _say(console, f"created {m.created}, expires {m.expires}")
     _say(console, _sig_line(doc.signature))
-    table = _table("symbols per module kind", ("module", "target", "role", "admitted", "rejected", "other"),
+    table = _Rows("symbols per module kind", ("module", "target", "role", "admitted", "rejected", "other"),
                    ("admitted", "rejected", "other"))
     for r in qualified_summary(m):
         table.add_row(r["module"], r["target"], r["role"], str(r["admitted"]), str(r["rejected"]), str(r["other"]),
                       style="yellow" if r["rejected"] else None)
-    console.print(table)
+    table.print(console)
     rejected = [s for s in m.symbols if s.status == "rejected"]
     if rejected:
-        console.print(f"[bold]rejected[/bold] ({len(rejected)})")
+        _head(console, "rejected", len(rejected))
         for indent, line in rejection_lines(rejected):
             _say(console, line, indent)
     else:
         _say(console, "no symbol rejected")
     chosen = [s for s in m.symbols if symbols and match_any(s.name, symbols)]
     if chosen:
-        console.print(f"[bold]symbols[/bold] ({len(chosen)})")
+        _head(console, "symbols", len(chosen))
     for s in chosen:
         _say(console, f"{s.name} ({s.module}/{s.target}) {s.status}")
         r = s.resources
@@ -197,28 +259,30 @@ def render_qualified(doc: Document, console: Console, *, symbols: tuple[str, ...
             _say(console, f"regs {r.registers}, smem {r.static_smem}, dyn smem {s.dynamic_smem}, local "
                           f"{r.local_bytes}, blocks/SM {r.blocks_per_sm}, block {'x'.join(map(str, s.block))}", 4)
         if s.checks:
+            labels = check_labels(s.checks)
             if digests:
-                for c in s.checks:
-                    _say(console, f"{c.name} {'passed' if c.passed else 'FAILED'}"
+                for c, label in zip(s.checks, labels, strict=True):
+                    _say(console, f"{label} {'passed' if c.passed else 'FAILED'}"
                                   + (f" {c.digest}" if c.digest else ""), 4)
             else:
-                _say(console, "checks: " + " ".join(c.name + ("" if c.passed else " (FAILED)") for c in s.checks), 4)
+                _say(console, "checks: " + " ".join(label + ("" if c.passed else " (FAILED)")
+                                                    for c, label in zip(s.checks, labels, strict=True)), 4)
     if not symbols:
         _say(console, "per-symbol resources and checks: --symbols GLOB; digests: --digests")
-    art = _table("artifacts", ("path", "role", "code", "size") + (("sha256",) if digests else ()), ("size",))
+    art = _Rows("artifacts", ("path", "role", "code", "size") + (("sha256",) if digests else ()), ("size",))
     for a in m.artifacts:
         art.add_row(a.path, a.role, a.code, str(a.size), *((a.sha256,) if digests else ()))
-    console.print(art)
+    art.print(console)
 
 
 def render_index(doc: Document, console: Console, *, digests: bool = False) -> None:
     ix: ReleaseIndex = doc.record  # type: ignore[assignment]
     _say(console, f"release index created {ix.created}, expires {ix.expires}")
     _say(console, _sig_line(doc.signature))
-    t = _table("entries", ("device", "cc", "SMs", "level", "path", "size") + (("sha256",) if digests else ()))
+    t = _Rows("entries", ("device", "cc", "SMs", "level", "path", "size") + (("sha256",) if digests else ()))
     for e in ix.entries:
         t.add_row(e.device_name, e.cc, str(e.sm_count), e.level, e.path, str(e.size), *((e.sha256,) if digests else ()))
-    console.print(t)
+    t.print(console)
 
 
 def _md_escape(text: str) -> str:
@@ -276,18 +340,18 @@ def render_diff(d: dict, console: Console, a: str = "A", b: str = "B", *, digest
     for key, title in (("added", "symbols added"), ("removed", "symbols removed"),
                        ("artifacts_added", "artifacts added"), ("artifacts_removed", "artifacts removed")):
         if d[key]:
-            console.print(f"[bold]{title}[/bold] ({len(d[key])})")
+            _head(console, title, len(d[key]))
             for x in d[key]:
                 _say(console, f"+ {x}" if "added" in key else f"- {x}", 2)
     for key, title in (("newly_rejected", "newly rejected"), ("newly_admitted", "newly admitted"),
                        ("status_changed", "status changed")):
         if d[key]:
-            console.print(f"[bold]{title}[/bold] ({len(d[key])})")
+            _head(console, title, len(d[key]))
             for x in d[key]:
                 why = f": {x['reason']}" if x["reason"] else ""
                 _say(console, f"{x['symbol']}: {x['old']} -> {x['new']}{why}", 2)
     if d["resource_changes"]:
-        console.print(f"[bold]resource changes[/bold] ({len(d['resource_changes'])})")
+        _head(console, "resource changes", len(d['resource_changes']))
         for x in d["resource_changes"]:
             _say(console, f"{x['symbol']}: {x['field']} {x['old']} -> {x['new']}", 2)
     n_sym, n_art = digest_symbols(d), len(d["artifact_changes"])
@@ -297,7 +361,7 @@ def render_diff(d: dict, console: Console, a: str = "A", b: str = "B", *, digest
         _say(console, f"{n_sym:,} symbol{'s' * (n_sym != 1)} changed digest, {n_art:,} artifact"
                       f"{'s' * (n_art != 1)} changed sha256 (list them: --digests)")
         return
-    console.print(f"[bold]digest changes[/bold] ({len(d['digest_changes']) + n_art})")
+    _head(console, "digest changes", len(d['digest_changes']) + n_art)
     for x in d["artifact_changes"]:
         _say(console, f"{x['path']}: {x['old']} -> {x['new']}", 2)
     for x in d["digest_changes"]:
