@@ -106,3 +106,28 @@ def compile_emulator(folder: Path, files: Mapping[str, str], source: str, flags:
             pytest.skip("g++ without C++20 <barrier>")
         raise AssertionError(r.stderr[-4000:])
     return ctypes.CDLL(str(folder / "emu.so"))
+
+
+def run_spec(lib, sp, arrays) -> dict:
+    """Launch the emulated kernel of launch spec `sp` (mamba_forge.qualify.spec.LaunchSpec) on f32 copies of
+    `arrays` (by parameter name; a buffer not given starts as NaN), its scalars by value, through `run`. Returns
+    every buffer after the launch, flat."""
+    import numpy as np
+
+    bufs, keep = {}, []
+    args = (ctypes.c_void_p * (len(sp.buffers) + len(sp.scalars)))()
+    for b in sp.buffers:
+        a = arrays.get(b.name)
+        bufs[b.name] = np.full(b.count, np.nan, np.float32) if a is None else np.array(a, np.float32).ravel().copy()
+        assert bufs[b.name].size >= b.count, (sp.symbol, b.name, bufs[b.name].size, b.count)
+        ptr = ctypes.c_void_p(bufs[b.name].ctypes.data)
+        keep.append(ptr)
+        args[b.index] = ctypes.cast(ctypes.pointer(ptr), ctypes.c_void_p)
+    ctype = {"i32": ctypes.c_int32, "i64": ctypes.c_int64}
+    for s in sp.scalars:
+        v = ctype[s.type](s.value)
+        keep.append(v)
+        args[s.index] = ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
+    rc = lib.run(sp.symbol.encode(), (ctypes.c_int * 3)(*sp.grid), (ctypes.c_int * 3)(*sp.block), args)
+    assert rc == 0, f"{sp.symbol} is not in the emulator"
+    return bufs

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from host_emulation import LAUNCH_CPP, compile_emulator, cuda_mock, entries_cpp
+from host_emulation import LAUNCH_CPP, compile_emulator, cuda_mock, entries_cpp, run_spec
 
 from mamba_forge.catalog import expr
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
@@ -481,8 +481,6 @@ def emulator(tmp_path_factory):
 
 
 def _emulate(lib, name, dims, rng, ref_override=None):
-    import ctypes
-
     from mamba_forge.qualify import fills
     from mamba_forge.qualify import spec as S
 
@@ -490,20 +488,7 @@ def _emulate(lib, name, dims, rng, ref_override=None):
     sym = next(s for s in fixed.symbols if s.name == name)
     sp = S.evaluate(sym, fixed.family(sym.family), dims)
     host = {b.name: fills.make_input(b, "uniform", rng).astype(np.float32) for b in sp.buffers if b.needs_fill}
-    bufs, keep = {}, []
-    args = (ctypes.c_void_p * (len(sp.buffers) + len(sp.scalars)))()
-    for b in sp.buffers:
-        bufs[b.name] = host[b.name].copy() if b.name in host else np.full(b.count, np.nan, np.float32)
-        ptr = ctypes.c_void_p(bufs[b.name].ctypes.data)
-        keep.append(ptr)
-        args[b.index] = ctypes.cast(ctypes.pointer(ptr), ctypes.c_void_p)
-    ctype = {"i32": ctypes.c_int32, "i64": ctypes.c_int64}
-    for s in sp.scalars:
-        v = ctype[s.type](s.value)
-        keep.append(v)
-        args[s.index] = ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
-    rc = lib.run(name.encode(), (ctypes.c_int * 3)(*sp.grid), (ctypes.c_int * 3)(*sp.block), args)
-    assert rc == 0, f"{name} is not in the emulator"
+    bufs = run_spec(lib, sp, host)
     ref_args = {b.name: host[b.name].astype(np.float64) for b in sp.buffers if b.name in host}
     want = getattr(ref, sp.family)(ref_args | {s.name: s.value for s in sp.scalars} | (ref_override or {}), sp.dims)
     errs = {}

@@ -11,11 +11,9 @@ is told apart. Skips without g++ -std=c++20.
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
-from host_emulation import LAUNCH_CPP, ROOT, compile_emulator, entries_cpp
+from host_emulation import LAUNCH_CPP, ROOT, compile_emulator, entries_cpp, run_spec
 from test_ref_scan import _MOCK_COMMON
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
@@ -59,25 +57,8 @@ def _spec(name: str, dims: dict[str, int]) -> S.LaunchSpec:
 
 
 def _launch(lib, name: str, dims: dict[str, int], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run `name` at `dims` on copies of `arrays` (f32, by parameter name); outputs start as NaN. Returns every
-    buffer after the launch."""
-    sp = _spec(name, dims)
-    bufs, keep = {}, []
-    args = (ctypes.c_void_p * (len(sp.buffers) + len(sp.scalars)))()
-    for b in sp.buffers:
-        a = arrays.get(b.name)
-        bufs[b.name] = np.full(b.count, np.nan, np.float32) if a is None else np.array(a, np.float32).ravel().copy()
-        assert bufs[b.name].size >= b.count, (name, b.name, bufs[b.name].size, b.count)
-        ptr = ctypes.c_void_p(bufs[b.name].ctypes.data)
-        keep.append(ptr)
-        args[b.index] = ctypes.cast(ctypes.pointer(ptr), ctypes.c_void_p)
-    ctype = {"i32": ctypes.c_int32, "i64": ctypes.c_int64}
-    for s in sp.scalars:
-        v = ctype[s.type](s.value)
-        keep.append(v)
-        args[s.index] = ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
-    assert lib.run(name.encode(), (ctypes.c_int * 3)(*sp.grid), (ctypes.c_int * 3)(*sp.block), args) == 0
-    return bufs
+    """Run `name` at `dims` on copies of `arrays` (by parameter name; outputs start as NaN): every buffer after."""
+    return run_spec(lib, _spec(name, dims), arrays)
 
 
 def _scan_inputs(rng, b, L, d, n, r):
