@@ -2,7 +2,9 @@
 then a no-change (warm) rebuild. Not a test: prints a table, appends a row to benchmarks/results/build.md and
 records (seconds, on the CPU; summary_records below) to benchmarks/results/summary.json.
 
-    python benchmarks/bench_build.py [--catalog PATH] [--jobs N]
+    python benchmarks/bench_build.py [--catalog PATH] [--jobs N] [--smoke]
+
+--smoke: the tests' one-kernel catalog (tests/fixtures/build_basic) for one target, seconds; nothing recorded.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import datetime
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +25,7 @@ from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.catalog.targets import DEFAULT_TARGETS, get_target
 
 RESULTS = Path(__file__).parent / "results" / "build.md"
+SMOKE_CATALOG = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "build_basic" / "catalog.toml"
 HEADER = (
     "| date | machine | CPUs | programs | symbols | cold, 1 worker (s) | cold, N workers (s) | N | speedup | "
     "warm rebuild (s) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
@@ -29,8 +33,8 @@ HEADER = (
 WARM_BUDGET_S = 1.0  # a no-change rebuild: tests/test_full_catalog.py holds the full catalog's to under a second
 
 
-def timed(catalog, out: Path, cache: Path, jobs: int):
-    req = BuildRequest(catalog, [get_target(t) for t in DEFAULT_TARGETS], out, jobs=jobs, cache_location=cache)
+def timed(catalog, out: Path, cache: Path, jobs: int, targets=DEFAULT_TARGETS):
+    req = BuildRequest(catalog, [get_target(t) for t in targets], out, jobs=jobs, cache_location=cache)
     t0 = time.perf_counter()
     m = build(req)
     return time.perf_counter() - t0, m
@@ -41,17 +45,29 @@ def private(path: Path) -> Path:
     return path
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--catalog", type=Path, default=default_catalog_path())
+    ap.add_argument("--catalog", type=Path, default=None, help="catalog.toml (default: the built-in catalog)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    args = ap.parse_args()
-    catalog = load_catalog(args.catalog)
+    ap.add_argument("--smoke", action="store_true",
+                    help="the tests' one-kernel catalog for one target, seconds; nothing recorded")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    path = args.catalog or (SMOKE_CATALOG if args.smoke else default_catalog_path())
+    targets = DEFAULT_TARGETS[:1] if args.smoke else DEFAULT_TARGETS
+    catalog = load_catalog(path)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        serial, m = timed(catalog, tmp / "o1", private(tmp / "c1"), 1)
-        parallel, _ = timed(catalog, tmp / "o2", private(tmp / "c2"), args.jobs)
-        warm, m2 = timed(catalog, tmp / "o2", tmp / "c2", args.jobs)
+        serial, m = timed(catalog, tmp / "o1", private(tmp / "c1"), 1, targets)
+        parallel, _ = timed(catalog, tmp / "o2", private(tmp / "c2"), args.jobs, targets)
+        warm, m2 = timed(catalog, tmp / "o2", tmp / "c2", args.jobs, targets)
     cached = all(x.cached for x in m2.modules)
     assert cached, "warm rebuild missed the cache"
     fig = {"machine": f"{platform.machine()} {platform.python_version()}", "cpus": os.cpu_count(),
@@ -63,12 +79,15 @@ def main() -> None:
         f"{warm:.2f} |\n"
     )
     print(HEADER + row, end="")
+    if args.smoke:
+        return 0
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     if not RESULTS.exists():
         RESULTS.write_text("# Build benchmark (benchmarks/bench_build.py)\n\n" + HEADER)
     with RESULTS.open("a") as f:
         f.write(row)
     append(summary_records(fig))
+    return 0
 
 
 def summary_records(fig: dict) -> list[dict]:
@@ -90,4 +109,4 @@ def summary_records(fig: dict) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

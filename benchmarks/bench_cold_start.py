@@ -13,6 +13,8 @@ compiling.
     python benchmarks/bench_cold_start.py --module Fixed     # ... only these module kinds
 
     python benchmarks/bench_cold_start.py --imports-only     # the import alone (no GPU): median of 21 processes
+    python benchmarks/bench_cold_start.py --smoke --bundle dist/h200.tar.gz --key manifests/keys
+                                # 2 loads, 3 imports, no compile: seconds; nothing written
 
 Also timed, in fresh processes (median of --import-runs, 21): `import mamba_forge.runtime` (goal <= 80 ms) and
 with `load` taken from it (the loader's modules; cryptography follows in load()), and the load split into load()
@@ -139,7 +141,7 @@ def import_rows(runs: int) -> list[tuple[str, float, float, int]]:
                             ("import mamba_forge.runtime + its load (the loader's modules)", "import_load_s"))]
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", help="a signed bundle (.tar.gz or folder), manifest or index")
     ap.add_argument("--key", help="its public key file or folder (with --bundle)")
@@ -152,9 +154,25 @@ def main() -> int:
     ap.add_argument("--imports-only", action="store_true",
                     help="time only the import (no GPU needed); prints, writes nothing")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cold_start.md"))
-    args = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true",
+                    help="a given bundle: 2 loads, 3 imports, no compile; seconds, nothing written")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = parser()
+    args = ap.parse_args(argv)
     if bool(args.bundle) != bool(args.key):
         ap.error("--bundle and --key go together")
+    if args.smoke:
+        args.load_runs, args.import_runs, args.no_compile = min(args.load_runs, 2), min(args.import_runs, 3), True
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.smoke and not args.bundle and not args.imports_only:
+        parser().error("--smoke times a given bundle: pass --bundle and --key (building one here takes minutes)")
     if args.imports_only:
         for name, m, lo, n in import_rows(args.import_runs):
             goal = f" (goal <= {IMPORT_GOAL_MS:.0f} ms)" if name == "import mamba_forge.runtime" else ""
@@ -244,6 +262,8 @@ def main() -> int:
     ]
     text = "\n".join(lines) + "\n"
     print(text)
+    if args.smoke:
+        return 0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

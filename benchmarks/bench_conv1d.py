@@ -4,7 +4,9 @@ this way on 2026-12-01 from four candidates, and two f32-accumulating ones (resu
 accumulation reached 0.77-0.82 nosave / 0.91-0.95 save in 16-bit, the f64 contract's best 0.64-0.68 / 0.84-0.90);
 the candidate families were then dropped from the catalog.
 
-    python benchmarks/bench_conv1d.py [--reps 25] [--only SUBSTRING] [--no-write]
+    python benchmarks/bench_conv1d.py [--reps 25] [--only SUBSTRING] [--no-write] [--smoke]
+
+--smoke: one small shape (SMOKE_SHAPE), 5 launches per figure; seconds, nothing recorded.
 
 Shapes (width 4): B4 D4096 L4096 (Mamba-1 2.8B's d_inner at a 4k context) and B8 D1536 L6144. Byte floor =
 every buffer read plus every buffer written once: nosave 2 n sizeof(T) (x in, out), save 3 n sizeof(T), backward
@@ -31,6 +33,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 SIZES = {"f32": 4, "bf16": 2, "f16": 2}
 SHAPES = [{"batch": 4, "d": 4096, "L": 4096, "width": 4}, {"batch": 8, "d": 1536, "L": 6144, "width": 4}]
+SMOKE_SHAPE = {"batch": 1, "d": 256, "L": 1024, "width": 4}
+SMOKE_REPS = 5
 # kind -> (production family, candidate families, T-sized buffers moved, goal)
 KINDS = {
     "fwd_nosave": ("conv1d_burnin_forward_nosave_tiled", (), 2, 0.85),
@@ -77,14 +81,27 @@ def bind_from_spec(k, sym, fam, dims):
     return k.bind(sym.name, spec.grid, spec.block, tuple(args), smem=spec.dynamic_smem), moved
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
     ap.add_argument("--only", default="", help="run only symbols whose name contains this")
     ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/summary.json")
+    ap.add_argument("--smoke", action="store_true", help="one small shape, 5 launches; seconds, nothing recorded")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = parser()
     a = ap.parse_args(argv)
-    if a.reps < 20:
+    if a.smoke:
+        a.reps, a.no_write = SMOKE_REPS, True
+    elif a.reps < 20:
         ap.error("--reps must be at least 20")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
 
     import cupy as cp  # device arrays and their memory pool only; kernels launch through mamba_forge.gpu
     import summary  # benchmarks/summary.py
@@ -99,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = cu.Device(0).info().name
     rows, records = [], []
     print(f"{'kind':10} {'symbol':42} {'shape':20} {'MB':>8} {'us':>8} {'GB/s':>6} {'copy GB/s':>9} {'ratio':>6} goal")
-    for dims in SHAPES:
+    for dims in [SMOKE_SHAPE] if a.smoke else SHAPES:
         for kind, (prod, cands, _, goal) in KINDS.items():
             for dt in ("bf16", "f16", "f32"):
                 syms = symbols_of(fixed, prod, dt) + [s for c in cands for s in symbols_of(fixed, c, dt)]

@@ -1,7 +1,9 @@
 """Achieved bandwidth of the conv1d forward/backward and training-step kernels (AdamW, gradient norm) against a
 torch device-to-device copy of the same bytes, measured in the same run.
 
-    python benchmarks/bench_conv_optim.py [--reps 25] [--only SUBSTRING] [--params 200] [--no-write]
+    python benchmarks/bench_conv_optim.py [--reps 25] [--only SUBSTRING] [--params 200] [--no-write] [--smoke]
+
+--smoke: conv1d at SMOKE_CONV, AdamW and the norm over 1M parameters, 5 launches per figure; nothing recorded.
 
 Shapes: conv1d at B4 D4096 L4096 (Mamba-1 2.8B's d_inner at a 4k context; 128 MB per bf16 tensor), width 4;
 AdamW and the gradient norm over --params million parameters (default 200M). Bytes moved = every buffer read
@@ -30,6 +32,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 SIZES = {"f32": 4, "bf16": 2, "f16": 2}
 CONV = {"batch": 4, "d": 4096, "L": 4096, "width": 4}
+SMOKE_CONV = {"batch": 1, "d": 256, "L": 1024, "width": 4}
+SMOKE_REPS = 5
 # family -> goal (a fraction of the copy's bandwidth): the docstring's 0.85 for the conv1d forwards and AdamW, and
 # bench_conv1d.py's 0.70 for conv1d_bwd_tiled (its records have the same symbol, shape and dtype as ours).
 # grad_sumsq_partial has no goal: goal "" and met = at least the copy's bandwidth (parity with the baseline, as
@@ -53,8 +57,8 @@ def device_values(count: int, dtype: str, lo: float = -1.0, hi: float = 1.0):
 # ---- cases: (kernel, shape text, bytes moved, setup() -> launch callable) ----------------------------------
 
 
-def conv_cases(k):
-    B, D, L, W = CONV["batch"], CONV["d"], CONV["L"], CONV["width"]
+def conv_cases(k, conv=CONV):
+    B, D, L, W = conv["batch"], conv["d"], conv["L"], conv["width"]
     n = B * D * L
     shape = f"B{B} D{D} L{L} w{W}"
     small = D * W * 4 + D * 4
@@ -155,15 +159,29 @@ def optim_cases(k, millions: int):
     return cases
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
     ap.add_argument("--only", default="", help="run only kernels whose name contains this")
     ap.add_argument("--params", type=int, default=200, help="millions of parameters for AdamW and the norm")
     ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/conv_optim.md or summary.json")
+    ap.add_argument("--smoke", action="store_true",
+                    help="small conv1d shape, 1M parameters, 5 launches; seconds, nothing recorded")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = parser()
     a = ap.parse_args(argv)
-    if a.reps < 20:
+    if a.smoke:
+        a.reps, a.params, a.no_write = SMOKE_REPS, 1, True
+    elif a.reps < 20:
         ap.error("--reps must be at least 20")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
 
     import cupy as cp  # device arrays and their memory pool only; kernels launch through mamba_forge.gpu
     from gpu_support import kernels
@@ -176,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     syms = {s.name: s for s in load_catalog(default_catalog_path()).module("Fixed").symbols}  # family and dtype
     rows = []
     print(f"{'kernel':42} {'shape':22} {'MB':>9} {'us':>9} {'GB/s':>7} {'copy GB/s':>10} {'ratio':>6}")
-    for name, shape, moved, setup in conv_cases(k) + optim_cases(k, a.params):
+    for name, shape, moved, setup in conv_cases(k, SMOKE_CONV if a.smoke else CONV) + optim_cases(k, a.params):
         if a.only not in name:
             continue
         launch = setup()

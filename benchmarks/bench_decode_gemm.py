@@ -10,7 +10,9 @@ Each of our symbols is checked once per shape against torch in float64 (a wrong 
 table, appends it to benchmarks/results/decode_gemm.md and records to benchmarks/results/summary.json
 (benchmarks/summary.py). Not a test.
 
-    python benchmarks/bench_decode_gemm.py [--quick] [--iters 30]
+    python benchmarks/bench_decode_gemm.py [--quick] [--iters 30] [--smoke]
+
+--smoke: bf16 and f32 at M = 1, N 2048, K 4096, 5 samples per figure; seconds, nothing recorded.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ HEADER = ("| date | GPU | dtype | symbol | M | N | K | ms | GB/s | cuBLAS ms | v
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 NKS = ((4096, 4096), (8192, 8192), (8192, 2048), (2048, 4096))
+SMOKE_MS, SMOKE_NKS = (1,), ((2048, 4096),)
 WG_SKINNY = ("gemm_bi_nn_sm90a_wgmma_skinny_m64n64_s12", "gemm_bi_nn_sm90a_wgmma_skinny_m64n32_s18",
              "gemm_bi_nn_sm90a_wgmma_skinny_m64n128_s8", "gemm_bi_nn_sm90a_wgmma_skinny_m128n64_s8")
 WG_LARGE = "gemm_bi_nn_sm90a_wgmma_ws2_m128n256_s4"
@@ -105,15 +108,29 @@ def check(torch, name, C, A, B, tol):
         raise SystemExit(f"WRONG: {name} M={A.shape[0]} N={B.shape[1]} K={A.shape[1]}: relative error {rel:.3e}")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="M in {1, 8, 64, 256}, fewer iterations, no f16")
     ap.add_argument("--f16", action="store_true", help="f16 at every shape (default: M = 1 and 64 only)")
     ap.add_argument("--no-record", action="store_true", help="print only: no results/*.md or summary.json rows")
-    args = ap.parse_args()
-    iters = 15 if args.quick else args.iters
-    ms_list = (1, 8, 64, 256) if args.quick else MS
+    ap.add_argument("--smoke", action="store_true",
+                    help="bf16 and f32 at M 1, N 2048, K 4096, 5 samples; seconds, nothing recorded")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    a = parser().parse_args(argv)
+    if a.smoke:
+        a.no_record = True
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    iters = 5 if args.smoke else 15 if args.quick else args.iters
+    ms_list = SMOKE_MS if args.smoke else (1, 8, 64, 256) if args.quick else MS
+    nks = SMOKE_NKS if args.smoke else NKS
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -122,7 +139,7 @@ def main() -> None:
     torch.zeros(1, device="cuda")
     props = torch.cuda.get_device_properties(0)
     gpu = props.name
-    dtypes = ["bf16", "f32"] + ([] if args.quick else ["f16"])
+    dtypes = ["bf16", "f32"] + ([] if args.quick or args.smoke else ["f16"])
     wanted = [f"{n}_{d}" for n in (*WG_SKINNY, WG_LARGE) for d in ("bf16", "f16")]
     wanted += [*F32_DECODE, *F32_SKINNY, F32_LARGE, *F32_ROUTED, "matvec_bi_bf16_bf16", "matvec_bi_f16_f16",
                "matvec_bi_f32_f32"]
@@ -143,7 +160,7 @@ def main() -> None:
             ours = [f"{n}_{dt}" for n in (*WG_SKINNY, WG_LARGE)]
         mv = f"matvec_bi_{dt}_{dt}"
         tol = 1e-5 if dt == "f32" else 1e-2
-        for N, K in NKS:
+        for N, K in nks:
             g = torch.Generator(device="cuda").manual_seed(0)
             B = (torch.rand((K, N), generator=g, device="cuda") * 2 - 1).to(tdt)
             for M in ms_list:
@@ -187,7 +204,7 @@ def main() -> None:
             del B
             torch.cuda.empty_cache()
     if args.no_record:
-        return
+        return 0
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     new = not RESULTS.exists()
     with RESULTS.open("a") as fh:
@@ -199,7 +216,8 @@ def main() -> None:
                      f"{r[9]:.4f} | {r[10]:.3f} | {100 * r[11]:.1f} |\n")
     append(recs)
     print(f"wrote {len(rows)} rows to {RESULTS} and {len(recs)} records to the summary")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,9 @@
 """Decode step: the current ssm_step_forward_fused_bf16 and every ssm_step_forward_fused_v candidate against
 mamba-ssm 2.3.2.post1's Triton selective_state_update, all inside CUDA graphs, in one run (H200).
 
-    python benchmarks/bench_decode_step.py [--quick] [--no-write]
+    python benchmarks/bench_decode_step.py [--quick] [--no-write] [--smoke]
+
+--smoke: batch 1, 4 steps per graph, one round; seconds, nothing written.
 
 Shape: d_inner 2048, d_state 16, dt_rank 128 (as bench_scan.py's decode rows), batch 1..256 (--quick: 1, 16, 256);
 f32 state updated in place, bf16 u/dt/z/x_dbl/out, f32 A_log/dt_bias/D, dt_softplus, D and z. Triton gets
@@ -32,7 +34,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import torch  # noqa: E402
 from bench_scan import _nerr, _peer_ssu, copy_bandwidth, f64, p  # noqa: E402
 from summary import append as summary_append  # noqa: E402
 from summary import record  # noqa: E402
@@ -79,6 +80,7 @@ class DecodeOps:
 
     def bind(self, name: str, dims: dict, args: list):
         """A zero-argument launcher (grid and block from the catalog spec, parameters packed once)."""
+        import torch
         from gpu_support import bind
 
         from mamba_forge.qualify import spec as S
@@ -94,6 +96,8 @@ def step_bytes(b: int) -> int:
 
 
 def decode_batch(o: DecodeOps, ssu, names: list[str], bsz: int, inner: int, rounds: int):
+    import torch
+
     g = torch.Generator(device="cuda").manual_seed(bsz)
     bf = torch.bfloat16
 
@@ -157,13 +161,27 @@ def interleaved_ms(graphs: dict, inner: int, rounds: int, reps: int = 5) -> dict
     return {k: statistics.median(v) for k, v in per.items()}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="batches 1, 16, 256 only")
     ap.add_argument("--no-write", action="store_true", help="print only: no scan.md rows, no summary records")
     ap.add_argument("--inner", type=int, default=20, help="steps captured per CUDA graph")
     ap.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds (median over rounds)")
-    a = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true", help="batch 1, 4 steps per graph, one round; nothing written")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    a = parser().parse_args(argv)
+    if a.smoke:
+        a.inner, a.rounds, a.no_write = 4, 1, True
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    import torch
+
     dev = torch.cuda.get_device_properties(0)
     gpu = dev.name
     o = DecodeOps(64)
@@ -174,7 +192,7 @@ def main() -> int:
     torch.cuda.empty_cache()
     print(f"{gpu}: {dev.multi_processor_count} SMs, copy bandwidth {bw / 1e12:.2f} TB/s; Triton peer: "
           f"{'ok' if ssu else why}; rejected: {bad or 'none'}")
-    batches = [1, 16, 256] if a.quick else BATCHES
+    batches = [1] if a.smoke else [1, 16, 256] if a.quick else BATCHES
     rows = []
     for bsz in batches:
         res, tp = decode_batch(o, ssu, names, bsz, a.inner, a.rounds)

@@ -5,7 +5,7 @@ prints a table and appends rows (date, GPU, symbol, shape, TFLOP/s or GB/s, cuBL
 benchmarks/results/gemm.md and records (ms against cuBLAS, one per symbol and shape; summary_records below) to
 benchmarks/results/summary.json. Not a test.
 
-    python benchmarks/bench_gemm.py [--iters 30] [--only tc128,f32_f32] [--skip-matvec] [--skip-gemm]
+    python benchmarks/bench_gemm.py [--iters 30] [--only tc128,f32_f32] [--skip-matvec] [--skip-gemm] [--smoke]
 
 Rows: ``ROWS`` below lists (symbol, kind, baseline) entries; another family adds its rows by appending
 ``Row`` entries (a custom ``launch`` hook takes over when its ABI is not (C, A, B, bias, M, N, K)).
@@ -37,6 +37,7 @@ HEADER = ("| date | GPU | symbol | M | N | K | ms | ours | cuBLAS | unit | ratio
 GEMM_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 2048)]
 MATVEC_SHAPES = [(1, 8192, 8192), (1, 4096, 4096), (2, 8192, 8192), (8, 8192, 8192), (16, 8192, 8192),
                  (32, 8192, 8192), (64, 8192, 8192)]
+SMOKE_GEMM, SMOKE_MATVEC = (1024, 1024, 1024), (1, 4096, 4096)  # --smoke: one small shape per kind
 MODULES = ("Fixed", "TriadScalar", "TriadSm80")
 BASELINE_NAMES = {"bf16": "cuBLAS (torch)", "f16": "cuBLAS (torch)", "f32": "cuBLAS fp32 (torch, TF32 off)",
                   "tf32": "cuBLAS TF32 (torch, allow_tf32)"}
@@ -74,16 +75,30 @@ ROWS: list[Row] = [
 ]
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--only", default="", help="comma-separated substrings: only matching symbols")
     ap.add_argument("--skip-gemm", action="store_true")
     ap.add_argument("--skip-matvec", action="store_true")
     ap.add_argument("--no-write", action="store_true", help="print only; do not append to the results file or summary.json")
-    args = ap.parse_args()
-    if args.iters < 20:
-        raise SystemExit("--iters must be at least 20")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"GEMMs at {SMOKE_GEMM}, matvecs at {SMOKE_MATVEC}, 5 samples; nothing recorded")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = parser()
+    a = ap.parse_args(argv)
+    if a.smoke:
+        a.iters, a.no_write = 5, True
+    elif a.iters < 20:
+        ap.error("--iters must be at least 20")
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     import torch
 
     torch.cuda.init()
@@ -120,6 +135,8 @@ def main() -> None:
         a_dt = row.a or env.get(fam.params[1].dtype, fam.params[1].dtype)
         c_dt = row.c or env.get(fam.params[0].dtype, fam.params[0].dtype)
         shapes = row.shapes or (GEMM_SHAPES if row.kind == "gemm" else MATVEC_SHAPES)
+        if args.smoke:
+            shapes = [SMOKE_GEMM if row.kind == "gemm" else SMOKE_MATVEC]
         for m, n, k in shapes:
             gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
             A = torch.randn(m, k, device="cuda", generator=gen).to(tdt[a_dt])
@@ -170,6 +187,7 @@ def main() -> None:
         records = summary_records(results, gpu, copy_gbs)
         append(records)
         print(f"recorded {len(records)} results in benchmarks/results/summary.json")
+    return 0
 
 
 def summary_records(results: list[tuple], gpu: str, copy_gbs: float) -> list[dict]:
@@ -197,4 +215,4 @@ def summary_records(results: list[tuple], gpu: str, copy_gbs: float) -> list[dic
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

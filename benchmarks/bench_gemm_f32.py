@@ -8,7 +8,7 @@ against an f32 cuBLAS product (TF32 off) first, so a fast wrong kernel cannot po
 appends rows to benchmarks/results/gemm_f32.md and records (one per rung and shape) to
 benchmarks/results/summary.json (goal >= 0.85x cuBLAS TF32, resp. fp32). Not a test.
 
-    python benchmarks/bench_gemm_f32.py [--iters 30] [--shapes 4096x4096x4096,8192x8192x8192,16384x4096x2048]
+    python benchmarks/bench_gemm_f32.py [--iters 30] [--shapes 4096x4096x4096,8192x8192x8192,16384x4096x2048] [--smoke]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ RESULTS = Path(__file__).parent / "results" / "gemm_f32.md"
 HEADER = ("| date | GPU | symbol | math | M | N | K | ms | TFLOP/s | cuBLAS TFLOP/s | ratio |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 DEFAULT_SHAPES = "4096x4096x4096,8192x8192x8192,16384x4096x2048"
+SMOKE_SHAPES = "1024x1024x1024"
 TF32_RUNGS = ["gemm_bi_nt_sm90a_wgmma_tf32_m128n256_s4", "gemm_bi_nt_sm90a_wgmma_tf32_m128n128_s6"]
 PORTABLE_TF32 = "triad_sm80_nt_tf32"  # timed for reference, not recorded
 EXACT_RUNGS = ["gemm_bi_f32_f32_async_m128n128_bk16_s3"]
@@ -57,14 +58,27 @@ def launcher_triad(cat, cubin, name, A, B, C, M, N, K, stream):
     return bind(load_cubin(cubin).function(name), grid, sym.block, kargs, smem=sym.dynamic_smem, stream=stream)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--no-summary", action="store_true", help="do not write benchmarks/results/summary.json")
-    args = ap.parse_args()
-    if args.iters < 20:
-        raise SystemExit("--iters must be at least 20")
+    ap.add_argument("--smoke", action="store_true", help=f"{SMOKE_SHAPES} only, 5 samples; nothing written")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = parser()
+    a = ap.parse_args(argv)
+    if a.smoke:
+        a.iters, a.shapes = 5, SMOKE_SHAPES
+    elif a.iters < 20:
+        ap.error("--iters must be at least 20")
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     import torch
 
     torch.cuda.init()
@@ -146,6 +160,8 @@ def main() -> None:
                     goal=f">={GOAL}x cuBLAS fp32", met=ratio >= GOAL and "DIFFER" not in same, gpu=gpu))
         del A, B, Bnn, exact
         torch.cuda.empty_cache()
+    if args.smoke:
+        return 0
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     new = not RESULTS.exists()
     with RESULTS.open("a") as fh:
@@ -158,7 +174,8 @@ def main() -> None:
     if records and not args.no_summary:
         summary.append(records)
         print(f"recorded {len(records)} results in {summary.SUMMARY}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

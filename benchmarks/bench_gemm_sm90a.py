@@ -4,7 +4,7 @@ CUDA-event timing, warm-up first, median of --iters (>= 20) launches on random d
 rows (date, GPU, symbol, shape, TFLOP/s, ratio to cuBLAS) to benchmarks/results/gemm_sm90a.md and records (ms
 against cuBLAS, goal >= 0.9x cuBLAS; summary_records below) to benchmarks/results/summary.json. Not a test.
 
-    python benchmarks/bench_gemm_sm90a.py [--iters 30] [--dtype bf16] [--shapes 4096x4096x4096,8192x8192x8192]
+    python benchmarks/bench_gemm_sm90a.py [--iters 30] [--dtype bf16] [--shapes 4096x4096x4096,8192x8192x8192] [--smoke]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ RESULTS = Path(__file__).parent / "results" / "gemm_sm90a.md"
 HEADER = ("| date | GPU | symbol | layout | M | N | K | ms | TFLOP/s | cuBLAS TFLOP/s | ratio |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 DEFAULT_SHAPES = "4096x4096x4096,8192x8192x8192,16384x4096x2048"
+SMOKE_SHAPES = "1024x1024x1024"
 GOAL = 0.9  # large bf16/f16 tensor-core GEMMs: >= 0.9x cuBLAS (benchmarks/results/README.md)
 
 
@@ -51,15 +52,28 @@ def build_module():
     return cat, cubin, admitted
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--dtype", choices=["bf16", "f16", "both"], default="bf16")
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--symbols", default="", help="comma-separated substrings: only matching symbols")
-    args = ap.parse_args()
-    if args.iters < 20:
-        raise SystemExit("--iters must be at least 20")
+    ap.add_argument("--smoke", action="store_true", help=f"{SMOKE_SHAPES} only, 5 samples; nothing written")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = parser()
+    a = ap.parse_args(argv)
+    if a.smoke:
+        a.iters, a.shapes = 5, SMOKE_SHAPES
+    elif a.iters < 20:
+        ap.error("--iters must be at least 20")
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     import torch
 
     torch.cuda.init()
@@ -122,6 +136,8 @@ def main() -> None:
                 rows.append(row)
                 print(f"{name:48s} {lay} {M:6d} {N:6d} {K:6d}  {ms:8.3f} ms  {row[8]:7.1f} TFLOP/s  "
                       f"cuBLAS {row[9]:7.1f}  ratio {row[10]:.3f}{ok}")
+    if args.smoke:
+        return 0
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     new = not RESULTS.exists()
     with RESULTS.open("a") as fh:
@@ -135,6 +151,7 @@ def main() -> None:
     if records:
         append(records)
         print(f"recorded {len(records)} results in benchmarks/results/summary.json")
+    return 0
 
 
 def summary_records(rows: list[tuple], gpu: str) -> list[dict]:
@@ -147,4 +164,4 @@ def summary_records(rows: list[tuple], gpu: str) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

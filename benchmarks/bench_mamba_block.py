@@ -41,14 +41,18 @@ def peer_module():
     return Mamba, mamba_simple.causal_conv1d_fn is not None, ""
 
 
-def parse_args(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", required=True, help="signed bundle or manifest to load")
     p.add_argument("--key", required=True, help="trusted public key (file or folder)")
     p.add_argument("--smoke", action="store_true", help="one small shape, seconds; nothing recorded")
     p.add_argument("--d-models", default="1024,2560")
     p.add_argument("--reps", type=int, default=20)
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def main(argv=None) -> int:

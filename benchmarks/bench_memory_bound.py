@@ -1,6 +1,9 @@
 """Achieved bandwidth of the memory-bound Fixed kernels against a device-to-device copy measured in the same run.
 
-    python benchmarks/bench_memory_bound.py [--reps 25] [--only SUBSTRING] [--no-write]
+    python benchmarks/bench_memory_bound.py [--reps 25] [--only SUBSTRING] [--no-write] [--smoke]
+
+--smoke: every kernel at a small shape (SMOKE_ROWS, SMOKE_FLAT; the catalog's at their qualification dims), 5
+launches per figure; seconds, nothing recorded.
 
 Each kernel is launched from its catalog spec (mamba_forge.qualify.spec.evaluate: grid, block, parameters) at a
 shape whose tensors are well above the H200's 50 MB L2. Bytes moved = inputs read + outputs written (in/out
@@ -33,6 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 M = 1 << 20
 ROWS = {"rows": 16384, "dim": 4096}  # f32 [rows, dim] = 256 MB
 FLAT = {"n": 64 * M}  # 128 MB in bf16, 256 MB in f32
+SMOKE_ROWS, SMOKE_FLAT, SMOKE_REPS = {"rows": 64, "dim": 4096}, {"n": M}, 5
 BENCH = [
     ("rmsnorm_forward", ROWS),
     ("rmsnorm_forward_f32in_bf16", ROWS),
@@ -72,8 +76,8 @@ def device_fill(count: int, dtype: str, positive: bool):
         return x.astype(cp.float16)
     if dtype == "bf16":
         return (x.view(cp.uint32) >> 16).astype(cp.uint16)  # truncation to bf16: a valid bf16 value
-    if dtype in ("i32", "i64"):
-        return cp.zeros(count, dtype=cp.int32 if dtype == "i32" else cp.int64)
+    if dtype in ("i32", "i64", "u32"):  # counters and steps: zero (adamw_step_capturable's arrivals must start at 0)
+        return cp.zeros(count, dtype={"i32": cp.int32, "i64": cp.int64, "u32": cp.uint32}[dtype])
     raise ValueError(f"no device fill for {dtype}")
 
 
@@ -81,7 +85,7 @@ MIN_BYTES = 256 * M  # well above the 50 MB L2
 SCALABLE = ("n", "batch", "rows")  # dims along which work is independent: grown to reach MIN_BYTES
 
 
-def catalog_extras(fixed) -> list[tuple[str, dict[str, int]]]:
+def catalog_extras(fixed, min_bytes: int = MIN_BYTES) -> list[tuple[str, dict[str, int]]]:
     """Conv1d forward and AdamW symbols the catalog declares by now, at their qualification dims with the
     batch-like dim grown until the buffers total at least MIN_BYTES (qualification shapes fit in L2)."""
     from mamba_forge.qualify import spec as S
@@ -97,8 +101,8 @@ def catalog_extras(fixed) -> list[tuple[str, dict[str, int]]]:
         dims = dict(fam.qualify.dims)
         total = S.evaluate(sym, fam, dims).total_bytes
         grow = next((d for d in SCALABLE if d in dims), None)
-        if grow is not None and total < MIN_BYTES:
-            dims[grow] *= -(-MIN_BYTES // total)
+        if grow is not None and total < min_bytes:
+            dims[grow] *= -(-min_bytes // total)
         out.append((n, dims))
     return out
 
@@ -140,14 +144,27 @@ def bench_one(k, fixed, name: str, dims: dict[str, int], reps: int) -> dict:
             "dtype": sym.dtype or "-"}  # the casts and the like declare no single dtype
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
     ap.add_argument("--only", default="", help="run only kernels whose name contains this")
     ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/memory_bound.md or summary.json")
+    ap.add_argument("--smoke", action="store_true", help="small shapes, 5 launches; seconds, nothing recorded")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = parser()
     a = ap.parse_args(argv)
-    if a.reps < 20:
+    if a.smoke:
+        a.reps, a.no_write = SMOKE_REPS, True
+    elif a.reps < 20:
         ap.error("--reps must be at least 20")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
 
     from gpu_support import kernels
 
@@ -158,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     k = kernels()
     gpu = cu.Device(0).info().name
     ours = {n for n, _ in BENCH}
-    todo = [(n, d) for n, d in BENCH + catalog_extras(fixed) if a.only in n]
+    bench = [(n, SMOKE_ROWS if d is ROWS else SMOKE_FLAT) for n, d in BENCH] if a.smoke else BENCH
+    todo = [(n, d) for n, d in bench + catalog_extras(fixed, 0 if a.smoke else MIN_BYTES) if a.only in n]
     rows = []
     print(f"{'kernel':40} {'shape':28} {'MB':>8} {'us':>9} {'GB/s':>8} {'copy GB/s':>10} {'ratio':>6} {'peer':>6}")
     for name, dims in todo:

@@ -2,6 +2,7 @@
 
     bash benchmarks/peers/build_mamba_ssm.sh      # once per machine (~2.5 min); optional
     python benchmarks/bench_scan.py [--quick] [--no-write]  # table; rows to results/scan.md, records to summary.json
+    python benchmarks/bench_scan.py --smoke   # SMOKE_SHAPE and decode batch 1: seconds, nothing written
 
 Cases (bf16 in, f32 state, delta_softplus, D, z, delta_bias):
   * forward: ours ssm_parallel_scan_fwd_nosave_bf16 (and the saving training forward) vs selective_scan_cuda.fwd;
@@ -45,6 +46,7 @@ REPS = 20  # timed launches per figure (median)
 
 RESULTS = ROOT / "benchmarks" / "results" / "scan.md"
 FWD_SHAPES = [(8, 2048, 2048, 16), (4, 4096, 4096, 16)]
+SMOKE_SHAPE = (1, 256, 512, 16)  # --smoke: (batch, d_inner, L, d_state)
 PEER_ANCHOR = {(8, 2048, 2048, 16): (0.585, 3.042), (4, 4096, 4096, 16): (1.151, 6.048)}  # anchors.md (ms)
 DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
@@ -232,13 +234,26 @@ def floors_ms(b, d, L, n, bw_bytes, sms):
     return io / bw_bytes * 1e3, exps / sfu * 1e3
 
 
-def main() -> int:
-    import torch
-
-    ap = argparse.ArgumentParser()
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="first forward shape and 3 decode batches only")
     ap.add_argument("--no-write", action="store_true", help="print only: no scan.md rows, no summary records")
-    a = ap.parse_args()
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"forward and backward at {SMOKE_SHAPE}, decode at batch 1; seconds, nothing written")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    a = parser().parse_args(argv)
+    if a.smoke:
+        a.no_write = True
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    import torch
+
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.cuda.get_device_properties(0)
     gpu, sms = dev.name, dev.multi_processor_count
@@ -249,11 +264,11 @@ def main() -> int:
     print(f"{gpu}: {sms} SMs, copy bandwidth {bw / 1e12:.2f} TB/s; peer scan: {'ok' if ssc else why_scan}; "
           f"peer decode: {'ok' if ssu else why_ssu}")
     rows = []
-    shapes = FWD_SHAPES[:1] if a.quick else FWD_SHAPES
+    shapes = [SMOKE_SHAPE] if a.smoke else FWD_SHAPES[:1] if a.quick else FWD_SHAPES
     for shape in shapes:
         rows += _seq_case(o, ssc, shape, bw, sms)
         torch.cuda.empty_cache()
-    batches = [1, 16, 256] if a.quick else DECODE_BATCHES
+    batches = [1] if a.smoke else [1, 16, 256] if a.quick else DECODE_BATCHES
     for bsz in batches:
         rows.append(_decode_case(o, ssu, bsz, bw))
     _print(rows, gpu)
@@ -328,11 +343,14 @@ def _decode_case(o: Ours, ssu, bsz, bw, d=2048, n=16, r=128):
     dt_bias, A_log, D = U(d, dtype=torch.float32), U(d, n, lo=-1.0, hi=1.5, dtype=torch.float32), U(d, dtype=torch.float32)
     x_dbl = U(bsz, r + 2 * n)
     out = torch.empty(bsz, d, dtype=bf, device="cuda")
-    ref.check_launch("ssm_step_forward_fused", {"batch": bsz, "d_inner": d, "d_state": n, "dt_rank": r}, o.cap)
+    dims = {"batch": bsz, "d_inner": d, "d_state": n, "dt_rank": r}
+    ref.check_launch("ssm_step_forward_fused", dims, o.cap)
     args = [p(out), p(state), p(u), p(dt), p(dt_bias), p(A_log), p(x_dbl), p(D), p(z), np.int32(bsz), np.int32(d),
             np.int32(n), np.int32(r), np.int32(r + 2 * n)]
-    grid = (-(-bsz * d * 4 // 128),)
-    fn = o.bind("ssm_step_forward_fused_bf16", grid, (128,), args)
+    # grid and block from the catalog's launch spec (kernels/fixed/scan.toml: BLOCK and LANES of the chosen
+    # instance): a hard-coded (128,) block went stale when the instance changed (CUDA_ERROR_INVALID_VALUE)
+    sp = o.ops.spec("ssm_step_forward_fused_bf16", dims)
+    fn = o.bind("ssm_step_forward_fused_bf16", sp.grid, sp.block, args)
     # correctness on one step from a known state
     s0 = state.clone()
     fn()

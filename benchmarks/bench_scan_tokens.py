@@ -19,13 +19,17 @@ sys.path.insert(0, str(HERE / "peers"))
 PEER = "mamba-ssm 2.3.2.post1 selective_scan_cuda.fwd"
 
 
-def parse_args(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", required=True)
     p.add_argument("--key", required=True)
     p.add_argument("--smoke", action="store_true", help="one small shape, seconds; nothing recorded")
     p.add_argument("--reps", type=int, default=20)
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def main(argv=None) -> int:

@@ -5,7 +5,7 @@ the Sm120 copyplan tile), with a bitwise check against the twin so a fast wrong 
 Appends rows to benchmarks/results/sm120_tma.md and records (ms against the twin; summary_records below) to
 benchmarks/results/summary.json. Not a test.
 
-    python benchmarks/bench_sm120_tma.py [--iters 30] [--shapes 4096x4096x4096,1024x4096x4096]
+    python benchmarks/bench_sm120_tma.py [--iters 30] [--shapes 4096x4096x4096,1024x4096x4096] [--smoke]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from gpu_support import bind, build_modules, load_cubin  # noqa: E402  (tests/gp
 RESULTS = Path(__file__).parent / "results" / "sm120_tma.md"
 HEADER = ("| date | GPU | symbol | M | N | K | ms | TFLOP/s | twin | twin ms | ratio to twin |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+SMOKE_SHAPES = "1024x1024x1024"
 MODULES = ("Sm120", "TriadSm89Half", "TriadSm89Tf32Joint")
 TWINS = {"half": "gemm_bi_nn_fixed_sm89_tc128_s3_v1_{dtype}", "tf32": "gemm_bi_nn_fixed_sm89_rna_tf32_v1_m128n96_bk32_s3",
          "fma": "gemm_bi_nn_fixed_sm120_f32_n64_copyplan_v1"}
@@ -37,14 +38,27 @@ def kind_of(name: str) -> str:
     return "tf32" if "_tf32_" in name else "fma" if "_fma_" in name else "half"
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--shapes", default="4096x4096x4096,1024x4096x4096")
     ap.add_argument("--symbols", default="", help="comma-separated substrings: only matching TMA symbols")
-    args = ap.parse_args()
-    if args.iters < 20:
-        raise SystemExit("--iters must be at least 20")
+    ap.add_argument("--smoke", action="store_true", help=f"{SMOKE_SHAPES} only, 5 samples; nothing written")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = parser()
+    a = ap.parse_args(argv)
+    if a.smoke:
+        a.iters, a.shapes = 5, SMOKE_SHAPES
+    elif a.iters < 20:
+        ap.error("--iters must be at least 20")
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     import torch
 
     torch.cuda.init()
@@ -98,6 +112,8 @@ def main() -> None:
                          same))  # the table writes the first 11; the summary records use the rest
             print(f"{name:58s} {M:5d} {N:5d} {K:5d} {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s  twin {ms_t:8.3f} ms"
                   f"  ratio {ms_t / ms:.3f}{flag}")
+    if args.smoke:
+        return 0
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     new = not RESULTS.exists()
     with RESULTS.open("a") as fh:
@@ -111,6 +127,7 @@ def main() -> None:
     if records:
         append(records)
         print(f"recorded {len(records)} results in benchmarks/results/summary.json")
+    return 0
 
 
 def summary_records(rows: list[tuple], gpu: str) -> list[dict]:
@@ -126,4 +143,4 @@ def summary_records(rows: list[tuple], gpu: str) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
