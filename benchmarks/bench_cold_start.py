@@ -35,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOAD_GOAL_MS, RATIO_GOAL, IMPORT_GOAL_MS = 100.0, 50.0, 80.0
+SMOKE_NEEDS_BUNDLE = True  # --smoke times a given bundle (tests/gpu/test_benchmarks_smoke.py skips it without one)
 
 LOAD_CHILD = r"""
 import json, sys, time
