@@ -45,7 +45,21 @@ META_VERSION = 3  # the worker's metadata layout (build/worker.py): part of ever
 BASE_OPTIONS = ["-std=c++17", "--fmad=true", "-DNDEBUG", "--frandom-seed=mamba-forge"]
 LOG_HEAD_LINES = 12
 
-ProgressFn = Callable[[str, ModuleBuild | None], None]
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """What a build is about to do, reported (`progress("plan", summary)`) before any unit: the header's counts."""
+
+    targets: list[str]
+    programs: int
+    symbols: int
+    cached: int  # programs whose cache entry exists (one found corrupt when read is compiled after all)
+    symbols_to_compile: int  # symbols of the programs not cached (the estimate's prior scales with them)
+    workers: int  # processes the compiles will run in
+
+
+ProgressFn = Callable[[str, "ModuleBuild | PlanSummary | None"], None]
 
 
 @dataclass
@@ -331,6 +345,12 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
 def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -> BuildManifest:
     cache = open_cache(req)
     jobs = plan(req)
+    if progress:
+        missing = [j for j in jobs if not (cache and cache.has(j.key))]
+        progress("plan", PlanSummary(targets=[t.name for t in req.targets], programs=len(jobs),
+                                     symbols=sum(len(j.module.symbols) for j in jobs), cached=len(jobs) - len(missing),
+                                     symbols_to_compile=sum(len(j.module.symbols) for j in missing),
+                                     workers=_workers(req, len(missing))))
     results: dict[int, ModuleBuild] = {}
     pending: list[int] = []
     for i, job in enumerate(jobs):
@@ -344,7 +364,7 @@ def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -
     for w in cache.warnings if cache else ():
         _noting_warnings({"cache_warning": w.encode()}, req)
     if pending:
-        workers = min(len(pending), req.jobs or os.cpu_count() or 1)
+        workers = _workers(req, len(pending))
         payloads = {
             i: {
                 "source": jobs[i].source,
@@ -404,6 +424,10 @@ def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -
 def collect_headers_at(base: Path) -> dict[str, bytes]:
     """Every header under an include folder, by relative name (bounded, include-checked: catalog/sources.py)."""
     return read_headers(base)
+
+
+def _workers(req: BuildRequest, compiles: int) -> int:
+    return max(1, min(compiles, req.jobs or os.cpu_count() or 1))
 
 
 def count_jobs(req: BuildRequest) -> int:
