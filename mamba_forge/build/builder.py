@@ -13,12 +13,13 @@ import hashlib
 import json
 import multiprocessing
 import os
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mamba_forge import __version__
@@ -332,14 +333,39 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
         try:
             manifest = _build(req, stage, progress)
             if req.write_manifest:
-                from mamba_forge.manifest.toml_io import dumps
-
-                stage.add("manifest.toml", dumps(manifest).encode())
+                stage.add("manifest.toml", manifest_bytes(manifest, req.out / "manifest.toml"))
             stage.commit()
         except BaseException:
             stage.abort()
             raise
     return manifest
+
+
+def manifest_bytes(manifest: BuildManifest, previous: Path) -> bytes:
+    """The manifest's TOML, or the `previous` file's own bytes where they differ from it only in which programs
+    came from the cache (`cached`, `compile_seconds`): a rebuild that changes nothing leaves manifest.toml (and its
+    mtime) alone; those fields keep saying how the build that wrote the file got each program."""
+    from mamba_forge.manifest.toml_io import dumps
+    from mamba_forge.safety import MAX_MANIFEST_BYTES, PathRefused, read_bounded
+
+    data = dumps(manifest).encode()
+    try:
+        old = read_bounded(previous, MAX_MANIFEST_BYTES, what="manifest", follow=False)
+    except (PathRefused, OSError):  # none yet, or not one to keep: the new one is written
+        return data
+    if old == data:
+        return data
+    # how each program was got, as tomli-w spells it in each module table (a cache hit's time is the compile's
+    # that made the entry); any other spelling or count is simply a changed manifest
+    got = re.findall(rb"^cached = (true|false)\ncompile_seconds = ([0-9][0-9.e+-]{0,30})$", old, re.M)
+    if len(got) != len(manifest.modules):
+        return data
+    try:
+        as_before = replace(manifest, modules=[replace(m, cached=c == b"true", compile_seconds=float(t))
+                                               for m, (c, t) in zip(manifest.modules, got, strict=True)])
+    except ValueError:
+        return data
+    return old if dumps(as_before).encode() == old else data
 
 
 def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -> BuildManifest:
