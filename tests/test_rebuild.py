@@ -93,6 +93,9 @@ def test_only_the_cache_fields_are_carried(record, tmp_path):
     prev.write_bytes(dumps(record).encode())
     hit = replace(record, modules=[replace(m, cached=True, compile_seconds=0.25) for m in record.modules])
     assert manifest_bytes(hit, prev) == prev.read_bytes()  # only how it was got differs: the file stays
+    tiny = replace(record, modules=[replace(m, cached=False, compile_seconds=1e-07) for m in record.modules])
+    prev.write_bytes(dumps(tiny).encode())
+    assert manifest_bytes(hit, prev) == prev.read_bytes()  # any time tomli-w writes (here 1e-07) is carried
     for changed in (replace(record, state_capacity=record.state_capacity + 16),
                     replace(record, targets=["sm_80"]),
                     replace(hit, modules=[replace(m, cache_key="0" * 64) for m in hit.modules]),
@@ -124,6 +127,12 @@ def _hostile_previous(kind: str, good: bytes, folder: Path) -> Path:
             "no_flags": good.replace(b"cached = true\n", b""),
             "bad_seconds": good.replace(b"compile_seconds = 0.25", b"compile_seconds = 1e999999999"),
             "nan_seconds": good.replace(b"compile_seconds = 0.25", b"compile_seconds = 1..2.3"),
+            "inf_seconds": good.replace(b"compile_seconds = 0.25", b"compile_seconds = 1e400"),
+            "padded_seconds": good.replace(b"compile_seconds = 0.25", b"compile_seconds = 0.250"),
+            "leading_zero": good.replace(b"compile_seconds = 0.25", b"compile_seconds = 00.25"),
+            "negative_seconds": good.replace(b"compile_seconds = 0.25", b"compile_seconds = -0.25"),
+            "flag_spelling": good.replace(b"cached = true", b"cached = True"),
+            "fields_apart": good.replace(b"cached = true\n", b"cached = true\n\n"),
             "other_catalog": good.replace(b'catalog = "tiny"', b'catalog = "other"'),
             "crlf": good.replace(b"\n", b"\r\n"),
             "bom": b"\xef\xbb\xbf" + good,
@@ -133,6 +142,8 @@ def _hostile_previous(kind: str, good: bytes, folder: Path) -> Path:
 
 @pytest.mark.parametrize("kind", ["missing", "folder", "symlink", "fifo", "oversize", "empty", "garbage",
                                   "truncated", "extra_module_flag", "no_flags", "bad_seconds", "nan_seconds",
+                                  "inf_seconds", "padded_seconds", "leading_zero", "negative_seconds",
+                                  "flag_spelling", "fields_apart",
                                   "other_catalog", "crlf", "bom"])
 def test_a_previous_file_that_is_not_this_manifest_is_replaced(record, tmp_path, kind):
     hit = replace(record, modules=[replace(m, cached=True, compile_seconds=0.25) for m in record.modules])

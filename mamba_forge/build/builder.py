@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -19,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mamba_forge import __version__
@@ -110,11 +111,14 @@ class Job:
         return {*self.module.module.sources, *self.headers, "<instantiations>", self.program_name}
 
 
-def collect_headers(module: ModuleSpec) -> dict[str, bytes]:
+HeaderMemo = dict[Path, dict[str, bytes]]  # one build's reads of its include folders (the modules share them)
+
+
+def collect_headers(module: ModuleSpec, memo: HeaderMemo | None = None) -> dict[str, bytes]:
     """Every header file under the module's include folders, keyed by its include name."""
     headers: dict[str, bytes] = {}
     for rel in module.module.include:
-        headers.update(collect_headers_at(module.root / rel))
+        headers.update(collect_headers_at(module.root / rel, memo))
     return headers
 
 
@@ -152,14 +156,15 @@ def _library_key() -> dict[str, str]:
     return ident
 
 
-def plan(req: BuildRequest) -> list[Job]:
+def plan(req: BuildRequest, memo: HeaderMemo | None = None) -> list[Job]:
     jobs = []
     lib = _library_key()
+    memo = {} if memo is None else memo
     for module in req.catalog.modules:
         pairs = module.targets(req.targets)
         if not pairs:
             continue
-        headers = collect_headers(module)
+        headers = collect_headers(module, memo)
         source = compose(module)
         # NVRTC opens any include it cannot find in memory on disk: every name must be an in-memory header or one
         # of the pinned CUDA headers (the catalog checked the names are plain; this checks they resolve)
@@ -341,6 +346,18 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
     return manifest
 
 
+_CACHE_FIELDS = re.compile(rb"^cached = (?:true|false)\ncompile_seconds = ([0-9][0-9.e+-]{0,30})$", re.M)
+
+
+def _written_float(text: bytes) -> bool:
+    """Whether `text` is how tomli-w writes a finite float (a carried time must be one this build could write)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(value) and repr(value).encode() == text
+
+
 def manifest_bytes(manifest: BuildManifest, previous: Path) -> bytes:
     """The manifest's TOML, or the `previous` file's own bytes where they differ from it only in which programs
     came from the cache (`cached`, `compile_seconds`): a rebuild that changes nothing leaves manifest.toml (and its
@@ -355,22 +372,21 @@ def manifest_bytes(manifest: BuildManifest, previous: Path) -> bytes:
         return data
     if old == data:
         return data
-    # how each program was got, as tomli-w spells it in each module table (a cache hit's time is the compile's
-    # that made the entry); any other spelling or count is simply a changed manifest
-    got = re.findall(rb"^cached = (true|false)\ncompile_seconds = ([0-9][0-9.e+-]{0,30})$", old, re.M)
-    if len(got) != len(manifest.modules):
+    # how each program was got, as tomli-w writes it in each module table (one line each: tomli-w writes no
+    # multi-line strings, so `^` finds only keys); the previous file's values put in the new text's places
+    # must give the previous file's bytes, anything else is a changed manifest
+    got = [m.group(0) for m in _CACHE_FIELDS.finditer(old) if _written_float(m.group(1))]
+    new = _CACHE_FIELDS.split(data)[::2]  # the text around the fields (split also returns the group)
+    if len(got) != len(manifest.modules) or len(new) != len(got) + 1:
         return data
-    try:
-        as_before = replace(manifest, modules=[replace(m, cached=c == b"true", compile_seconds=float(t))
-                                               for m, (c, t) in zip(manifest.modules, got, strict=True)])
-    except ValueError:
-        return data
-    return old if dumps(as_before).encode() == old else data
+    as_before = b"".join(piece for i, text in enumerate(new[:-1]) for piece in (text, got[i])) + new[-1]
+    return old if as_before == old else data
 
 
 def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -> BuildManifest:
     cache = open_cache(req)
-    jobs = plan(req)
+    memo: HeaderMemo = {}
+    jobs = plan(req, memo)
     if progress:
         missing = [j for j in jobs if not (cache and cache.has(j.key))]
         progress("plan", PlanSummary(targets=[t.name for t in req.targets], programs=len(jobs),
@@ -427,10 +443,11 @@ def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -
                     raise
     lib = nvrtc.library_identity()
     headers = {}
+    digests: dict[int, str] = {}  # by id of the memo's bytes: each header hashed once however many modules share it
     for m in req.catalog.modules:
         for rel in m.module.include:
-            for name, data in collect_headers_at(m.root / rel).items():
-                headers[f"{rel}/{name}"] = _sha(data)
+            for name, data in collect_headers_at(m.root / rel, memo).items():
+                headers[f"{rel}/{name}"] = digests.get(id(data)) or digests.setdefault(id(data), _sha(data))
     return BuildManifest(
         tool_version=__version__,
         catalog=req.catalog.name,
@@ -447,9 +464,14 @@ def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -
     )
 
 
-def collect_headers_at(base: Path) -> dict[str, bytes]:
-    """Every header under an include folder, by relative name (bounded, include-checked: catalog/sources.py)."""
-    return read_headers(base)
+def collect_headers_at(base: Path, memo: HeaderMemo | None = None) -> dict[str, bytes]:
+    """Every header under an include folder, by relative name (bounded, include-checked: catalog/sources.py);
+    read once per build where the caller passes its `memo`."""
+    if memo is None:
+        return read_headers(base)
+    if base not in memo:
+        memo[base] = read_headers(base)
+    return memo[base]
 
 
 def _workers(req: BuildRequest, compiles: int) -> int:
