@@ -44,8 +44,6 @@ def build(
     from mamba_forge.build.builder import BuildRequest, count_jobs, timed_build
     from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
     from mamba_forge.catalog.targets import get_target, select_targets
-    from mamba_forge.manifest.codec import to_dict
-    from mamba_forge.report.tables import render_build
     from mamba_forge.safety import PathRefused, prepare_output_dir
 
     chosen = select_targets(arch, os.environ)
@@ -88,10 +86,14 @@ def build(
     failed = manifest.failed_mandatory()
     names = ", ".join(f"{m.kind} ({m.target})" for m in failed)
     if as_json:
+        from mamba_forge.manifest.codec import to_dict
+
         js.emit({"path": str(out_dir / "manifest.toml"), "seconds": round(seconds, 3),
                  "failed_mandatory": [f"{m.kind} ({m.target})" for m in failed], "manifest": to_dict(manifest)},
                 ok=not failed)
     elif not quiet:
+        from mamba_forge.report.tables import render_build  # rich's tables: not imported for -q or --json
+
         render_build(manifest, stdout())
         n_sym = sum(1 for _ in manifest.symbols())
         n_rej = sum(1 for _, s in manifest.symbols() if s.verdict.status == "rejected")
