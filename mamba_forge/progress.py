@@ -23,8 +23,8 @@ class _Console(Protocol):  # what we use of rich.console.Console (or a stand-in 
     def print(self, *objects: Any, **kw: Any) -> None: ...
 
 
-def choose_mode(console: _Console, *, quiet: bool) -> str:
-    if quiet:
+def choose_mode(console: _Console | None, *, quiet: bool) -> str:
+    if quiet or console is None:  # None: the caller prints nothing (and so never creates a console)
         return "off"
     return "bar" if console.is_terminal else "lines"
 
@@ -32,7 +32,8 @@ def choose_mode(console: _Console, *, quiet: bool) -> str:
 class Progress:
     """``with Progress("build", 25, console, quiet=False) as p: p.started("Fixed sm_90a"); p.finished(...)``."""
 
-    def __init__(self, label: str, total: int, console: _Console, *, quiet: bool = False, mode: str | None = None):
+    def __init__(self, label: str, total: int, console: _Console | None, *, quiet: bool = False,
+                 mode: str | None = None):
         self.label, self.total, self.console = label, total, console
         self.mode = mode or choose_mode(console, quiet=quiet)
         self.done = 0

@@ -113,6 +113,10 @@ def test_no_estimate_without_begin_or_prior_and_nothing_when_off():
         p.finished("A", seconds=1.0)
         p.note("a note")
     assert quiet.lines == []
+    with Progress("build", 1, None) as p:  # no console (`build -q` makes none): nothing to print to, nothing printed
+        assert p.mode == "off"
+        p.begin("header", timed=1, prior_s=5.0)
+        p.finished("A", seconds=1.0)
     fresh = Progress("build", 2, _Lines(), mode="lines")
     fresh.begin("h", timed=2, prior_s=None)
     assert fresh.remaining_s() is None  # no prior, nothing finished: no figure made up

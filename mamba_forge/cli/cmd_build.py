@@ -70,7 +70,8 @@ def build(
         prepare_output_dir(out_dir, what="--out folder")
     except PathRefused as exc:
         raise ForgeError(str(exc)) from None
-    with progress.Progress("build", count_jobs(req), stderr(), quiet=quiet) as bar:
+    # -q: no console at all (rich is not imported for a quiet build that succeeds)
+    with progress.Progress("build", count_jobs(req), None if quiet else stderr(), quiet=quiet) as bar:
 
         def on_event(kind: str, rec) -> None:
             if kind == "plan":
