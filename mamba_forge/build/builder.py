@@ -48,7 +48,6 @@ BASE_OPTIONS = ["-std=c++17", "--fmad=true", "-DNDEBUG", "--frandom-seed=mamba-f
 LOG_HEAD_LINES = 12
 
 
-
 @dataclass(frozen=True)
 class PlanSummary:
     """What a build is about to do, reported (`progress("plan", summary)`) before any unit: the header's counts."""
