@@ -1,14 +1,18 @@
 """Progress of the long commands (`build`, `qualify`) on stderr, one way for both.
 
 Three modes: ``off`` (``-q``/``--json``: nothing), ``lines`` (stderr is not a terminal, e.g. a CI log: one plain
-line per finished unit, as ninja prints them, ``[12/25] Fixed sm_90a 41.2 s``), and ``bar`` (a terminal: a rich
-progress bar, transient, with the unit in flight). The stages report through plain callbacks (the builder's
+line per finished unit, as ninja prints them, ``[12/25] Fixed sm_90a 41.2 s (about 6 min left)``), and ``bar`` (a
+terminal: a rich progress bar, transient, with the unit in flight). A command that knows its plan says it first in
+one header line (`begin`); from then on each timed unit's line carries an estimate of what remains: the mean time of
+the timed units finished so far (before the first one, the caller's prior) times the timed units left, over the
+workers running them. The stages report through plain callbacks (the builder's
 ``progress(kind, record)``, the qualifier's ``on_event(device, event)``); the CLI turns them into calls here.
 rich is imported only in ``bar`` mode, so this module is safe on any path.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Protocol
 
@@ -19,8 +23,8 @@ class _Console(Protocol):  # what we use of rich.console.Console (or a stand-in 
     def print(self, *objects: Any, **kw: Any) -> None: ...
 
 
-def choose_mode(console: _Console, *, quiet: bool) -> str:
-    if quiet:
+def choose_mode(console: _Console | None, *, quiet: bool) -> str:
+    if quiet or console is None:  # None: the caller prints nothing (and so never creates a console)
         return "off"
     return "bar" if console.is_terminal else "lines"
 
@@ -28,13 +32,19 @@ def choose_mode(console: _Console, *, quiet: bool) -> str:
 class Progress:
     """``with Progress("build", 25, console, quiet=False) as p: p.started("Fixed sm_90a"); p.finished(...)``."""
 
-    def __init__(self, label: str, total: int, console: _Console, *, quiet: bool = False, mode: str | None = None):
+    def __init__(self, label: str, total: int, console: _Console | None, *, quiet: bool = False,
+                 mode: str | None = None):
         self.label, self.total, self.console = label, total, console
         self.mode = mode or choose_mode(console, quiet=quiet)
         self.done = 0
         self._lock = threading.Lock()  # the qualifier reports from one thread per worker
         self._bar: Any = None
         self._task: Any = None
+        self._timed_total = 0  # units that take time (`begin`); the others (cache hits) finish at once
+        self._timed_done = 0
+        self._timed_seconds = 0.0
+        self._prior_s: float | None = None
+        self._workers = 1
 
     def __enter__(self) -> Progress:
         if self.mode == "bar":
@@ -57,6 +67,24 @@ class Progress:
         target = self._bar.console if self._bar is not None else self.console
         target.print(text, markup=False, highlight=False, soft_wrap=True)
 
+    def begin(self, header: str, *, timed: int, workers: int = 1, prior_s: float | None = None) -> None:
+        """Print the plan's header line at once (both visible modes) and start estimating: `timed` of the units
+        take time, `workers` run them side by side, `prior_s` is a unit's time before any has finished."""
+        with self._lock:
+            self._timed_total, self._workers, self._prior_s = max(0, timed), max(1, workers), prior_s
+            if self.mode != "off":
+                self._line(header)
+
+    def remaining_s(self) -> float | None:
+        """Seconds the timed units left should take (None: nothing to estimate from, or nothing left)."""
+        left = self._timed_total - self._timed_done
+        if left <= 0:
+            return None
+        per_unit = self._timed_seconds / self._timed_done if self._timed_done else self._prior_s
+        if per_unit is None:
+            return None
+        return per_unit * math.ceil(left / self._workers)
+
     def started(self, unit: str) -> None:
         """A unit began (only the bar shows it)."""
         with self._lock:
@@ -64,7 +92,8 @@ class Progress:
                 self._bar.update(self._task, description=unit)
 
     def finished(self, unit: str, *, seconds: float | None = None, tag: str = "") -> str:
-        """A unit finished: the bar advances, or one line ``[n/total] unit tag 41.2 s``. Returns that line."""
+        """A unit finished: the bar advances, or one line ``[n/total] unit tag 41.2 s (about 6 min left)``; a unit
+        with `seconds` counts as timed for the estimate. Returns that line."""
         with self._lock:
             self.done += 1
             parts = [f"[{self.done}/{self.total}]", unit]
@@ -72,11 +101,17 @@ class Progress:
                 parts.append(tag)
             if seconds is not None:
                 parts.append(f"{seconds:.1f} s")
+                self._timed_done += 1
+                self._timed_seconds += seconds
+            left = self.remaining_s() if self._timed_total else None
+            if left is not None:
+                parts.append(f"({about(left)} left)")
             line = " ".join(parts)
             if self.mode == "lines":
                 self._line(line)
             elif self._bar is not None:
-                self._bar.update(self._task, advance=1, description=unit)
+                self._bar.update(self._task, advance=1,
+                                 description=unit if left is None else f"{unit} ({about(left)} left)")
             return line
 
     def note(self, text: str) -> None:
@@ -84,3 +119,13 @@ class Progress:
         with self._lock:
             if self.mode != "off":
                 self._line(text)
+
+
+def about(seconds: float) -> str:
+    """A rough duration for a person: 'about 40 s', 'about 6 min', 'about 1.5 h'."""
+    if seconds < 60:
+        return f"about {max(5, 5 * round(seconds / 5))} s"
+    if seconds < 3600:
+        return f"about {round(seconds / 60)} min"
+    return f"about {seconds / 3600:.1f} h"
+

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import multiprocessing
 import os
+import re
 import sys
 import threading
 import time
@@ -45,7 +47,20 @@ META_VERSION = 3  # the worker's metadata layout (build/worker.py): part of ever
 BASE_OPTIONS = ["-std=c++17", "--fmad=true", "-DNDEBUG", "--frandom-seed=mamba-forge"]
 LOG_HEAD_LINES = 12
 
-ProgressFn = Callable[[str, ModuleBuild | None], None]
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """What a build is about to do, reported (`progress("plan", summary)`) before any unit: the header's counts."""
+
+    targets: list[str]
+    programs: int
+    symbols: int
+    cached: int  # programs whose cache entry exists (one found corrupt when read is compiled after all)
+    symbols_to_compile: int  # symbols of the programs not cached (the estimate's prior scales with them)
+    workers: int  # processes the compiles will run in
+
+
+ProgressFn = Callable[[str, "ModuleBuild | PlanSummary | None"], None]
 
 
 @dataclass
@@ -95,11 +110,14 @@ class Job:
         return {*self.module.module.sources, *self.headers, "<instantiations>", self.program_name}
 
 
-def collect_headers(module: ModuleSpec) -> dict[str, bytes]:
+HeaderMemo = dict[Path, dict[str, bytes]]  # one build's reads of its include folders (the modules share them)
+
+
+def collect_headers(module: ModuleSpec, memo: HeaderMemo | None = None) -> dict[str, bytes]:
     """Every header file under the module's include folders, keyed by its include name."""
     headers: dict[str, bytes] = {}
     for rel in module.module.include:
-        headers.update(collect_headers_at(module.root / rel))
+        headers.update(collect_headers_at(module.root / rel, memo))
     return headers
 
 
@@ -137,14 +155,15 @@ def _library_key() -> dict[str, str]:
     return ident
 
 
-def plan(req: BuildRequest) -> list[Job]:
+def plan(req: BuildRequest, memo: HeaderMemo | None = None) -> list[Job]:
     jobs = []
     lib = _library_key()
+    memo = {} if memo is None else memo
     for module in req.catalog.modules:
         pairs = module.targets(req.targets)
         if not pairs:
             continue
-        headers = collect_headers(module)
+        headers = collect_headers(module, memo)
         source = compose(module)
         # NVRTC opens any include it cannot find in memory on disk: every name must be an in-memory header or one
         # of the pinned CUDA headers (the catalog checked the names are plain; this checks they resolve)
@@ -318,9 +337,7 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
         try:
             manifest = _build(req, stage, progress)
             if req.write_manifest:
-                from mamba_forge.manifest.toml_io import dumps
-
-                stage.add("manifest.toml", dumps(manifest).encode())
+                stage.add("manifest.toml", manifest_bytes(manifest, req.out / "manifest.toml"))
             stage.commit()
         except BaseException:
             stage.abort()
@@ -328,9 +345,53 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
     return manifest
 
 
+_CACHE_FIELDS = re.compile(rb"^cached = (?:true|false)\ncompile_seconds = ([0-9][0-9.e+-]{0,30})$", re.M)
+
+
+def _written_float(text: bytes) -> bool:
+    """Whether `text` is how tomli-w writes a finite float (a carried time must be one this build could write)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return math.isfinite(value) and repr(value).encode() == text
+
+
+def manifest_bytes(manifest: BuildManifest, previous: Path) -> bytes:
+    """The manifest's TOML, or the `previous` file's own bytes where they differ from it only in which programs
+    came from the cache (`cached`, `compile_seconds`): a rebuild that changes nothing leaves manifest.toml (and its
+    mtime) alone; those fields keep saying how the build that wrote the file got each program."""
+    from mamba_forge.manifest.toml_io import dumps
+    from mamba_forge.safety import MAX_MANIFEST_BYTES, PathRefused, read_bounded
+
+    data = dumps(manifest).encode()
+    try:
+        old = read_bounded(previous, MAX_MANIFEST_BYTES, what="manifest", follow=False)
+    except (PathRefused, OSError):  # none yet, or not one to keep: the new one is written
+        return data
+    if old == data:
+        return data
+    # how each program was got, as tomli-w writes it in each module table (one line each: tomli-w writes no
+    # multi-line strings, so `^` finds only keys); the previous file's values put in the new text's places
+    # must give the previous file's bytes, anything else is a changed manifest
+    got = [m.group(0) for m in _CACHE_FIELDS.finditer(old) if _written_float(m.group(1))]
+    new = _CACHE_FIELDS.split(data)[::2]  # the text around the fields (split also returns the group)
+    if len(got) != len(manifest.modules) or len(new) != len(got) + 1:
+        return data
+    as_before = b"".join(piece for i, text in enumerate(new[:-1]) for piece in (text, got[i])) + new[-1]
+    return old if as_before == old else data
+
+
 def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -> BuildManifest:
     cache = open_cache(req)
-    jobs = plan(req)
+    memo: HeaderMemo = {}
+    jobs = plan(req, memo)
+    if progress:
+        missing = [j for j in jobs if not (cache and cache.has(j.key))]
+        progress("plan", PlanSummary(targets=[t.name for t in req.targets], programs=len(jobs),
+                                     symbols=sum(len(j.module.symbols) for j in jobs), cached=len(jobs) - len(missing),
+                                     symbols_to_compile=sum(len(j.module.symbols) for j in missing),
+                                     workers=_workers(req, len(missing))))
     results: dict[int, ModuleBuild] = {}
     pending: list[int] = []
     for i, job in enumerate(jobs):
@@ -344,7 +405,7 @@ def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -
     for w in cache.warnings if cache else ():
         _noting_warnings({"cache_warning": w.encode()}, req)
     if pending:
-        workers = min(len(pending), req.jobs or os.cpu_count() or 1)
+        workers = _workers(req, len(pending))
         payloads = {
             i: {
                 "source": jobs[i].source,
@@ -381,10 +442,11 @@ def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -
                     raise
     lib = nvrtc.library_identity()
     headers = {}
+    digests: dict[int, str] = {}  # by id of the memo's bytes: each header hashed once however many modules share it
     for m in req.catalog.modules:
         for rel in m.module.include:
-            for name, data in collect_headers_at(m.root / rel).items():
-                headers[f"{rel}/{name}"] = _sha(data)
+            for name, data in collect_headers_at(m.root / rel, memo).items():
+                headers[f"{rel}/{name}"] = digests.get(id(data)) or digests.setdefault(id(data), _sha(data))
     return BuildManifest(
         tool_version=__version__,
         catalog=req.catalog.name,
@@ -401,9 +463,18 @@ def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -
     )
 
 
-def collect_headers_at(base: Path) -> dict[str, bytes]:
-    """Every header under an include folder, by relative name (bounded, include-checked: catalog/sources.py)."""
-    return read_headers(base)
+def collect_headers_at(base: Path, memo: HeaderMemo | None = None) -> dict[str, bytes]:
+    """Every header under an include folder, by relative name (bounded, include-checked: catalog/sources.py);
+    read once per build where the caller passes its `memo`."""
+    if memo is None:
+        return read_headers(base)
+    if base not in memo:
+        memo[base] = read_headers(base)
+    return memo[base]
+
+
+def _workers(req: BuildRequest, compiles: int) -> int:
+    return max(1, min(compiles, req.jobs or os.cpu_count() or 1))
 
 
 def count_jobs(req: BuildRequest) -> int:

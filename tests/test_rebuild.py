@@ -1,0 +1,154 @@
+"""A rebuild that changes nothing leaves build/manifest.toml alone (issue #26): same bytes, same mtime, though its
+programs now come from the cache; a changed source does rewrite it. And what the previous file may be (hostile or
+just different) never makes the build keep a manifest that disagrees with this build."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from runtime_support import write_tiny_catalog
+
+from mamba_forge import cli
+from mamba_forge.build.builder import manifest_bytes
+from mamba_forge.cli import main
+from mamba_forge.manifest.schema import BuildManifest
+from mamba_forge.manifest.toml_io import dumps, loads
+from mamba_forge.safety import MAX_MANIFEST_BYTES
+
+
+@pytest.fixture(autouse=True)
+def _quiet_consoles(tmp_path, monkeypatch):
+    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+    monkeypatch.setattr(cli, "out", Console(width=80))
+    monkeypatch.setattr(cli, "err", Console(stderr=True, width=80))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The tiny catalog built once for sm_90a through the CLI (its cache kept for the rebuilds)."""
+    root = tmp_path_factory.mktemp("rebuild")
+    cat = write_tiny_catalog(root / "cat")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MAMBA_FORGE_CACHE", str(root / "cache"))
+    try:
+        assert main(["build", "--catalog", str(cat), "--arch", "sm_90a", "--out", str(root / "b"), "-q"]) == 0
+    finally:
+        mp.undo()
+    return root, cat
+
+
+def _state(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".mamba-forge.lock"}
+
+
+def _rebuild(root: Path, cat: Path, out: Path, *extra: str, monkeypatch) -> None:
+    monkeypatch.setenv("MAMBA_FORGE_CACHE", str(root / "cache"))
+    assert main(["build", "--catalog", str(cat), "--arch", "sm_90a", "--out", str(out), "-q", *extra]) == 0
+
+
+def test_no_change_rebuild_leaves_every_file_alone(built, tmp_path, monkeypatch):
+    root, cat = built
+    out = tmp_path / "b"
+    shutil.copytree(root / "b", out)
+    before = _state(out)
+    assert b"cached = false" in before["manifest.toml"][0]  # the first build compiled it
+    _rebuild(root, cat, out, monkeypatch=monkeypatch)  # every program a cache hit now
+    assert _state(out) == before  # bytes and mtime_ns of the manifest and every artifact
+    _rebuild(root, cat, out, "--no-cache", monkeypatch=monkeypatch)  # compiled again: same bits, another time
+    assert _state(out) == before
+
+
+def test_changed_source_rewrites_the_manifest(built, tmp_path, monkeypatch):
+    root, _ = built
+    cat = write_tiny_catalog(tmp_path / "cat")  # a copy to change
+    out = tmp_path / "b"
+    shutil.copytree(root / "b", out)
+    _rebuild(root, cat, out, monkeypatch=monkeypatch)  # same sources in another folder: nothing to change
+    before = _state(out)
+    src = cat.parent / "tiny.cu"
+    src.write_text(src.read_text() + "\n// a changed comment changes the program's digest\n")
+    _rebuild(root, cat, out, monkeypatch=monkeypatch)
+    after = _state(out)
+    assert after["manifest.toml"][0] != before["manifest.toml"][0]
+    assert after["manifest.toml"][1] != before["manifest.toml"][1]
+    new = loads(after["manifest.toml"][0].decode(), BuildManifest)
+    assert new.modules[0].source_sha256 not in before["manifest.toml"][0].decode()
+    assert new.modules[0].cached is False  # this build compiled it, and says so
+
+
+@pytest.fixture(scope="module")
+def record(built) -> BuildManifest:
+    root, _ = built
+    return loads((root / "b" / "manifest.toml").read_text(), BuildManifest)
+
+
+def test_only_the_cache_fields_are_carried(record, tmp_path):
+    prev = tmp_path / "manifest.toml"
+    prev.write_bytes(dumps(record).encode())
+    hit = replace(record, modules=[replace(m, cached=True, compile_seconds=0.25) for m in record.modules])
+    assert manifest_bytes(hit, prev) == prev.read_bytes()  # only how it was got differs: the file stays
+    tiny = replace(record, modules=[replace(m, cached=False, compile_seconds=1e-07) for m in record.modules])
+    prev.write_bytes(dumps(tiny).encode())
+    assert manifest_bytes(hit, prev) == prev.read_bytes()  # any time tomli-w writes (here 1e-07) is carried
+    for changed in (replace(record, state_capacity=record.state_capacity + 16),
+                    replace(record, targets=["sm_80"]),
+                    replace(hit, modules=[replace(m, cache_key="0" * 64) for m in hit.modules]),
+                    replace(hit, modules=[replace(m, status="failed") for m in hit.modules])):
+        assert manifest_bytes(changed, prev) == dumps(changed).encode()
+
+
+def _hostile_previous(kind: str, good: bytes, folder: Path) -> Path:
+    prev = folder / "manifest.toml"
+    if kind == "missing":
+        return prev
+    if kind == "folder":
+        prev.mkdir()
+    elif kind == "symlink":
+        (folder / "real.toml").write_bytes(good)
+        prev.symlink_to(folder / "real.toml")
+    elif kind == "fifo":
+        os.mkfifo(prev)
+    elif kind == "oversize":
+        with open(prev, "wb") as f:  # sparse: past the manifest bound without writing 64 MiB
+            f.write(good)
+            f.truncate(MAX_MANIFEST_BYTES + 1)
+    else:
+        prev.write_bytes({
+            "empty": b"",
+            "garbage": b"\xff\xfe\x00 not toml",
+            "truncated": good[: len(good) // 2],
+            "extra_module_flag": good + b"\n[[modules]]\ncached = true\ncompile_seconds = 1.0\n",
+            "no_flags": good.replace(b"cached = true\n", b""),
+            "bad_seconds": good.replace(b"compile_seconds = 0.25", b"compile_seconds = 1e999999999"),
+            "nan_seconds": good.replace(b"compile_seconds = 0.25", b"compile_seconds = 1..2.3"),
+            "inf_seconds": good.replace(b"compile_seconds = 0.25", b"compile_seconds = 1e400"),
+            "padded_seconds": good.replace(b"compile_seconds = 0.25", b"compile_seconds = 0.250"),
+            "leading_zero": good.replace(b"compile_seconds = 0.25", b"compile_seconds = 00.25"),
+            "negative_seconds": good.replace(b"compile_seconds = 0.25", b"compile_seconds = -0.25"),
+            "flag_spelling": good.replace(b"cached = true", b"cached = True"),
+            "fields_apart": good.replace(b"cached = true\n", b"cached = true\n\n"),
+            "other_catalog": good.replace(b'catalog = "tiny"', b'catalog = "other"'),
+            "crlf": good.replace(b"\n", b"\r\n"),
+            "bom": b"\xef\xbb\xbf" + good,
+        }[kind])
+    return prev
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "symlink", "fifo", "oversize", "empty", "garbage",
+                                  "truncated", "extra_module_flag", "no_flags", "bad_seconds", "nan_seconds",
+                                  "inf_seconds", "padded_seconds", "leading_zero", "negative_seconds",
+                                  "flag_spelling", "fields_apart",
+                                  "other_catalog", "crlf", "bom"])
+def test_a_previous_file_that_is_not_this_manifest_is_replaced(record, tmp_path, kind):
+    hit = replace(record, modules=[replace(m, cached=True, compile_seconds=0.25) for m in record.modules])
+    good = dumps(hit).encode()
+    assert b"compile_seconds = 0.25" in good and b'catalog = "tiny"' in good
+    prev = _hostile_previous(kind, good, tmp_path)
+    fresh = replace(record, modules=[replace(m, cached=False, compile_seconds=3.5) for m in record.modules])
+    assert manifest_bytes(fresh, prev) == dumps(fresh).encode()
