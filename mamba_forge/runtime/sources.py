@@ -67,8 +67,8 @@ class Source:
     def read_runtime_table(self) -> bytes | None:
         if self.exact:
             if self.tar is not None and RUNTIME_TABLE not in self.members and self.tar.peeked is not None:  # type: ignore[operator]
-                raise ArtifactRefused(f"{self.label} holds {self.tar.peeked[0]} where its {RUNTIME_TABLE} belongs "
-                                      f"(second, after {BUNDLE_MANIFEST})")
+                raise ArtifactRefused(f"{RUNTIME_TABLE} in {self.label} is missing: its second member is "
+                                      f"{self.tar.peeked[0]}, where the runtime table belongs")
             return self.read(RUNTIME_TABLE)
         return None if self.table_file is None else _read_regular(self.table_file, MAX_MANIFEST_BYTES)
 
@@ -85,6 +85,10 @@ class Source:
                 raise ArtifactRefused(f"{rel} in {self.label} was asked for before its manifest verified")
             return self.members.get(rel)
         assert self.root is not None
+        if self.exact:  # a folder bundle: no component of the path may be a link (swapped after the walk)
+            from mamba_forge.runtime.folders import read_beneath
+
+            return read_beneath(self.root, rel)
         return _read_regular(self.root / rel)
 
     def size(self, rel: str) -> int | None:
@@ -104,6 +108,10 @@ class Source:
                 raise ArtifactRefused(f"the members of {self.label} were asked for before its manifest verified")
             return set(self.members)
         assert self.root is not None
+        if self.exact:
+            from mamba_forge.runtime.folders import folder_names
+
+            return folder_names(self.root, self.label)
         out = set()
         for dirpath, _dirs, files in os.walk(self.root):
             for f in files:
@@ -341,11 +349,16 @@ def open_source(path: str | Path, build: str | Path | None = None) -> tuple[byte
     if not (path.exists() or path.is_symlink()):
         raise ArtifactRefused(f"{path} does not exist")
     if path.is_dir():
+        from mamba_forge.runtime.folders import folder_names
+
         src = Source(label=f"bundle {path}", root=path, exact=True)  # a folder bundle: exactly its files
-        doc = path / BUNDLE_MANIFEST
-        if not doc.is_file():
+        if BUNDLE_MANIFEST not in folder_names(path, src.label):  # links refused before anything is read
             raise ArtifactRefused(f"folder {path} holds no {BUNDLE_MANIFEST}")
-        return _read_input(doc, "bundle manifest"), src
+        try:
+            doc = read_bounded(path / BUNDLE_MANIFEST, MAX_MANIFEST_BYTES, what="bundle manifest", follow=False)
+        except PathRefused as exc:
+            raise ArtifactRefused(str(exc)) from None
+        return doc, src
     if is_tar_path(path):
         return _open_tar(path)
     root = Path(build) if build is not None else path.parent

@@ -120,8 +120,8 @@ HOSTILE = {
     "gzip-bomb-member": lambda m: zeros("bomb.bin", 100 * MB),
 }
 
-SAYS = {"unknown": "does not name|where its runtime.json belongs", "gzip-bomb-member": "does not name|where its",
-        "artifact-name": "the manifest says|twice|where its runtime.json belongs", "duplicate": "twice",
+SAYS = {"unknown": "does not name|where the runtime table belongs", "gzip-bomb-member": "does not name|where the",
+        "artifact-name": "the manifest says|twice|where the runtime table belongs", "duplicate": "twice",
         "gzip-bomb-after-end": "decompresses to more than"}
 
 
@@ -202,7 +202,7 @@ def test_cli_verify_one_line(tmp_path, fx, members, case):
 def test_the_runtime_table_belongs_second(tmp_path, fx, members):
     p = tmp_path / "b.tar.gz"
     hostile_archive(p, members, "unknown-1gib-real", "second")
-    with pytest.raises(ArtifactRefused, match="holds extra.bin where its runtime.json belongs"):
+    with pytest.raises(ArtifactRefused, match="is missing: its second member is extra.bin"):
         load(p, trusted_keys=[fx.pub], backend=FakeBackend())
 
 
