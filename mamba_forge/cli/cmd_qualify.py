@@ -116,8 +116,8 @@ def qualify(
         return
     req, info = runner.prepare_request(
         devices, build_dir, catalog, level=level, sanitize=sanitize, timeout_s=timeout, seed=seed,
-        modules=module, state_cap=state_cap, say=lambda m: stderr().print(m, markup=False, highlight=False), jobs=jobs,
-        kernels=kernels,
+        modules=module, state_cap=state_cap, say=say_err, jobs=jobs,
+        kernels=kernels, build_manifest=bm,
     )
     key = keys.resolve_key(sign_key)
     if key.development and not quiet:

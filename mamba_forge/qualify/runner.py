@@ -126,11 +126,17 @@ def _probe_cc(req: QualifyRequest) -> tuple[int, int]:
 
 def prepare_request(devices: list[int] | None, build_dir: Path | None, catalog_path: Path | None, *, level: str,
                     sanitize: bool | None, timeout_s: float | None, seed: int | None, modules: list[str] | None, state_cap: int,
-                    say: Callable[[str], None], jobs: int = 4, kernels: list[str] | None = None):
-    """Open the device(s), load the catalog and the build (building for the device's target when none is given)."""
+                    say: Callable[[str], None], jobs: int = 4, kernels: list[str] | None = None,
+                    build_manifest: BuildManifest | None = None):
+    """Open the device(s), load the catalog and the build (building for the device's target when none is given).
+    `build_manifest`: build_dir's manifest when the caller has read it already (the CLI does, before the GPU, so
+    bad input is one line): a 20k-symbol build manifest costs seconds to parse, it is read once. Names in the
+    progress lines (`say`) are escaped (errors.printable): a catalog name or folder cannot write escape
+    sequences to the terminal."""
     from mamba_forge.build.builder import BuildRequest, build
     from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
     from mamba_forge.catalog.targets import get_target
+    from mamba_forge.errors import printable
     from mamba_forge.gpu import driver as cu
     from mamba_forge.manifest.toml_io import read, write
 
@@ -151,14 +157,15 @@ def prepare_request(devices: list[int] | None, build_dir: Path | None, catalog_p
         if not targets:
             raise ForgeError(f"no known target for compute capability {info.cc_text}")
         build_dir = Path("build") / f"qualify-{targets[0]}"
-        say(f"building {cat.name} for {targets[0]} into {build_dir} …")
+        say(f"building {printable(cat.name)} for {targets[0]} into {printable(build_dir)} …")
         bm = build(BuildRequest(cat, [get_target(targets[0])], build_dir, state_capacity=state_capacity(state_cap)))
         write(build_dir / "manifest.toml", bm)
     else:
-        bm = read(Path(build_dir) / "manifest.toml", BuildManifest)
-    bm = narrow_build(bm, kernels)
+        bm = build_manifest if build_manifest is not None else read(Path(build_dir) / "manifest.toml", BuildManifest)
+    bm = narrow_build(bm, kernels)  # the same globs again: a build already narrowed by them stays as it is
     if bm.catalog_sha256 != cat.digest():
-        say(f"warning: the build in {build_dir} was made from a different catalog state; specs come from {cat.path}")
+        say(f"warning: the build in {printable(build_dir)} was made from a different catalog state; specs come "
+            f"from {printable(cat.path)}")
     if modules:
         unknown = set(modules) - {m.kind for m in cat.modules}
         if unknown:

@@ -26,6 +26,7 @@ from mamba_forge.safety import MAX_BUNDLE_BYTES, MAX_MANIFEST_BYTES, PathRefused
 
 BUNDLE_MANIFEST, RUNTIME_TABLE = RESERVED_PATHS  # a bundle's own files; beside a bare X.toml: X.runtime.json
 _BLOCK = 512
+_TAR_END = 2 * _BLOCK + tarfile.RECORDSIZE  # end-of-archive blocks, then padding to a whole record (tarfile's)
 
 
 def _read_regular(p: Path, limit: int = MAX_BUNDLE_BYTES) -> bytes | None:
@@ -65,6 +66,9 @@ class Source:
 
     def read_runtime_table(self) -> bytes | None:
         if self.exact:
+            if self.tar is not None and RUNTIME_TABLE not in self.members and self.tar.peeked is not None:  # type: ignore[operator]
+                raise ArtifactRefused(f"{RUNTIME_TABLE} in {self.label} is missing: its second member is "
+                                      f"{self.tar.peeked[0]}, where the runtime table belongs")
             return self.read(RUNTIME_TABLE)
         return None if self.table_file is None else _read_regular(self.table_file, MAX_MANIFEST_BYTES)
 
@@ -73,10 +77,18 @@ class Source:
 
     def read(self, rel: str) -> bytes | None:
         if self.members is not None:
-            if rel not in self.members:
-                self.expect(None)
+            if rel not in self.members and self.tar is not None:
+                # the rest is read only against the verified record's names and sizes (expect): the runtime
+                # table comes second or not at all, and nothing else is read unchecked
+                if rel == RUNTIME_TABLE:
+                    return None
+                raise ArtifactRefused(f"{rel} in {self.label} was asked for before its manifest verified")
             return self.members.get(rel)
         assert self.root is not None
+        if self.exact:  # a folder bundle: no component of the path may be a link (swapped after the walk)
+            from mamba_forge.runtime.folders import read_beneath
+
+            return read_beneath(self.root, rel)
         return _read_regular(self.root / rel)
 
     def size(self, rel: str) -> int | None:
@@ -92,9 +104,14 @@ class Source:
 
     def names(self) -> set[str]:
         if self.members is not None:
-            self.expect(None)
+            if self.tar is not None:
+                raise ArtifactRefused(f"the members of {self.label} were asked for before its manifest verified")
             return set(self.members)
         assert self.root is not None
+        if self.exact:
+            from mamba_forge.runtime.folders import folder_names
+
+            return folder_names(self.root, self.label)
         out = set()
         for dirpath, _dirs, files in os.walk(self.root):
             for f in files:
@@ -139,7 +156,8 @@ class _Inflater:
                     return b""  # the file ended inside a member
         self.total += len(data)
         if self.total > self.cap:
-            raise ArtifactRefused(f"{self.label} decompresses to more than {self.cap} bytes")
+            raise ArtifactRefused(f"{self.label} decompresses to more than {self.cap} bytes, what its manifest "
+                                  "declares or the bundle limit")
         return data
 
     def read(self, n: int) -> bytes:
@@ -173,6 +191,10 @@ class _Inflater:
         if self.zlib is not None and not self.zlib.eof:
             raise ArtifactRefused(f"{self.label} is truncated")
 
+    def consumed(self) -> int:
+        """Decompressed bytes handed out so far."""
+        return self.total - (len(self.buf) - self.pos)
+
     def remaining(self) -> int:
         return self.cap - self.total + len(self.buf) - self.pos
 
@@ -202,14 +224,16 @@ class TarReader:
     def close(self) -> None:
         self.f.close()
 
-    def next(self) -> tuple[str, int] | None:
-        """(name, size) of the next regular member, or None at the end; folders are skipped."""
+    def next(self, sizes: Mapping[str, int] | None = None) -> tuple[str, int] | None:
+        """(name, size) of the next regular member, or None at the end; folders are skipped. With `sizes`, the
+        member must be one of them at that size."""
         if self.peeked is not None:
             out, self.peeked = self.peeked, None
             return out
         while True:
             block = self.stream.read(_BLOCK)
-            if block == bytes(_BLOCK):
+            if block == bytes(_BLOCK):  # the end: what follows is at most the second end block and a record's padding
+                self.stream.cap = min(self.stream.cap, self.stream.consumed() + _TAR_END)
                 self.stream.finish()
                 return None
             try:
@@ -226,9 +250,14 @@ class TarReader:
                 raise ArtifactRefused(f"{self.label} holds an unsafe member name {info.name!r}")
             if name in self.seen:
                 raise ArtifactRefused(f"{self.label} holds {name} twice")
+            if sizes is not None and name not in sizes:
+                raise ArtifactRefused(f"{self.label} holds files its manifest does not name: {name}")
+            if sizes is not None and info.size != sizes[name]:
+                raise ArtifactRefused(f"artifact {name} in {self.label} is {info.size} bytes, the manifest says "
+                                      f"{sizes[name]}")
             if info.size > self.stream.remaining():
                 raise ArtifactRefused(f"{self.label} member {name} is {info.size} bytes, above the limit of "
-                                      f"{MAX_BUNDLE_BYTES} for a whole bundle")
+                                      f"{self.stream.cap} bytes for the whole bundle")
             self.seen.add(name)
             return name, info.size
 
@@ -250,14 +279,21 @@ class TarReader:
         return self.data(head[1])
 
     def read_rest(self, members: dict[str, bytes], sizes: Mapping[str, int] | None) -> None:
+        """Every remaining member; with `sizes`, each must be one of them at that size (checked at its header),
+        and the stream may inflate no further than their headers, data, and the tar's end and record padding."""
+        if sizes is not None:
+            declared = sum(_BLOCK + size + -size % _BLOCK for size in sizes.values()) + _TAR_END
+            self.stream.cap = min(self.stream.cap, self.stream.consumed() + declared)
         try:
-            while (head := self.next()) is not None:
-                name, size = head
-                if sizes is not None and name not in sizes:
+            if self.peeked is not None and sizes is not None:  # a member read_first looked at and left
+                name, size = self.peeked
+                if name not in sizes:
                     raise ArtifactRefused(f"{self.label} holds files its manifest does not name: {name}")
-                if sizes is not None and size != sizes[name]:
+                if size != sizes[name]:
                     raise ArtifactRefused(f"artifact {name} in {self.label} is {size} bytes, the manifest says "
                                           f"{sizes[name]}")
+            while (head := self.next(sizes)) is not None:
+                name, size = head
                 members[name] = self.data(size)
         finally:
             self.close()
@@ -313,11 +349,16 @@ def open_source(path: str | Path, build: str | Path | None = None) -> tuple[byte
     if not (path.exists() or path.is_symlink()):
         raise ArtifactRefused(f"{path} does not exist")
     if path.is_dir():
+        from mamba_forge.runtime.folders import folder_names
+
         src = Source(label=f"bundle {path}", root=path, exact=True)  # a folder bundle: exactly its files
-        doc = path / BUNDLE_MANIFEST
-        if not doc.is_file():
+        if BUNDLE_MANIFEST not in folder_names(path, src.label):  # links refused before anything is read
             raise ArtifactRefused(f"folder {path} holds no {BUNDLE_MANIFEST}")
-        return _read_input(doc, "bundle manifest"), src
+        try:
+            doc = read_bounded(path / BUNDLE_MANIFEST, MAX_MANIFEST_BYTES, what="bundle manifest", follow=False)
+        except PathRefused as exc:
+            raise ArtifactRefused(str(exc)) from None
+        return doc, src
     if is_tar_path(path):
         return _open_tar(path)
     root = Path(build) if build is not None else path.parent

@@ -303,6 +303,7 @@ def open_verified(path: str | Path, *, keys: Mapping[str, Ed25519PublicKey], bui
     if kind == "qualified":
         check_complete(record, source, hash_all=hash_all, runtime_table=table is not None)
         return Verified(path=path, signature=sig, source=source, document=doc, manifest=record, runtime_table=table)
+    _one_entry_per_device(record, what)
     v = Verified(path=path, signature=sig, source=source, document=doc, index=record)
     opts = {"keys": keys, "build": build, "hash_all": hash_all, "now": now, "full_body": full_body}
     if device is not None:
@@ -310,6 +311,17 @@ def open_verified(path: str | Path, *, keys: Mapping[str, Ed25519PublicKey], bui
     if follow_index:
         v.entries = [open_entry(v, e, **opts) for e in record.entries]
     return v
+
+
+def _one_entry_per_device(index: ReleaseIndex, what: str) -> None:  # type: ignore[valid-type]
+    """merge writes one entry per device; an index with two would hand the loader whichever came first."""
+    seen: dict[DeviceKey, str] = {}
+    for e in index.entries:
+        key = (e.device_name, e.cc, e.sm_count)
+        if key in seen:
+            raise ManifestRefused(f"{what} has two entries for {_device_text(e)}: {seen[key]} and {e.path}; an "
+                                  "index holds one manifest per device (merge again)")
+        seen[key] = e.path
 
 
 def _device_text(e: IndexEntry) -> str:

@@ -289,7 +289,7 @@ def test_tar_bomb_is_refused_fast_and_small(tmp_path, fx, first, size):
     assert elapsed < 0.5 and peak < 100 << 20, (elapsed, peak)
 
 
-@pytest.mark.parametrize(("size", "words"), [(4 << 30, "above the limit"), (1 << 30, "the manifest says"),
+@pytest.mark.parametrize(("size", "words"), [(4 << 30, "the manifest says"), (1 << 30, "the manifest says"),
                                              (1 << 20, "the manifest says")])
 def test_artifact_bomb_behind_a_valid_manifest(tmp_path, fx, size, words):
     """A real manifest and runtime table, then a member the manifest names with a 4 GiB header: refused by the
