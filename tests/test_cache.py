@@ -53,6 +53,23 @@ def test_miss_then_hit_gives_same_bytes(tmp_path):
     assert entries and all((p.stat().st_mode & 0o777) == 0o600 for p in entries)
 
 
+def test_a_hit_allocates_about_its_entry_not_the_size_cap(tmp_path):
+    """Reading an entry takes its own size, not MAX_ENTRY_BYTES (read(n) allocates n: a hit cost 256 MiB)."""
+    import tracemalloc
+
+    cache = Cache(private_dir(tmp_path / "cache"))
+    key = cache_key({"x": 1})
+    assert cache.put(key, {"a": b"x" * 1000}) is None
+    tracemalloc.start()
+    try:
+        got = cache.get(key)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got["a"] == b"x" * 1000
+    assert peak < 4 << 20, peak
+
+
 def test_key_changes_with_every_input(tmp_path):
     base = {"source": "a", "options": ["-x"], "target": "sm_90a"}
     assert cache_key(base) == cache_key(dict(reversed(list(base.items()))))

@@ -244,7 +244,10 @@ class Cache:
             if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENTRY_BYTES:
                 return self._refuse(shard, key)
             with os.fdopen(fd, "rb", closefd=False) as f:
-                blob = f.read(MAX_ENTRY_BYTES + 1)
+                # the size fstat saw, plus one byte to see growth (read(n) allocates n up front: not the cap)
+                blob = f.read(st.st_size + 1)
+            if len(blob) > st.st_size:
+                return self._refuse(shard, key)
             with contextlib.suppress(OSError):  # a hit renews the entry's mtime, so `cache prune` drops the LRU
                 os.utime(fd)
         except OSError:
