@@ -10,8 +10,8 @@ from __future__ import annotations
 import ctypes
 import itertools
 
-from mamba_forge.catalog import expr
-from mamba_forge.manifest.schema import Param, RuntimeSymbol
+from mamba_forge.core import expr
+from mamba_forge.core.schema import Param, RuntimeSymbol
 from mamba_forge.runtime.tensors import DLDataType, DLDevice, DLTensor
 
 TORCH_NAMES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "i32": "int32",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
-from mamba_forge.errors import CatalogError, ForgeError
+from mamba_forge.core.errors import CatalogError, ForgeError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

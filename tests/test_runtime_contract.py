@@ -29,7 +29,7 @@ from runtime_fakes import (
 )
 from runtime_fakes import params as make_params
 
-from mamba_forge.catalog import expr
+from mamba_forge.core import expr
 from mamba_forge.gpu.driver import PACK_FORMATS, PackedParams
 from mamba_forge.runtime import streams
 from mamba_forge.runtime.args import typed_params

@@ -13,7 +13,7 @@ every family into symbols:
 
 Each symbol is emitted by the family's instantiation macro, ``MACRO(symbol, args...)``, appended to the
 composed source, so the export set follows from the catalog and nothing is copied by hand.
-Sizes (block, grid, dynamic shared memory, shapes) are integer expressions (see :mod:`mamba_forge.catalog.expr`).
+Sizes (block, grid, dynamic shared memory, shapes) are integer expressions (see :mod:`mamba_forge.core.expr`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mamba_forge.catalog.targets import Target, gate_admits, validate_gate
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 SCHEMA_VERSION = 1
 

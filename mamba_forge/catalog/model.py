@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from mamba_forge.catalog import expr, limits
+from mamba_forge.catalog import limits
 from mamba_forge.catalog.compile_rules import option_problem
 from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catalog's public records
     DTYPES,
@@ -42,8 +42,9 @@ from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catal
 )
 from mamba_forge.catalog.sources import read_headers, read_source
 from mamba_forge.catalog.targets import TARGETS
-from mamba_forge.errors import CatalogError, ForgeError, printable
-from mamba_forge.safety import MAX_CATALOG_BYTES, PathRefused, parse_toml, read_bounded
+from mamba_forge.core import expr
+from mamba_forge.core.errors import CatalogError, ForgeError, printable
+from mamba_forge.core.safety import MAX_CATALOG_BYTES, PathRefused, parse_toml, read_bounded
 
 
 def _fmt_loc(loc: tuple[Any, ...], data: Any) -> str:
@@ -302,7 +303,7 @@ def load_catalog(path: str | Path) -> Catalog:
 
 def default_catalog_path() -> Path:
     """The built-in catalog: the package data of a wheel install, or kernels/catalog.toml of a source checkout."""
-    from mamba_forge.resources import KERNELS, data_folder
+    from mamba_forge.core.resources import KERNELS, data_folder
 
     path = data_folder(KERNELS) / "catalog.toml"
     if not path.is_file():

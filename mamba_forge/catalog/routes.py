@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mamba_forge.errors import CatalogError
+from mamba_forge.core.errors import CatalogError
 
 LAYOUTS = ("nn", "tn", "nt")
 KEY_DTYPES = ("f32", "tf32", "bf16", "f16")

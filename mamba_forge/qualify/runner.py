@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mamba_forge.catalog.model import Catalog
-from mamba_forge.errors import ForgeError
-from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest
+from mamba_forge.core.errors import ForgeError
+from mamba_forge.core.schema import BuildManifest, QualifiedManifest
 from mamba_forge.qualify.assemble import assemble
 from mamba_forge.qualify.compare import cross_device
 from mamba_forge.qualify.equivalence import apply as route_equivalence

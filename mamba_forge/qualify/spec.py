@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from mamba_forge.catalog import expr
 from mamba_forge.catalog.model import DTYPES, Family, Param, Symbol
+from mamba_forge.core import expr
 
 NP_DTYPES: dict[str, np.dtype] = {
     "f32": np.dtype(np.float32), "f64": np.dtype(np.float64), "bf16": np.dtype(ml_dtypes.bfloat16),

@@ -10,7 +10,7 @@ The rules (docs/architecture.md, "Runtime loader", has them): arguments are para
 shaped exactly ``[dim]`` (the first input, else output); a value over dims ("d_state * L") is derived, and if
 given must agree; a literal value ("1e-05": the qualification value) or "" is a required argument, never a
 silent default; a dim no scalar carries is an argument of its own name. Expressions see dims and constants
-only, validated by mamba_forge.catalog.expr's parser and compiled, all together, into one function.
+only, validated by mamba_forge.core.expr's parser and compiled, all together, into one function.
 
 Refused before anything launches, naming the argument and what was expected: missing or unknown arguments;
 bools; non-ints for integer scalars; integers outside their type; a given scalar disagreeing with its derived
@@ -38,7 +38,7 @@ from mamba_forge.runtime.tensors import TORCH_DTYPE_TOKENS, describe
 from mamba_forge.runtime.tensors import TORCH_TYPES as _TORCH_TYPES
 
 if TYPE_CHECKING:
-    from mamba_forge.manifest.schema import RuntimeSymbol
+    from mamba_forge.core.schema import RuntimeSymbol
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 CAPACITY_DIM = "d_state"

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from mamba_forge.manifest.schema import QRoute, QRung
+from mamba_forge.core.schema import QRoute, QRung
 
 LAYOUTS = ("nn", "tn", "nt")
 DTYPES = ("f32", "tf32", "bf16", "f16")
