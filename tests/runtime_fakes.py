@@ -281,7 +281,8 @@ def typed_scalars():
 
 def catalog_records():
     """(RuntimeSymbol, qualification dims) for every catalog symbol, its contract filled as the qualifier does."""
-    from mamba_forge.catalog.model import DTYPES, default_catalog_path, load_catalog
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+    from mamba_forge.core.vocab import DTYPES
 
     cat = load_catalog(default_catalog_path())
     for cs in cat.symbols.values():

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import tomli_w
 
+from mamba_forge.core.vocab import DeviceInfo
 from mamba_forge.runtime import signing
-from mamba_forge.runtime.backend import DeviceInfo
 from mamba_forge.runtime.errors import DriverError
 
 H200 = DeviceInfo(ordinal=0, name="NVIDIA H200", cc=(9, 0), sm_count=132, driver_version=13000)

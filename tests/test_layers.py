@@ -6,6 +6,7 @@ Each rule has planted violations proving the checker reports them."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import shutil
@@ -140,3 +141,62 @@ def test_the_runtime_loads_without_the_forge():
     assert heavy == []
     forge = sorted(m for m in loaded if m.split(".")[:2] in [["mamba_forge", p] for p in FORGE_PACKAGES])
     assert forge == []
+
+
+# the shared vocabularies live in core/vocab.py only: their names, or a literal spelling of the layout or dtype set
+VOCABULARY = frozenset({"DTYPES", "DTYPE_SIZES", "FLOAT_DTYPES", "LAYOUTS", "LAYOUT_ENUMS", "GEMM_KEY_DTYPES",
+                        "STORAGE", "GEMM_STORAGE", "ComputeCapability", "DeviceInfo"})
+_LITERAL_SETS = ({"nn", "tn", "nt"}, {"f32", "f64", "bf16", "f16"}, {"f32", "tf32", "bf16", "f16"})
+
+
+def vocabulary_redefined(module: str, source: str) -> list[str]:
+    found = []
+    for node in ast.parse(source).body:
+        names, value = [], None
+        if isinstance(node, ast.ClassDef):
+            names = [node.name]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names, value = [t.id for t in targets if isinstance(t, ast.Name)], node.value
+        for name in names:
+            if name in VOCABULARY:
+                found.append(f"{module}:{node.lineno}: defines {name}")
+        if isinstance(value, ast.Dict) and not all(isinstance(v, ast.Constant) for v in value.values):
+            value = None  # a table of per-dtype data (tolerances) is not a size or name table
+        if isinstance(value, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+            items = value.keys if isinstance(value, ast.Dict) else value.elts
+            words = {e.value for e in items if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            if len(words) == len(items) and words in _LITERAL_SETS:
+                found.append(f"{module}:{node.lineno}: spells out {sorted(words)}")
+    return found
+
+
+def test_each_vocabulary_is_defined_once_in_core():
+    found = [line for name, (path, _) in MODULES.items() if name != "mamba_forge.core.vocab"
+             for line in vocabulary_redefined(name, path.read_text(encoding="utf-8"))]
+    assert found == []
+    path, _ = MODULES["mamba_forge.core.vocab"]
+    assert {line.split("defines ")[1] for line in vocabulary_redefined("v", path.read_text()) if "defines" in line} \
+        == VOCABULARY
+
+
+@pytest.mark.parametrize(("source", "reported"), [
+    ('LAYOUTS = ("nn", "tn", "nt")', "defines LAYOUTS"),
+    ('GEMM_LAYOUTS = ("nn", "nt", "tn")', "spells out ['nn', 'nt', 'tn']"),
+    ('KEYS: tuple[str, ...] = ("f32", "tf32", "bf16", "f16")', "spells out"),
+    ('FLOATS = {"f32", "f64", "bf16", "f16"}', "spells out"),
+    ('SIZES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2}', "spells out"),
+    ("class DeviceInfo:\n    ordinal: int", "defines DeviceInfo"),
+    ("DTYPES: dict[str, int] = {}", "defines DTYPES"),
+])
+def test_a_second_vocabulary_is_reported(source, reported):
+    found = vocabulary_redefined("mamba_forge.runtime.gemm", MODULES["mamba_forge.runtime.gemm"][0].read_text()
+                                 + "\n" + source + "\n")
+    assert found and all(f.startswith("mamba_forge.runtime.gemm:") for f in found), found
+    assert any(reported in f for f in found), found
+
+
+def test_other_word_lists_are_not_vocabulary():
+    source = ('SOFTPLUS = ("f32", "bf16", "f16")\nMODES = ("nn", "tn")\nX = ("nn", "tn", "nt", "tt")\n'
+              'TOLERANCES = {"f64": (1e-12, 1e-12), "f32": (1e-5, 1e-6), "bf16": (1e-2, 1e-2), "f16": (1e-2, 1e-3)}\n')
+    assert vocabulary_redefined("m", source) == []

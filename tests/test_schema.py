@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from mamba_forge.catalog.model import DTYPES, default_catalog_path, load_catalog
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.core import codec, expr, schema
 from mamba_forge.core.codec import from_dict, runtime_table_bytes, to_dict, to_json_bytes
 from mamba_forge.core.schema import (
@@ -27,6 +27,7 @@ from mamba_forge.core.schema import (
     SchemaError,
     runtime_table,
 )
+from mamba_forge.core.vocab import DTYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "manifests" / "h200.toml"

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mamba_forge.core.schema import Param, QArtifact, QDevice, RuntimeSymbol
-from mamba_forge.runtime.backend import CudaBackend, DeviceInfo
+from mamba_forge.core.vocab import DeviceInfo
+from mamba_forge.runtime.backend import CudaBackend
 from mamba_forge.runtime.errors import (
     DeviceMismatch,
     FamilyUnavailable,
