@@ -108,8 +108,8 @@ def prepare(args, work: Path) -> tuple[Path, Path]:
     """A bundle and its public key: given, or built and qualified here."""
     if args.bundle:
         return Path(args.bundle), Path(args.key)
-    from mamba_forge.manifest import signing
     from mamba_forge.manifest.bundle import write_bundle
+    from mamba_forge.runtime import signing
     from mamba_forge.runtime.trust import trusted_keys
 
     build = work / "build"

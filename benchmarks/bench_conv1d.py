@@ -66,6 +66,7 @@ def symbols_of(fixed, family: str, dtype: str) -> list:
 
 def bind_from_spec(k, sym, fam, dims):
     """(launcher, bytes moved): buffers allocated and filled on the GPU, launched at the spec's grid and block."""
+    from mamba_forge.core.vocab import DTYPE_SIZES
     from mamba_forge.qualify import spec as S
 
     spec = S.evaluate(sym, fam, dims)
@@ -74,7 +75,7 @@ def bind_from_spec(k, sym, fam, dims):
     for b in spec.buffers:
         lo, hi = FILLS.get(b.name, (-1.0, 1.0))
         args[b.index] = device_values(b.count, b.dtype, lo, hi)
-        moved += b.count * S.DTYPES_SIZE[b.dtype]  # each buffer is read or written once
+        moved += b.count * DTYPE_SIZES[b.dtype]  # each buffer is read or written once
     scalar_np = {"i32": np.int32, "i64": np.int64}
     for s in spec.scalars:
         args[s.index] = scalar_np[s.type](s.value)

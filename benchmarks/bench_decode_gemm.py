@@ -27,8 +27,8 @@ from types import SimpleNamespace
 from summary import append, record  # benchmarks/summary.py
 from timing import copy_seconds, median_ms_queued  # benchmarks/timing.py
 
-from mamba_forge.catalog import expr
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.core import expr
 from mamba_forge.gpu import tma
 from mamba_forge.qualify.assemble import route_table
 from mamba_forge.runtime.routes import select

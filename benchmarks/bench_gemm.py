@@ -26,7 +26,7 @@ import numpy as np
 from summary import append, record  # benchmarks/summary.py
 from timing import median_ms  # benchmarks/timing.py
 
-from mamba_forge.catalog import expr
+from mamba_forge.core import expr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from gpu_support import bind, build_modules, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from mamba_forge import __version__
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 # Every environment variable the tool reads (tests/test_env_cli.py greps the package to keep this list whole).
 ENV_VARS: dict[str, str] = {
@@ -67,7 +67,7 @@ def _attempt(fn):
 
 
 def _keys() -> list[dict]:
-    from mamba_forge.manifest import signing
+    from mamba_forge.runtime import signing
     from mamba_forge.runtime.trust import release_keys_dir
 
     found = []

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mamba_forge.manifest.schema import BuildManifest
+from mamba_forge.core.schema import BuildManifest
 
 
 def build_plan(req) -> dict:
     """Every (module kind x target) `build` would compile for `req` (a BuildRequest), its role, symbol count
     and whether the cache already holds it; the catalog modules no chosen target admits, and why."""
     from mamba_forge.build.builder import plan
-    from mamba_forge.build.cache import Cache, default_location
+    from mamba_forge.core.cache import Cache, default_location
 
     cache = None
     cache_note = "disabled (--no-cache)" if req.cache_location is None else ""

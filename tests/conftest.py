@@ -34,6 +34,26 @@ def _session_cache(tmp_path_factory):
         yield folder
 
 
+@pytest.fixture
+def fake_tensor_streams(monkeypatch):
+    """For tests of fake tensors that claim to be torch's (tests/runtime_fakes.py): the runtime's stream lookup
+    sees no torch, as on a machine without it, even when another test module imported a real (CPU) torch, whose
+    torch.cuda.current_stream would fail. Only the stream module's view of sys.modules changes."""
+    import sys
+    from types import SimpleNamespace
+
+    from mamba_forge.runtime import streams
+
+    real = sys.modules.get("torch")
+
+    class Modules:  # sys.modules read through, less the real torch (a stand-in a test plants still shows)
+        def get(self, name, default=None):
+            got = sys.modules.get(name, default)
+            return default if name == "torch" and real is not None and got is real else got
+
+    monkeypatch.setattr(streams, "sys", SimpleNamespace(modules=Modules()))
+
+
 def pytest_collection_modifyitems(config, items):
     if gpu_available():
         return

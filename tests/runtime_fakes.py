@@ -10,8 +10,8 @@ from __future__ import annotations
 import ctypes
 import itertools
 
-from mamba_forge.catalog import expr
-from mamba_forge.manifest.schema import Param, RuntimeSymbol
+from mamba_forge.core import expr
+from mamba_forge.core.schema import Param, RuntimeSymbol
 from mamba_forge.runtime.tensors import DLDataType, DLDevice, DLTensor
 
 TORCH_NAMES = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "i32": "int32",
@@ -281,7 +281,8 @@ def typed_scalars():
 
 def catalog_records():
     """(RuntimeSymbol, qualification dims) for every catalog symbol, its contract filled as the qualifier does."""
-    from mamba_forge.catalog.model import DTYPES, default_catalog_path, load_catalog
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+    from mamba_forge.core.vocab import DTYPES
 
     cat = load_catalog(default_catalog_path())
     for cs in cat.symbols.values():

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import tomli_w
 
-from mamba_forge.manifest import signing
-from mamba_forge.runtime.backend import DeviceInfo
+from mamba_forge.core.vocab import DeviceInfo
+from mamba_forge.runtime import signing
 from mamba_forge.runtime.errors import DriverError
 
 H200 = DeviceInfo(ordinal=0, name="NVIDIA H200", cc=(9, 0), sm_count=132, driver_version=13000)
@@ -241,7 +241,7 @@ def qualified_body(build_manifest, catalog: Path, *, device: DeviceInfo = H200, 
     """A qualified manifest body (manifest_version 2, plain data) as docs/architecture.md lays it out, from a real
     build; each symbol's launch contract as the qualifier fills it."""
     from mamba_forge.catalog.model import load_catalog
-    from mamba_forge.manifest.codec import to_dict
+    from mamba_forge.core.codec import to_dict
     from mamba_forge.qualify.contract import contract
 
     rejected = REJECTED if rejected is None else rejected
@@ -284,9 +284,9 @@ def sign_body(body: dict, private, *, development_key: bool | None = None) -> by
 
 def write_with_runtime_table(body: dict, private, manifest: Path) -> bytes:
     """Sign as the qualifier does: the manifest at `manifest`, its runtime table beside it. Returns the document."""
-    from mamba_forge.manifest.codec import from_dict
+    from mamba_forge.core.codec import from_dict
+    from mamba_forge.core.schema import QualifiedManifest
     from mamba_forge.manifest.qualified import sign_with_runtime_table
-    from mamba_forge.manifest.schema import QualifiedManifest
     from mamba_forge.runtime.sources import runtime_table_path
 
     doc, table = sign_with_runtime_table(from_dict(QualifiedManifest, body), private)

@@ -17,8 +17,8 @@ from mamba_forge.build.builder import BuildRequest, build
 from mamba_forge.catalog.model import load_catalog
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, get_target
 from mamba_forge.cli import main
+from mamba_forge.core.schema import BuildManifest
 from mamba_forge.manifest import toml_io as manifest_io
-from mamba_forge.manifest.schema import BuildManifest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BASIC = FIXTURES / "build_basic" / "catalog.toml"
@@ -87,7 +87,7 @@ def test_block_limit_is_checked(tmp_path):
     """Admission refuses a block over the target's limit (the catalog refuses one at load since the launch limits:
     tests/adversarial/test_launch_shapes.py; this is the build's own check behind it)."""
     from mamba_forge.build.admit import admit_symbol
-    from mamba_forge.manifest.schema import Resources
+    from mamba_forge.core.schema import Resources
 
     cat = load_catalog(NEGATIVE)
     sym = cat.symbols["good"].model_copy(update={"name": "too_wide", "block": (2048, 1, 1)})

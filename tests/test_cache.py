@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from mamba_forge.build.builder import BuildRequest, build
-from mamba_forge.build.cache import Cache, CacheRefused, cache_key, check_private, default_location
 from mamba_forge.catalog.model import load_catalog
 from mamba_forge.catalog.targets import get_target
+from mamba_forge.core.cache import Cache, CacheRefused, cache_key, check_private, default_location
 
 BASIC = Path(__file__).parent / "fixtures" / "build_basic" / "catalog.toml"
 OTHER_UID = 54321

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
-from mamba_forge.errors import CatalogError, ForgeError
+from mamba_forge.core.errors import CatalogError, ForgeError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -103,11 +103,12 @@ def test_unknown_layout_is_refused_naming_file_family_and_value(tmp_path, bad):
 
 def test_layout_enum_in_the_header_matches_the_catalog():
     """mf/layout.cuh declares exactly the enumerators the catalog maps layout names to."""
-    from mamba_forge.catalog.model import LAYOUTS
+    from mamba_forge.core.vocab import LAYOUT_ENUMS, LAYOUTS
 
     header = (default_catalog_path().parent / "include" / "mf" / "layout.cuh").read_text()
     assert "enum Layout : int { NN = 0, TN = 1, NT = 2 };" in header
-    assert LAYOUTS == {"nn": "mf::Layout::NN", "tn": "mf::Layout::TN", "nt": "mf::Layout::NT"}
+    assert LAYOUT_ENUMS == {"nn": "mf::Layout::NN", "tn": "mf::Layout::TN", "nt": "mf::Layout::NT"}
+    assert LAYOUTS == ("nn", "tn", "nt")
 
 
 def test_a_source_file_belongs_to_one_module(tmp_path):

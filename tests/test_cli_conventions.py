@@ -17,8 +17,8 @@ from runtime_support import build_tiny, keypair, qualified_body, sign_body, writ
 
 from mamba_forge import cli, schemas
 from mamba_forge.cli import main
-from mamba_forge.manifest import signing
 from mamba_forge.manifest.toml_io import write
+from mamba_forge.runtime import signing
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_TOML = ROOT / "manifests" / "h200.toml"
@@ -52,7 +52,7 @@ def tiny(tmp_path_factory):
 
 
 def _admitted(build: Path, every: bool = False) -> int:
-    from mamba_forge.manifest.schema import BuildManifest
+    from mamba_forge.core.schema import BuildManifest
     from mamba_forge.manifest.toml_io import read
 
     bm = read(build / "manifest.toml", BuildManifest)

@@ -22,7 +22,7 @@ from mamba_forge import cli
 from mamba_forge.catalog.targets import DEFAULT_TARGETS
 from mamba_forge.cli import main
 from mamba_forge.cli.common import article, plural
-from mamba_forge.manifest import signing
+from mamba_forge.runtime import signing
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "manifests" / "h200.toml"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mamba_forge.build.cache import Cache
 from mamba_forge.cli import main
 from mamba_forge.cli_env import ENV_VARS
+from mamba_forge.core.cache import Cache
 
 PKG = Path(__file__).resolve().parent.parent / "mamba_forge"
 KEYS = [f"{i:02x}" + f"{i:062x}" for i in range(1, 6)]

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from mamba_forge.fsio import write_atomic, write_if_changed
+from mamba_forge.core.fsio import write_atomic, write_if_changed
 
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from mamba_forge.build.builder import BuildRequest, build
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.catalog.targets import DEFAULT_TARGETS, get_target
-from mamba_forge.manifest.schema import BuildManifest
+from mamba_forge.core.schema import BuildManifest
 
 DATA = Path(__file__).parent / "data"
 FIXED_NAMES = (DATA / "reference-fixed-symbols.txt").read_text().split()

@@ -104,7 +104,7 @@ def test_named_ada_symbols_declared_and_routed(catalog):
 ])
 def test_named_width_rungs_serve_their_width_only(catalog, name, fits, off):
     """Asked for by name, a d768/d128 rung serves at its model width and is refused elsewhere; never by shape."""
-    from mamba_forge.manifest.schema import QSymbol
+    from mamba_forge.core.schema import QSymbol
     from mamba_forge.qualify.assemble import route_table
     from mamba_forge.runtime import routes as RT
 

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from host_emulation import LAUNCH_CPP, compile_emulator, cuda_mock, entries_cpp
 
-from mamba_forge.catalog import expr
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.core import expr
 from mamba_forge.references import gemm as R
 
 CAT = load_catalog(default_catalog_path())

@@ -12,8 +12,8 @@ import pytest
 from mamba_forge.build.builder import BuildRequest, build
 from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
 from mamba_forge.catalog.targets import get_target
+from mamba_forge.core.schema import QSymbol
 from mamba_forge.gpu import tma
-from mamba_forge.manifest.schema import QSymbol
 from mamba_forge.qualify.assemble import route_table
 from mamba_forge.runtime import routes as RT
 

@@ -10,8 +10,9 @@ import struct
 import numpy as np
 import pytest
 
+from mamba_forge.core.vocab import ComputeCapability, DeviceInfo
 from mamba_forge.gpu import driver as cu
-from mamba_forge.runtime.backend import CudaBackend, DeviceInfo
+from mamba_forge.runtime.backend import CudaBackend
 from mamba_forge.runtime.errors import DriverError
 
 
@@ -127,7 +128,9 @@ def test_backend_translates_devices_launches_and_errors(monkeypatch):
     monkeypatch.setattr(cu, "Device", _Device)
     monkeypatch.setattr(cu, "launch", fake_launch)
     b = CudaBackend()
-    assert b.device_info(0) == DeviceInfo(0, "NVIDIA H200", (9, 0), 132, 13000)
+    info = b.device_info(0)  # the driver layer's record itself: one DeviceInfo for the qualifier and the loader
+    assert info == DeviceInfo(0, "NVIDIA H200", ComputeCapability(9, 0), 132, 13000, 232448, 233472, 1 << 37, "")
+    assert info.cc == (9, 0) and (info.cc.major, info.cc.text, info.cc.number, info.cc_text) == (9, "9.0", 90, "9.0")
     b.activate(0)
     with pytest.raises(DriverError, match="CUDA_ERROR_INVALID_DEVICE"):
         b.device_info(1)

@@ -18,10 +18,8 @@ import numpy as np
 import pytest
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
-from mamba_forge.errors import ForgeError
-from mamba_forge.manifest import signing
-from mamba_forge.manifest.qualified import body_bytes, parse_body, read_verified
-from mamba_forge.manifest.schema import (
+from mamba_forge.core.errors import ForgeError
+from mamba_forge.core.schema import (
     Artifact,
     BuildManifest,
     ModuleBuild,
@@ -33,6 +31,7 @@ from mamba_forge.manifest.schema import (
     Toolchain,
     Verdict,
 )
+from mamba_forge.manifest.qualified import body_bytes, parse_body, read_verified
 from mamba_forge.qualify import checks as C
 from mamba_forge.qualify import compare, fills, keys, plan, runner, sanitize, supervise
 from mamba_forge.qualify import guards as G
@@ -49,6 +48,7 @@ from mamba_forge.qualify.events import (
     WorkerDevice,
     from_json_line,
 )
+from mamba_forge.runtime import signing
 
 NEGATIVE = Path(__file__).parent / "fixtures" / "qualify_negative" / "catalog.toml"
 
@@ -624,7 +624,7 @@ def test_cli_progress_and_summary_render_the_events(tmp_path, fake_worker, monke
 
 
 def test_manifest_schema_refuses_unknown_fields_and_statuses():
-    from mamba_forge.errors import ManifestError
+    from mamba_forge.core.errors import ManifestError
 
     m = QualifiedManifest(created="c", expires="e", tool_version="0", level="full", qualification_seconds=0,
                           toolchain=QToolchain(nvrtc_version="13.0"),

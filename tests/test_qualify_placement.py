@@ -15,9 +15,9 @@ from mamba_forge.build.builder import BuildRequest, build
 from mamba_forge.catalog import entries
 from mamba_forge.catalog.model import load_catalog
 from mamba_forge.catalog.targets import get_target
+from mamba_forge.core.schema import BuildManifest
 from mamba_forge.gpu import driver as cu
 from mamba_forge.manifest import toml_io
-from mamba_forge.manifest.schema import BuildManifest
 from mamba_forge.qualify import placement as P
 from mamba_forge.qualify import plan
 from mamba_forge.qualify import worker as W

@@ -16,9 +16,9 @@ from runtime_support import write_tiny_catalog
 from mamba_forge import cli
 from mamba_forge.build.builder import manifest_bytes
 from mamba_forge.cli import main
-from mamba_forge.manifest.schema import BuildManifest
+from mamba_forge.core.safety import MAX_MANIFEST_BYTES
+from mamba_forge.core.schema import BuildManifest
 from mamba_forge.manifest.toml_io import dumps, loads
-from mamba_forge.safety import MAX_MANIFEST_BYTES
 
 
 @pytest.fixture(autouse=True)

@@ -10,8 +10,9 @@ import re
 import numpy as np
 import pytest
 
-from mamba_forge.catalog import expr
-from mamba_forge.catalog.model import DTYPES, default_catalog_path, load_catalog
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.core import expr
+from mamba_forge.core.vocab import DTYPES
 from mamba_forge.references import conv1d as rc
 from mamba_forge.references import optim as ro
 

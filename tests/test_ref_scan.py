@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from host_emulation import LAUNCH_CPP, compile_emulator, cuda_mock, entries_cpp, run_spec
 
-from mamba_forge.catalog import expr
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
-from mamba_forge.errors import ForgeError
+from mamba_forge.core import expr
+from mamba_forge.core.errors import ForgeError
 from mamba_forge.references import scan as ref
 
 ROOT = Path(__file__).resolve().parent.parent

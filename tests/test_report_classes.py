@@ -15,11 +15,11 @@ import pytest
 import tomli_w
 from rich.console import Console
 
-from mamba_forge.manifest import signing
-from mamba_forge.manifest.codec import from_dict
-from mamba_forge.manifest.schema import QualifiedManifest
+from mamba_forge.core.codec import from_dict
+from mamba_forge.core.schema import QualifiedManifest
 from mamba_forge.report import classes as K
 from mamba_forge.report.qualify import rejection_lines, render_qualify_summary
+from mamba_forge.runtime import signing
 
 ROOT = Path(__file__).resolve().parent.parent
 H200_TOML = ROOT / "manifests" / "h200.toml"

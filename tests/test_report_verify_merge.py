@@ -12,8 +12,8 @@ import pytest
 from runtime_support import H200, REJECTED, build_tiny, keypair, qualified_body, sign_body, write_tiny_catalog
 
 from mamba_forge.cli import main
-from mamba_forge.manifest import signing
 from mamba_forge.manifest.toml_io import write
+from mamba_forge.runtime import signing
 
 
 @pytest.fixture(autouse=True)

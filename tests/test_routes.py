@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
-from mamba_forge.errors import CatalogError
-from mamba_forge.manifest.schema import QRoute, QRung, QSymbol
+from mamba_forge.core.errors import CatalogError
+from mamba_forge.core.schema import QRoute, QRung, QSymbol
 from mamba_forge.qualify.assemble import route_table
 from mamba_forge.runtime import routes as RT
 

@@ -29,13 +29,15 @@ from runtime_fakes import (
 )
 from runtime_fakes import params as make_params
 
-from mamba_forge.catalog import expr
+from mamba_forge.core import expr
 from mamba_forge.gpu.driver import PACK_FORMATS, PackedParams
 from mamba_forge.runtime import streams
 from mamba_forge.runtime.args import typed_params
 from mamba_forge.runtime.contract import GRID_LIMITS, Contract, contract
 from mamba_forge.runtime.errors import LaunchRefused
 from mamba_forge.runtime.tensors import describe
+
+pytestmark = pytest.mark.usefixtures("fake_tensor_streams")  # tests/conftest.py
 
 T = FakeTorchTensor
 

@@ -26,6 +26,8 @@ from mamba_forge.runtime.errors import FamilyUnavailable, IncompleteOnDevice, Ti
 from mamba_forge.runtime.families import BUILT_ONLY, CHECKED, NOT_HERE, tile_label
 from mamba_forge.runtime.families import REJECTED as KIND_REJECTED
 
+pytestmark = pytest.mark.usefixtures("fake_tensor_streams")  # tests/conftest.py
+
 T = FakeTorchTensor
 N = 1000
 

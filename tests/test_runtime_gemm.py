@@ -21,6 +21,8 @@ from mamba_forge.gpu import tma
 from mamba_forge.runtime import LaunchRefused, load
 from mamba_forge.runtime import gemm as rgemm
 
+pytestmark = pytest.mark.usefixtures("fake_tensor_streams")  # tests/conftest.py
+
 SKINNY = "gemm_bi_nn_sm90a_wgmma_skinny"
 
 

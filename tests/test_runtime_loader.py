@@ -29,10 +29,9 @@ from runtime_support import (
     write_with_runtime_table,
 )
 
-from mamba_forge.manifest import signing
+from mamba_forge.core.codec import from_dict, runtime_table_bytes
+from mamba_forge.core.schema import QualifiedManifest
 from mamba_forge.manifest.bundle import write_bundle, write_index
-from mamba_forge.manifest.codec import from_dict, runtime_table_bytes
-from mamba_forge.manifest.schema import QualifiedManifest
 from mamba_forge.runtime import (
     ArtifactRefused,
     DeviceMismatch,
@@ -42,6 +41,7 @@ from mamba_forge.runtime import (
     SymbolUnavailable,
     launch,
     load,
+    signing,
     streams,
 )
 from mamba_forge.runtime import verify as rt_verify
@@ -382,16 +382,16 @@ def test_runtime_imports_stay_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "[]", f"the runtime pulled in {out[0]}"
-    allowed = {"mamba_forge", "mamba_forge.manifest", "mamba_forge.manifest.signing", "mamba_forge.fsio",
-               "mamba_forge.manifest.schema", "mamba_forge.manifest.codec",
+    # below the runtime only the standard-library core (records, codec, bounded reads, errors) and the driver layer
+    allowed = {"mamba_forge", "mamba_forge.core", "mamba_forge.core.fsio", "mamba_forge.core.schema",
+               "mamba_forge.core.codec", "mamba_forge.core.safety", "mamba_forge.core.errors", "mamba_forge.core.vocab",
                "mamba_forge.gpu", "mamba_forge.gpu.driver", "mamba_forge.gpu.core", "mamba_forge.gpu.graph",
-               "mamba_forge.gpu.launcher", "mamba_forge.runtime",
-               "mamba_forge.safety", "mamba_forge.errors"}  # both standard library only (bounded reads, trust rules)
+               "mamba_forge.gpu.launcher", "mamba_forge.runtime"}
     assert {m for m in eval(out[1]) if not m.startswith("mamba_forge.runtime.")} <= allowed
     # the keyword launch (contract, expressions, streams, packing, tensors, args) and the torch ops load on first use
     runtime = {m for m in eval(out[1]) if m.startswith("mamba_forge.runtime.")}
     assert runtime == {f"mamba_forge.runtime.{m}" for m in
-                       ("backend", "errors", "families", "loader", "memo", "sources", "trust", "verify")}, runtime
+                       ("backend", "errors", "families", "loader", "memo", "signing", "sources", "trust", "verify")}, runtime
 
 
 def test_runtime_import_defers_everything_heavy(tiny):

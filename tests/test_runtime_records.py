@@ -9,7 +9,7 @@ import inspect
 
 import pytest
 
-from mamba_forge.manifest import schema
+from mamba_forge.core import schema
 
 RECORDS = [getattr(schema, n) for n in schema.__all__ if dataclasses.is_dataclass(getattr(schema, n, None))]
 

@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from mamba_forge.catalog import expr
-from mamba_forge.catalog.model import DTYPES, default_catalog_path, load_catalog
-from mamba_forge.manifest import codec, schema
-from mamba_forge.manifest.codec import from_dict, runtime_table_bytes, to_dict, to_json_bytes
-from mamba_forge.manifest.schema import (
+from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.core import codec, expr, schema
+from mamba_forge.core.codec import from_dict, runtime_table_bytes, to_dict, to_json_bytes
+from mamba_forge.core.schema import (
     BuildManifest,
     QualifiedManifest,
     ReleaseIndex,
@@ -28,6 +27,7 @@ from mamba_forge.manifest.schema import (
     SchemaError,
     runtime_table,
 )
+from mamba_forge.core.vocab import DTYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "manifests" / "h200.toml"
@@ -489,7 +489,7 @@ def test_index_requires_what_verify_requires():
 
 
 def test_schema_imports_only_the_standard_library():
-    code = ("import sys; import mamba_forge.manifest.codec, mamba_forge.manifest.schema; "
+    code = ("import sys; import mamba_forge.core.codec, mamba_forge.core.schema; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('pydantic', 'numpy', 'tomli_w', 'cryptography')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
@@ -516,8 +516,8 @@ def test_trusted_reader_builds_what_from_dict_builds_for_the_committed_runtime_t
     import json
     from pathlib import Path
 
-    from mamba_forge.manifest.codec import from_dict, from_trusted_dict
-    from mamba_forge.manifest.schema import RuntimeTable
+    from mamba_forge.core.codec import from_dict, from_trusted_dict
+    from mamba_forge.core.schema import RuntimeTable
 
     plain = json.loads((Path(__file__).resolve().parent.parent / "manifests" / "h200.runtime.json").read_bytes())
     assert _typed(from_trusted_dict(RuntimeTable, plain)) == _typed(from_dict(RuntimeTable, plain))

@@ -10,10 +10,8 @@ from pathlib import Path
 import pytest
 
 from mamba_forge.cli import main as cli_main
-from mamba_forge.errors import ForgeError, ManifestError
-from mamba_forge.manifest import signing
-from mamba_forge.manifest.qualified import body_bytes, read_verified, signed_bytes, timestamps
-from mamba_forge.manifest.schema import (
+from mamba_forge.core.errors import ForgeError, ManifestError
+from mamba_forge.core.schema import (
     Param,
     QArtifact,
     QCheck,
@@ -23,7 +21,9 @@ from mamba_forge.manifest.schema import (
     QToolchain,
     QualifiedManifest,
 )
+from mamba_forge.manifest.qualified import body_bytes, read_verified, signed_bytes, timestamps
 from mamba_forge.qualify.keys import resolve_key, write_signed
+from mamba_forge.runtime import signing
 
 
 def _manifest(dev: bool = False) -> QualifiedManifest:

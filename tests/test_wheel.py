@@ -23,7 +23,7 @@ RELEASE_KEYS = sorted((ROOT / "manifests" / "keys").glob("*.pub"))
 
 
 def _key_id(pub: Path) -> str:
-    from mamba_forge.manifest import signing
+    from mamba_forge.runtime import signing
 
     return signing.key_id(signing.parse_public(pub.read_text()))
 
@@ -171,7 +171,7 @@ def test_installed_wheel_trusts_only_its_shipped_keys(installed, tmp_path):
     assert Path(catalog) == site / "mamba_forge" / "_kernels" / "catalog.toml"
     assert ids.split() == [RELEASE_KEY_ID]
     # the project's own signed manifest verifies by signature against the shipped key alone
-    code = ("import sys; from mamba_forge.manifest import signing; from mamba_forge.runtime.trust import trusted_keys;"
+    code = ("import sys; from mamba_forge.runtime import signing; from mamba_forge.runtime.trust import trusted_keys;"
             " print(signing.verify(open(sys.argv[1], 'rb').read(), trusted_keys())[1].key_id)")
     res = _run([str(bin_dir / "python"), "-c", code, str(ROOT / "manifests" / "h200.toml")], away, env)
     assert res.returncode == 0 and res.stdout.strip() == RELEASE_KEY_ID, res.stderr
@@ -200,8 +200,8 @@ def test_installed_wheel_verifies_a_bundle(installed, tmp_path):
 def test_package_data_not_on_disk_is_refused(monkeypatch):
     import zipfile as zf
 
-    from mamba_forge import resources
-    from mamba_forge.errors import ForgeError
+    from mamba_forge.core import resources
+    from mamba_forge.core.errors import ForgeError
 
     # what a zipimport install hands back: a Traversable with no real folder for NVRTC to read
     monkeypatch.setattr(resources.resources, "files", lambda pkg: zf.Path(zf.ZipFile(io.BytesIO(_EMPTY_ZIP))))
@@ -210,8 +210,8 @@ def test_package_data_not_on_disk_is_refused(monkeypatch):
 
 
 def test_missing_package_data_outside_a_checkout_is_refused(tmp_path, monkeypatch):
-    from mamba_forge import resources
-    from mamba_forge.errors import ForgeError
+    from mamba_forge.core import resources
+    from mamba_forge.core.errors import ForgeError
 
     site = tmp_path / "site-packages"
     (site / "mamba_forge").mkdir(parents=True)

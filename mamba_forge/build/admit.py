@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mamba_forge.catalog.model import Symbol
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
-from mamba_forge.manifest.schema import Resources, Verdict
+from mamba_forge.core.schema import Resources, Verdict
 
 REG_ALLOC_UNIT = 256  # registers are allocated per warp in units of 256
 

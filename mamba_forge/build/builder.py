@@ -25,15 +25,15 @@ from pathlib import Path
 
 from mamba_forge import __version__
 from mamba_forge.build import admit, nvrtc
-from mamba_forge.build.cache import DIGEST_PREFIX, Cache, CacheRefused, cache_key, default_location
 from mamba_forge.build.outputs import OutputStage, hold_out
 from mamba_forge.build.worker import die_with_parent, entry_problem, run_job
 from mamba_forge.catalog.compile_rules import redact_log
 from mamba_forge.catalog.model import Catalog, ModuleSpec, Symbol
 from mamba_forge.catalog.sources import check_resolved, read_headers, read_source
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
-from mamba_forge.errors import CatalogError
-from mamba_forge.manifest.schema import (
+from mamba_forge.core.cache import DIGEST_PREFIX, Cache, CacheRefused, cache_key, default_location
+from mamba_forge.core.errors import CatalogError
+from mamba_forge.core.schema import (
     Artifact,
     BuildManifest,
     ModuleBuild,
@@ -361,8 +361,8 @@ def manifest_bytes(manifest: BuildManifest, previous: Path) -> bytes:
     """The manifest's TOML, or the `previous` file's own bytes where they differ from it only in which programs
     came from the cache (`cached`, `compile_seconds`): a rebuild that changes nothing leaves manifest.toml (and its
     mtime) alone; those fields keep saying how the build that wrote the file got each program."""
+    from mamba_forge.core.safety import MAX_MANIFEST_BYTES, PathRefused, read_bounded
     from mamba_forge.manifest.toml_io import dumps
-    from mamba_forge.safety import MAX_MANIFEST_BYTES, PathRefused, read_bounded
 
     data = dumps(manifest).encode()
     try:

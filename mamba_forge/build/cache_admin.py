@@ -15,8 +15,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mamba_forge.build.cache import CacheRefused, check_private, default_location
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.cache import CacheRefused, check_private, default_location
+from mamba_forge.core.errors import ForgeError
 
 MAX_ENV = "MAMBA_FORGE_CACHE_MAX"
 _KEY = re.compile(r"^[0-9a-f]{64}$")

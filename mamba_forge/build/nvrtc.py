@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from mamba_forge.errors import BuildError
+from mamba_forge.core.errors import BuildError
 
 CUDA_INCLUDE_TOKEN = "-I<cuda-runtime-include>"
 

@@ -18,7 +18,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from mamba_forge.errors import BuildError
+from mamba_forge.core.errors import BuildError
 
 LOCK_NAME = ".mamba-forge.lock"
 _HINT = "free space on the disk of --out, or choose another --out; the previous build there is unchanged"

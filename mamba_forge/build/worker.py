@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mamba_forge.build import cubin, nvrtc
-from mamba_forge.build.cache import Cache
+from mamba_forge.core.cache import Cache
 
 
 def compile_parts(source: str, name: str, options: list[str], headers: dict[str, bytes]) -> dict[str, bytes]:

@@ -13,7 +13,7 @@ every family into symbols:
 
 Each symbol is emitted by the family's instantiation macro, ``MACRO(symbol, args...)``, appended to the
 composed source, so the export set follows from the catalog and nothing is copied by hand.
-Sizes (block, grid, dynamic shared memory, shapes) are integer expressions (see :mod:`mamba_forge.catalog.expr`).
+Sizes (block, grid, dynamic shared memory, shapes) are integer expressions (see :mod:`mamba_forge.core.expr`).
 """
 
 from __future__ import annotations
@@ -28,27 +28,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mamba_forge.catalog.targets import Target, gate_admits, validate_gate
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
+from mamba_forge.core.vocab import DTYPES, LAYOUTS
 
 SCHEMA_VERSION = 1
 
-# dtype tokens -> (C type, size in bytes, numpy name)
-DTYPES: dict[str, tuple[str, int, str]] = {
-    "f32": ("float", 4, "float32"),
-    "f64": ("double", 8, "float64"),
-    "bf16": ("__nv_bfloat16", 2, "bfloat16"),
-    "f16": ("__half", 2, "float16"),
-    "i8": ("int8_t", 1, "int8"),
-    "u8": ("uint8_t", 1, "uint8"),
-    "i32": ("int", 4, "int32"),
-    "u32": ("unsigned int", 4, "uint32"),
-    "i64": ("long long", 8, "int64"),
-    "u64": ("unsigned long long", 8, "uint64"),
-}
-# GEMM layout names (the instance key L) -> the enumerators of kernels/include/mf/layout.cuh; family files name
-# a layout, never its number, and any other value is refused when the catalog loads
+# GEMM layout names: family files name a layout by the instance key L, never its number, and any other value is
+# refused when the catalog loads (dtype tokens and layout names: core/vocab.py)
 LAYOUT_KEY = "L"
-LAYOUTS: dict[str, str] = {"nn": "mf::Layout::NN", "tn": "mf::Layout::TN", "nt": "mf::Layout::NT"}
 # scalar parameter types -> (size, alignment)
 SCALAR_TYPES: dict[str, tuple[int, int]] = {
     "i32": (4, 4), "u32": (4, 4), "i64": (8, 8), "u64": (8, 8), "f32": (4, 4), "f64": (8, 8), "ptr": (8, 8),

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mamba_forge.catalog import expr
 from mamba_forge.catalog.targets import TARGETS, gate_admits
-from mamba_forge.errors import CatalogError, printable
+from mamba_forge.core import expr
+from mamba_forge.core.errors import CatalogError, printable
 
 # CUDA's launch limits (CUDA C Programming Guide, "Technical Specifications per Compute Capability")
 GRID_MAX = (2**31 - 1, 65535, 65535)  # grid x < 2^31, y and z < 65536; every dim >= 1

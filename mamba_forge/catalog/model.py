@@ -13,13 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from mamba_forge.catalog import expr, limits
+from mamba_forge.catalog import limits
 from mamba_forge.catalog.compile_rules import option_problem
 from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catalog's public records
-    DTYPES,
     FILL_SPEC,
     LAYOUT_KEY,
-    LAYOUTS,
     SCALAR_TYPES,
     SCHEMA_VERSION,
     SYMBOL_NAME,
@@ -42,8 +40,10 @@ from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catal
 )
 from mamba_forge.catalog.sources import read_headers, read_source
 from mamba_forge.catalog.targets import TARGETS
-from mamba_forge.errors import CatalogError, ForgeError, printable
-from mamba_forge.safety import MAX_CATALOG_BYTES, PathRefused, parse_toml, read_bounded
+from mamba_forge.core import expr
+from mamba_forge.core.errors import CatalogError, ForgeError, printable
+from mamba_forge.core.safety import MAX_CATALOG_BYTES, PathRefused, parse_toml, read_bounded
+from mamba_forge.core.vocab import DTYPES, LAYOUT_ENUMS
 
 
 def _fmt_loc(loc: tuple[Any, ...], data: Any) -> str:
@@ -93,7 +93,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 def _c_token(key: str, value: int | str) -> str:
     """An instance value as the macro sees it: a layout name becomes its enumerator, a dtype token its C type."""
     if key == LAYOUT_KEY:
-        return LAYOUTS[str(value)]
+        return LAYOUT_ENUMS[str(value)]
     if isinstance(value, str) and value in DTYPES:
         return DTYPES[value][0]
     return str(value)
@@ -302,7 +302,7 @@ def load_catalog(path: str | Path) -> Catalog:
 
 def default_catalog_path() -> Path:
     """The built-in catalog: the package data of a wheel install, or kernels/catalog.toml of a source checkout."""
-    from mamba_forge.resources import KERNELS, data_folder
+    from mamba_forge.core.resources import KERNELS, data_folder
 
     path = data_folder(KERNELS) / "catalog.toml"
     if not path.is_file():
@@ -311,6 +311,6 @@ def default_catalog_path() -> Path:
 
 
 __all__ = [
-    "Catalog", "DTYPES", "LAYOUTS", "Family", "Module", "ModuleSpec", "Param", "Policy", "Symbol", "TARGETS",
+    "Catalog", "Family", "Module", "ModuleSpec", "Param", "Policy", "Symbol", "TARGETS",
     "load_catalog", "state_capacity", "default_catalog_path",
 ]

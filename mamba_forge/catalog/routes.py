@@ -25,11 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from mamba_forge.errors import CatalogError
+from mamba_forge.core.errors import CatalogError
+from mamba_forge.core.vocab import GEMM_KEY_DTYPES, LAYOUTS, STORAGE
 
-LAYOUTS = ("nn", "tn", "nt")
-KEY_DTYPES = ("f32", "tf32", "bf16", "f16")
-STORAGE = {"f32": "f32", "tf32": "f32", "bf16": "bf16", "f16": "f16"}
 EQUIVALENCE_M = (1, 3, 17, 64, 256, 1000)  # the M values route-equivalence compares rungs at
 NEEDS_DIMS = ("m", "n", "k")
 
@@ -204,8 +202,8 @@ def expand_routes(data: Any, path: Path, catalog) -> tuple[Route, ...]:
             if layout not in LAYOUTS:
                 raise CatalogError(f"{where}: unknown layout {_shown(layout)}; known: {', '.join(LAYOUTS)}")
             for t in (a, b, c):
-                if t not in KEY_DTYPES:
-                    raise CatalogError(f"{where}: unknown dtype {_shown(t)}; known: {', '.join(KEY_DTYPES)}")
+                if t not in GEMM_KEY_DTYPES:
+                    raise CatalogError(f"{where}: unknown dtype {_shown(t)}; known: {', '.join(GEMM_KEY_DTYPES)}")
             if c == "tf32":
                 raise CatalogError(f"{where}: tf32 is a math mode for A and B; C is stored as f32")
             if key in seen_keys:

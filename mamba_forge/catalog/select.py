@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from fnmatch import fnmatchcase
 
 from mamba_forge.catalog.model import Catalog
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 MAX_GLOB = 200  # characters: a symbol name is far shorter; longer is a mistake or an attack on fnmatch
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mamba_forge.catalog.compile_rules import IncludeRefused, include_names
-from mamba_forge.errors import CatalogError
-from mamba_forge.safety import PathRefused, read_bounded
+from mamba_forge.core.errors import CatalogError
+from mamba_forge.core.safety import PathRefused, read_bounded
 
 MAX_SOURCE_BYTES = 8 << 20  # one source or header: the largest built-in one is ~60 KB
 MAX_PROGRAM_BYTES = 64 << 20  # every header of a module's include folders together

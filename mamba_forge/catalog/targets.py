@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 KIB = 1024
 SMEM_RESERVED_BYTES = 1024  # shared memory the system reserves per block on sm_90 and newer

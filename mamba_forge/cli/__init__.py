@@ -21,7 +21,7 @@ from mamba_forge import cli_json as js
 from mamba_forge.cli import cmd_build, cmd_qualify, cmd_report, cmd_verify
 from mamba_forge.cli.cmd_qualify import _qualify_with_progress  # noqa: F401 - tests drive the progress rendering
 from mamba_forge.cli.streams import GuardedStdout, SilentStderr, StdoutFailed, printable
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 try:  # typer >= 0.28 vendors its own click; older typer uses click itself
     from typer._click import exceptions as _click_exc

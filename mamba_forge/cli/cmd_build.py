@@ -10,7 +10,7 @@ import typer
 from mamba_forge import cli_json as js
 from mamba_forge.catalog.targets import DEFAULT_TARGETS  # the help names the one default list
 from mamba_forge.cli.common import MAX_JOBS, DryRunOpt, JsonOpt, QuietOpt, plural, say, say_err, stderr, stdout
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 
 def build(
@@ -44,7 +44,7 @@ def build(
     from mamba_forge.build.builder import BuildRequest, count_jobs, timed_build
     from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
     from mamba_forge.catalog.targets import get_target, select_targets
-    from mamba_forge.safety import PathRefused, prepare_output_dir
+    from mamba_forge.core.safety import PathRefused, prepare_output_dir
 
     chosen = select_targets(arch, os.environ)
     targets = [get_target(n) for n in chosen.names]
@@ -87,7 +87,7 @@ def build(
     failed = manifest.failed_mandatory()
     names = ", ".join(f"{m.kind} ({m.target})" for m in failed)
     if as_json:
-        from mamba_forge.manifest.codec import to_dict
+        from mamba_forge.core.codec import to_dict
 
         js.emit({"path": str(out_dir / "manifest.toml"), "seconds": round(seconds, 3),
                  "failed_mandatory": [f"{m.kind} ({m.target})" for m in failed], "manifest": to_dict(manifest)},

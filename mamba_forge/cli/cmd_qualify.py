@@ -21,7 +21,7 @@ from mamba_forge.cli.common import (
     stderr,
     stdout,
 )
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 if TYPE_CHECKING:
     from mamba_forge.qualify.runner import QualifyRequest, QualifyResult
@@ -42,7 +42,7 @@ def _parse_devices(text: str) -> list[int] | None:
 
 def _check_out_file(path: Path, inputs: list[Path], *, create: bool) -> None:
     """qualify --out, before any work: not an input, not a folder, its folder a folder (made unless a dry run)."""
-    from mamba_forge.safety import PathRefused, check_output_file, same_file
+    from mamba_forge.core.safety import PathRefused, check_output_file, same_file
 
     try:
         if create:
@@ -63,7 +63,7 @@ def _check_out_file(path: Path, inputs: list[Path], *, create: bool) -> None:
 
 
 def _read_build(build_dir: Path):
-    from mamba_forge.manifest.schema import BuildManifest
+    from mamba_forge.core.schema import BuildManifest
     from mamba_forge.manifest.toml_io import read
 
     if not build_dir.is_dir():
@@ -93,7 +93,7 @@ def qualify(
     as_json: JsonOpt = False,
 ) -> None:
     """Qualify every symbol that targets the attached GPU(s) and write a signed qualified manifest."""
-    from mamba_forge.manifest.codec import to_dict
+    from mamba_forge.core.codec import to_dict
     from mamba_forge.qualify import keys, runner
     from mamba_forge.report.qualify import render_qualify_summary
 

@@ -10,7 +10,7 @@ import typer
 
 from mamba_forge import cli_json as js
 from mamba_forge.cli.common import JsonOpt, bad_input, stdout
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 
 def _globs(what: str, globs: list[str] | None, names: list[str]) -> tuple[str, ...]:
@@ -51,7 +51,7 @@ def report(
     """Render a manifest: a summary per module kind and every rejected symbol with its reason; or a diff of two."""
     import dataclasses
 
-    from mamba_forge.manifest.codec import to_dict
+    from mamba_forge.core.codec import to_dict
     from mamba_forge.report import tables as rpt
     from mamba_forge.report.diff import diff, narrow, read_document
 

@@ -11,7 +11,7 @@ import typer
 
 from mamba_forge import cli_json as js
 from mamba_forge.cli.common import JsonOpt, KeyOpt, must_exist, say
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 
 def verify(
@@ -21,7 +21,7 @@ def verify(
     as_json: JsonOpt = False,
 ) -> None:
     """Check the signature, every artifact's size and sha256, and completeness. Exit 0 when all hold, else 1."""
-    from mamba_forge.errors import ManifestError
+    from mamba_forge.core.errors import ManifestError
     from mamba_forge.runtime.errors import ArtifactRefused, LoadError
     from mamba_forge.runtime.trust import trusted_keys
     from mamba_forge.runtime.verify import open_verified
@@ -66,9 +66,9 @@ def _not_a_manifest(path: Path) -> str | None:
     checked by open_verified)."""
     import tomllib
 
-    from mamba_forge.manifest import signing
+    from mamba_forge.core.safety import parse_toml
     from mamba_forge.manifest.toml_io import read_input
-    from mamba_forge.safety import parse_toml
+    from mamba_forge.runtime import signing
 
     if not path.is_file() or _tarball(path):
         return None
@@ -143,7 +143,7 @@ def keygen(
     as_json: JsonOpt = False,
 ) -> None:
     """Write an Ed25519 key pair for signing qualified manifests."""
-    from mamba_forge.manifest.signing import write_keypair
+    from mamba_forge.runtime.signing import write_keypair
 
     if not name or "/" in name or name in (".", "..") or name.startswith("."):
         raise ForgeError(f"--name {name!r} is not a plain file name stem", hint="e.g. --name release")

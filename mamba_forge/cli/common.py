@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import io
 
-from mamba_forge import errors
+from mamba_forge.core import errors
 
 _SHOWN = 300  # characters of one echoed value
 
@@ -87,6 +87,6 @@ class ClosedStdout(io.TextIOBase):
 
 
 def printable(value: object, limit: int = _SHOWN) -> str:
-    """`value` as one line a terminal shows as-is (mamba_forge.errors.printable: control characters and escape
+    """`value` as one line a terminal shows as-is (mamba_forge.core.errors.printable: control characters and escape
     sequences written as Python escapes), bounded to `limit` characters for an echoed CLI value."""
     return errors.printable(value, limit=limit)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
+from mamba_forge.core.vocab import ComputeCapability, DeviceInfo
 from mamba_forge.gpu.core import (
     STICKY_RESULTS,
     CudaError,
@@ -29,23 +30,6 @@ from mamba_forge.gpu.core import (
 )
 from mamba_forge.gpu.graph import Event, Graph
 from mamba_forge.gpu.launcher import PACK_FORMATS, PackedParams, launch
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    ordinal: int
-    name: str
-    cc: tuple[int, int]
-    sm_count: int
-    driver_version: int
-    optin_smem: int  # MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-    smem_per_sm: int
-    total_memory: int
-    uuid: str
-
-    @property
-    def cc_text(self) -> str:
-        return f"{self.cc[0]}.{self.cc[1]}"
 
 
 class Device:
@@ -75,7 +59,7 @@ class Device:
         return DeviceInfo(
             ordinal=self.ordinal,
             name=name,
-            cc=(self.attribute("COMPUTE_CAPABILITY_MAJOR"), self.attribute("COMPUTE_CAPABILITY_MINOR")),
+            cc=ComputeCapability(self.attribute("COMPUTE_CAPABILITY_MAJOR"), self.attribute("COMPUTE_CAPABILITY_MINOR")),
             sm_count=self.attribute("MULTIPROCESSOR_COUNT"),
             driver_version=driver_version(),
             optin_smem=self.attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import struct
 
+from mamba_forge.core.vocab import LAYOUTS
 from mamba_forge.gpu.core import bindings
 
 TMA_DESC_BYTES = 128
@@ -32,7 +33,6 @@ TMA_DESC_ALIGN = 64
 BOX = 64  # elements per box side: 64 16-bit elements = one 128-byte swizzle row
 ELEMENT_BYTES = 2
 MAX_DIM = 2**31 - 1
-LAYOUTS = ("nn", "nt", "tn")
 
 
 class TmaError(ValueError):

@@ -17,11 +17,13 @@ import tarfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 
-from mamba_forge import __version__, safety
-from mamba_forge.errors import ForgeError, ManifestError
-from mamba_forge.fsio import write_atomic
-from mamba_forge.manifest import signing, toml_io
-from mamba_forge.manifest.schema import RESERVED_PATHS, IndexEntry, ReleaseIndex
+from mamba_forge import __version__
+from mamba_forge.core import safety
+from mamba_forge.core.errors import ForgeError, ManifestError
+from mamba_forge.core.fsio import write_atomic
+from mamba_forge.core.schema import RESERVED_PATHS, IndexEntry, ReleaseIndex
+from mamba_forge.manifest import toml_io
+from mamba_forge.runtime import signing
 from mamba_forge.runtime.errors import LoadError
 from mamba_forge.runtime.sources import BUNDLE_MANIFEST, RUNTIME_TABLE, is_tar_path, sha256
 from mamba_forge.runtime.verify import Verified, open_verified

@@ -1,5 +1,5 @@
 """The qualified manifest (docs/architecture.md, "Qualified manifest"): the records of
-:mod:`mamba_forge.manifest.schema`, TOML with tomli-w, signed with :mod:`mamba_forge.manifest.signing`. The runtime
+:mod:`mamba_forge.core.schema`, TOML with tomli-w, signed with :mod:`mamba_forge.runtime.signing`. The runtime
 loader reads the same bytes with ``tomllib`` and the same codec (no pydantic, no tomli-w at load time).
 """
 
@@ -11,11 +11,12 @@ import tomllib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from mamba_forge import safety
-from mamba_forge.errors import ManifestError
-from mamba_forge.manifest import signing, toml_io
-from mamba_forge.manifest.codec import from_dict, runtime_table_bytes, to_dict
-from mamba_forge.manifest.schema import QualifiedManifest, SchemaError
+from mamba_forge.core import safety
+from mamba_forge.core.codec import from_dict, runtime_table_bytes, to_dict
+from mamba_forge.core.errors import ManifestError
+from mamba_forge.core.schema import QualifiedManifest, SchemaError
+from mamba_forge.manifest import toml_io
+from mamba_forge.runtime import signing
 
 VALIDITY_DAYS = 365
 

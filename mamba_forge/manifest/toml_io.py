@@ -1,4 +1,4 @@
-"""TOML input and output of manifest records (mamba_forge/manifest/schema.py): written with tomli-w, read with
+"""TOML input and output of manifest records (mamba_forge/core/schema.py): written with tomli-w, read with
 tomllib, converted both ways by the one codec (codec.py). A document that does not fit its record is refused with
 one ManifestError line naming the file and the path."""
 
@@ -10,11 +10,11 @@ from typing import TypeVar
 
 import tomli_w
 
-from mamba_forge.errors import ForgeError, ManifestError
-from mamba_forge.fsio import write_atomic
-from mamba_forge.manifest.codec import from_dict, to_dict
-from mamba_forge.manifest.schema import SchemaError
-from mamba_forge.safety import MAX_MANIFEST_BYTES, PathRefused, parse_toml, read_bounded
+from mamba_forge.core.codec import from_dict, to_dict
+from mamba_forge.core.errors import ForgeError, ManifestError
+from mamba_forge.core.fsio import write_atomic
+from mamba_forge.core.safety import MAX_MANIFEST_BYTES, PathRefused, parse_toml, read_bounded
+from mamba_forge.core.schema import SchemaError
 
 R = TypeVar("R")
 

@@ -8,8 +8,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from mamba_forge import __version__
-from mamba_forge.manifest.qualified import timestamps
-from mamba_forge.manifest.schema import (
+from mamba_forge.core.schema import (
     ModuleBuild,
     QArtifact,
     QCheck,
@@ -21,6 +20,7 @@ from mamba_forge.manifest.schema import (
     QToolchain,
     QualifiedManifest,
 )
+from mamba_forge.manifest.qualified import timestamps
 from mamba_forge.qualify.contract import contract
 from mamba_forge.qualify.events import UNKNOWN_DEVICE, SymbolResult
 from mamba_forge.qualify.plan import Group, device_modules

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mamba_forge.catalog.model import Family, Symbol
+from mamba_forge.core.vocab import DTYPE_SIZES
 from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import fills
 from mamba_forge.qualify import guards as G
@@ -62,7 +63,7 @@ def digest(outputs: dict[str, bytes]) -> str:
 
 def unwritten_mask(raw: bytes, dtype: str) -> np.ndarray:
     """Elements whose bytes are all still the poison pattern."""
-    size = S.DTYPES_SIZE[dtype]
+    size = DTYPE_SIZES[dtype]
     b = np.frombuffer(raw, dtype=np.uint8).reshape(-1, size)
     return np.all(b == POISON, axis=1)
 
@@ -212,7 +213,7 @@ class Instance:
                     if b.role == "in":
                         cu.memcpy_htod(ptr, data)
                         if self.guards is not None:  # compared after every launch, never copied back
-                            self._owned.append(self.guards.copy_input(b.name, ptr, b.nbytes, S.DTYPES_SIZE[b.dtype]))
+                            self._owned.append(self.guards.copy_input(b.name, ptr, b.nbytes, DTYPE_SIZES[b.dtype]))
                     else:  # restored before every launch
                         pb = cu.DeviceBuffer(b.nbytes)
                         self._owned.append(pb)
@@ -236,7 +237,7 @@ class Instance:
                 self.pristine[b.name] = pb.ptr
                 self.prepared_bytes[b.name] = data
                 if self.guards is not None:  # an input too: the kernel must not write it
-                    self.guards.input(b.name, self.ptrs[b.name], pb.ptr, b.nbytes, S.DTYPES_SIZE[b.dtype])
+                    self.guards.input(b.name, self.ptrs[b.name], pb.ptr, b.nbytes, DTYPE_SIZES[b.dtype])
             if self.guards is not None:
                 self._owned += self.guards.upload()
             values: list[tuple[str, object]] = [("ptr", 0)] * len(spec.param_types)
@@ -396,7 +397,7 @@ def check_outputs(spec: S.LaunchSpec, outs: dict[str, bytes], ref: dict[str, np.
             if e.size == unw.size:
                 # an element the reference expects to be NaN (floats) or all-ones (integers: -1, max) may
                 # legitimately hold the poison pattern
-                poison_value = float(S.from_bytes(bytes([POISON]) * S.DTYPES_SIZE[b.dtype], b.dtype)[0])
+                poison_value = float(S.from_bytes(bytes([POISON]) * DTYPE_SIZES[b.dtype], b.dtype)[0])
                 unw &= ~(np.isnan(e) | (e == poison_value))
         if unw.any():
             return False, f"{b.name}: {int(unw.sum())} of {b.count} elements not written (first at {int(np.argmax(unw))})"

@@ -8,9 +8,10 @@ The contract is what a caller needs to launch the symbol without the catalog: th
 
 from __future__ import annotations
 
-from mamba_forge.catalog import expr
-from mamba_forge.catalog.model import DTYPES, ModuleSpec, Symbol
-from mamba_forge.manifest.schema import Param, param_kind
+from mamba_forge.catalog.model import ModuleSpec, Symbol
+from mamba_forge.core import expr
+from mamba_forge.core.schema import Param, param_kind
+from mamba_forge.core.vocab import DTYPES
 
 
 def _text(v) -> str:

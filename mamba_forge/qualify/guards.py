@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mamba_forge.core.vocab import DTYPE_SIZES
 from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import spec as S
 
@@ -213,7 +214,7 @@ def poison_difference(spec: S.LaunchSpec, first: dict[str, bytes], second: dict[
     else a sentence naming the output and its first differing element. Elements left unwritten by both runs
     (still each run's poison) are not differences: check_outputs decides whether they may stay unwritten."""
     for b in spec.outputs:
-        size = S.DTYPES_SIZE[b.dtype]
+        size = DTYPE_SIZES[b.dtype]
         x, y = first[b.name], second[b.name]
         xa = np.frombuffer(x, np.uint8).reshape(-1, size)
         ya = np.frombuffer(y, np.uint8).reshape(-1, size)

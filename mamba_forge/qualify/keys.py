@@ -8,11 +8,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mamba_forge.errors import ForgeError
-from mamba_forge.fsio import write_atomic
-from mamba_forge.manifest import signing
+from mamba_forge.core.errors import ForgeError
+from mamba_forge.core.fsio import write_atomic
+from mamba_forge.core.schema import QualifiedManifest
 from mamba_forge.manifest.qualified import signed_files
-from mamba_forge.manifest.schema import QualifiedManifest
+from mamba_forge.runtime import signing
 from mamba_forge.runtime.sources import runtime_table_path
 
 

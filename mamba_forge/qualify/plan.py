@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from mamba_forge.catalog.targets import TARGETS
-from mamba_forge.manifest.schema import BuildManifest
+from mamba_forge.core.schema import BuildManifest
 
 
 @dataclass
@@ -37,7 +37,7 @@ def narrow_build(build: BuildManifest, globs: list[str] | None) -> BuildManifest
     from fnmatch import fnmatchcase
 
     from mamba_forge.catalog.select import MAX_GLOB
-    from mamba_forge.errors import ForgeError
+    from mamba_forge.core.errors import ForgeError
 
     for g in globs:
         if not g or len(g) > MAX_GLOB:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mamba_forge.catalog.model import Catalog
-from mamba_forge.errors import ForgeError
-from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest
+from mamba_forge.core.errors import ForgeError
+from mamba_forge.core.schema import BuildManifest, QualifiedManifest
 from mamba_forge.qualify.assemble import assemble
 from mamba_forge.qualify.compare import cross_device
 from mamba_forge.qualify.equivalence import apply as route_equivalence
@@ -136,7 +136,7 @@ def prepare_request(devices: list[int] | None, build_dir: Path | None, catalog_p
     from mamba_forge.build.builder import BuildRequest, build
     from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
     from mamba_forge.catalog.targets import get_target
-    from mamba_forge.errors import printable
+    from mamba_forge.core.errors import printable
     from mamba_forge.gpu import driver as cu
     from mamba_forge.manifest.toml_io import read, write
 

@@ -15,16 +15,13 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
-from mamba_forge.catalog import expr
-from mamba_forge.catalog.model import DTYPES, Family, Param, Symbol
+from mamba_forge.catalog.model import Family, Param, Symbol
+from mamba_forge.core import expr
+from mamba_forge.core.vocab import DTYPES, FLOAT_DTYPES
 
-NP_DTYPES: dict[str, np.dtype] = {
-    "f32": np.dtype(np.float32), "f64": np.dtype(np.float64), "bf16": np.dtype(ml_dtypes.bfloat16),
-    "f16": np.dtype(np.float16), "i8": np.dtype(np.int8), "u8": np.dtype(np.uint8), "i32": np.dtype(np.int32),
-    "u32": np.dtype(np.uint32), "i64": np.dtype(np.int64), "u64": np.dtype(np.uint64),
+NP_DTYPES: dict[str, np.dtype] = {  # numpy has no bfloat16: ml_dtypes's
+    token: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name) for token, (_, _, name) in DTYPES.items()
 }
-FLOAT_DTYPES = {"f32", "f64", "bf16", "f16"}
-DTYPES_SIZE = {k: v[1] for k, v in DTYPES.items()}
 MAX_BUFFER_BYTES = 1 << 30  # a spec asking for more than 1 GiB in one buffer is a catalog mistake
 # default tolerances per output dtype: (rtol, atol)
 TOLERANCES = {"f64": (1e-12, 1e-12), "f32": (1e-5, 1e-6), "bf16": (1e-2, 1e-2), "f16": (1e-2, 1e-3)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 SAVE_CHUNK = 256  # timesteps between saved states (kernels: mf::kScanSaveChunk)
 BWD_GROUP = {"ssm_parallel_scan_bwd": 4, "ssm_parallel_scan_bwd_fold": 8, "ssm_backward_local": 4}

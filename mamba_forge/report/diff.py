@@ -1,7 +1,7 @@
 """What changed between two manifests (build or qualified), and between a qualified manifest and a fresh
 rebuild of its kernels (the reproducibility check: a kernel change without a new qualification is stale).
 
-Manifests are read into the schema's records (mamba_forge/manifest/schema.py); a trailing [signature] table is
+Manifests are read into the schema's records (mamba_forge/core/schema.py); a trailing [signature] table is
 shown, not checked: ``verify`` checks it.
 """
 
@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from mamba_forge.errors import ManifestError
-from mamba_forge.manifest import signing, toml_io
-from mamba_forge.manifest.codec import document_record, to_dict
-from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest, ReleaseIndex, SchemaError
-from mamba_forge.safety import parse_toml
+from mamba_forge.core.codec import document_record, to_dict
+from mamba_forge.core.errors import ManifestError
+from mamba_forge.core.safety import parse_toml
+from mamba_forge.core.schema import BuildManifest, QualifiedManifest, ReleaseIndex, SchemaError
+from mamba_forge.manifest import toml_io
+from mamba_forge.runtime import signing
 
 RESOURCE_KEYS = ("registers", "static_smem", "local_bytes", "stack_frame", "spill_stores", "spill_loads",
                  "max_threads", "blocks_per_sm", "barriers", "param_bytes")

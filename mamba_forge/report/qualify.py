@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from mamba_forge.manifest.schema import QualifiedManifest
+from mamba_forge.core.schema import QualifiedManifest
 from mamba_forge.report.classes import counts_line, group_rejections
 
 MAX_LISTED_REJECTIONS = 40  # the rest: `mamba-forge report`

@@ -1,4 +1,4 @@
-"""Readable tables of build manifests, qualified manifests and release indexes (records of manifest/schema.py)."""
+"""Readable tables of build manifests, qualified manifests and release indexes (records of core/schema.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from fnmatch import fnmatchcase
 from rich.console import Console
 from rich.table import Table
 
-from mamba_forge.manifest import signing
-from mamba_forge.manifest.codec import to_dict
-from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest, ReleaseIndex
+from mamba_forge.core.codec import to_dict
+from mamba_forge.core.schema import BuildManifest, QualifiedManifest, ReleaseIndex
 from mamba_forge.report.classes import class_counts, counts_line, group_rejections
 from mamba_forge.report.diff import Document
 from mamba_forge.report.qualify import rejection_lines
+from mamba_forge.runtime import signing
 
 
 def build_summary(manifest: BuildManifest) -> list[dict]:

@@ -1,7 +1,7 @@
 """mamba_forge.runtime: load signed, qualified kernels and launch them.
 
-Imports only the standard library, cryptography and cuda-bindings (no typer, rich, pydantic), plus the manifest
-schema and codec (standard library), so an engine process pays milliseconds for it. See
+Imports only the standard library, cryptography and cuda-bindings (no typer, rich, pydantic), plus mamba_forge.core
+(standard library: the manifest schema and codec among it), so an engine process pays milliseconds for it. See
 :mod:`mamba_forge.runtime.loader`.
 
 The names below resolve on first use (PEP 562): ``import mamba_forge.runtime`` imports only the error classes;

@@ -23,7 +23,7 @@ from mamba_forge.runtime import tensors
 from mamba_forge.runtime.errors import LaunchRefused
 
 if TYPE_CHECKING:
-    from mamba_forge.manifest.schema import Param
+    from mamba_forge.core.schema import Param
 
 # ---- the typed path: Param records ---------------------------------------------------------------------------
 

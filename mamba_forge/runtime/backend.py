@@ -8,24 +8,8 @@ never pays for it. Every driver failure becomes a DriverError naming the call an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from mamba_forge.core.vocab import DeviceInfo
 from mamba_forge.runtime.errors import DriverError
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What the loader checks a manifest against (the qualifier's device record)."""
-
-    ordinal: int
-    name: str
-    cc: tuple[int, int]
-    sm_count: int
-    driver_version: int  # cuDriverGetVersion: 13000 = CUDA 13.0
-
-    @property
-    def cc_text(self) -> str:
-        return f"{self.cc[0]}.{self.cc[1]}"
 
 
 class CudaBackend:
@@ -50,8 +34,7 @@ class CudaBackend:
         return self._devices[ordinal]
 
     def device_info(self, ordinal: int) -> DeviceInfo:
-        i = self._call(self._device(ordinal).info)
-        return DeviceInfo(ordinal, i.name, (i.cc[0], i.cc[1]), i.sm_count, i.driver_version)
+        return self._call(self._device(ordinal).info)
 
     def activate(self, ordinal: int) -> None:
         self._call(self._device(ordinal).make_current)

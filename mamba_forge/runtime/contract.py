@@ -10,7 +10,7 @@ The rules (docs/architecture.md, "Runtime loader", has them): arguments are para
 shaped exactly ``[dim]`` (the first input, else output); a value over dims ("d_state * L") is derived, and if
 given must agree; a literal value ("1e-05": the qualification value) or "" is a required argument, never a
 silent default; a dim no scalar carries is an argument of its own name. Expressions see dims and constants
-only, validated by mamba_forge.catalog.expr's parser and compiled, all together, into one function.
+only, validated by mamba_forge.core.expr's parser and compiled, all together, into one function.
 
 Refused before anything launches, naming the argument and what was expected: missing or unknown arguments;
 bools; non-ints for integer scalars; integers outside their type; a given scalar disagreeing with its derived
@@ -30,6 +30,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
+from mamba_forge.core.vocab import DTYPE_SIZES
 from mamba_forge.runtime.args import INT_RANGES, blob_align, check_tensor, param_packer, scalar_value
 from mamba_forge.runtime.errors import LaunchRefused
 from mamba_forge.runtime.expressions import compile_expressions, literal
@@ -38,7 +39,7 @@ from mamba_forge.runtime.tensors import TORCH_DTYPE_TOKENS, describe
 from mamba_forge.runtime.tensors import TORCH_TYPES as _TORCH_TYPES
 
 if TYPE_CHECKING:
-    from mamba_forge.manifest.schema import RuntimeSymbol
+    from mamba_forge.core.schema import RuntimeSymbol
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 CAPACITY_DIM = "d_state"
@@ -48,7 +49,6 @@ _WRITES = ("out", "inout", "scratch")
 _READS = ("in", "inout")
 
 
-_ITEMSIZE = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2, "i8": 1, "u8": 1, "i32": 4, "u32": 4, "i64": 8, "u64": 8}
 
 class Bound(NamedTuple):
     """A checked launch: what driver.PackedParams and cuLaunchKernel take."""
@@ -107,7 +107,7 @@ class Contract:
         self._plan = tuple(plan)
         self._pointers = tuple(pointers)
         # (plan slot, pointer index, writes, bytes per element, name) of every pointer: the memory checks
-        self._ptr_slots = tuple((i, e[4], e[3], _ITEMSIZE.get(e[2], 1), e[0]) for i, e in enumerate(plan)
+        self._ptr_slots = tuple((i, e[4], e[3], DTYPE_SIZES.get(e[2], 1), e[0]) for i, e in enumerate(plan)
                                 if e[1] == _PTR)
         self._evaluate, self.source = compile_expressions(name, exprs, dims, constants)
         self._ngrid, self._derived = len(symbol.grid), tuple(derived)

@@ -1,6 +1,6 @@
 """A launch contract's expressions (grid, shapes, scalar values) compiled into one Python function.
 
-Each expression is validated by mamba_forge.catalog.expr's parser (integer arithmetic, names and the catalog's
+Each expression is validated by mamba_forge.core.expr's parser (integer arithmetic, names and the catalog's
 functions only; imported lazily so the loader's import stays light), may name only the symbol's dims and
 constants, and is compiled from a private copy of its AST: dims become the function's positional parameters,
 constants literals, calls the catalog's own functions (so compiled and interpreted values agree). The function
@@ -33,7 +33,7 @@ class _Slots(ast.NodeTransformer):
 
 def compile_expressions(symbol: str, exprs: list[str], dims: tuple[str, ...], constants: dict[str, int]):
     """(function of the dims in order -> tuple of every expression's value, its source), from the validated ASTs."""
-    from mamba_forge.catalog import expr  # lazily: the loader's import stays light
+    from mamba_forge.core import expr  # lazily: the loader's import stays light
 
     slots = _Slots({d: f"_d{i}" for i, d in enumerate(dims)}, constants)
     parts = []
@@ -45,18 +45,18 @@ def compile_expressions(symbol: str, exprs: list[str], dims: tuple[str, ...], co
         if unknown:
             raise LaunchRefused(f"{symbol}: expression {text!r} names {sorted(unknown)}, "
                                 f"neither dims {list(dims)} nor constants {sorted(constants)}")
-        tree = ast.parse(text, mode="eval")  # a private copy: catalog.expr caches its own trees
+        tree = ast.parse(text, mode="eval")  # a private copy: core.expr caches its own trees
         parts.append(f"({ast.unparse(slots.visit(tree.body))})")
     src = f"def _evaluate({', '.join(slots.slot.values())}):\n    return ({', '.join(parts)},)\n"
     # the catalog's own functions, so compiled and interpreted values agree; no builtins reachable
-    namespace = {"__builtins__": {}, **{f"_f_{k}": f[0] for k, f in expr._FUNCS.items()}}
+    namespace = {"__builtins__": {}, **{f"_f_{k}": f[0] for k, f in expr.FUNCTIONS.items()}}
     exec(compile(src, f"<contract {symbol}>", "exec"), namespace)  # noqa: S102 - validated grammar only
     return namespace["_evaluate"], src
 
 
 def literal(text: str, symbol: str) -> int | float | None:
     """A value expression without names, as its number; None when it names something."""
-    from mamba_forge.catalog import expr
+    from mamba_forge.core import expr
 
     try:
         return None if expr.names(text) else expr.evaluate(text, {})

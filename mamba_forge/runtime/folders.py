@@ -7,8 +7,8 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
+from mamba_forge.core.safety import MAX_BUNDLE_BYTES
 from mamba_forge.runtime.errors import ArtifactRefused
-from mamba_forge.safety import MAX_BUNDLE_BYTES
 
 MAX_FOLDER_ENTRIES = 1 << 16  # a folder bundle holds its manifest, table and cubins: a few hundred files
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mamba_forge.core.vocab import DTYPE_SIZES, GEMM_STORAGE, LAYOUTS
 from mamba_forge.runtime.errors import LaunchRefused
-from mamba_forge.runtime.routes import LAYOUTS
 from mamba_forge.runtime.tensors import TORCH_DTYPE_TOKENS, TORCH_TYPES, describe
 
 if TYPE_CHECKING:
@@ -56,7 +56,6 @@ TENSOR_MAPS = {
     "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias_k4": "prepare_padded_tiles_f32",
     "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias_t256": "prepare_padded_tiles_f32",
 }
-STORED = ("bf16", "f16", "f32")
 BIAS = "bias"  # the GEMM ABI's optional pointer (null = none)
 CACHE_ENTRIES = 4096  # routes (per Kernels) and tensor maps; a full cache is emptied (decode reuses few shapes)
 
@@ -77,13 +76,12 @@ def _matrix(x, what: str) -> tuple[int, int, str]:
     return int(shape[0]), int(shape[1]), _stored(info.dtype, what)
 
 
-_SIZES = {"bf16": 2, "f16": 2, "f32": 4}
 
 
 def _span(x, dtype: str, count: int) -> tuple[int, int]:
     """[first byte, past the last) of a dense tensor of `count` elements."""
     ptr = x.data_ptr() if type(x) in TORCH_TYPES else describe(x, "tensor").ptr
-    return ptr, ptr + count * _SIZES[dtype]
+    return ptr, ptr + count * DTYPE_SIZES[dtype]
 
 
 def _refuse_overlap(out, ct: str, M: int, N: int, inputs) -> None:
@@ -97,8 +95,8 @@ def _refuse_overlap(out, ct: str, M: int, N: int, inputs) -> None:
 
 
 def _stored(tok: str, what: str) -> str:
-    if tok not in STORED:
-        raise LaunchRefused(f"{what} is {tok}; GEMM operands are {', '.join(STORED)}")
+    if tok not in GEMM_STORAGE:
+        raise LaunchRefused(f"{what} is {tok}; GEMM operands are {', '.join(GEMM_STORAGE)}")
     return tok
 
 

@@ -14,7 +14,7 @@ first function taken from them, from bytes whose size and sha256 are checked rig
 At load, one logging warning (logger "mamba_forge.runtime") lists the family variants that do not serve here and
 why; Kernels.summary() returns it as data; load(strict=True) raises IncompleteOnDevice instead. The keyword launch
 (runtime/contract.py, runtime/streams.py, gpu/launcher.py) is imported on a kernel's first keyword call.
-Standard library, cryptography and cuda-bindings only (through mamba_forge.manifest.signing and mamba_forge.gpu.driver).
+Standard library, cryptography and cuda-bindings only (through mamba_forge.runtime.signing and mamba_forge.gpu.driver).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mamba_forge.manifest.schema import Param, QArtifact, QDevice, RuntimeSymbol
-from mamba_forge.runtime.backend import CudaBackend, DeviceInfo
+from mamba_forge.core.schema import Param, QArtifact, QDevice, RuntimeSymbol
+from mamba_forge.core.vocab import DeviceInfo
+from mamba_forge.runtime.backend import CudaBackend
 from mamba_forge.runtime.errors import (
     DeviceMismatch,
     FamilyUnavailable,
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     from mamba_forge.runtime.trust import KeySpec
 
 # What every load() needs is imported with this module (taking `load` from mamba_forge.runtime): cryptography's
-# Ed25519 (through trust and manifest.signing) and logging (the load summary's warning). Deferring them into
+# Ed25519 (through trust and runtime.signing) and logging (the load summary's warning). Deferring them into
 # load() would only move their ~15 ms from the import (budget 80 ms) into the load (budget 100 ms).
 log = logging.getLogger("mamba_forge.runtime")
 

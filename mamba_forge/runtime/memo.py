@@ -4,7 +4,7 @@ Parsing a qualified manifest's whole TOML body (to prove its runtime table is th
 does) costs several times the cold-start budget. So the first full check of a signed document on a machine
 stores a memo, and later loads of the same bytes take the runtime table without parsing the body again.
 
-A memo is an entry of the private build cache (mamba_forge/build/cache.py: its location rule, its privacy rule,
+A memo is an entry of the private build cache (mamba_forge/core/cache.py: its location rule, its privacy rule,
 atomic 0600 writes, the full key recorded in the entry and checked on read, a payload sha256), keyed by
 sha256(the whole signed document) with the tool version, holding the sha256 of the runtime table that matched.
 Any change to either file misses the memo, so the loader refuses exactly what full verification refuses. A memo
@@ -32,14 +32,14 @@ def _warn_once(message: str) -> None:
 
 def _key(document: bytes) -> str:
     from mamba_forge import __version__
-    from mamba_forge.build.cache import cache_key
+    from mamba_forge.core.cache import cache_key
 
     return cache_key({"kind": "verified-body", "document_sha256": hashlib.sha256(document).hexdigest(),
                       "tool_version": __version__})
 
 
 def _cache():
-    from mamba_forge.build.cache import Cache, CacheRefused, default_location
+    from mamba_forge.core.cache import Cache, CacheRefused, default_location
 
     try:
         return Cache.open(default_location())

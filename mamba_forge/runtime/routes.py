@@ -23,11 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from mamba_forge.manifest.schema import QRoute, QRung
-
-LAYOUTS = ("nn", "tn", "nt")
-DTYPES = ("f32", "tf32", "bf16", "f16")
-STORAGE = {"f32": "f32", "tf32": "f32", "bf16": "bf16", "f16": "f16"}  # what a token is stored as
+from mamba_forge.core.schema import QRoute, QRung
+from mamba_forge.core.vocab import GEMM_KEY_DTYPES, LAYOUTS, STORAGE
 
 
 class NoRoute(LookupError):
@@ -52,8 +49,8 @@ def _key(layout: str, a: str, b: str, c: str) -> tuple[str, str, str, str]:
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
     for t in (a, b, c):
-        if t not in DTYPES:
-            raise ValueError(f"unknown dtype {t!r}; known: {', '.join(DTYPES)}")
+        if t not in GEMM_KEY_DTYPES:
+            raise ValueError(f"unknown dtype {t!r}; known: {', '.join(GEMM_KEY_DTYPES)}")
     if c == "tf32":
         raise ValueError("tf32 is a math mode for A and B; C is stored as f32")
     return layout, a, b, c

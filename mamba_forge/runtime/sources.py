@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from mamba_forge.manifest.schema import RESERVED_PATHS
+from mamba_forge.core.safety import MAX_BUNDLE_BYTES, MAX_MANIFEST_BYTES, PathRefused, read_bounded
+from mamba_forge.core.schema import RESERVED_PATHS
 from mamba_forge.runtime.errors import ArtifactRefused
-from mamba_forge.safety import MAX_BUNDLE_BYTES, MAX_MANIFEST_BYTES, PathRefused, read_bounded
 
 BUNDLE_MANIFEST, RUNTIME_TABLE = RESERVED_PATHS  # a bundle's own files; beside a bare X.toml: X.runtime.json
 _BLOCK = 512

@@ -147,8 +147,8 @@ def scan_tokens_shapes(u: tuple[int, ...], dt: tuple[int, ...], dt_bias: tuple[i
 
 def gemm_shape(layout: str, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int]:
     """(M, N) of mamba_forge::gemm's output for A and B stored as `layout` says (runtime/gemm.gemm_dims)."""
+    from mamba_forge.core.vocab import LAYOUTS
     from mamba_forge.runtime.gemm import gemm_dims
-    from mamba_forge.runtime.routes import LAYOUTS
 
     if layout not in LAYOUTS:
         raise LaunchRefused(f"mamba_forge::gemm: layout {layout!r} is not one of {', '.join(LAYOUTS)}")

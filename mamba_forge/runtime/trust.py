@@ -1,7 +1,7 @@
 """Trusted public keys for the loader and `verify`: the shipped release keys (manifests/keys/), the user's trust
 folder and whatever the caller passes. Standard library + cryptography only.
 
-Every trust folder and key file except the shipped release keys must be private (mamba_forge/safety.py: the
+Every trust folder and key file except the shipped release keys must be private (mamba_forge/core/safety.py: the
 cache's rules): a key anyone else could write or swap would let them sign manifests we trust. A refusal is a
 TrustRefused: a loader refusal (SignatureRefused) and, at the command line, bad input (exit 2).
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from mamba_forge.errors import ForgeError
-from mamba_forge.manifest import signing
+from mamba_forge.core.errors import ForgeError
+from mamba_forge.runtime import signing
 from mamba_forge.runtime.errors import SignatureRefused
 
 
@@ -27,7 +27,7 @@ class TrustRefused(SignatureRefused, ForgeError):
 def release_keys_dir() -> Path:
     """The shipped release keys: the package data of a wheel install (only those: never a manifests/keys folder
     found near site-packages), or manifests/keys/ of a source checkout."""
-    from mamba_forge.resources import RELEASE_KEYS, data_folder
+    from mamba_forge.core.resources import RELEASE_KEYS, data_folder
 
     return data_folder(RELEASE_KEYS)
 

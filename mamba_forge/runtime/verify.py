@@ -18,8 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mamba_forge.manifest.codec import from_dict, from_trusted_dict, runtime_table_bytes
-from mamba_forge.manifest.schema import (
+from mamba_forge.core.codec import from_dict, from_trusted_dict, runtime_table_bytes
+from mamba_forge.core.safety import parse_json, parse_toml
+from mamba_forge.core.schema import (
     MANIFEST_VERSION,
     QUALIFIED_SCHEMA,
     RUNTIME_KEYS,
@@ -40,12 +41,11 @@ from mamba_forge.runtime.sources import (
     read_indexed,
     sha256,
 )
-from mamba_forge.safety import parse_json, parse_toml
 
 if TYPE_CHECKING:  # cryptography is imported when a signature is first checked (manifest.signing)
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    from mamba_forge.manifest import signing
+    from mamba_forge.runtime import signing
 
 _RECORDS = {"qualified": QualifiedManifest, "index": ReleaseIndex}
 _VERSION = {"qualified": MANIFEST_VERSION, "index": ReleaseIndex.__dataclass_fields__["manifest_version"].default}
@@ -59,7 +59,7 @@ DeviceKey = tuple[str, str, int]  # (name, cc, SM count): how an index entry nam
 
 
 def _signed_body(document: bytes, keys: Mapping[str, Ed25519PublicKey], what: str) -> tuple[bytes, signing.Signature]:
-    from mamba_forge.manifest import signing
+    from mamba_forge.runtime import signing
 
     try:
         return signing.verify(document, dict(keys))

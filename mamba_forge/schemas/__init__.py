@@ -1,6 +1,6 @@
 """JSON Schemas of `--json` output: the one envelope every command prints, and each command's result.
 
-Manifest results are generated from the records of mamba_forge/manifest/schema.py (their type hints, as the
+Manifest results are generated from the records of mamba_forge/core/schema.py (their type hints, as the
 codec reads them); the small results of the other commands are written here by hand. The shipped files
 (`mamba_forge/schemas/*.json`) are what :func:`generate` returns; `mamba-forge schema NAME` prints one and
 `python scripts/gen_schemas.py` rewrites them (tests/test_cli_conventions.py checks they are current).
@@ -87,7 +87,7 @@ def _rows(props: dict) -> dict:
 
 
 def _results(defs: dict) -> dict[str, dict]:
-    from mamba_forge.manifest.schema import BuildManifest, QualifiedManifest, ReleaseIndex
+    from mamba_forge.core.schema import BuildManifest, QualifiedManifest, ReleaseIndex
 
     build_m, qual_m, index_m = (record_schema(c, defs) for c in (BuildManifest, QualifiedManifest, ReleaseIndex))
     build_dry = _obj({"dry_run": {"const": True}, "catalog": _S, "targets": _STRS, "out": _S, "programs": _I,

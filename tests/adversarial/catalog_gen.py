@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mamba_forge.catalog.model import load_catalog
-from mamba_forge.errors import CatalogError
+from mamba_forge.core.errors import CatalogError
 
 SOURCE = "#define FX_K(name, T) extern \"C\" __global__ void name(T* y) { y[0] = T(0); }\n"
 FAMILY = {

@@ -11,7 +11,7 @@ import pytest
 from mamba_forge.build.cache_admin import parse_size
 from mamba_forge.catalog.targets import DEFAULT_TARGETS, TARGETS, parse_arch_list, select_targets
 from mamba_forge.cli import main
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 RNG = random.Random(20240611)
 NO_GPU = list  # native() with no GPU visible: an empty list of compute capabilities

@@ -24,7 +24,7 @@ from mamba_forge.build.outputs import LOCK_NAME, hold_out
 from mamba_forge.catalog.model import load_catalog
 from mamba_forge.catalog.sources import MAX_SOURCE_BYTES
 from mamba_forge.catalog.targets import get_target
-from mamba_forge.errors import BuildError, CatalogError
+from mamba_forge.core.errors import BuildError, CatalogError
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "build_basic"
 

@@ -15,9 +15,9 @@ import pytest
 from harden_support import cli, make_fixture, one_line_error
 from runtime_support import H200, FakeBackend
 
-from mamba_forge.manifest import signing, toml_io
+from mamba_forge.manifest import toml_io
 from mamba_forge.manifest.bundle import index_record, write_bundle
-from mamba_forge.runtime import ArtifactRefused, ManifestRefused, load
+from mamba_forge.runtime import ArtifactRefused, ManifestRefused, load, signing
 from mamba_forge.runtime.trust import trusted_keys
 from mamba_forge.runtime.verify import open_verified
 

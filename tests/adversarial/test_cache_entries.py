@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from mamba_forge.build import cache as cache_mod
 from mamba_forge.build.builder import BuildRequest, build
-from mamba_forge.build.cache import Cache
 from mamba_forge.catalog.model import load_catalog
 from mamba_forge.catalog.targets import get_target
+from mamba_forge.core import cache as cache_mod
+from mamba_forge.core.cache import Cache
 
 BASIC = Path(__file__).resolve().parent.parent / "fixtures" / "build_basic" / "catalog.toml"
 RNG = random.Random(7)

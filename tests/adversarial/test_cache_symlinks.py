@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from mamba_forge.build import cache as cache_mod
 from mamba_forge.build.builder import BuildRequest, build, plan
-from mamba_forge.build.cache import Cache, CacheRefused, _encode
 from mamba_forge.build.cubin import elf_problem
 from mamba_forge.build.worker import entry_problem
 from mamba_forge.catalog.model import load_catalog
 from mamba_forge.catalog.targets import get_target
+from mamba_forge.core import cache as cache_mod
+from mamba_forge.core.cache import Cache, CacheRefused, _encode
 
 BASIC = Path(__file__).resolve().parent.parent / "fixtures" / "build_basic" / "catalog.toml"
 KEY = "ab" * 32

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mamba_forge.catalog.model import load_catalog
-from mamba_forge.errors import CatalogError
+from mamba_forge.core.errors import CatalogError
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "build_basic"
 

@@ -26,7 +26,7 @@ from mamba_forge.catalog.compile_rules import (
 )
 from mamba_forge.catalog.model import load_catalog
 from mamba_forge.catalog.targets import get_target
-from mamba_forge.errors import CatalogError
+from mamba_forge.core.errors import CatalogError
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "build_basic"
 SECRET = "MF-SECRET-7f3a9c1e-DO-NOT-LEAK"

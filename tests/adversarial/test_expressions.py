@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from mamba_forge.catalog import expr
 from mamba_forge.catalog.model import template_problem
+from mamba_forge.core import expr
 
 RNG = random.Random(20261201)
 ENV = {"n": 7, "M": 300, "K": 64, "BM": 128}

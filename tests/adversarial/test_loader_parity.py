@@ -15,9 +15,8 @@ import pytest
 from harden_support import make_fixture
 from runtime_support import FakeBackend
 
-from mamba_forge.manifest import signing
-from mamba_forge.manifest.schema import RUNTIME_KEYS
-from mamba_forge.runtime import LoadError, load
+from mamba_forge.core.schema import RUNTIME_KEYS
+from mamba_forge.runtime import LoadError, load, signing
 from mamba_forge.runtime.trust import trusted_keys
 from mamba_forge.runtime.verify import open_verified
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from harden_support import cli, one_line_error
 
-from mamba_forge.manifest.codec import document_record, from_dict
-from mamba_forge.manifest.schema import (
+from mamba_forge.core.codec import document_record, from_dict
+from mamba_forge.core.schema import (
     MAX_DRIVER_VERSION,
     BuildManifest,
     IndexEntry,

@@ -12,8 +12,8 @@ import tomli_w
 from runtime_support import write_tiny_catalog
 
 import mamba_forge.manifest.toml_io as toml_io
-from mamba_forge.errors import ForgeError
-from mamba_forge.manifest.schema import BuildManifest
+from mamba_forge.core.errors import ForgeError
+from mamba_forge.core.schema import BuildManifest
 
 
 def _symbol(i: int) -> dict:

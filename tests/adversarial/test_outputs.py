@@ -10,9 +10,9 @@ import shutil
 import pytest
 from harden_support import cli, make_fixture, one_line_error
 
-from mamba_forge import fsio
-from mamba_forge.errors import ForgeError
-from mamba_forge.manifest import signing
+from mamba_forge.core import fsio
+from mamba_forge.core.errors import ForgeError
+from mamba_forge.runtime import signing
 
 
 @pytest.fixture(scope="module")

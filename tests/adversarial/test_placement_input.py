@@ -11,7 +11,7 @@ import pytest
 
 from mamba_forge.build import cubin
 from mamba_forge.catalog.model import load_catalog
-from mamba_forge.errors import CatalogError
+from mamba_forge.core.errors import CatalogError
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "qualify_negative"
 ACK = 'acknowledge = { smid = "rotation of a commutative pairwise tree: each pair is added once, a + b == b + a" }'

@@ -17,9 +17,8 @@ import pytest
 from harden_support import cli, make_fixture, one_line_error
 from runtime_support import FakeBackend
 
-from mamba_forge.manifest import signing
-from mamba_forge.runtime import ArtifactRefused, LoadError, load
-from mamba_forge.safety import MAX_CATALOG_BYTES, MAX_MANIFEST_BYTES
+from mamba_forge.core.safety import MAX_CATALOG_BYTES, MAX_MANIFEST_BYTES
+from mamba_forge.runtime import ArtifactRefused, LoadError, load, signing
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +87,7 @@ def test_load_refuses_non_regular_and_oversized(tmp_path, fx, kind):
 @pytest.mark.parametrize("kind", KINDS + ["dev-null"])
 def test_read_verified_is_bounded(tmp_path, fx, kind):
     """manifest.qualified.read_verified (the qualifier's and tests' reader) refuses what read_bounded refuses."""
-    from mamba_forge.errors import ManifestError
+    from mamba_forge.core.errors import ManifestError
     from mamba_forge.manifest.qualified import read_verified
 
     p = _hostile(tmp_path, kind, MAX_MANIFEST_BYTES)
@@ -176,7 +175,7 @@ def test_deep_runtime_table(tmp_path, fx, depth):
     import tomli_w
 
     table = _deep_array(depth).encode()
-    from mamba_forge.manifest.schema import RUNTIME_KEYS
+    from mamba_forge.core.schema import RUNTIME_KEYS
 
     keys = list(RUNTIME_KEYS)
     body = {**fx.body, keys[0]: hashlib.sha256(table).hexdigest(), keys[1]: len(table)}

@@ -14,7 +14,7 @@ import pytest
 from harden_support import cli, one_line_error
 
 from mamba_forge.catalog.model import load_catalog
-from mamba_forge.errors import CatalogError
+from mamba_forge.core.errors import CatalogError
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "qualify_negative"
 VALID = (FIXTURE / "routes.toml").read_text()

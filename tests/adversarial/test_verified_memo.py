@@ -17,9 +17,8 @@ import pytest
 from harden_support import make_fixture
 from runtime_support import FakeBackend
 
-from mamba_forge.build.cache import Cache
-from mamba_forge.manifest import signing
-from mamba_forge.runtime import LoadError, load, memo
+from mamba_forge.core.cache import Cache
+from mamba_forge.runtime import LoadError, load, memo, signing
 from mamba_forge.runtime import verify as verify_mod
 from mamba_forge.runtime.trust import trusted_keys
 from mamba_forge.runtime.verify import open_verified

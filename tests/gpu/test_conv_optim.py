@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_sup
 from gpu_support import bits, empty_device, from_device, kernels, to_device  # noqa: E402
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
+from mamba_forge.core.vocab import DTYPE_SIZES  # noqa: E402
 from mamba_forge.gpu import driver as cu  # noqa: E402
 from mamba_forge.qualify import fills  # noqa: E402
 from mamba_forge.qualify import spec as S  # noqa: E402
@@ -118,7 +119,7 @@ def values(raw: bytes, dtype: str) -> np.ndarray:
 
 
 def unwritten(raw: bytes, dtype: str) -> np.ndarray:
-    size = S.DTYPES_SIZE[dtype]
+    size = DTYPE_SIZES[dtype]
     return (np.frombuffer(raw, dtype=np.uint8).reshape(-1, size) == 0xFF).all(axis=1)
 
 

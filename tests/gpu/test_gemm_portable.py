@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_sup
 
 from gpu_support import bits, empty_device, from_device, kernels, round_to, to_device  # noqa: E402
 
-from mamba_forge.catalog import expr  # noqa: E402
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
+from mamba_forge.core import expr  # noqa: E402
 from mamba_forge.gpu import driver as cu  # noqa: E402
 from mamba_forge.references import gemm as R  # noqa: E402
 

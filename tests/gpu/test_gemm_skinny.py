@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_sup
 from gpu_support import admitted_function, torch_env  # noqa: E402
 from gpu_support import launch as gpu_launch  # noqa: E402
 
-from mamba_forge.catalog import expr  # noqa: E402
+from mamba_forge.core import expr  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -16,9 +16,8 @@ import pytest
 from mamba_forge.build.builder import BuildRequest, build
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.catalog.targets import get_target
+from mamba_forge.core.codec import to_dict
 from mamba_forge.gpu import driver as cu
-from mamba_forge.manifest import signing
-from mamba_forge.manifest.codec import to_dict
 from mamba_forge.manifest.qualified import body_bytes, read_verified
 from mamba_forge.manifest.toml_io import write
 from mamba_forge.qualify import checks as C
@@ -26,6 +25,7 @@ from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import plan, runner
 from mamba_forge.qualify import spec as S
 from mamba_forge.report.classes import reason_class
+from mamba_forge.runtime import signing
 
 pytestmark = pytest.mark.gpu
 
@@ -264,7 +264,7 @@ def _gpu_count() -> int:
 def test_two_gpus_compare_digests(negative_build):
     cat = load_catalog(NEGATIVE)
     bm_path = negative_build / "manifest.toml"
-    from mamba_forge.manifest.schema import BuildManifest
+    from mamba_forge.core.schema import BuildManifest
     from mamba_forge.manifest.toml_io import read
 
     req = runner.QualifyRequest(build_dir=negative_build, build=read(bm_path, BuildManifest), catalog=cat,

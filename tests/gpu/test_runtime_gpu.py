@@ -32,8 +32,8 @@ def bundle(tmp_path_factory) -> tuple[Path, Path]:
     """(bundle, public key): from the environment, else build and qualify Fixed and TriadSm90a on this GPU now."""
     if os.environ.get("MF_RUNTIME_BUNDLE"):
         return Path(os.environ["MF_RUNTIME_BUNDLE"]), Path(os.environ["MF_RUNTIME_KEY"])
-    from mamba_forge.manifest import signing
     from mamba_forge.manifest.bundle import write_bundle
+    from mamba_forge.runtime import signing
     from mamba_forge.runtime.trust import trusted_keys
 
     root = tmp_path_factory.mktemp("runtime-gpu")

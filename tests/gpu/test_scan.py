@@ -31,7 +31,7 @@ from gpu_support import empty_device, from_device, load_cubin, to_device  # noqa
 from gpu_support import launch as gpu_launch  # noqa: E402
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
-from mamba_forge.errors import ForgeError  # noqa: E402
+from mamba_forge.core.errors import ForgeError  # noqa: E402
 from mamba_forge.gpu import driver as cu  # noqa: E402
 from mamba_forge.qualify import fills  # noqa: E402
 from mamba_forge.qualify import spec as S  # noqa: E402

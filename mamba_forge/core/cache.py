@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mamba_forge.fsio import write_atomic_at
-from mamba_forge.safety import PathRefused, check_components
+from mamba_forge.core.fsio import write_atomic_at
+from mamba_forge.core.safety import PathRefused, check_components
 
 MAGIC = b"MFCACHE2"  # 2: each part carries its own sha256 (a hit needs no second hash for the manifest)
 DIGEST_PREFIX = "sha256."  # a hit returns each part's verified digest as part "sha256.<name>" (hex, ASCII)

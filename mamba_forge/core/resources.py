@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from mamba_forge.errors import ForgeError
+from mamba_forge.core.errors import ForgeError
 
 KERNELS = ("_kernels", "kernels")  # (folder in the installed package, folder in a source checkout)
 RELEASE_KEYS = ("_keys", "manifests/keys")

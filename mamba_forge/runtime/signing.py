@@ -35,9 +35,9 @@ try:  # what ed25519 itself imports; cryptography's public `serialization` packa
 except ImportError:  # pragma: no cover - a cryptography that moved it
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from mamba_forge import safety
-from mamba_forge.errors import ForgeError
-from mamba_forge.fsio import write_atomic
+from mamba_forge.core import safety
+from mamba_forge.core.errors import ForgeError
+from mamba_forge.core.fsio import write_atomic
 
 MARKER = b"\n[signature]\n"
 ALGORITHM = "ed25519"

@@ -15,7 +15,7 @@ import json
 import types
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from mamba_forge.manifest.schema import QualifiedManifest, SchemaError, runtime_table
+from mamba_forge.core.schema import QualifiedManifest, SchemaError, runtime_table
 
 T = TypeVar("T")
 

@@ -60,7 +60,7 @@ def _shift_right(a, b):
 
 
 # name -> (function, smallest and largest argument count)
-_FUNCS = {
+FUNCTIONS = {
     "ceil_div": (_ceil_div, 2, 2),
     "min": (min, 1, 16),
     "max": (max, 1, 16),
@@ -107,9 +107,9 @@ def _parse(text: str) -> ast.expr:
         raise ExprError(f"expression {_shown(text)} has {len(nodes)} terms; the limit is {MAX_NODES}")
     for node in nodes:
         if isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCS or node.keywords:
-                raise ExprError(f"expression {_shown(text)}: only {sorted(_FUNCS)} may be called")
-            _, lo, hi = _FUNCS[node.func.id]
+            if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS or node.keywords:
+                raise ExprError(f"expression {_shown(text)}: only {sorted(FUNCTIONS)} may be called")
+            _, lo, hi = FUNCTIONS[node.func.id]
             if not lo <= len(node.args) <= hi or any(isinstance(a, ast.Starred) for a in node.args):
                 want = str(lo) if lo == hi else f"{lo} to {hi}"
                 raise ExprError(f"expression {_shown(text)}: {node.func.id}() takes {want} arguments")
@@ -130,7 +130,7 @@ def names(text: str | int) -> set[str]:
     """The free names an expression refers to."""
     if isinstance(text, int):
         return set()
-    funcs = set(_FUNCS)
+    funcs = set(FUNCTIONS)
     return {n.id for n in ast.walk(_parse(text)) if isinstance(n, ast.Name) and n.id not in funcs}
 
 
@@ -161,7 +161,7 @@ def evaluate(text: str | int | float, env: Mapping[str, int | float]) -> int | f
                 raise ExprError(f"expression {_shown(text)}: operator {type(node.op).__name__} is not allowed")
             return _bounded(op(ev(node.left), ev(node.right)), text)
         if isinstance(node, ast.Call):
-            return _bounded(_FUNCS[node.func.id][0](*(ev(a) for a in node.args)), text)
+            return _bounded(FUNCTIONS[node.func.id][0](*(ev(a) for a in node.args)), text)
         raise ExprError(f"expression {_shown(text)}: {type(node).__name__} is not allowed")
 
     try:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Literal
 
-from mamba_forge.errors import printable
+from mamba_forge.core.errors import printable
 
 BUILD_SCHEMA = 1  # build manifest schema_version
 QUALIFIED_SCHEMA = 1  # qualified manifest and index schema_version
