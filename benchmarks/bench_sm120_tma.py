@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from summary import append, record  # benchmarks/summary.py
-from timing import median_ms  # benchmarks/timing.py
+from timing import gemm_iters_or_smoke, median_ms  # benchmarks/timing.py
 
 from mamba_forge.gpu import tma
 
@@ -49,12 +49,7 @@ def parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = parser()
-    a = ap.parse_args(argv)
-    if a.smoke:
-        a.iters, a.shapes = 5, SMOKE_SHAPES
-    elif a.iters < 20:
-        ap.error("--iters must be at least 20")
-    return a
+    return gemm_iters_or_smoke(ap, ap.parse_args(argv), SMOKE_SHAPES)
 
 
 def main(argv=None) -> int:
