@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -39,6 +40,16 @@ def peer_module():
     except Exception as exc:  # noqa: BLE001 - the benchmark still runs ours
         return None, False, f"mamba-ssm not importable: {exc}"
     return Mamba, mamba_simple.causal_conv1d_fn is not None, ""
+
+
+def peer_decode_cache(peer, inference_params_cls, batch: int):
+    """The peer's inference cache ready for a decode step at `batch`: its own allocate_inference_cache (zero
+    states, as mamba-ssm's generate() makes them) under layer_idx, seqlen_offset 1, so forward() takes step().
+    (Filling it by a one-token prefill instead crashed mamba-ssm 2.3.2 + causal-conv1d 1.7.0 on the H200.)"""
+    pc = inference_params_cls(max_seqlen=2, max_batch_size=batch)
+    pc.key_value_memory_dict[peer.layer_idx] = peer.allocate_inference_cache(batch, 2)
+    pc.seqlen_offset = 1
+    return pc
 
 
 def parser() -> argparse.ArgumentParser:
@@ -119,13 +130,13 @@ def main(argv=None) -> int:
                     from mamba_ssm.utils.generation import InferenceParams as PI
 
                     try:
-                        pc = PI(max_seqlen=2, max_batch_size=b)
+                        pc = peer_decode_cache(peer, PI, b)
                         peer(h, inference_params=pc)
-                        pc.seqlen_offset = 1
                         gp = capture_graph(lambda h=h, pc=pc, m=peer: m(h, inference_params=pc), 10)
                         t_peer = median_ms(gp.replay, reps) / 10
                     except Exception as exc:  # noqa: BLE001 - the peer's decode path failing is a finding, not ours
                         print(f"peer decode at batch {b} failed: {type(exc).__name__}: {exc}")
+                        traceback.print_exc(limit=-4)
                         pc = None
                 shape = f"d{dm} batch{b}"
                 show(("decode (graph)", shape, t_ours, t_peer))
@@ -138,9 +149,7 @@ def main(argv=None) -> int:
             ours(h, inference_params=oc)
             oc.seqlen_offset = 1
             if pc is not None:  # the peer's own batch-1 cache (the decode loop's last one was for its last batch)
-                pc = PI(max_seqlen=2, max_batch_size=1)
-                peer(h, inference_params=pc)
-                pc.seqlen_offset = 1
+                pc = peer_decode_cache(peer, PI, 1)
             host = {}
             for name, fn in (("ours", lambda h=h, oc=oc, m=ours: m(h, inference_params=oc)),
                              *((("peer", lambda h=h, pc=pc, p=peer: p(h, inference_params=pc)),) if pc is not None else ())):

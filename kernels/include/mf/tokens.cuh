@@ -23,6 +23,10 @@ namespace mf {
 // over channel blocks, y over batch rows (strided past 65535). Lane q owns the states n = 16 s + 4 (q + 2 k) + j
 // (slice s, chunk k < 2, j < 4) in registers for the whole sequence. Inputs are staged per tile of kTokSteps
 // timesteps in shared memory (f32), the next tile's loads in flight in registers while this one is computed.
+// The per-(timestep, channel) values that do not depend on the state (dt' = softplus(dt + dt_bias), dt' u,
+// silu(z)) are computed once per element while staging, by the thread that stages it, with the step's own
+// expressions, so the bits are the step's; the step loop keeps only the exponentials and the state's fma chain
+// (the transcendental chain of softplus and silu made most of a step's latency, computed by both lanes).
 //
 // Per timestep, exactly the step's operations in the step's order:
 //   dt' = softplus(dt + dt_bias), dtu = dt' u; per state: h = fma(2^(dt' a2), h, dtu B), a2 = -2^(A_log log2e +
@@ -36,9 +40,12 @@ constexpr int kTokRowVals = kTokSteps * kTokChannels / kTokThreads;         // u
 constexpr int kTokBCVals = kTokSteps * 2 * MF_STATE_CAP / kTokThreads;     // B, C values per thread per tile
 
 struct TokScanSmem {
-  float u[2][kTokSteps][kTokChannels], dt[2][kTokSteps][kTokChannels], z[2][kTokSteps][kTokChannels];
+  // u (for D u), dt' = softplus(dt + dt_bias), dt' u, silu(z)
+  float u[2][kTokSteps][kTokChannels], dtv[2][kTokSteps][kTokChannels], dtu[2][kTokSteps][kTokChannels];
+  float sz[2][kTokSteps][kTokChannels];
   float bc[2][kTokSteps][2 * MF_STATE_CAP];  // [l][n] = B, [l][MF_STATE_CAP + n] = C; 0 past d_state
 };
+static_assert(sizeof(TokScanSmem) <= 48 * 1024, "TokScanSmem: static shared memory is capped at 48 KiB");
 
 template <typename T> struct TokScanTile {
   float u[kTokRowVals], dt[kTokRowVals], z[kTokRowVals], bc[kTokBCVals];
@@ -72,14 +79,18 @@ MF_DEVICE void tok_scan_load(TokScanTile<T>& r, const T* __restrict__ u, const T
   }
 }
 
-template <typename T> MF_DEVICE void tok_scan_stage(const TokScanTile<T>& r, TokScanSmem& s, int buf) {
+// bias: dt_bias of this thread's staging channel (e % kTokChannels == threadIdx.x % kTokChannels for every i).
+template <typename T> MF_DEVICE void tok_scan_stage(const TokScanTile<T>& r, TokScanSmem& s, int buf, float bias) {
   const int t = threadIdx.x;
 #pragma unroll
   for (int i = 0; i < kTokRowVals; ++i) {
     const int e = t + i * kTokThreads;
-    s.u[buf][e / kTokChannels][e % kTokChannels] = r.u[i];
-    s.dt[buf][e / kTokChannels][e % kTokChannels] = r.dt[i];
-    s.z[buf][e / kTokChannels][e % kTokChannels] = r.z[i];
+    const int l = e / kTokChannels, c = e % kTokChannels;
+    const float dtv = softplus(r.dt[i] + bias);  // the step's expressions (mf/decode.cuh, FUSED)
+    s.u[buf][l][c] = r.u[i];
+    s.dtv[buf][l][c] = dtv;
+    s.dtu[buf][l][c] = dtv * r.u[i];
+    s.sz[buf][l][c] = silu(r.z[i]);
   }
 #pragma unroll
   for (int i = 0; i < kTokBCVals; ++i) {
@@ -101,7 +112,9 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
   const bool dvalid = d < d_inner;
   const int dl = min(d, d_inner - 1);
   const int nslices = (d_state + 15) >> 4;
-  const float bias = dt_bias[dl], Dd = Dp[dl];
+  const float Dd = Dp[dl];
+  static_assert(kTokThreads % kTokChannels == 0, "a staging thread keeps one channel");
+  const float stage_bias = dt_bias[min(d0 + (int)threadIdx.x % kTokChannels, d_inner - 1)];
   float a2[NS][2][4];
 #pragma unroll
   for (int s = 0; s < NS; ++s)
@@ -128,7 +141,7 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
     TokScanTile<T> nxt;
     tok_scan_load<T>(nxt, u, dt, xz, x_dbl, b, L, 0, d0, d_inner, d_state, dt_rank, x_dbl_stride);
     __syncthreads();  // the previous row's last tile is no longer read
-    tok_scan_stage<T>(nxt, sm, 0);
+    tok_scan_stage<T>(nxt, sm, 0, stage_bias);
     __syncthreads();
     const long long ntiles = (L + kTokSteps - 1) / kTokSteps;
     for (long long tile = 0; tile < ntiles; ++tile) {
@@ -137,15 +150,13 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
       if (tile + 1 < ntiles)
         tok_scan_load<T>(nxt, u, dt, xz, x_dbl, b, L, l0 + kTokSteps, d0, d_inner, d_state, dt_rank, x_dbl_stride);
       const int steps = (int)min((long long)kTokSteps, L - l0);
-      // unrolled: a step's inputs (softplus, the exponentials, dt' u B) do not wait on the previous step, only the
-      // state's fma chain does, so the scheduler overlaps consecutive steps (measured: 1.56 ms at B8 D2048 L2048
-      // rolled, latency-bound with 8 warps per SM)
+      // unrolled: a step's inputs (the exponentials, dt' u B) do not wait on the previous step, only the state's
+      // fma chain does, so the scheduler overlaps consecutive steps (measured: 1.56 ms at B8 D2048 L2048 rolled,
+      // 1.43 ms unrolled by 4 with softplus and silu in the loop; latency-bound with 8 warps per SM)
 #pragma unroll 4
       for (int l = 0; l < steps; ++l) {
-        const float uv = sm.u[buf][l][c], dtr = sm.dt[buf][l][c], zv = sm.z[buf][l][c];
+        const float dtv = sm.dtv[buf][l][c], dtu = sm.dtu[buf][l][c];
         const float* bl = sm.bc[buf][l];
-        const float dtv = softplus(dtr + bias);
-        const float dtu = dtv * uv;
         float acc = 0.f;
 #pragma unroll
         for (int s = 0; s < NS; ++s) {
@@ -166,12 +177,12 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
         }
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         if (dvalid && q == 0) {
-          float y = fmaf(Dd, uv, acc);
-          y *= silu(zv);
+          float y = fmaf(Dd, sm.u[buf][l][c], acc);
+          y *= sm.sz[buf][l][c];
           out[((long long)b * L + l0 + l) * d_inner + d] = from_f32<T>(y);
         }
       }
-      if (tile + 1 < ntiles) tok_scan_stage<T>(nxt, sm, buf ^ 1);
+      if (tile + 1 < ntiles) tok_scan_stage<T>(nxt, sm, buf ^ 1, stage_bias);
       __syncthreads();
     }
     if (dvalid) {
