@@ -4,7 +4,6 @@
 # conv; with it importable, mamba-ssm's Mamba runs mamba_inner_fn). About 2.5 minutes each with 16 cores.
 #   bash benchmarks/peers/build_mamba_ssm.sh                          # -> /tmp/peers/mamba_ssm-2.3.2.post1
 #   bash benchmarks/peers/build_mamba_ssm.sh causal_conv1d-1.7.0      # -> /tmp/peers/causal_conv1d-1.7.0
-#   PACK=DIR bash benchmarks/peers/build_mamba_ssm.sh [PKG]           # also packs the .so as DIR/PKG.sm90.tgz
 # Then benchmarks/peers/mamba_peer.py imports selective_scan_cuda from there, and the Triton
 # selective_state_update by file path (no compiled extension needed for that one).
 set -euo pipefail
@@ -21,12 +20,6 @@ mkdir -p "$DEST"
 rm -rf "$SRC"
 tar xzf "$SDIST" -C "$DEST"
 cd "$SRC"
-# A build brought back from an earlier device call ($ROOT/.peers/$PKG.sm90.tgz: the one $SO*.so, made by this
-# script's --pack) saves its minutes: take it instead of building.
-PREBUILT="$ROOT/.peers/$PKG.sm90.tgz"
-if [ -f "$PREBUILT" ] && [ "$(tar tzf "$PREBUILT")" = "$(tar tzf "$PREBUILT" | grep -x "$SO[A-Za-z0-9_.-]*\.so")" ]; then
-  tar xzf "$PREBUILT" -C "$SRC" && ls -la "$SRC"/$SO*.so && { echo "prebuilt: $PREBUILT"; exit 0; }
-fi
 # gencode list: sm_90 only (the H200); every other -gencode pair goes.
 python3 - <<'PY'
 import re
@@ -47,6 +40,3 @@ grep -n 'arch=compute' setup.py
 export MAMBA_FORCE_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="9.0"
 time python3 setup.py build_ext --inplace 2>&1 | tail -20
 ls -la "$SRC"/$SO*.so
-if [ -n "${PACK:-}" ]; then
-  (cd "$SRC" && tar czf "$PACK/$PKG.sm90.tgz" $SO*.so) && ls -la "$PACK/$PKG.sm90.tgz"
-fi

@@ -40,7 +40,8 @@ constexpr int kTokRowVals = kTokSteps * kTokChannels / kTokThreads;         // u
 constexpr int kTokBCVals = kTokSteps * 2 * MF_STATE_CAP / kTokThreads;     // B, C values per thread per tile
 
 struct TokScanSmem {
-  // u (for D u), dt' = softplus(dt + dt_bias), dt' u, silu(z)
+  // u (for D u), dt' = softplus(dt + dt_bias), dt' u, silu(z); staged without deriving (more than 16 states),
+  // dtv holds the raw dt and sz the raw z, and dtu is unused
   float u[2][kTokSteps][kTokChannels], dtv[2][kTokSteps][kTokChannels], dtu[2][kTokSteps][kTokChannels];
   float sz[2][kTokSteps][kTokChannels];
   float bc[2][kTokSteps][2 * MF_STATE_CAP];  // [l][n] = B, [l][MF_STATE_CAP + n] = C; 0 past d_state
@@ -80,22 +81,36 @@ MF_DEVICE void tok_scan_load(TokScanTile<T>& r, const T* __restrict__ u, const T
 }
 
 // bias: dt_bias of this thread's staging channel (e % kTokChannels == threadIdx.x % kTokChannels for every i).
-template <typename T> MF_DEVICE void tok_scan_stage(const TokScanTile<T>& r, TokScanSmem& s, int buf, float bias) {
+// Two passes over this thread's own elements: the raw values first (the next tile's registers die), then the
+// derived ones from shared memory (no barrier: a thread reads back only what it wrote). Computed from the
+// registers instead, eight softplus and silu chains beside the live state and the loads spilled (ptxas: 255
+// registers, 36-80 bytes of spill).
+// DERIVE false (more than 16 states, where the registers are full): the raw dt and z stay, the loop derives them.
+template <typename T, bool DERIVE>
+MF_DEVICE void tok_scan_stage(const TokScanTile<T>& r, TokScanSmem& s, int buf, float bias) {
   const int t = threadIdx.x;
 #pragma unroll
   for (int i = 0; i < kTokRowVals; ++i) {
     const int e = t + i * kTokThreads;
     const int l = e / kTokChannels, c = e % kTokChannels;
-    const float dtv = softplus(r.dt[i] + bias);  // the step's expressions (mf/decode.cuh, FUSED)
     s.u[buf][l][c] = r.u[i];
-    s.dtv[buf][l][c] = dtv;
-    s.dtu[buf][l][c] = dtv * r.u[i];
-    s.sz[buf][l][c] = silu(r.z[i]);
+    s.dtv[buf][l][c] = r.dt[i];
+    s.sz[buf][l][c] = r.z[i];
   }
 #pragma unroll
   for (int i = 0; i < kTokBCVals; ++i) {
     const int e = t + i * kTokThreads;
     s.bc[buf][e / (2 * MF_STATE_CAP)][e % (2 * MF_STATE_CAP)] = r.bc[i];
+  }
+  if (!DERIVE) return;
+#pragma unroll
+  for (int i = 0; i < kTokRowVals; ++i) {
+    const int e = t + i * kTokThreads;
+    const int l = e / kTokChannels, c = e % kTokChannels;
+    const float dtv = softplus(s.dtv[buf][l][c] + bias);  // the step's expressions (mf/decode.cuh, FUSED)
+    s.dtv[buf][l][c] = dtv;
+    s.dtu[buf][l][c] = dtv * s.u[buf][l][c];
+    s.sz[buf][l][c] = silu(s.sz[buf][l][c]);
   }
 }
 
@@ -112,7 +127,10 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
   const bool dvalid = d < d_inner;
   const int dl = min(d, d_inner - 1);
   const int nslices = (d_state + 15) >> 4;
-  const float Dd = Dp[dl];
+  const float Dd = Dp[dl], bias = dt_bias[dl];
+  // one slice (d_state <= 16, Mamba-1's 16): the staging derives dt', dt' u and silu(z); more slices fill the
+  // registers with states, so their loop derives them as the step does (the same expressions either way)
+  constexpr bool kDerive = NS == 1;
   static_assert(kTokThreads % kTokChannels == 0, "a staging thread keeps one channel");
   const float stage_bias = dt_bias[min(d0 + (int)threadIdx.x % kTokChannels, d_inner - 1)];
   float a2[NS][2][4];
@@ -141,7 +159,7 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
     TokScanTile<T> nxt;
     tok_scan_load<T>(nxt, u, dt, xz, x_dbl, b, L, 0, d0, d_inner, d_state, dt_rank, x_dbl_stride);
     __syncthreads();  // the previous row's last tile is no longer read
-    tok_scan_stage<T>(nxt, sm, 0, stage_bias);
+    tok_scan_stage<T, kDerive>(nxt, sm, 0, stage_bias);
     __syncthreads();
     const long long ntiles = (L + kTokSteps - 1) / kTokSteps;
     for (long long tile = 0; tile < ntiles; ++tile) {
@@ -155,7 +173,8 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
       // 1.43 ms unrolled by 4 with softplus and silu in the loop; latency-bound with 8 warps per SM)
 #pragma unroll 4
       for (int l = 0; l < steps; ++l) {
-        const float dtv = sm.dtv[buf][l][c], dtu = sm.dtu[buf][l][c];
+        const float dtv = kDerive ? sm.dtv[buf][l][c] : softplus(sm.dtv[buf][l][c] + bias);
+        const float dtu = kDerive ? sm.dtu[buf][l][c] : dtv * sm.u[buf][l][c];
         const float* bl = sm.bc[buf][l];
         float acc = 0.f;
 #pragma unroll
@@ -178,11 +197,11 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         if (dvalid && q == 0) {
           float y = fmaf(Dd, sm.u[buf][l][c], acc);
-          y *= sm.sz[buf][l][c];
+          y *= kDerive ? sm.sz[buf][l][c] : silu(sm.sz[buf][l][c]);
           out[((long long)b * L + l0 + l) * d_inner + d] = from_f32<T>(y);
         }
       }
-      if (tile + 1 < ntiles) tok_scan_stage<T>(nxt, sm, buf ^ 1, stage_bias);
+      if (tile + 1 < ntiles) tok_scan_stage<T, kDerive>(nxt, sm, buf ^ 1, stage_bias);
       __syncthreads();
     }
     if (dvalid) {
