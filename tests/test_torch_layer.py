@@ -58,6 +58,14 @@ class _RefKernel:
                                      _np(a["x_dbl"]), _np(a["Dp"]), _np(a["xz"]), r)
             a["out"].copy_(torch.from_numpy(out).reshape(a["out"].shape))
             a["state"].copy_(torch.from_numpy(st).reshape(a["state"].shape))
+        elif self.family == "ssm_step_forward_fused":  # scan_tokens at L = 1 (a decode step)
+            from mamba_forge.references import scan as rs
+
+            dims = {k: a[k] for k in ("batch", "d_inner", "d_state", "dt_rank")}
+            assert a["x_dbl_stride"] == a["dt_rank"] + 2 * a["d_state"]
+            got = rs.ssm_step_forward_fused({k: _np(v).ravel() for k, v in a.items() if torch.is_tensor(v)}, dims)
+            for k in ("out", "state"):
+                a[k].copy_(torch.from_numpy(got[k]).reshape(a[k].shape))
         elif self.family == "conv1d_tokens_silu":
             out, st = rt.conv_tokens(_np(a["conv_state"]), _np(a["xz"]), _np(a["weight"]), _np(a["bias"]), a["width"])
             a["out"].copy_(torch.from_numpy(out).reshape(a["out"].shape))

@@ -29,6 +29,7 @@ from mamba_forge.runtime.torch_ops import (
     LIBRARY,
     RMS_NORM_ADD_FAMILY,
     SCAN_FAMILY,
+    SCAN_STEP_FAMILY,
     SCAN_TOKENS_FAMILY,
     SCHEMAS,
     conv1d_shapes,
@@ -178,6 +179,13 @@ def _scan_tokens_out(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
 
 def _scan_tokens(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
     kernel, (batch, length, d, n, r), out = _scan_tokens_out(u, dt, dt_bias, A_log, x_dbl, D, xz, state)
+    if length == 1:  # a decode step: the production step kernel, the same bits (torch_ops.SCAN_STEP_FAMILY)
+        z = xz.reshape(batch, 2 * d)[:, d:].contiguous()
+        _kernel(SCAN_STEP_FAMILY, kernel[1])(
+            out=out, state=_dense(state, "state"), u=u.contiguous(), dt=dt.contiguous(), dt_bias=dt_bias.contiguous(),
+            A_log=A_log.contiguous(), x_dbl=x_dbl.contiguous(), Dp=D.contiguous(), z=z, batch=batch, d_inner=d,
+            d_state=n, dt_rank=r, x_dbl_stride=r + 2 * n)
+        return out
     _kernel(*kernel)(out=out, state=_dense(state, "state"), u=u.contiguous(), dt=dt.contiguous(),
                      dt_bias=dt_bias.contiguous(), A_log=A_log.contiguous(), x_dbl=x_dbl.contiguous(),
                      Dp=D.contiguous(), xz=xz.contiguous(), batch=batch, d_inner=d, d_state=n, dt_rank=r, L=length)

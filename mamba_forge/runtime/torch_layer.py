@@ -11,7 +11,8 @@ mamba-ssm state dict unchanged; ``forward(hidden_states, inference_params=None)`
     out_proj  out [b*L, d_model]          = y @ W_out^T
 
 Prefill, chunked prefill (``inference_params.seqlen_offset > 0`` with several tokens) and decode (one token) run
-the same kernels, so a token gets the same bits however its sequence was split (issue 23); every GEMM row's bits
+the same per-element arithmetic (a one-token scan runs the production decode step ssm_step_forward_fused, which the
+token scan follows bit for bit), so a token gets the same bits however its sequence was split (issue 23); every GEMM row's bits
 are independent of how many rows were multiplied, so the output of sequence i does not depend on the batch.
 
 Differences from mamba-ssm, on purpose: the inference cache holds conv_state [b, d_inner, d_conv-1] in the

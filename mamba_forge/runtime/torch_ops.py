@@ -38,6 +38,10 @@ CONV1D_FAMILY = "conv1d_burnin_forward_nosave_tiled"  # kernels/fixed/conv1d.tom
 SCAN_FAMILY = "ssm_parallel_scan_fwd_nosave"  # kernels/fixed/scan.toml
 CONV_TOKENS_FAMILY = "conv1d_tokens_silu"  # kernels/fixed/tokens.toml
 SCAN_TOKENS_FAMILY = "ssm_scan_tokens"
+# scan_tokens at L = 1 (a decode step) runs the production decode step instead: the same per-element arithmetic
+# (mf/tokens.cuh follows mf/decode.cuh at LANES = 2; equal bit for bit, tests/gpu/test_mamba_layer_gpu.py and
+# tests/test_tokens_emulated.py), at 2 lanes x 64-thread blocks sized for one token rather than 16-step tiles
+SCAN_STEP_FAMILY = "ssm_step_forward_fused"  # kernels/fixed/scan.toml
 RMS_NORM_ADD_FAMILY = "rmsnorm_forward_resadd_f32in"  # kernels/fixed/norm.toml
 RMS_NORM_KERNELS = {  # (x dtype, out dtype) -> (family, dtype): kernels/fixed/norm.toml
     ("f32", "f32"): ("rmsnorm_forward", "f32"),
@@ -173,10 +177,11 @@ def kernels_used() -> list[tuple[str, str]]:
     """Every (family, dtype) an op may launch: loaded at registration, so a CUDA-graph capture loads no module."""
     return ([softplus_kernel(d) for d in SOFTPLUS_DTYPES] + list(RMS_NORM_KERNELS.values())
             + [(CONV1D_FAMILY, d) for d in SEQUENCE_DTYPES] + [(SCAN_FAMILY, d) for d in SEQUENCE_DTYPES]
-            + [(f, d) for f in (CONV_TOKENS_FAMILY, SCAN_TOKENS_FAMILY, RMS_NORM_ADD_FAMILY) for d in SEQUENCE_DTYPES])
+            + [(f, d) for f in (CONV_TOKENS_FAMILY, SCAN_TOKENS_FAMILY, SCAN_STEP_FAMILY, RMS_NORM_ADD_FAMILY)
+               for d in SEQUENCE_DTYPES])
 
 
-__all__ = ["CONV1D_FAMILY", "CONV_TOKENS_FAMILY", "LIBRARY", "RMS_NORM_ADD_FAMILY", "SCAN_TOKENS_FAMILY",
+__all__ = ["CONV1D_FAMILY", "CONV_TOKENS_FAMILY", "LIBRARY", "RMS_NORM_ADD_FAMILY", "SCAN_STEP_FAMILY", "SCAN_TOKENS_FAMILY",
            "conv_tokens_shapes", "scan_tokens_shapes", "RMS_NORM_KERNELS", "SCAN_FAMILY", "SCHEMAS", "SEQUENCE_DTYPES",
            "SOFTPLUS_DTYPES", "conv1d_shapes", "gemm_shape", "kernels_used", "rms_norm_kernel", "rms_norm_shapes", "scan_shapes",
            "sequence_kernel", "serving_gemm_rungs", "softplus_kernel"]
