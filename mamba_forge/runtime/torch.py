@@ -31,6 +31,7 @@ from mamba_forge.runtime.torch_ops import (
     SCAN_FAMILY,
     SCAN_TOKENS_FAMILY,
     SCHEMAS,
+    TRAIN_SCHEMAS,
     conv1d_shapes,
     conv_tokens_shapes,
     gemm_shape,
@@ -224,23 +225,38 @@ def _register_fake(qualname: str, fn) -> None:
         register_fake(qualname)(fn)
 
 
+def op_impls() -> dict:
+    """Every op's (implementation, fake implementation): the forward ops above, the training ops of
+    runtime/torch_autograd.py and runtime/torch_train.py."""
+    from mamba_forge.runtime import torch_autograd, torch_train
+
+    return {**_IMPLS, **torch_autograd.IMPLS, **torch_train.IMPLS}
+
+
 def register(kernels) -> list[str]:
-    """Point the ops at a loaded Kernels (the first call defines them); loads every kernel they may launch now.
-    Returns the ops' qualified names. Raises SymbolUnavailable when the manifest lacks one of them."""
+    """Point the ops at a loaded Kernels (the first call defines them and their autograd formulas); loads every
+    kernel the forward ops may launch now (a backward's kernels load at the first backward that needs them, so an
+    inference-only manifest registers). Returns the ops' qualified names. Raises SymbolUnavailable when the
+    manifest lacks a forward op's kernel."""
     global _lib
     functions = {fd: kernels.fn(*fd) for fd in kernels_used()}  # refuse before anything is changed
     for rung in serving_gemm_rungs(kernels):  # their modules load now, not inside a capture
         kernels.function(rung, follow_fallback=False)
     _state["kernels"], _state["functions"] = kernels, functions
     if _lib is None:
+        from mamba_forge.runtime import torch_autograd, torch_train
+
         lib = torch.library.Library(LIBRARY, "DEF")
-        for name, schema in SCHEMAS.items():
-            impl, fake = _IMPLS[name]
+        impls = op_impls()
+        for name, schema in {**SCHEMAS, **TRAIN_SCHEMAS}.items():
+            impl, fake = impls[name]
             lib.define(schema)
             lib.impl(name, impl, "CUDA")
             _register_fake(f"{LIBRARY}::{name}", fake)
+        for name, (setup, grad) in {**torch_autograd.FORMULAS, **torch_train.FORMULAS}.items():
+            torch.library.register_autograd(f"{LIBRARY}::{name}", grad, setup_context=setup, lib=lib)
         _lib = lib
-    return [f"{LIBRARY}::{n}" for n in SCHEMAS]
+    return [f"{LIBRARY}::{n}" for n in {**SCHEMAS, **TRAIN_SCHEMAS}]
 
 
 from mamba_forge.runtime.torch_layer import Block, InferenceParams, Mamba, RMSNorm  # noqa: E402  (uses the ops above)
