@@ -65,7 +65,11 @@ class RefKernel:
         self._ref, self._calls = reference, calls
 
     def __call__(self, **kw):
-        contract(self.symbol).bind({k: _fake(v) if torch.is_tensor(v) else v for k, v in kw.items()}, 0, None, "")
+        bound = contract(self.symbol).bind({k: _fake(v) if torch.is_tensor(v) else v for k, v in kw.items()}, 0,
+                                           None, "")
+        # the scalars as the contract bound them (derived ones too: rows and dim of a norm, n of a map)
+        kw = {**{p.name: v for p, (_, v) in zip(self.symbol.params, bound.values, strict=True)
+                 if p.kind == "scalar"}, **kw}
         for k, v in kw.items():
             assert not torch.is_tensor(v) or v.is_contiguous(), f"{self.name}: {k} is not dense"
         self._calls.append(self.name)
@@ -158,35 +162,35 @@ def register_cpu(kernels=None):
 
 # ---- mamba-ssm's reference path in float64 (differentiable) ---------------------------------------------------------
 
-PARAMS = ("in_proj.weight", "conv1d.weight", "conv1d.bias", "x_proj.weight", "dt_proj.weight", "dt_proj.bias",
-          "A_log", "D", "out_proj.weight")
-
-
 def reference_mamba(p: dict, h: torch.Tensor, d_conv: int, dt_rank: int, d_state: int) -> torch.Tensor:
     """mamba-ssm's slow path (mamba_simple.Mamba.forward without the fused kernels) in the dtype of `p` (float64
-    leaves: torch autograd differentiates it): p maps PARAMS to tensors, h [b, L, d_model]."""
+    leaves: torch autograd differentiates it): p maps the layer's parameter names to tensors (in_proj.bias,
+    conv1d.bias, out_proj.bias where the layer has them), h [b, L, d_model]."""
     b, L, _ = h.shape
     d_inner = p["D"].shape[0]
-    xz = (h @ p["in_proj.weight"].T).transpose(1, 2)  # b, 2D, L
-    x, z = xz.chunk(2, dim=1)
-    x = F.silu(F.conv1d(x, p["conv1d.weight"], p["conv1d.bias"], padding=d_conv - 1, groups=d_inner)[..., :L])
+    xz = h @ p["in_proj.weight"].T
+    if "in_proj.bias" in p:
+        xz = xz + p["in_proj.bias"]
+    x, z = xz.transpose(1, 2).chunk(2, dim=1)  # b, D, L each
+    x = F.silu(F.conv1d(x, p["conv1d.weight"], p.get("conv1d.bias"), padding=d_conv - 1, groups=d_inner)[..., :L])
     x_dbl = x.transpose(1, 2).reshape(b * L, -1) @ p["x_proj.weight"].T
     dt, B, C = torch.split(x_dbl, [dt_rank, d_state, d_state], dim=-1)
     dt = F.softplus((dt @ p["dt_proj.weight"].T + p["dt_proj.bias"]).reshape(b, L, -1).transpose(1, 2))
     B, C = B.reshape(b, L, -1).transpose(1, 2), C.reshape(b, L, -1).transpose(1, 2)
     A = -torch.exp(p["A_log"])
-    hs = torch.zeros(b, d_inner, d_state, dtype=h.dtype)
+    hs = torch.zeros(b, d_inner, d_state, dtype=h.dtype, device=h.device)
     ys = []
     for t in range(L):
         hs = torch.exp(dt[:, :, t, None] * A) * hs + (dt[:, :, t] * x[:, :, t])[..., None] * B[:, None, :, t]
         ys.append((hs * C[:, None, :, t]).sum(-1))
     y = (torch.stack(ys, -1) + p["D"][None, :, None] * x) * F.silu(z)
-    return y.transpose(1, 2) @ p["out_proj.weight"].T
+    out = y.transpose(1, 2) @ p["out_proj.weight"].T
+    return out + p["out_proj.bias"] if "out_proj.bias" in p else out
 
 
 def layer_params64(m) -> dict:
-    """The layer's parameters as float64 leaves that require grad."""
-    return {k: m.get_parameter(k).detach().double().requires_grad_(True) for k in PARAMS}
+    """The layer's parameters as float64 leaves that require grad, by name."""
+    return {k: v.detach().double().requires_grad_(True) for k, v in m.named_parameters()}
 
 
-__all__ = ["PARAMS", "RefKernel", "RefKernels", "catalog", "layer_params64", "reference_mamba", "register_cpu"]
+__all__ = ["RefKernel", "RefKernels", "catalog", "layer_params64", "reference_mamba", "register_cpu"]
