@@ -108,6 +108,24 @@ def test_layer_gradients_match_float64_autograd_of_mamba_ssms_reference_path(mft
         assert _rel(param.grad, grad) < TOL, (name, _rel(param.grad, grad))
 
 
+def test_a_step_along_the_gradient_lowers_the_loss_as_predicted(mft):
+    """The gradient against the layer's own forward, not a transcription: -eps * grad lowers the loss by
+    eps * |grad|^2 to first order (second order: ~1e-3 of it at this eps)."""
+    m, teacher = _layer(mft), _layer(mft, seed=7)
+    h = torch.randn(2, 12, 16)
+    with torch.no_grad():
+        target = teacher(h)
+    loss0 = F.mse_loss(m(h), target)
+    loss0.backward()
+    gn2 = sum(float(p.grad.double().pow(2).sum()) for p in m.parameters())
+    eps = 1e-3 * float(loss0.detach()) / gn2
+    with torch.no_grad():
+        for p in m.parameters():
+            p -= eps * p.grad
+        loss1 = F.mse_loss(m(h), target)
+    assert 0.9 < (float(loss0.detach()) - float(loss1)) / (eps * gn2) < 1.1
+
+
 def test_training_forward_is_the_inference_forward_bit_for_bit(mft, kernels):
     """Grad recording runs mamba_mixer: the inference kernels from zero states (L = 300: the scan in chunks of
     256, which the stand-in, like the kernel, gives the bits of one call); no_grad and inference_params run the
