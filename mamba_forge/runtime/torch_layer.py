@@ -14,6 +14,15 @@ Prefill, chunked prefill (``inference_params.seqlen_offset > 0`` with several to
 the same kernels, so a token gets the same bits however its sequence was split (issue 23); every GEMM row's bits
 are independent of how many rows were multiplied, so the output of sequence i does not depend on the batch.
 
+Training: with autograd recording (grad mode on, a parameter or the input requiring grad) and no inference_params,
+``forward`` runs ``mamba_forge::mamba_mixer`` (runtime/torch_train.py): the same kernels on the same operands
+from zero states, so the same output bits, the scan in 256-step chunks whose states it saves, and a registered
+backward on the catalog's backward kernels giving the gradients of the input and of every parameter, in fixed
+order (bit-identical run to run; sequence i's input gradient independent of the batch). ``Block`` trains through
+``mamba_forge::rms_norm_residual`` (the add + RMSNorm kernel on a copy of the residual). Nothing else is needed to
+train: ``loss.backward()`` on requires-grad parameters. ``check_training_kernels()`` refuses ahead what the first
+backward would (a backward kernel the manifest lacks). torch.no_grad() and inference_params run the inference path.
+
 Differences from mamba-ssm, on purpose: the inference cache holds conv_state [b, d_inner, d_conv-1] in the
 activation dtype and ssm_state [b, d_inner, d_state] in float32 (the kernels' state); ``seqlen_offset > 0`` with
 more than one token continues the sequence (mamba-ssm asserts one token). Only kernels of the registered manifest
