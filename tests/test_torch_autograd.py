@@ -342,16 +342,18 @@ def test_selective_scan_gradients(mft, kernels, d, L):
 
 def test_opcheck_the_differentiable_ops(mft):
     """torch.library.opcheck: schema, fake implementation against the real one, autograd registration, and
-    AOT dispatch (the torch.compile path) for each op with a formula."""
+    AOT dispatch (the torch.compile path, static and dynamic shapes) for each op with a formula."""
     r = lambda *s: torch.randn(*s, requires_grad=True)  # noqa: E731
     cases = [("gemm", (r(5, 12), r(12, 8), r(8), "nn")), ("gemm", (r(12, 5), r(12, 8), None, "tn")),
              ("softplus_forward", (r(3, 7),)), ("rms_norm", (r(3, 16), r(16), 1e-5, None)),
              ("rms_norm_residual", (r(3, 16), r(3, 16), r(16), 1e-5)), ("causal_conv1d", (r(2, 8, 11), r(8, 4), r(8))),
-             ("selective_scan", (r(1, 8, 6), r(1, 8, 6), r(8, 4), r(1, 4, 6), r(1, 4, 6), r(8), r(1, 8, 6), r(8)))]
+             ("selective_scan", (r(1, 8, 6), r(1, 8, 6), r(8, 4), r(1, 4, 6), r(1, 4, 6), r(8), r(1, 8, 6), r(8))),
+             ("mamba_mixer", (r(2, 5, 16), r(64, 16), r(64), r(32, 1, 4), r(32), r(17, 32), r(32, 1), r(32), r(32, 8),
+                              r(32), r(16, 32), None))]
     for name, args in cases:
         torch.library.opcheck(getattr(torch.ops.mamba_forge, name).default, args,
                               test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
-                                          "test_aot_dispatch_static"))
+                                          "test_aot_dispatch_static", "test_aot_dispatch_dynamic"))
 
 
 def test_compiled_training_step_gives_the_eager_gradients(mft):
