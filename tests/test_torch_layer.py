@@ -7,7 +7,6 @@ a float64 transcription of mamba-ssm's reference path, with the kernels stood in
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 
@@ -37,86 +36,19 @@ def test_token_op_shape_rules_refuse_what_does_not_fit():
         scan_tokens_shapes((2, 5, 8), (2, 5, 8), (8,), (8, 4), (2, 5, 7), (8,), (2, 5, 16), (2, 8, 4))
 
 
-# ---- stand-ins: the kernels' contracts computed by the float64 references, on CPU tensors ------------------------
-
-def _np(t):
-    return t.detach().double().cpu().numpy()
-
-
-class _RefKernel:
-    def __init__(self, family):
-        self.family = family
-        self.symbol = SimpleNamespace(state_capacity=64)
-
-    def __call__(self, **a):
-        from mamba_forge.references import norm as rn
-        from mamba_forge.references import tokens as rt
-
-        if self.family == "ssm_scan_tokens":
-            r = a["dt_rank"]
-            out, st = rt.scan_tokens(_np(a["state"]), _np(a["u"]), _np(a["dt"]), _np(a["dt_bias"]), _np(a["A_log"]),
-                                     _np(a["x_dbl"]), _np(a["Dp"]), _np(a["xz"]), r)
-            a["out"].copy_(torch.from_numpy(out).reshape(a["out"].shape))
-            a["state"].copy_(torch.from_numpy(st).reshape(a["state"].shape))
-        elif self.family == "ssm_step_forward_fused":  # scan_tokens at L = 1 (a decode step)
-            from mamba_forge.references import scan as rs
-
-            dims = {k: a[k] for k in ("batch", "d_inner", "d_state", "dt_rank")}
-            assert a["x_dbl_stride"] == a["dt_rank"] + 2 * a["d_state"]
-            got = rs.ssm_step_forward_fused({k: _np(v).ravel() for k, v in a.items() if torch.is_tensor(v)}, dims)
-            for k in ("out", "state"):
-                a[k].copy_(torch.from_numpy(got[k]).reshape(a[k].shape))
-        elif self.family == "conv1d_tokens_silu":
-            out, st = rt.conv_tokens(_np(a["conv_state"]), _np(a["xz"]), _np(a["weight"]), _np(a["bias"]), a["width"])
-            a["out"].copy_(torch.from_numpy(out).reshape(a["out"].shape))
-            a["conv_state"].copy_(torch.from_numpy(st).reshape(a["conv_state"].shape))
-        elif self.family == "rmsnorm_forward_resadd_f32in":
-            got = rn.rmsnorm_forward_resadd({k: _np(v) if torch.is_tensor(v) else v for k, v in a.items()},
-                                            {"rows": a["rows"], "dim": a["dim"]})
-            for k in ("y", "rstd", "residual"):
-                a[k].copy_(torch.from_numpy(got[k]).reshape(a[k].shape))
-        else:
-            raise AssertionError(self.family)
-
-
-class _RefKernels:
-    manifest = SimpleNamespace(routes=[])
-
-    def __init__(self, missing=(), no_route=False):
-        self.missing, self.no_route = set(missing), no_route
-
-    def fn(self, family, dtype=None):
-        if family in self.missing:
-            raise SymbolUnavailable(family, f"{family}_{dtype} is not in this manifest")
-        return _RefKernel(family)
-
-    def _serves_name(self, name):
-        return False
-
-    def gemm_route(self, m, n, k, a, *rest, **kw):
-        if self.no_route:
-            raise LaunchRefused(f"no route for n={n} k={k}")
-        return "ref"
-
-    def gemm(self, A, B, out=None, *, bias=None, layout="nn", **kw):
-        c = A.double() @ B.double()
-        if bias is not None:
-            c = c + bias.double()
-        return c.to(A.dtype)
-
+# ---- stand-ins: the kernels' contracts computed by the float64 references, on CPU tensors (tests/torch_standins.py)
 
 @pytest.fixture(scope="module")
 def mft():
-    import mamba_forge.runtime.torch as mft
+    from torch_standins import register_cpu
 
-    mft.register(_RefKernels())
-    for name in ("conv_tokens", "scan_tokens", "rms_norm_add", "gemm"):  # CPU dispatch for the stand-ins
-        fn = getattr(mft, f"_{name}")
-        try:
-            torch.library.impl(f"mamba_forge::{name}", "CPU")(fn)
-        except RuntimeError:
-            pass  # already registered by an earlier module
-    return mft
+    return register_cpu()
+
+
+def _RefKernels(**kw):  # noqa: N802
+    from torch_standins import RefKernels
+
+    return RefKernels(**kw)
 
 
 def test_parameters_are_mamba_ssms(mft):
@@ -161,24 +93,11 @@ def test_construction_refuses_without_kernels_and_bad_widths(mft):
 
 
 def _reference_block(m, h):
-    """mamba-ssm's slow path (mamba_simple.Mamba.forward without the fused kernels), in float64."""
-    b, L, _ = h.shape
-    d = lambda t: t.detach().double()  # noqa: E731
-    xz = (d(h) @ d(m.in_proj.weight).T).transpose(1, 2)  # b, 2D, L
-    x, z = xz.chunk(2, dim=1)
-    x = F.silu(F.conv1d(x, d(m.conv1d.weight), d(m.conv1d.bias), padding=m.d_conv - 1, groups=m.d_inner)[..., :L])
-    x_dbl = x.transpose(1, 2).reshape(b * L, -1) @ d(m.x_proj.weight).T
-    dt, B, C = torch.split(x_dbl, [m.dt_rank, m.d_state, m.d_state], dim=-1)
-    dt = F.softplus((dt @ d(m.dt_proj.weight).T + d(m.dt_proj.bias)).reshape(b, L, -1).transpose(1, 2))
-    B, C = B.reshape(b, L, -1).transpose(1, 2), C.reshape(b, L, -1).transpose(1, 2)
-    A = -torch.exp(d(m.A_log))
-    hs = torch.zeros(b, m.d_inner, m.d_state, dtype=torch.float32)
-    ys = []
-    for t in range(L):
-        hs = torch.exp(dt[:, :, t, None] * A) * hs + (dt[:, :, t] * x[:, :, t])[..., None] * B[:, None, :, t]
-        ys.append((hs * C[:, None, :, t]).sum(-1))
-    y = (torch.stack(ys, -1) + d(m.D)[None, :, None] * x) * F.silu(z)
-    return y.transpose(1, 2) @ d(m.out_proj.weight).T
+    """mamba-ssm's slow path (mamba_simple.Mamba.forward without the fused kernels), in float64, on h's device."""
+    from torch_standins import reference_mamba
+
+    p = {k: v.detach().double().to(h.device) for k, v in m.named_parameters()}
+    return reference_mamba(p, h.detach().double(), m.d_conv, m.dt_rank, m.d_state)
 
 
 def test_layer_wiring_matches_mamba_ssms_reference_path_and_decodes_the_same(mft):

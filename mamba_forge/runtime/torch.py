@@ -15,6 +15,13 @@ the host. register() loads every kernel the ops may launch up front (every GEMM 
 module is loaded during a capture.
 Fake (meta) implementations give torch.compile the output shapes and dtypes. The op table is
 mamba_forge/runtime/torch_ops.py.
+
+Training: gemm, softplus_forward, rms_norm, causal_conv1d and selective_scan are differentiable (autograd formulas
+registered with torch.library.register_autograd, each gradient a qualified backward kernel:
+runtime/torch_autograd.py); rms_norm_residual is rms_norm_add without the in-place update, differentiable; the ops
+that update state in place (conv_tokens, scan_tokens, rms_norm_add) are not, and the Mamba layer trains through
+its own op, mamba_mixer (runtime/torch_train.py). A backward kernel the manifest lacks is a LaunchRefused at the
+first backward that needs it (an inference-only manifest registers and runs forwards).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from mamba_forge.runtime.torch_ops import (
     SCAN_STEP_FAMILY,
     SCAN_TOKENS_FAMILY,
     SCHEMAS,
+    TRAIN_SCHEMAS,
     conv1d_shapes,
     conv_tokens_shapes,
     gemm_shape,
@@ -232,23 +240,38 @@ def _register_fake(qualname: str, fn) -> None:
         register_fake(qualname)(fn)
 
 
+def op_impls() -> dict:
+    """Every op's (implementation, fake implementation): the forward ops above, the training ops of
+    runtime/torch_autograd.py and runtime/torch_train.py."""
+    from mamba_forge.runtime import torch_autograd, torch_train
+
+    return {**_IMPLS, **torch_autograd.IMPLS, **torch_train.IMPLS}
+
+
 def register(kernels) -> list[str]:
-    """Point the ops at a loaded Kernels (the first call defines them); loads every kernel they may launch now.
-    Returns the ops' qualified names. Raises SymbolUnavailable when the manifest lacks one of them."""
+    """Point the ops at a loaded Kernels (the first call defines them and their autograd formulas); loads every
+    kernel the forward ops may launch now (a backward's kernels load at the first backward that needs them, so an
+    inference-only manifest registers). Returns the ops' qualified names. Raises SymbolUnavailable when the
+    manifest lacks a forward op's kernel."""
     global _lib
     functions = {fd: kernels.fn(*fd) for fd in kernels_used()}  # refuse before anything is changed
     for rung in serving_gemm_rungs(kernels):  # their modules load now, not inside a capture
         kernels.function(rung, follow_fallback=False)
     _state["kernels"], _state["functions"] = kernels, functions
     if _lib is None:
+        from mamba_forge.runtime import torch_autograd, torch_train
+
         lib = torch.library.Library(LIBRARY, "DEF")
-        for name, schema in SCHEMAS.items():
-            impl, fake = _IMPLS[name]
+        impls = op_impls()
+        for name, schema in {**SCHEMAS, **TRAIN_SCHEMAS}.items():
+            impl, fake = impls[name]
             lib.define(schema)
             lib.impl(name, impl, "CUDA")
             _register_fake(f"{LIBRARY}::{name}", fake)
+        for name, (setup, grad) in {**torch_autograd.FORMULAS, **torch_train.FORMULAS}.items():
+            torch.library.register_autograd(f"{LIBRARY}::{name}", grad, setup_context=setup, lib=lib)
         _lib = lib
-    return [f"{LIBRARY}::{n}" for n in SCHEMAS]
+    return [f"{LIBRARY}::{n}" for n in {**SCHEMAS, **TRAIN_SCHEMAS}]
 
 
 from mamba_forge.runtime.torch_layer import Block, InferenceParams, Mamba, RMSNorm  # noqa: E402  (uses the ops above)

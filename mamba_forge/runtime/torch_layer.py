@@ -15,6 +15,15 @@ the same per-element arithmetic (a one-token scan runs the production decode ste
 token scan follows bit for bit), so a token gets the same bits however its sequence was split (issue 23); every GEMM row's bits
 are independent of how many rows were multiplied, so the output of sequence i does not depend on the batch.
 
+Training: with autograd recording (grad mode on, a parameter or the input requiring grad) and no inference_params,
+``forward`` runs ``mamba_forge::mamba_mixer`` (runtime/torch_train.py): the same kernels on the same operands
+from zero states, so the same output bits, the scan in 256-step chunks whose states it saves, and a registered
+backward on the catalog's backward kernels giving the gradients of the input and of every parameter, in fixed
+order (bit-identical run to run; sequence i's input gradient independent of the batch). ``Block`` trains through
+``mamba_forge::rms_norm_residual`` (the add + RMSNorm kernel on a copy of the residual). Nothing else is needed to
+train: ``loss.backward()`` on requires-grad parameters. ``check_training_kernels()`` refuses ahead what the first
+backward would (a backward kernel the manifest lacks). torch.no_grad() and inference_params run the inference path.
+
 Differences from mamba-ssm, on purpose: the inference cache holds conv_state [b, d_inner, d_conv-1] in the
 activation dtype and ssm_state [b, d_inner, d_state] in float32 (the kernels' state); ``seqlen_offset > 0`` with
 more than one token continues the sequence (mamba-ssm asserts one token). Only kernels of the registered manifest
@@ -126,8 +135,25 @@ class Mamba(nn.Module):
         for name, (n, k) in self._gemm_shapes().items():
             try:
                 kernels.gemm_route(1, n, k, act)
-            except LaunchRefused as exc:
+            except (LaunchRefused, LookupError) as exc:  # LookupError: routes.NoRoute
                 raise LaunchRefused(f"Mamba: no qualified GEMM serves {name} (N={n}, K={k}, {act}): {exc}") from None
+
+    def check_training_kernels(self) -> None:
+        """Refuse now what the backward would refuse at the first loss.backward(): a backward kernel of the
+        registered manifest missing for this layer's dtype and widths, or no nn route for an input gradient's
+        GEMM. (Training needs nothing else: the forward is the inference kernels.)"""
+        from mamba_forge.runtime.torch_train import backward_kernels
+
+        _, kernels = _ops()
+        act = torch_dtype(self.in_proj.weight.dtype)
+        backward_kernels(act, self.d_inner)
+        for name, (n, k) in self._gemm_shapes().items():  # dX = dY W: N and K swapped
+            try:
+                kernels.gemm_route(1, k, n, act)
+            except (LaunchRefused, LookupError) as exc:
+                raise LaunchRefused(f"Mamba: no qualified GEMM serves {name}'s input gradient (N={k}, K={n}, "
+                                    f"{act}): {exc}") from None
+        _check_casts(act, [self.conv1d.weight, self.conv1d.bias, self.dt_proj.bias, self.A_log, self.D])
 
     def _gemm_shapes(self) -> dict[str, tuple[int, int]]:
         return {"in_proj": (2 * self.d_inner, self.d_model), "x_proj": (self.dt_rank + 2 * self.d_state, self.d_inner),
@@ -185,7 +211,10 @@ class Mamba(nn.Module):
     # ---- forward --------------------------------------------------------------------------------------------------
     def forward(self, hidden_states, inference_params=None):
         """hidden_states [b, L, d_model] -> [b, L, d_model]. With inference_params: seqlen_offset == 0 starts the
-        sequence from zero states; > 0 continues it (one token: a decode step; more: a chunk of prefill)."""
+        sequence from zero states; > 0 continues it (one token: a decode step; more: a chunk of prefill). With
+        autograd recording and no inference_params: the training op (the same kernels and bits, differentiable)."""
+        if inference_params is None and _records_grad(self, hidden_states):
+            return self._train(hidden_states)
         batch, seqlen, _ = hidden_states.shape
         if inference_params is not None:
             conv_state, ssm_state = self._get_states_from_cache(
@@ -211,6 +240,13 @@ class Mamba(nn.Module):
         if torch.compiler.is_compiling():
             return torch.ops.mamba_forge.gemm(A, B, bias)
         return _ops()[1].gemm(A, B, bias=bias)
+
+    def _train(self, hidden_states):
+        """mamba_forge::mamba_mixer (runtime/torch_train.py): the inference forward's kernels from zero states,
+        saving what its registered backward reads."""
+        p = (self.in_proj.weight, self.in_proj.bias, self.conv1d.weight, self.conv1d.bias, self.x_proj.weight,
+             self.dt_proj.weight, self.dt_proj.bias, self.A_log, self.D, self.out_proj.weight, self.out_proj.bias)
+        return torch.ops.mamba_forge.mamba_mixer(hidden_states, *p)[0]
 
     def _run(self, hidden_states, conv_state, ssm_state):
         ops = torch.ops.mamba_forge
@@ -255,6 +291,13 @@ class Block(nn.Module):
             raise ValueError("Block: norm_cls must make an RMSNorm")
 
     def forward(self, hidden_states, residual=None, inference_params=None, **mixer_kwargs):
+        if inference_params is None and _records_grad(self, hidden_states, residual):
+            # differentiable: mamba_forge::rms_norm_residual, the same kernel on a copy of the residual
+            residual = (torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
+                        if residual is None else residual.float())
+            hidden_states, residual, _ = torch.ops.mamba_forge.rms_norm_residual(hidden_states, residual,
+                                                                                 self.norm.weight, self.norm.eps)
+            return self.mixer(hidden_states, **mixer_kwargs), residual
         residual = (torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
                     if residual is None else residual.float().contiguous())
         w = self.norm.weight if self.norm.weight.dtype == torch.float32 else self.norm.weight.float()
@@ -263,6 +306,33 @@ class Block(nn.Module):
 
     def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None, **kwargs):
         return self.mixer.allocate_inference_cache(batch_size, max_seqlen, dtype=dtype, **kwargs)
+
+    def check_training_kernels(self) -> None:
+        """The mixer's (Mamba.check_training_kernels) and the add + RMSNorm's backward kernels."""
+        from mamba_forge.runtime.torch_autograd import bwd_kernel
+        from mamba_forge.runtime.torch_ops import norm_backward_kernels
+
+        act = torch_dtype(self.mixer.in_proj.weight.dtype)
+        for fd in norm_backward_kernels(act):
+            bwd_kernel("rms_norm_residual", *fd)
+        _check_casts(act, [self.norm.weight])
+        self.mixer.check_training_kernels()
+
+
+def _records_grad(module: nn.Module, *tensors) -> bool:
+    """Whether autograd records this call: grad mode on and a parameter or an input that requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    return (any(t is not None and t.requires_grad for t in tensors)
+            or any(p.requires_grad for p in module.parameters()))
+
+
+def _check_casts(act: str, params) -> None:
+    """The cast kernels that narrow f32 gradient sums to these parameters' dtypes (and the activations')."""
+    from mamba_forge.runtime.torch_autograd import cast_kernel
+
+    for dt in ({torch_dtype(p.dtype) for p in params if p is not None} | {act}) - {"f32"}:
+        cast_kernel("training", "f32", dt)
 
 
 __all__ = ["Block", "InferenceParams", "Mamba", "RMSNorm"]

@@ -32,6 +32,42 @@ SCHEMAS = {
     "rms_norm_add": "rms_norm_add(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor",
 }
 
+# The training ops (mamba_forge/runtime/torch_autograd.py, torch_train.py): the backward ops the forward ops'
+# autograd formulas call (register_autograd), and the functional forms of the ops that mutate their arguments.
+TRAIN_SCHEMAS = {
+    "softplus_backward": "softplus_backward(Tensor dy, Tensor x) -> Tensor",
+    # (dx f32 [..., dim], dweight f32 [dim]) of rms_norm's y (x f32; dy in y's dtype)
+    "rms_norm_backward": "rms_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor rstd) -> (Tensor, Tensor)",
+    # rms_norm_add without mutation: (y in x's dtype, residual + x (f32, a new tensor), rstd)
+    "rms_norm_residual": ("rms_norm_residual(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor, "
+                          "Tensor)"),
+    # (dx in dy's dtype, dresidual f32, dweight f32) from dy, the gradient of the residual output, the forward's
+    # residual output and rstd
+    "rms_norm_residual_backward": ("rms_norm_residual_backward(Tensor dy, Tensor dresidual, Tensor residual, "
+                                   "Tensor weight, Tensor rstd) -> (Tensor, Tensor, Tensor)"),
+    # (dx in x's dtype, dweight f32 [d, width], dbias f32 [d]) of causal_conv1d
+    "causal_conv1d_backward": ("causal_conv1d_backward(Tensor dout, Tensor x, Tensor weight, Tensor bias) -> (Tensor, "
+                               "Tensor, Tensor)"),
+    # (du, ddelta, dA_log f32, dB, dC, dD f32, dz, ddelta_bias f32) of selective_scan's out
+    "selective_scan_backward": ("selective_scan_backward(Tensor dout, Tensor u, Tensor delta, Tensor A_log, Tensor B, "
+                                "Tensor C, Tensor D, Tensor z, Tensor delta_bias) -> (Tensor, Tensor, Tensor, Tensor, "
+                                "Tensor, Tensor, Tensor, Tensor)"),
+    # db [cols] = column sums of dy [rows, cols] in f32 in a fixed order (gemm's bias gradient), cast to out_dtype
+    "reduce_bias": "reduce_bias(Tensor dy, ScalarType? out_dtype=None) -> Tensor",
+    # the Mamba layer's training forward from its parameters (the inference forward's kernels, from zero states):
+    # (out, then what its backward reads: xz, x, x_dbl, dt, y, saved states [b, d_inner, ceil(L/256), d_state])
+    "mamba_mixer": ("mamba_mixer(Tensor hidden, Tensor in_w, Tensor? in_b, Tensor conv_w, Tensor? conv_b, Tensor x_w, "
+                    "Tensor dt_w, Tensor dt_b, Tensor A_log, Tensor D, Tensor out_w, Tensor? out_b) -> (Tensor, Tensor, "
+                    "Tensor, Tensor, Tensor, Tensor, Tensor)"),
+    # the gradients of (hidden, in_w, in_b, conv_w, conv_b, x_w, dt_w, dt_b, A_log, D, out_w, out_b), each in its
+    # parameter's dtype and shape ([0] for a bias the layer does not have)
+    "mamba_mixer_backward": ("mamba_mixer_backward(Tensor dout, Tensor hidden, Tensor in_w, Tensor conv_w, "
+                             "Tensor? conv_b, Tensor x_w, Tensor dt_w, Tensor dt_b, Tensor A_log, Tensor D, Tensor out_w, "
+                             "Tensor xz, Tensor x, Tensor x_dbl, Tensor dt, Tensor y, Tensor saved, bool in_bias, "
+                             "bool out_bias) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+                             "Tensor, Tensor, Tensor)"),
+}
+
 SOFTPLUS_DTYPES = ("f32", "bf16", "f16")
 SEQUENCE_DTYPES = ("f32", "bf16", "f16")  # the conv1d and scan ops' activation dtypes (weights and states: f32)
 CONV1D_FAMILY = "conv1d_burnin_forward_nosave_tiled"  # kernels/fixed/conv1d.toml
@@ -48,6 +84,76 @@ RMS_NORM_KERNELS = {  # (x dtype, out dtype) -> (family, dtype): kernels/fixed/n
     ("f32", "bf16"): ("rmsnorm_forward_f32in", "bf16"),  # the residual stream stays f32, the output is half
     ("f32", "f16"): ("rmsnorm_forward_f32in", "f16"),
 }
+
+
+# ---- the backward kernels (kernels/fixed/*.toml), resolved at the first backward that needs them --------------
+SCAN_SAVE_CHUNK = 256  # timesteps between the scan's saved states (kernels: mf::kScanSaveChunk)
+SCAN_SAVE_FAMILY = "ssm_parallel_scan_fwd"  # selective_scan's backward replays it for the saved states
+# channel group W -> backward family: the fold (W = 8) is the measured one (fwd+bwd 1.08x and 1.13x mamba-ssm's,
+# the plain W = 4 1.35x and 1.42x: benchmarks/results/README.md); the plain one serves d_inner % 8 != 0
+SCAN_BWD_FAMILIES = {8: "ssm_parallel_scan_bwd_fold", 4: "ssm_parallel_scan_bwd"}
+CONV_SAVE_FAMILY = "conv1d_burnin_forward_tiled"  # writes pre = conv + bias, which the backward reads
+CONV_BWD_FAMILY = "conv1d_bwd_tiled"
+RMS_NORM_BWD_KERNELS = {  # dy dtype -> (family, dtype); x is the f32 residual stream in every case
+    "f32": ("rmsnorm_backward", "f32"), "bf16": ("rmsnorm_backward_f32in", "bf16"),
+    "f16": ("rmsnorm_backward_f32in", "f16"),
+}
+REDUCE = {  # the fixed-order reductions that fold partials into weight gradients (no atomics anywhere)
+    "rows": ("reduce_sum_axis0", "f32"), "dA_log": ("ssm_reduce_d_a_log", ""), "batch": ("ssm_reduce_d_D", ""),
+    "add_f32": ("vec_add_inplace", "f32"),
+}
+
+
+def scan_bwd_family(op: str, d_inner: int) -> tuple[str, int]:
+    """(family, channel group W) of the scan backward for d_inner channels; the kernels' grid covers d_inner // W
+    groups, so a d_inner that is no multiple of 4 is refused here (the launch contract cannot see it)."""
+    for w, family in SCAN_BWD_FAMILIES.items():
+        if d_inner % w == 0:
+            return family, w
+    raise LaunchRefused(f"mamba_forge::{op}: the scan backward kernels take d_inner in multiples of 4 (the fold 8); "
+                        f"d_inner is {d_inner}")
+
+
+def rms_norm_bwd_kernel(dy_dtype: str) -> tuple[str, str]:
+    got = RMS_NORM_BWD_KERNELS.get(dy_dtype)
+    if got is None:
+        raise LaunchRefused(f"mamba_forge::rms_norm backward: dy is {dy_dtype}; it takes "
+                            f"{', '.join(RMS_NORM_BWD_KERNELS)}")
+    return got
+
+
+def mixer_shapes(hidden: tuple[int, ...], in_w: tuple[int, ...], conv_w: tuple[int, ...], x_w: tuple[int, ...],
+                 dt_w: tuple[int, ...], dt_b: tuple[int, ...], A_log: tuple[int, ...], D: tuple[int, ...],
+                 out_w: tuple[int, ...]) -> tuple[int, int, int, int, int, int, int]:
+    """(batch, L, d_model, d_inner, width, dt_rank, d_state) of mamba_mixer's operands, mamba-ssm's parameter
+    shapes: hidden [b, L, d_model], in_w [2*d_inner, d_model], conv_w [d_inner, 1, width], x_w
+    [dt_rank + 2*d_state, d_inner], dt_w [d_inner, dt_rank], dt_b, D [d_inner], A_log [d_inner, d_state],
+    out_w [d_model, d_inner]."""
+    if len(hidden) != 3 or len(in_w) != 2 or len(conv_w) != 3 or len(A_log) != 2 or len(dt_w) != 2:
+        raise LaunchRefused(f"mamba_forge::mamba_mixer: hidden {list(hidden)} must be [batch, L, d_model], in_w "
+                            f"{list(in_w)} [2*d_inner, d_model], conv_w {list(conv_w)} [d_inner, 1, width], A_log "
+                            f"{list(A_log)} [d_inner, d_state], dt_w {list(dt_w)} [d_inner, dt_rank]")
+    batch, length, dm = hidden
+    d, n, r, width = A_log[0], A_log[1], dt_w[1], conv_w[2]
+    got = {"hidden": hidden, "in_w": in_w, "conv_w": conv_w, "x_w": x_w, "dt_w": dt_w, "dt_b": dt_b, "A_log": A_log,
+           "D": D, "out_w": out_w}
+    _shape_problem("mamba_mixer", got, {"in_w": (2 * d, dm), "conv_w": (d, 1, width), "x_w": (r + 2 * n, d),
+                                        "dt_w": (d, r), "dt_b": (d,), "D": (d,), "out_w": (dm, d)})
+    if not 2 <= width <= 4:
+        raise LaunchRefused(f"mamba_forge::mamba_mixer: conv width {width}; the kernels take 2..4")
+    return batch, length, dm, d, width, r, n
+
+
+def mixer_backward_kernels(dtype: str, d_inner: int) -> list[tuple[str, str]]:
+    """Every (family, dtype) mamba_mixer's backward launches besides the GEMMs (Mamba.check_training_kernels)."""
+    return [(CONV_SAVE_FAMILY, dtype), (CONV_BWD_FAMILY, dtype), (scan_bwd_family("mamba_mixer", d_inner)[0], dtype),
+            ("ssm_reduce_d_BC_groups_tmajor", dtype), REDUCE["dA_log"], REDUCE["batch"], ("residual_add", dtype),
+            ("reduce_bias", dtype)]
+
+
+def norm_backward_kernels(dtype: str) -> list[tuple[str, str]]:
+    """What rms_norm_residual's backward launches (Block.check_training_kernels)."""
+    return [rms_norm_bwd_kernel(dtype), REDUCE["rows"], REDUCE["add_f32"]]
 
 
 def softplus_kernel(x_dtype: str) -> tuple[str, str]:
@@ -181,7 +287,10 @@ def kernels_used() -> list[tuple[str, str]]:
                for d in SEQUENCE_DTYPES])
 
 
-__all__ = ["CONV1D_FAMILY", "CONV_TOKENS_FAMILY", "LIBRARY", "RMS_NORM_ADD_FAMILY", "SCAN_STEP_FAMILY", "SCAN_TOKENS_FAMILY",
+__all__ = ["CONV1D_FAMILY", "CONV_BWD_FAMILY", "CONV_SAVE_FAMILY", "CONV_TOKENS_FAMILY", "LIBRARY", "REDUCE",
+           "RMS_NORM_ADD_FAMILY", "RMS_NORM_BWD_KERNELS", "SCAN_BWD_FAMILIES", "SCAN_SAVE_CHUNK", "SCAN_SAVE_FAMILY",
+           "SCAN_STEP_FAMILY", "SCAN_TOKENS_FAMILY", "TRAIN_SCHEMAS", "mixer_backward_kernels", "mixer_shapes", "norm_backward_kernels",
+           "rms_norm_bwd_kernel", "scan_bwd_family",
            "conv_tokens_shapes", "scan_tokens_shapes", "RMS_NORM_KERNELS", "SCAN_FAMILY", "SCHEMAS", "SEQUENCE_DTYPES",
            "SOFTPLUS_DTYPES", "conv1d_shapes", "gemm_shape", "kernels_used", "rms_norm_kernel", "rms_norm_shapes", "scan_shapes",
            "sequence_kernel", "serving_gemm_rungs", "softplus_kernel"]

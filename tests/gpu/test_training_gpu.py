@@ -1,0 +1,221 @@
+"""Training the Mamba layer on the qualified backward kernels, on a real GPU (issue 24), from a signed bundle
+(MF_RUNTIME_BUNDLE, MF_RUNTIME_KEY) or one built and qualified here (tests/gpu/test_runtime_gpu.py's fixture):
+
+- every parameter's and the input's gradient against float64 torch autograd of mamba-ssm's reference path, within
+  the peer's own error (mamba-ssm's Mamba where importable, else its slow path run by torch in the same dtype with
+  selective_scan_ref's f32 scan), bf16 and f32;
+- gradients bit-identical over 10 runs; sequence 0's input gradient the same bits at batch 1 and batch 8;
+- torch.compile (aot_eager and inductor) gradients bit-identical to eager;
+- the training forward's output bits == the inference forward's (3 scan chunks), for Mamba and Block;
+- a step along the gradient lowers the loss by eps * |grad|^2, as first order predicts (the kernels' own forward).
+
+    MF_RUNTIME_BUNDLE=dist/h200.tar.gz MF_RUNTIME_KEY=manifests/keys python -m pytest -q -s tests/gpu/test_training_gpu.py
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from test_runtime_gpu import bundle, kernels  # noqa: E402,F401  (module fixtures: the signed bundle, load())
+
+F = torch.nn.functional
+DT = {"bf16": torch.bfloat16, "f32": torch.float32}
+FLOOR = {"bf16": 1e-2, "f32": 1e-4}  # below these a gradient passes whatever the peer's error
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def _same(a, b) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(_bits(a), _bits(b)))
+
+
+@pytest.fixture(scope="module")
+def mft(kernels):  # noqa: F811
+    import mamba_forge.runtime.torch as mft
+
+    mft.register(kernels)
+    return mft
+
+
+def _layer(mft, dtype, d_model=256, seed=0):
+    torch.manual_seed(seed)
+    m = mft.Mamba(d_model, layer_idx=0, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        m.D.uniform_(-1, 1)
+        m.conv1d.bias.uniform_(-0.5, 0.5)
+    m.check_training_kernels()  # the bundle serves every backward kernel (else: which one it lacks)
+    return m
+
+
+def _inputs(b, L, d_model, dtype, seed=1):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    h = torch.randn(b, L, d_model, generator=g, device="cuda").to(dtype)
+    return h, torch.randn(b, L, d_model, generator=g, device="cuda").to(dtype)
+
+
+def _grads(m, h, g):
+    """(output, d hidden, [d param in named_parameters order]) of one forward + backward."""
+    m.zero_grad(set_to_none=True)
+    x = h.detach().clone().requires_grad_(True)
+    out = m(x)
+    out.backward(g)
+    return out.detach(), x.grad, [p.grad for _, p in m.named_parameters()]
+
+
+def _torch_peer(m, h):
+    """mamba-ssm's slow path (mamba_simple.Mamba.forward, selective_scan_ref) on torch's kernels in the model's
+    dtype: projections and conv in that dtype, the scan in f32, its output cast back (as selective_scan_ref)."""
+    b, L, _ = h.shape
+    xz = F.linear(h, m.in_proj.weight, m.in_proj.bias).transpose(1, 2)
+    x, z = xz.chunk(2, dim=1)
+    x = F.silu(F.conv1d(x, m.conv1d.weight, m.conv1d.bias, padding=m.d_conv - 1, groups=m.d_inner)[..., :L])
+    x_dbl = F.linear(x.transpose(1, 2).reshape(b * L, -1), m.x_proj.weight)
+    dt, B, C = torch.split(x_dbl, [m.dt_rank, m.d_state, m.d_state], dim=-1)
+    dt = (dt @ m.dt_proj.weight.t()).reshape(b, L, -1).transpose(1, 2)
+    B, C = (t.reshape(b, L, -1).transpose(1, 2).float() for t in (B, C))
+    delta = F.softplus(dt.float() + m.dt_proj.bias.float()[None, :, None])
+    A, u = -torch.exp(m.A_log.float()), x.float()
+    hs = torch.zeros(b, m.d_inner, m.d_state, device=h.device)
+    ys = []
+    for t in range(L):
+        hs = torch.exp(delta[:, :, t, None] * A) * hs + (delta[:, :, t] * u[:, :, t])[..., None] * B[:, None, :, t]
+        ys.append((hs * C[:, None, :, t]).sum(-1))
+    y = ((torch.stack(ys, -1) + m.D.float()[None, :, None] * u) * F.silu(z.float())).to(h.dtype)
+    return F.linear(y.transpose(1, 2), m.out_proj.weight, m.out_proj.bias)
+
+
+def _peer_grads(m, h, g):
+    """(name, d hidden, [d param]) of the peer: mamba-ssm's Mamba where importable, else _torch_peer."""
+    peer = copy.deepcopy(m)
+    name, run = "torch slow path", lambda x: _torch_peer(peer, x)
+    try:
+        from mamba_ssm.modules.mamba_simple import Mamba as PeerMamba
+
+        ms = PeerMamba(m.d_model, layer_idx=0, device="cuda", dtype=m.in_proj.weight.dtype)
+        ms.load_state_dict(m.state_dict())
+        peer, name, run = ms, "mamba-ssm", ms
+    except ImportError:
+        pass
+    x = h.detach().clone().requires_grad_(True)
+    run(x).backward(g)
+    return name, x.grad, [p.grad for _, p in peer.named_parameters()]
+
+
+def _rel(got, want) -> float:
+    return float((got.double() - want).abs().max() / want.abs().max())
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_gradients_match_float64_within_the_peers_error(mft, dtype):
+    from torch_standins import layer_params64, reference_mamba
+
+    m = _layer(mft, DT[dtype])
+    h, g = _inputs(2, 512, 256, DT[dtype])  # 512 timesteps: two scan chunks, the saved state replayed
+    _, dh, dps = _grads(m, h, g)
+    p64 = layer_params64(m)
+    h64 = h.double().requires_grad_(True)
+    (reference_mamba(p64, h64, m.d_conv, m.dt_rank, m.d_state) * g.double()).sum().backward()
+    peer, peer_dh, peer_dps = _peer_grads(m, h, g)
+    rows = [("hidden", dh, peer_dh, h64.grad)] + [
+        (name, got, pg, p64[name].grad) for (name, _), got, pg in zip(m.named_parameters(), dps, peer_dps,
+                                                                       strict=True)]
+    report = []
+    for name, got, pg, want in rows:
+        ours, theirs = _rel(got, want), _rel(pg, want)
+        report.append(f"{name}: ours {ours:.2e}, {peer} {theirs:.2e}")
+        assert ours <= max(3 * theirs, FLOOR[dtype]), "\n".join(report)
+    print(f"\n{dtype} gradient error against float64 (max abs / max |ref|):\n  " + "\n  ".join(report))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_gradients_are_bit_identical_over_ten_runs(mft, dtype):
+    m = _layer(mft, DT[dtype], d_model=512)
+    h, g = _inputs(4, 1024, 512, DT[dtype])
+    first = _grads(m, h, g)
+    for run in range(9):
+        again = _grads(m, h, g)
+        assert _same(first[0], again[0]) and _same(first[1], again[1]), f"run {run + 2}: output or d hidden"
+        for (name, _), a, b in zip(m.named_parameters(), first[2], again[2], strict=True):
+            assert _same(a, b), f"run {run + 2}: {name}"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_sequence_0s_input_gradient_does_not_depend_on_the_batch(mft, dtype):
+    m = _layer(mft, DT[dtype], d_model=512)
+    h, g = _inputs(8, 640, 512, DT[dtype])
+    out8, dh8, _ = _grads(m, h, g)
+    out1, dh1, _ = _grads(m, h[:1], g[:1])
+    assert _same(out1[0], out8[0])
+    assert _same(dh1[0], dh8[0])
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_gradients_are_the_eager_bits(mft, backend):
+    torch.manual_seed(5)
+    blocks = torch.nn.ModuleList([mft.Block(512, lambda dim: mft.Mamba(dim, layer_idx=0, device="cuda",
+                                                                       dtype=torch.bfloat16)) for _ in range(2)])
+    blocks.cuda()
+
+    def model(x):
+        res = None
+        for blk in blocks:
+            x, res = blk(x, res)
+        return x, res
+
+    h, g = _inputs(2, 300, 512, torch.bfloat16)
+    gr = torch.randn(2, 300, 512, device="cuda")
+    results = []
+    torch._dynamo.reset()
+    for fn in (model, torch.compile(model, backend=backend)):
+        blocks.zero_grad(set_to_none=True)
+        x = h.detach().clone().requires_grad_(True)
+        out, res = fn(x)
+        torch.autograd.backward((out, res), (g, gr))
+        results.append([out.detach(), res.detach(), x.grad] + [p.grad for p in blocks.parameters()])
+    for i, (a, b) in enumerate(zip(*results, strict=True)):
+        assert b is not None and _same(a, b), i
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_training_forward_output_is_the_inference_forward_bits(mft, dtype):
+    m = _layer(mft, DT[dtype], d_model=512)
+    h, _ = _inputs(3, 600, 512, DT[dtype])  # 600 = 256 + 256 + 88: three scan chunks
+    train = m(h)
+    assert train.grad_fn is not None
+    with torch.no_grad():
+        assert _same(train.detach(), m(h))
+    blk = mft.Block(512, lambda dim: mft.Mamba(dim, layer_idx=0, device="cuda", dtype=DT[dtype])).cuda()
+    res = torch.randn(3, 600, 512, device="cuda")
+    out_t, res_t = blk(h, res)
+    with torch.no_grad():
+        out_i, res_i = blk(h, res.clone())
+    assert out_t.grad_fn is not None and _same(out_t.detach(), out_i) and _same(res_t.detach(), res_i)
+
+
+def test_a_step_along_the_gradient_lowers_the_loss_as_predicted(mft):
+    """The gradient against the kernels' own forward, not a transcription: a small step -eps * grad lowers the loss
+    by eps * |grad|^2 to first order (f32; a teacher layer's output is the target)."""
+    m = _layer(mft, torch.float32, d_model=256)
+    teacher = _layer(mft, torch.float32, d_model=256, seed=7)
+    h, _ = _inputs(4, 300, 256, torch.float32, seed=9)
+    with torch.no_grad():
+        target = teacher(h)
+    loss0 = F.mse_loss(m(h), target)
+    loss0.backward()
+    gn2 = sum(float(p.grad.double().pow(2).sum()) for p in m.parameters())
+    eps = 1e-3 * float(loss0.detach()) / gn2
+    with torch.no_grad():
+        for p in m.parameters():
+            p -= eps * p.grad
+        loss1 = F.mse_loss(m(h), target)
+    ratio = (float(loss0.detach()) - float(loss1)) / (eps * gn2)
+    assert 0.9 < ratio < 1.1, ratio
