@@ -323,3 +323,25 @@ def test_the_token_families_pass_the_split_check_host_emulated(emu, name):  # no
                    _emulated_launch(emu, nudge_carry=True))
     assert not bad.passed and bad.chunk == fam.split.chunks[0], bad.reason
     assert f"called over chunks of L = {fam.split.chunks[0]}" in bad.reason
+
+
+# ---- the negative control as NVRTC builds it for the GPU test ------------------------------------------------
+
+
+def test_the_split_controls_build_and_only_the_twin_fuses(tmp_path):
+    """NVRTC builds the QualifySplit module alone (what tests/gpu/test_qualify_split_gpu.py loads); both symbols
+    are admitted by the build, the control's PTX rounds product and sum apart (no fma.rn.f32: the build's default
+    --fmad=true may not contract __fmul_rn/__fadd_rn), and the twin's holds one fma."""
+    from mamba_forge.build.builder import BuildRequest, build
+    from mamba_forge.catalog.targets import get_target
+
+    bm = build(BuildRequest(load_catalog(FIXTURE / "catalog.toml"), [get_target("sm_90a")], tmp_path, jobs=1,
+                            cache_location=None, modules=("QualifySplit",)))
+    (mod,) = bm.modules
+    assert mod.status == "compiled", mod.log_head
+    assert {s.name: s.verdict.status for s in mod.symbols} == dict.fromkeys(SPLIT_KERNELS, "admitted")
+    ptx = (tmp_path / next(a.path for a in mod.artifacts if a.code == "ptx")).read_text()
+    bodies = {name: ptx.split(f".entry {name}(", 1)[1].split(".entry ", 1)[0] for name in SPLIT_KERNELS}
+    assert "fma.rn.f32" not in bodies["control_split_running_sum"]
+    assert "mul.rn.f32" in bodies["control_split_running_sum"] and "add.rn.f32" in bodies["control_split_running_sum"]
+    assert bodies["split_variant_running_sum"].count("fma.rn.f32") >= 1
