@@ -207,7 +207,8 @@ class Family(_Model):
     # placement-dependent special registers the family reads on purpose, each with why its bits do not depend
     # on it ({smid = "rotation of a commutative pairwise tree"}): the build records a note, not a warning
     acknowledge: dict[str, str] = Field(default_factory=dict)
-    # the launches that must give the same bits however a sequence is cut into calls (catalog/split_rules.py)
+    # {dim, batch, sequence, carried, chunks}: the launches give the same bits however a sequence is cut into calls
+    # (rules and syntax: catalog/split_rules.py; proven by the qualifier's split check, qualify/split.py)
     split: Split | None = None
 
     @model_validator(mode="after")
