@@ -36,7 +36,10 @@ def test_a_valid_split_loads_with_its_fields(tmp_path):
     cat = load_catalog(make(tmp_path, ROOT, FAMILY))
     sp = cat.modules[0].family("run_sum").split
     assert (sp.dim, sp.batch, sp.sequence, sp.carried, sp.chunks) == ("L", "batch", ["out", "x"], ["state"], [1, 5, 16])
+    axes = FAMILY.replace('shape = ["batch * L * 2 * channels"]', 'shape = ["batch * L", "2", "channels"]')
+    assert load_catalog(make(tmp_path, ROOT, axes)).modules[0].family("run_sum").split.sequence == ["out", "x"]
     no_batch = FAMILY.replace(SPLIT, 'split = { dim = "L", sequence = ["out", "x"], carried = ["state"], chunks = [2] }')
+    no_batch = no_batch.replace('shape = ["batch", "L", "channels"]', 'shape = ["L", "batch", "channels"]')  # [L, rest]
     assert load_catalog(make(tmp_path, ROOT, no_batch)).modules[0].family("run_sum").split.batch is None
 
 
@@ -106,6 +109,16 @@ def _bad(split: str) -> str:
      "split.sequence 'x': shape ['L * channels']"),
     (FAMILY.replace('shape = ["batch * L * 2 * channels"]', 'shape = ["batch * L * channels + 1"]'),
      "is not laid out [batch, L, rest]"),
+    (FAMILY.replace('shape = ["batch * L * 2 * channels"]', 'shape = ["L", "batch", "2 * channels"]'),
+     "split.sequence 'x': shape ['L', 'batch', '2 * channels'] (28860 elements at the qualification dims) is not "
+     "laid out [batch, L, rest]"),  # the count divides, the axes are in another order
+    (FAMILY.replace('shape = ["batch * L * 2 * channels"]', 'shape = ["2 * channels", "batch * L"]'),
+     "split.sequence 'x': shape ['2 * channels', 'batch * L']"),
+    (_bad('split = { dim = "L", sequence = ["out", "x"], carried = ["state"], chunks = [2] }'),
+     "split.sequence 'out': shape ['batch', 'L', 'channels'] (14430 elements at the qualification dims) is not laid "
+     "out [L, rest]"),  # without split.batch the rows are part of rest, so they may not come before L
+    (FAMILY.replace('shape = ["batch * channels"], fill', 'shape = ["channels", "batch"], fill'),
+     "split.carried 'state': shape ['channels', 'batch'] is not laid out [batch, rest]"),
     (FAMILY.replace('shape = ["batch * channels"], fill', 'shape = ["batch * channels * L"], fill'),
      "split.carried 'state': shape ['batch * channels * L'] is not laid out [batch, rest] with rest independent"),
     (FAMILY.replace('shape = ["batch * channels"], fill', 'shape = ["channels"], fill'),

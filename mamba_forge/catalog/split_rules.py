@@ -110,6 +110,13 @@ def _count(shape: list, env: dict[str, int]) -> int:
     return math.prod(int(expr.evaluate(s, env)) for s in shape)
 
 
+def _axes_in_order(base: list[int], grown_dim: list[int], grown_batch: list[int]) -> bool:
+    """Row-major [batch, dim, rest] over a shape of several axes: ranked 0 where an axis grows with the batch, 1
+    where only with dim, 2 where with neither, the ranks never go down (["L", "batch", "d"] is refused)."""
+    ranks = [0 if gb != a else 1 if gd != a else 2 for a, gd, gb in zip(base, grown_dim, grown_batch, strict=True)]
+    return ranks == sorted(ranks)
+
+
 def _rows(count: int, lead: int) -> int | None:
     """count / lead when it divides evenly, else None."""
     return count // lead if lead > 0 and count % lead == 0 else None
@@ -140,16 +147,18 @@ def symbol_problem(fam: Any, num_env: dict[str, int], deterministic: bool) -> st
         for p in fam.params:
             if p.type != "ptr":
                 continue
-            counts = [(_count(p.shape, env(**g)), rb, rl) for g, rb, rl in points]
+            axes = [[int(expr.evaluate(s, env(**g))) for s in p.shape] for g, _, _ in points]
+            counts = [(math.prod(a), rb, rl) for a, (_, rb, rl) in zip(axes, points, strict=True)]
+            ordered = _axes_in_order(axes[0], axes[1], axes[-1] if sp.batch else axes[0])
             if p.name in sp.sequence:
                 rests = {_rows(n, rb * rl) for n, rb, rl in counts}
-                if None in rests or len(rests) != 1:
+                if None in rests or len(rests) != 1 or not ordered:
                     lay = f"[{sp.batch}, {sp.dim}, rest]" if sp.batch else f"[{sp.dim}, rest]"
                     return (f"split.sequence {p.name!r}: shape {list(p.shape)} ({counts[0][0]} elements at the "
                             f"qualification dims) is not laid out {lay} with rest independent of them")
             elif p.name in sp.carried:
                 rests = {_rows(n, rb) for n, rb, _ in counts}
-                if None in rests or len(rests) != 1:
+                if None in rests or len(rests) != 1 or not ordered:
                     lay = f"[{sp.batch}, rest]" if sp.batch else "[rest]"
                     return (f"split.carried {p.name!r}: shape {list(p.shape)} is not laid out {lay} with rest "
                             f"independent of {sp.dim} and the batch")
