@@ -101,6 +101,9 @@ def _bad(split: str) -> str:
                     '  { name = "state", type = "ptr", dtype = "f32", role = "inout"')
            .replace('sequence = ["out", "x"]', 'sequence = ["out", "x", "y"]'),
      "split.sequence 'out' is a scratch param"),
+    (FAMILY.replace('shape = ["batch * L * 2 * channels"], fill = "uniform(-1,1)" }', 'shape = ["batch * L * 2 * channels"] }')
+           .replace("qualify = { dims", 'qualify = { prepare = "m:f", dims'),
+     "split.sequence 'x' is an input without a fill (qualify.prepare builds it)"),
     # rules that need a symbol's values: layouts, shapes independent of L, every chunk's call launchable
     (FAMILY.replace('shape = ["batch * L * 2 * channels"]', 'shape = ["batch * round_up(L, 8) * channels"]'),
      "split.sequence 'x': shape ['batch * round_up(L, 8) * channels'] (15600 elements at the qualification dims) "

@@ -89,6 +89,9 @@ def family_problem(fam: Any) -> str | None:
     for n in sp.sequence:
         if params[n].role == "scratch":
             return f"split.sequence {n!r} is a scratch param; sequence params are inputs or outputs"
+        if params[n].role in ("in", "inout") and params[n].fill is None:
+            return (f"split.sequence {n!r} is an input without a fill (qualify.prepare builds it), so a call could "
+                    "not be given its part; give it a fill or drop split")
     for n in sp.carried:
         if params[n].role != "inout":
             return (f"split.carried {n!r} has role {params[n].role!r}; a carried param is read and written by "
