@@ -152,8 +152,10 @@ def prove(split: Split, dims: dict[str, int], spec_at: Callable[[dict[str, int]]
         for b in outputs:
             if b.name in seq:
                 diff = first_difference(b.name, b.dtype, want[b.name], got[b.name].tobytes(), seq[b.name], True)
-            else:
+            elif b.name in carried:
                 diff = first_difference(b.name, b.dtype, want[b.name], state[b.name].tobytes(), carried[b.name], False)
+            else:  # the catalog refuses such a split (catalog/split_rules.py)
+                raise S.SpecError(f"split: output {b.name!r} is neither a sequence nor a carried param")
             if diff:
                 how = f"called over chunks of {split.dim} = {chunk} ({calls} carrying {', '.join(carried) or 'no state'})"
                 return Outcome(False, digest, f"{how}: {diff}",
