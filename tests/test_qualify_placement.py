@@ -123,7 +123,7 @@ def _catalog_with(tmp_path: Path, acknowledge: str) -> Path:
     (tmp_path / "src").mkdir()
     for f in (FIXTURE / "src").iterdir():
         (tmp_path / "src" / f.name).write_bytes(f.read_bytes())
-    for name in ("negative.toml", "routes.toml"):
+    for name in ("negative.toml", "routes.toml", "split.toml"):
         (tmp_path / name).write_text((FIXTURE / name).read_text())
     fam = (FIXTURE / "placement.toml").read_text().replace(
         'acknowledge = { smid = "rotation of a commutative pairwise tree: each pair is added once, a + b == b + a" }',

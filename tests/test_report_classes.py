@@ -28,7 +28,8 @@ H200_TOML = ROOT / "manifests" / "h200.toml"
 ONE_PER_CLASS = {
     "fault": "fault", "timeout": "timeout", "bounds": "bounds", "input written": "input-written",
     "uninitialized": "uninitialized", "incorrect": "correctness", "nondeterministic": "repeat",
-    "batch-variant": "batch", "placement-variant": "placement", "route-inequivalent": "route-equivalence",
+    "batch-variant": "batch", "placement-variant": "placement", "split-variant": "split",
+    "route-inequivalent": "route-equivalence",
     "sanitizer": "sanitize", "resource": "registers", "ABI": "abi", "static policy": "static-tokens",
     "build": "compile", "harness": "harness", "other": "a-check-nobody-knows",
 }
@@ -70,7 +71,7 @@ def test_every_check_that_decides_a_rejection_has_a_class():
             for rx in _DECIDING:
                 found.update(rx.findall(text))
     found.discard("")
-    assert {"placement", "timeout", "abi", "compile", "static-tokens", "sanitize", "route-equivalence"} <= found
+    assert {"placement", "timeout", "abi", "compile", "static-tokens", "sanitize", "route-equivalence", "split"} <= found
     unclassed = sorted(c for c in found if K.reason_class(c) == "other")
     assert unclassed == []
 
@@ -86,7 +87,7 @@ def test_groups_come_in_class_order_with_their_symbols_in_order():
     assert [c for c, _ in groups] == list(K.CLASSES)
     assert all([s.name for s in members] == [members[0].name, members[0].name[:-1] + "1"] for _, members in groups)
     assert K.class_counts(groups) == {c: 2 for c in K.CLASSES}
-    assert K.counts_line(groups).startswith("34 rejected: 2 fault, 2 timeout, 2 bounds, 2 input written, ")
+    assert K.counts_line(groups).startswith("36 rejected: 2 fault, 2 timeout, 2 bounds, 2 input written, ")
     assert K.group_rejections([]) == []
 
 
@@ -95,7 +96,7 @@ def test_rejection_lines_count_per_class_first_and_honour_the_limit():
     assert lines[0] == (2, K.counts_line(K.group_rejections(_rejected())))
     assert lines[1] == (2, "fault (1)") and lines[2] == (4, "fault_0 (Fixed/sm_90a) [fault] because fault")
     assert sum(1 for ind, _ in lines if ind == 4) == 5
-    assert lines[-1] == (2, "and 12 more rejected (mamba-forge report)")
+    assert lines[-1] == (2, "and 13 more rejected (mamba-forge report)")
     assert rejection_lines([]) == []
 
 

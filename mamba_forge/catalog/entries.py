@@ -27,6 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from mamba_forge.catalog.split_rules import Split
 from mamba_forge.catalog.targets import Target, gate_admits, validate_gate
 from mamba_forge.core.errors import ForgeError
 from mamba_forge.core.vocab import DTYPES, LAYOUTS
@@ -206,6 +207,9 @@ class Family(_Model):
     # placement-dependent special registers the family reads on purpose, each with why its bits do not depend
     # on it ({smid = "rotation of a commutative pairwise tree"}): the build records a note, not a warning
     acknowledge: dict[str, str] = Field(default_factory=dict)
+    # {dim, batch, sequence, carried, chunks}: the launches give the same bits however a sequence is cut into calls
+    # (rules and syntax: catalog/split_rules.py; proven by the qualifier's split check, qualify/split.py)
+    split: Split | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Family:

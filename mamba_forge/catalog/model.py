@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from mamba_forge.catalog import limits
+from mamba_forge.catalog import limits, split_rules
 from mamba_forge.catalog.compile_rules import option_problem
 from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catalog's public records
     FILL_SPEC,
@@ -145,6 +145,11 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
         _check_launch_expressions(fam, num_env, f"{where}: symbol {name}")
         limits.check_grid(fam.launch.grid, {**num_env, **fam.qualify.dims},
                           bool(fam.qualify.dims) and not fam.qualify.skip, f"{where}: symbol {name}")
+        deterministic = module.deterministic if fam.deterministic is None else fam.deterministic
+        if fam.split is not None:
+            problem = split_rules.symbol_problem(fam, num_env, deterministic)
+            if problem:
+                raise CatalogError(f"{where}: symbol {name}: {problem}")
         try:
             fallback = [f.format(**fmt) for f in fam.fallback]
         except (KeyError, IndexError) as exc:
@@ -161,7 +166,7 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
                 block=block,  # type: ignore[arg-type]
                 dynamic_smem=smem,
                 policy=fam_policy,
-                deterministic=module.deterministic if fam.deterministic is None else fam.deterministic,
+                deterministic=deterministic,
                 fallback=fallback,
             )
         )
@@ -270,6 +275,10 @@ def load_catalog(path: str | Path) -> Catalog:
                 family_names.add(fam.name)
                 families.append(fam)
                 limits.check_dims(fam.qualify.dims, fwhere)
+                if fam.split is not None:
+                    problem = split_rules.family_problem(fam)
+                    if problem:
+                        raise CatalogError(f"{fwhere}: {problem}")
                 for sym in _expand_family(fam, mod, root.defaults.policy, fwhere):
                     if sym.name in seen_symbols:
                         raise CatalogError(f"{fwhere}: symbol {sym.name} already declared by {seen_symbols[sym.name]}")

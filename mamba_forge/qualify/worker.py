@@ -28,6 +28,7 @@ from mamba_forge.qualify import equivalence as E
 from mamba_forge.qualify import guards as G
 from mamba_forge.qualify import placement as P
 from mamba_forge.qualify import spec as S
+from mamba_forge.qualify import split as SP
 from mamba_forge.qualify.budget import LaunchBudget
 from mamba_forge.qualify.events import (
     CheckDone,
@@ -153,6 +154,8 @@ class SymbolRun:
                                                        f"0x{G.POISON_ALT:02X} poison on {len(corpora)} corpora")
             if self.sym.deterministic and not sanitize:
                 verdict = self.determinism(spec, fn, base_inst, base_inputs, base_outs, prepare, checked)
+                if verdict is None and self.fam.split is not None:  # split.py: the same bits over any split
+                    verdict = SP.check(self, fn, base_inputs, prepare, checked)
                 if verdict is not None:
                     return verdict
             if not sanitize and E.memberships(self.catalog, self.name):

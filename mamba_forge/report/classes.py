@@ -9,8 +9,8 @@ from typing import Protocol
 # classes in the order a report shows them: what breaks a process first, then wrong memory, then wrong bits
 CLASSES = (
     "fault", "timeout", "bounds", "input written", "uninitialized", "incorrect", "nondeterministic", "batch-variant",
-    "placement-variant", "route-inequivalent", "sanitizer", "resource", "ABI", "static policy", "build", "harness",
-    "other",
+    "placement-variant", "split-variant", "route-inequivalent", "sanitizer", "resource", "ABI", "static policy",
+    "build", "harness", "other",
 )
 
 CHECK_CLASS = {
@@ -25,6 +25,7 @@ CHECK_CLASS = {
     "address": "nondeterministic", "graph": "nondeterministic", "cross-device": "nondeterministic",
     "batch": "batch-variant",
     "placement": "placement-variant",
+    "split": "split-variant",  # bits that change with how a sequence is cut into calls (qualify/split.py)
     "route-equivalence": "route-inequivalent",
     "sanitize": "sanitizer",
     # limits of the target or the symbol's own policy (build/admit.py, qualify/checks.live_admit)

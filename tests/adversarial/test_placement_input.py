@@ -40,7 +40,7 @@ def _catalog_with(tmp_path: Path, acknowledge: str) -> Path:
     (tmp_path / "src").mkdir()
     for f in (FIXTURE / "src").iterdir():
         (tmp_path / "src" / f.name).write_bytes(f.read_bytes())
-    for name in ("catalog.toml", "negative.toml", "routes.toml"):
+    for name in ("catalog.toml", "negative.toml", "routes.toml", "split.toml"):
         (tmp_path / name).write_text((FIXTURE / name).read_text())
     fam = (FIXTURE / "placement.toml").read_text()
     assert ACK in fam

@@ -54,6 +54,8 @@ EXPECTED = [
     ("smid_ordered_row_sum", {"placement"}, "depend on where its blocks run"),
     # its fold starts where the cycle counter says: another start on the next run, or under another placement
     ("clock_ordered_row_sum", {"repeat", "placement"}, ""),
+    # split (src/split.cu): its first position of each call is an fma, so a chunked run differs from one call
+    ("split_variant_running_sum", {"split"}, "called over chunks of L = "),
 ]
 GUARDS = ["uninitialized", "bounds", "input-written"]
 CONTROLS = ["control_row_sum", "control_smem_reverse"]
@@ -152,6 +154,14 @@ def test_route_class_controls_admitted_bitwise_equal(negative_manifest, name):
     assert "bitwise equal to control_gemm_chain" in eq[-1].detail or "the class reference" in eq[-1].detail
     routes = negative_manifest.routes
     assert [r.symbols for r in routes] == [["control_gemm_chain_2d", "pairwise_gemm", "control_gemm_chain"]]
+
+
+def test_split_control_admitted_with_its_split_check(negative_manifest):
+    s = negative_manifest.symbol("control_split_running_sum")
+    assert s.status == "admitted", f"[{s.check}] {s.reason}"
+    rec = next(c for c in s.checks if c.name == "split")
+    assert rec.passed and "bitwise equal to one call over L = 37" in rec.detail, rec.detail
+    assert reason_class(negative_manifest.symbol("split_variant_running_sum").check) == "split-variant"
 
 
 def test_negative_manifest_layout(negative_manifest):
