@@ -798,3 +798,31 @@ def test_aux_refusals(real_catalog):
         variant(aux=[q["aux"][0], q["aux"][0]])
     with pytest.raises(S.SpecError, match="no output"):  # no aux: the table alone, nothing to check
         S.evaluate(sym, variant(aux=[]))
+
+
+class _PoisonRuns:
+    """An Instance whose run(poison=...) returns scripted outputs per poison, in order."""
+
+    def __init__(self, by_poison):
+        self.by_poison = {k: list(v) for k, v in by_poison.items()}
+
+    def run(self, poison=None):
+        from mamba_forge.qualify import guards as G
+
+        return self.by_poison[G.POISON if poison is None else poison].pop(0)
+
+
+def test_uninitialized_needs_each_poisons_outputs_reproduced(monkeypatch):
+    """A kernel whose outputs follow the poison is uninitialized; one whose reruns differ anyway (an atomic sum
+    that happened to repeat once) is left to the repeat check (seen on the H200: nondet_sum was rejected as
+    uninitialized when one rerun matched by chance)."""
+    from mamba_forge.qualify import guards as G
+    from mamba_forge.qualify.worker import SymbolRun
+
+    monkeypatch.setattr(G, "poison_difference", lambda spec, a, b: "" if a == b else "out: differs")
+    a, b, c = {"out": b"a"}, {"out": b"b"}, {"out": b"c"}
+    check = lambda runs: SymbolRun.poison_independent(None, _PoisonRuns(runs), None, a)  # noqa: E731
+    assert check({G.POISON: [a], G.POISON_ALT: [b, b]}) == "out: differs"  # follows the poison: rejected
+    assert check({G.POISON: [a], G.POISON_ALT: [b, c]}) == ""  # the alternate poison's rerun differs: nondeterminism
+    assert check({G.POISON: [c], G.POISON_ALT: [b]}) == ""  # the first poison's rerun differs: nondeterminism
+    assert check({G.POISON: [], G.POISON_ALT: [a]}) == ""  # no difference: nothing rerun

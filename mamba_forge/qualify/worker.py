@@ -181,10 +181,12 @@ class SymbolRun:
 
     def poison_independent(self, inst: C.Instance, spec: S.LaunchSpec, outs: dict[str, bytes]) -> str:
         """'' when the outputs do not depend on the poison in outputs and scratch; else the first dependent
-        element. A difference counts only when a rerun with the first poison reproduces the first outputs
-        (a nondeterministic kernel is the repeat check's to reject)."""
-        diff = G.poison_difference(spec, outs, inst.run(poison=G.POISON_ALT))
-        if diff and inst.run() == outs:
+        element. A difference counts only when a rerun with each poison reproduces that poison's outputs (a
+        nondeterministic kernel is the repeat check's to reject: one rerun alone matched by chance on the H200, and
+        an atomic sum was rejected as uninitialized)."""
+        alt = inst.run(poison=G.POISON_ALT)
+        diff = G.poison_difference(spec, outs, alt)
+        if diff and inst.run() == outs and inst.run(poison=G.POISON_ALT) == alt:
             return diff
         return ""
 
