@@ -320,6 +320,10 @@ class AdamW(torch.optim.Optimizer):
                     raise LaunchRefused(f"AdamW: step {t} of parameter {i} does not fit the kernels' int32 step")
                 members.append((p, g.contiguous(), self.state[p], dtype, t))
             if members:
+                if not capturable and self._home.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                    raise LaunchRefused(f"AdamW: step() is being captured in a CUDA graph, but group {gi} has "
+                                        "capturable=False (a host step count and table): build the optimizer with "
+                                        "capturable=True")
                 plans.append((gi, group, members))
         for gi, group, members in plans:
             if group.get("capturable"):
