@@ -149,7 +149,8 @@ class _RefKernels:
     def index(self) -> dict:
         """(address, dtype, numel) -> tensor over the known tensors: the watched optimizer's, else every live
         tensor (for an optimizer made out of the test's reach)."""
-        known = self.known() if self.known else (o for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
+        known = self.known() if self.known else (o for o in gc.get_objects()
+                                                 if type(o) in (torch.Tensor, torch.nn.Parameter) and o.layout == torch.strided)
         return {(t.data_ptr(), t.dtype, t.numel()): t for t in known}
 
     @staticmethod
