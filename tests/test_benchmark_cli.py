@@ -94,7 +94,7 @@ def cli_problems(path: Path) -> list[str]:
 
 
 def test_benchmarks_are_found():
-    assert len(BENCH_FILES) >= 15, [p.name for p in BENCH_FILES]
+    assert len(BENCH_FILES) >= 16, [p.name for p in BENCH_FILES]
 
 
 @pytest.mark.parametrize("path", BENCH_FILES, ids=lambda p: p.stem)
@@ -213,3 +213,49 @@ def test_launch_overhead_cpu_gemm_case_needs_no_driver(monkeypatch):
         monkeypatch.setattr(tma, hook, no_encode)
     (rec,) = mod.cpu_gemm_records(1, 3)
     assert rec["symbol"] == "nn bf16 route:kernels.gemm(cpu,fake)" and rec["ours"] > 0
+
+
+def test_mamba_train_arguments():
+    mod = load_bench(BENCHMARKS / "bench_mamba_train.py")
+    req = ["--bundle", "b", "--key", "k"]
+    a = mod.parse_args(req)
+    assert (a.d_models, a.shapes, a.reps, a.runs) == ([1024, 2560], [(8, 2048), (4, 4096)], 20, 10)
+    a = mod.parse_args([*req, "--smoke", "--d-models", "4096"])
+    assert (a.d_models, a.shapes, a.reps, a.runs) == ([256], [(2, 128)], 3, 3)  # --smoke: one small shape
+    assert mod.parse_args([*req, "--shapes", "1x64, 2X128", "--d-models", "512"]).shapes == [(1, 64), (2, 128)]
+    for bad in (["--shapes", "8x"], ["--shapes", "0x64"], ["--shapes", "8x2048x1"], ["--d-models", "0"],
+                ["--reps", "2"], ["--runs", "1"]):
+        with contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit) as exc:
+            mod.parse_args([*req, *bad])
+        assert exc.value.code == 2, bad
+
+
+def test_mamba_train_counts_differing_gradient_elements():
+    """The determinism figure counts every gradient element (input and parameters) that differs in any bit from
+    the first run in any later run: 0 for a deterministic backward, exactly the perturbed elements otherwise."""
+    torch = pytest.importorskip("torch")
+    mod = load_bench(BENCHMARKS / "bench_mamba_train.py")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 8))
+    h, dout = torch.randn(3, 5, 8), torch.randn(3, 5, 8)
+    total = 3 * 5 * 8 + sum(p.numel() for p in model.parameters())
+    assert mod.gradient_differences(model, h, dout, 4) == (0, total)
+    runs = iter(range(100))
+
+    def wobble(grad):  # run k > 0 moves k-th element(s) of the bias gradient by one ulp
+        k = next(runs)
+        out = grad.clone()
+        if k:
+            out.view(-1)[: min(k, 3)] = torch.nextafter(out.view(-1)[: min(k, 3)], torch.tensor(float("inf")))
+        return out
+
+    model[2].bias.register_hook(wobble)
+    assert mod.gradient_differences(model, h, dout, 4) == (3, total)
+    model.zero_grad(set_to_none=True)
+    step, x = mod.fwd_bwd(model, h, dout)
+    assert mod.missing_grads(model, x) == ["the input", "0.weight", "0.bias", "2.weight", "2.bias"]
+    step()
+    assert mod.missing_grads(model, x) == []
+    model[0].weight.requires_grad_(False)  # a parameter the backward does not reach is named
+    step()
+    assert mod.missing_grads(model, x) == ["0.weight"]

@@ -275,5 +275,6 @@ def register(kernels) -> list[str]:
 
 
 from mamba_forge.runtime.torch_layer import Block, InferenceParams, Mamba, RMSNorm  # noqa: E402  (uses the ops above)
+from mamba_forge.runtime.torch_optim import AdamW, clip_grad_norm_  # noqa: E402
 
-__all__ = ["Block", "InferenceParams", "Mamba", "RMSNorm", "register"]
+__all__ = ["AdamW", "Block", "InferenceParams", "Mamba", "RMSNorm", "clip_grad_norm_", "register"]
