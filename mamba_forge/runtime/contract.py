@@ -28,6 +28,7 @@ names the dim ``d_state``; the schema records no capacity-bound dim, so the name
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, NamedTuple
 
 from mamba_forge.core.vocab import DTYPE_SIZES
@@ -47,7 +48,11 @@ _MISSING = object()
 _PTR, _BLOB, _GIVEN, _DIM_SOURCE, _DERIVED = range(5)  # how a parameter is bound (below _DIM_SOURCE: required)
 _WRITES = ("out", "inout", "scratch")
 _READS = ("in", "inout")
-
+# the memo's per-call slots (Contract._fast): a pointer, a blob, a caller int or float (read per call, never keyed),
+# an int that is part of the key (a dim's scalar, a derived scalar given by the caller, a dim's own argument)
+_F_PTR, _F_BLOB, _F_INT, _F_FLOAT, _F_KEYED, _F_OWN = range(6)
+_F32_MAX = 3.4028234663852886e38
+MEMO_ENTRIES = 128  # evaluated launches remembered per contract, least recently used out first
 
 
 class Bound(NamedTuple):
@@ -64,6 +69,10 @@ class Bound(NamedTuple):
 
 def _bound(fields: tuple) -> Bound:
     return tuple.__new__(Bound, fields)  # skips NamedTuple's Python-level __new__
+
+
+def _plain(b: Bound) -> tuple:
+    return [v for _, v in b.values], b.grid, b.block, b.shared_mem, b.owner
 
 
 class Contract:
@@ -132,6 +141,35 @@ class Contract:
         self._block = tuple(int(b) for b in symbol.block) + (1,) * (3 - len(symbol.block))
         self._smem = int(symbol.dynamic_smem)
         self.packer = param_packer(params)
+        self._types = tuple("ptr" if p.kind == "pointer" else "bytes" if p.kind == "blob" else p.type for p in params)
+        self._fast, self._ptr_key_at = self._fast_plan()
+        self._memo: OrderedDict[tuple, tuple] = OrderedDict()
+
+    def _fast_plan(self) -> tuple[tuple | None, tuple[int, ...]]:
+        """The memo's per-call reading of the arguments (see args), and where each pointer's element count sits in
+        the key (in _ptr_slots order). None where a float carries or derives a dim (-0.0 == 0.0: never a key)."""
+        fast, at, ptr_at = [], 3, {}  # the key starts with (device, null, number of arguments)
+        for i, (pname, how, ptype, extra, j, _) in enumerate(self._plan):
+            if how == _PTR:
+                ptr_at[i] = at
+                fast.append((i, pname, _F_PTR, ptype, 0, 0))
+            elif how == _BLOB:
+                fast.append((i, pname, _F_BLOB, extra, 0, 0))
+                continue
+            elif how == _GIVEN:  # read per call, checked inline as scalar_value would pass it; never keyed
+                if j is not None:
+                    fast.append((i, pname, _F_INT, "", j[0], j[1]))
+                else:
+                    lim = _F32_MAX if ptype == "f32" else float("inf")
+                    fast.append((i, pname, _F_FLOAT, "", -lim, lim))
+                continue
+            elif ptype not in INT_RANGES:
+                return None, ()
+            else:
+                fast.append((i, pname, _F_KEYED, "", 0, 0))
+            at += 1
+        fast += [(-1, d, _F_OWN, "", 0, 0) for _, d, own, _, _ in self._dim_plan if own]
+        return tuple(fast), tuple(ptr_at[i] for i, *_ in self._ptr_slots)
 
     def bind(self, kwargs: dict, device: int = 0, locate=None, null: str = "") -> Bound:
         """Check every argument against the contract and return the launch; raises LaunchRefused otherwise.
@@ -140,6 +178,109 @@ class Contract:
         for a tensor whose object does not say its device (a Numba array); without it such a tensor is refused.
         null: the one pointer parameter that may be None (passed as address 0): a caller that knows the kernel
         reads none there, as the GEMM rungs' optional bias (runtime/gemm.py); no dim comes from it."""
+        vals, grid, block, smem, owner = self.args(kwargs, device, locate, null)
+        return _bound((list(zip(self._types, vals)), self._aligns, grid, block, smem, owner, device))  # noqa: B905
+
+    def args(self, kwargs: dict, device: int = 0, locate=None, null: str = "") -> tuple:
+        """bind's launch as (plain values in parameter order, grid, block, shared_mem, owner): what the loader packs.
+
+        The memo: a call whose pointers are all torch tensors that pass the tensor checks here (CUDA, this device,
+        the dtype, dense; or None for `null`), whose blobs are bytes of the exact size and whose scalars are ints
+        (caller floats: floats within the type) is keyed by (device, null, the number of arguments, each pointer's
+        element count, each dim-carrying or derived scalar and dim argument, or its absence). Everything bind derives
+        and checks from those (dims, the expressions, grid, sizes, scalar ranges, derived values, unknown or missing
+        arguments) is a function of the key: the first call with a key runs the full check (_bind) and remembers its
+        result; a later one takes it and checks only what the key leaves out, per call: each tensor's checks above
+        (read here), the caller scalars' types and ranges, the blobs' sizes, and the addresses (no null pointer, no
+        overlap: _check_pointers). Any other argument (a CuPy or DLPack array, a numpy int, a bytearray) runs the
+        full check every call. MEMO_ENTRIES keys per contract, least recently used out first."""
+        fast = self._fast
+        if fast is None:
+            return _plain(self._bind(kwargs, device, locate, null))
+        get = kwargs.get
+        vals: list = [None] * len(self._plan)
+        key = [device, null, len(kwargs)]
+        add = key.append
+        for i, pname, how, t, lo, hi in fast:
+            v = get(pname, _MISSING)
+            if how == _F_PTR:
+                if type(v) in _TORCH_TYPES:
+                    if v.is_cuda and TORCH_DTYPE_TOKENS.get(v.dtype) == t and v.get_device() == device \
+                            and v.is_contiguous():
+                        vals[i] = v.data_ptr()
+                        add(v.numel())
+                        continue
+                elif v is None and pname == null:
+                    vals[i] = 0
+                    add(-1)
+                    continue
+            elif how == _F_KEYED or how == _F_OWN:
+                if type(v) is int:
+                    if how == _F_KEYED:
+                        vals[i] = v  # the value bind packs, once the key's first call passed it
+                    add(v)
+                    continue
+                if v is _MISSING:
+                    add(v)
+                    continue
+            elif how == _F_INT:
+                if type(v) is int and lo <= v <= hi:
+                    vals[i] = v
+                    continue
+            elif how == _F_FLOAT:
+                if type(v) is float and lo <= v <= hi:
+                    vals[i] = v
+                    continue
+            elif type(v) is bytes and len(v) == t:  # _F_BLOB (t: its size)
+                vals[i] = v
+                continue
+            return _plain(self._bind(kwargs, device, locate, null))  # not a memo call: the full check, every time
+        key = tuple(key)
+        memo = self._memo
+        hit = memo.get(key)
+        if hit is None:
+            return self._remember(key, vals, self._bind(kwargs, device, locate, null))
+        try:
+            memo.move_to_end(key)
+        except KeyError:  # evicted by another thread since
+            pass
+        fill, spans, grid, block, smem, owner = hit
+        for i, v in fill:
+            vals[i] = v
+        self._check_pointers(vals, spans, null)
+        return vals, grid, block, smem, owner
+
+    def _remember(self, key: tuple, vals: list, b: Bound) -> tuple:
+        """The memo entry of a key from its first call's full bind: the values the key fixes, the pointers' byte
+        lengths (from the element counts in the key), grid, block, shared memory and owner."""
+        plain = [v for _, v in b.values]
+        if any(w is not None and (type(w) is not type(p) or w != p) for w, p in zip(vals, plain)):  # noqa: B905
+            return plain, b.grid, b.block, b.shared_mem, b.owner  # never: what is read per call is what bind packs
+        fill = tuple((i, p) for i, (w, p) in enumerate(zip(vals, plain)) if w is None)  # noqa: B905
+        spans = tuple((i, max(key[at], 0) * size, writes, pname)
+                      for (i, _, writes, size, pname), at in zip(self._ptr_slots, self._ptr_key_at))  # noqa: B905
+        memo = self._memo
+        with _lock:
+            memo[key] = (fill, spans, b.grid, b.block, b.shared_mem, b.owner)
+            while len(memo) > MEMO_ENTRIES:
+                memo.popitem(last=False)
+        return plain, b.grid, b.block, b.shared_mem, b.owner
+
+    def _check_pointers(self, vals: list, spans: tuple, null: str) -> None:
+        """_check_memory on a memo call: the same rules, from the addresses and the entry's byte lengths."""
+        out = []
+        for i, length, writes, pname in spans:
+            ptr = vals[i]
+            if ptr == 0:
+                if pname == null:
+                    continue
+                raise LaunchRefused(f"{pname} of {self.symbol}: its data pointer is 0 (a null or freed tensor)")
+            out.append((ptr, ptr + length, writes, pname))
+        if len(out) > 1:
+            self._refuse_overlaps(out)
+
+    def _bind(self, kwargs: dict, device: int, locate, null: str) -> Bound:
+        """The full check of every argument (bind's, without the memo)."""
         name, get = self.symbol, kwargs.get
         values: list = [None] * len(self._plan)
         dims: list = [None] * len(self.dims)
@@ -248,8 +389,11 @@ class Contract:
                     continue
                 raise LaunchRefused(f"{pname} of {self.symbol}: its data pointer is 0 (a null or freed tensor)")
             spans.append((ptr, ptr + max(numels[j], 0) * size, writes, pname))
-        if len(spans) < 2:
-            return
+        if len(spans) > 1:
+            self._refuse_overlaps(spans)
+
+    def _refuse_overlaps(self, spans: list) -> None:
+        """spans: (start, end, writes, name) per pointer, not null."""
         spans.sort()
         for k, (a0, a1, aw, an) in enumerate(spans):
             for b0, b1, bw, bn in spans[k + 1:]:
@@ -324,4 +468,4 @@ def contract(symbol: RuntimeSymbol) -> Contract:  # type: ignore[valid-type]
     return c
 
 
-__all__ = ["CAPACITY_DIM", "GRID_LIMITS", "Bound", "Contract", "contract"]
+__all__ = ["CAPACITY_DIM", "GRID_LIMITS", "MEMO_ENTRIES", "Bound", "Contract", "contract"]

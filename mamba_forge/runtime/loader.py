@@ -72,7 +72,7 @@ class Kernel:
     handle: object = field(repr=False)
     backend: object = field(repr=False)
     ordinal: int = 0  # the device the kernels are loaded on
-    _call: object = field(default=None, init=False, repr=False, compare=False)  # (bind, pack, resolve) once compiled
+    _call: object = field(default=None, init=False, repr=False, compare=False)  # (args, packer, streams, locate), compiled
     _packer: object = field(default=None, init=False, repr=False, compare=False)
     _positional: object = field(default=None, init=False, repr=False, compare=False)  # (typer, packer, resolve)
 
@@ -95,10 +95,10 @@ class Kernel:
         return getattr(self.backend, "pointer_device", None)
 
     def _compile(self):
-        from mamba_forge.runtime.streams import resolve_stream
+        from mamba_forge.runtime.streams import default_stream, stream_handle
 
         c = self.contract
-        self._call = (c.bind, c.packer, resolve_stream)
+        self._call = (c.args, c.packer, default_stream, stream_handle, self._locate)
         return self._call
 
     def __call__(self, /, *positional, stream=None, **kwargs) -> None:
@@ -113,12 +113,13 @@ class Kernel:
 
     def _launch(self, kwargs: dict, stream, null: str = "") -> None:
         """The keyword launch; `null`: the one pointer that may be None (contract.bind: the GEMM bias)."""
-        bind, packer, resolve = self._call or self._compile()
-        b = bind(kwargs, self.ordinal, self._locate, null)
-        handle = resolve(stream, b.owner, b.ordinal)
-        params = packer.fill([v for _, v in b.values])
+        args, packer, default_stream, stream_handle, locate = self._call or self._compile()
+        ordinal = self.ordinal
+        values, grid, block, smem, owner = args(kwargs, ordinal, locate, null)  # every check (contract.bind's)
+        handle = default_stream(owner, ordinal) if stream is None else stream_handle(stream)  # streams.resolve_stream
+        params = packer.fill(values)
         try:
-            self.backend.launch(self.handle, b.grid, b.block, params, b.shared_mem, handle)
+            self.backend.launch(self.handle, grid, block, params, smem, handle)
         finally:
             packer.release(params)  # the driver copied the parameters when it enqueued the launch
 

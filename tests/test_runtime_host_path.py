@@ -1,0 +1,255 @@
+"""The launch path's memos (issue 25 item 4: host time per call), on the CPU with fake tensors: the contract's memo of
+evaluated launches (runtime/contract.py Contract.args) gives exactly what the full check gives, for every catalog
+contract at many random shapes; a changed shape, scalar, dtype, device or density never reuses a stale entry; the
+per-call pointer checks (null, overlap) still refuse on a memo hit; the memo is bounded (least recently used out)."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+from runtime_fakes import FakeTorchTensor as T
+from runtime_fakes import catalog_records, gemm_wgmma, params, rmsnorm, softplus, ssm_step, symbol
+
+from mamba_forge.core import expr
+from mamba_forge.runtime import contract as rcontract
+from mamba_forge.runtime.contract import MEMO_ENTRIES, Contract
+from mamba_forge.runtime.errors import LaunchRefused
+
+pytestmark = pytest.mark.usefixtures("fake_tensor_streams")  # tests/conftest.py
+
+
+def _same(got: tuple, want) -> None:
+    """args()'s (values, grid, block, smem, owner) is the full check's Bound, value for value and type for type."""
+    values, grid, block, smem, owner = got
+    assert (grid, block, smem, owner) == (want.grid, want.block, want.shared_mem, want.owner)
+    plain = [v for _, v in want.values]
+    assert [type(v) for v in values] == [type(v) for v in plain]
+    for (t, w), v in zip(want.values, values, strict=True):
+        if isinstance(v, float):  # bit for bit: -0.0 is not 0.0 to the kernel
+            assert struct.pack("<d", v) == struct.pack("<d", w), t
+        else:
+            assert v == w, t
+
+
+def _outcome(fn, *args):
+    try:
+        return fn(*args)
+    except LaunchRefused as exc:
+        return exc
+
+
+def _random_call(rec, qdims: dict, rng: random.Random):
+    """Keyword arguments for a catalog contract at random dims (each 1..2x its qualification value, sometimes 0 or
+    tiny), each dim-carrying scalar given or left to be derived, fresh fake tensors of the shapes' element counts."""
+    dims = {d: rng.choice([max(1, q // 4), q, q, rng.randint(1, 2 * q), rng.randint(1, 2 * q), rng.randint(0, 3)])
+            for d, q in qdims.items()}
+    env = {**dims, **rec.constants}
+    kw = {}
+    for p in rec.params:
+        if p.kind == "pointer":
+            n = 1
+            for s in p.shape:
+                n *= max(0, expr.evaluate(s, env))
+            kw[p.name] = T(n + rng.choice([0, 0, 0, 3]), p.dtype)  # at least the count: more is allowed
+        elif p.kind == "blob":
+            kw[p.name] = bytes(rng.randrange(256) for _ in range(p.size))
+        elif p.value in dims:
+            if rng.random() < 0.85:
+                kw[p.name] = dims[p.value]
+        elif p.value and expr.names(p.value):
+            if rng.random() < 0.2:
+                kw[p.name] = expr.evaluate(p.value, env)
+        elif p.type in ("f32", "f64"):
+            kw[p.name] = rng.choice([rng.uniform(-2, 2), -0.0, 0.0, 1e-5])
+        else:
+            kw[p.name] = rng.randint(0, 100)
+    c = rcontract.contract(rec)
+    kw.update({d: dims[d] for d in c.accepted if d not in c.names})
+    return kw
+
+
+def _fresh(kw: dict) -> dict:
+    """The same call with new tensors (other addresses) of the same element counts and dtypes."""
+    return {k: T(v.numel(), v.token) if isinstance(v, T) else v for k, v in kw.items()}
+
+
+def test_the_memo_gives_what_the_full_check_gives_for_every_catalog_contract_at_random_shapes():
+    rng = random.Random(25)
+    hits = refusals = 0
+    for rec, qdims in catalog_records():
+        c = Contract(rec)
+        for _ in range(6):
+            kw = _random_call(rec, qdims, rng)
+            for call in (kw, _fresh(kw), _fresh(kw)):  # a miss, then hits (when the full check passed)
+                want = _outcome(c._bind, call, 0, None, "")
+                before = len(c._memo)
+                got = _outcome(c.args, call)
+                if isinstance(want, LaunchRefused):
+                    assert isinstance(got, LaunchRefused) and str(got) == str(want), rec.name
+                    assert len(c._memo) == before  # a refused key is never remembered
+                    refusals += 1
+                else:
+                    _same(got, want)
+                    hits += before == len(c._memo)
+                    b = c.bind(call)  # bind is args with the types
+                    assert b.values == want.values and b.aligns == want.aligns and b.ordinal == want.ordinal
+    assert hits > 2000 and refusals > 1000  # 2466 and 2154 with this seed
+
+
+def test_a_changed_shape_or_scalar_never_reuses_an_entry():
+    c = Contract(softplus())
+    n0 = c.args({"y": T(1000), "x": T(1000)})
+    assert n0[0][2] == 1000 and n0[1] == (1, 1, 1)
+    big = c.args({"y": T(1 << 24), "x": T(1 << 24)})  # n from x's element count: another key
+    assert big[0][2] == 1 << 24 and big[1] == (4096, 1, 1)
+    assert c.args({"y": T(1 << 24), "x": T(1 << 24), "n": 5})[0][2] == 5  # n given: another key
+    assert c.args({"y": T(1 << 24), "x": T(1 << 24), "n": 7})[0][2] == 7
+    with pytest.raises(LaunchRefused, match="has 1000 elements; it needs at least 1001"):
+        c.args({"y": T(1000), "x": T(1000), "n": 1001})
+    with pytest.raises(LaunchRefused, match="has 999 elements"):  # y smaller than the remembered x: refused
+        c.args({"y": T(999), "x": T(1000)})
+    with pytest.raises(LaunchRefused, match="is a bool"):
+        c.args({"y": T(1000), "x": T(1000), "n": True})  # True == 1: never a key
+    # derived scalars: given or not, right or wrong
+    s = Contract(ssm_step("bf16"))
+
+    def step(batch, **extra):
+        return {"out": T(batch * 256, "bf16"), "state": T(batch * 256 * 16), "u": T(batch * 256, "bf16"),
+                "dt": T(batch * 256, "bf16"), "dt_bias": T(256), "A_log": T(256 * 16),
+                "x_dbl": T(batch * 48, "bf16"), "Dp": T(256), "z": T(batch * 256, "bf16"), "batch": batch,
+                "d_state": 16, "dt_rank": 16, **extra}
+
+    for _ in range(2):
+        assert s.args(step(3))[0][9:] == [3, 256, 16, 16, 48]
+        assert s.args(step(3, x_dbl_stride=48))[0][-1] == 48
+        with pytest.raises(LaunchRefused, match="x_dbl_stride of .* = 47 disagrees"):
+            s.args(step(3, x_dbl_stride=47))
+        assert s.args(step(5))[0][9] == 5
+        with pytest.raises(LaunchRefused, match="d_state = 65"):
+            s.args({**step(3), "d_state": 65, "A_log": T(256 * 65), "state": T(3 * 256 * 65),
+                    "x_dbl": T(3 * 146, "bf16")})
+
+
+def test_caller_scalars_are_read_every_call_and_floats_keep_their_bits():
+    c = Contract(rmsnorm("bf16"))
+    kw = {"y": T(4096, "bf16"), "rstd": T(4), "x": T(4096, "bf16"), "w": T(1024)}
+    for eps in (1e-5, 1e-6, -0.0, 0.0, 3.4e38):
+        assert struct.pack("<d", c.args({**kw, "eps": eps})[0][-1]) == struct.pack("<d", eps)
+    with pytest.raises(LaunchRefused, match="overflows the f32 parameter"):
+        c.args({**kw, "eps": 1e39})
+    assert c.args({**kw, "eps": 1})[0][-1] == 1.0 and type(c.args({**kw, "eps": 1})[0][-1]) is float
+    with pytest.raises(LaunchRefused, match="missing argument eps"):
+        c.args(kw)
+    with pytest.raises(LaunchRefused, match="takes no argument bogus"):
+        c.args({**kw, "eps": 1e-5, "bogus": 1})
+    for _ in range(2):
+        assert c.args({**kw, "eps": 1e-5, "rows": 4})[0][4] == 4
+    with pytest.raises(LaunchRefused, match="takes no argument bogus"):  # as many arguments as a remembered call
+        c.args({**kw, "eps": 1e-5, "bogus": 4})
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"dtype": "f64"}, "is f64; the parameter is f32"),
+    ({"device": ("cuda", 1)}, "is on device 1"),
+    ({"device": ("cpu", None)}, "lives in cpu memory"),
+    ({"contiguous": False}, "not contiguous"),
+])
+def test_a_changed_dtype_device_or_density_is_refused_after_a_hit(bad, match):
+    c = Contract(softplus())
+    for _ in range(2):
+        c.args({"y": T(1000), "x": T(1000)})
+    kw = {"dtype": "f32", **bad}
+    with pytest.raises(LaunchRefused, match=match):
+        c.args({"y": T(1000), "x": T(1000, kw.pop("dtype"), **kw)})
+
+
+def test_blobs_are_read_every_call_and_checked():
+    c = Contract(gemm_wgmma("bf16"))
+    M, N, K = 64, 128, 256
+
+    def kw(ta):
+        return {"tmA": ta, "tmB": bytes(128), "C": T(M * N, "bf16"), "A": T(M * K, "bf16"), "B": T(K * N, "bf16"),
+                "M": M, "N": N, "K": K}
+
+    for fill in range(3):
+        ta = bytes([fill]) * 128
+        assert c.args(kw(ta))[0][0] is ta
+    with pytest.raises(LaunchRefused, match="is 127 bytes"):
+        c.args(kw(bytes(127)))
+    assert c.args(kw(bytearray(128)))[0][0] == bytes(128)  # not bytes: the full check, every call
+
+
+# ---- the per-call pointer checks on a memo hit ------------------------------------------------------------------
+
+
+def _two_outputs():
+    return symbol("split_f32", "split", "f32", params(
+        {"name": "a", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
+        {"name": "b", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
+        {"name": "x", "type": "ptr", "dtype": "f32", "shape": ["n"]},
+        {"name": "n", "type": "i64", "value": "n"},
+    ), ["ceil_div(n, 256)"], ["n"])
+
+
+BASE = 0x7E00_0000_0000
+
+
+def test_null_and_overlap_are_refused_on_a_memo_hit():
+    c = Contract(softplus())
+    for _ in range(2):
+        c.args({"y": T(1024), "x": T(1024)})
+    key_count = len(c._memo)
+    for which in ("y", "x"):
+        kw = {"y": T(1024, ptr=BASE), "x": T(1024, ptr=BASE + (1 << 20))}
+        kw[which] = T(1024, ptr=0)
+        with pytest.raises(LaunchRefused, match=f"{which} of softplus_forward_f32: its data pointer is 0"):
+            c.args(kw)
+    for y_at, x_at in ((BASE, BASE + 4), (BASE + 4092, BASE), (BASE + 1, BASE)):
+        with pytest.raises(LaunchRefused, match="partially overlaps"):
+            c.args({"y": T(1024, ptr=y_at), "x": T(1024, ptr=x_at)})
+    assert c.args({"y": T(1024, ptr=BASE), "x": T(1024, ptr=BASE)})[0][:2] == [BASE, BASE]  # in place
+    assert c.args({"y": T(1024, ptr=BASE), "x": T(1024, ptr=BASE + 4096)})  # adjacent
+    assert len(c._memo) == key_count  # every call above was a hit
+    two = Contract(_two_outputs())
+    far = BASE + (1 << 30)
+    assert two.args({"a": T(1024, ptr=BASE), "b": T(1024, ptr=BASE + 4096), "x": T(1024, ptr=far)})
+    for b_at in (BASE, BASE + 4, BASE + 4092):
+        with pytest.raises(LaunchRefused, match="outputs alias each other"):
+            two.args({"a": T(1024, ptr=BASE), "b": T(1024, ptr=b_at), "x": T(1024, ptr=far)})
+    assert len(two._memo) == 1
+
+
+def test_the_null_pointer_parameter_on_a_memo_hit():
+    rec = symbol("g_f32", "g", "f32", params(
+        {"name": "C", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
+        {"name": "bias", "type": "ptr", "dtype": "f32", "shape": ["n"]},
+        {"name": "n", "type": "i64", "value": "n"},
+    ), ["ceil_div(n, 256)"], ["n"])
+    c = Contract(rec)
+    for _ in range(2):
+        assert c.args({"C": T(64), "bias": None, "n": 64}, null="bias")[0][1] == 0
+    with pytest.raises(LaunchRefused, match="bias"):  # None where no null pointer is allowed
+        c.args({"C": T(64), "bias": None, "n": 64})
+    with pytest.raises(LaunchRefused, match="C of g_f32: its data pointer is 0"):
+        c.args({"C": T(64, ptr=0), "bias": None, "n": 64}, null="bias")
+    bias = T(64)
+    assert c.args({"C": T(64), "bias": bias, "n": 64}, null="bias")[0][1] == bias.data_ptr()
+
+
+# ---- bounded ------------------------------------------------------------------------------------------------------
+
+
+def test_the_memo_is_bounded_and_keeps_what_is_used():
+    c = Contract(softplus())
+    hot = {"y": T(7), "x": T(7)}
+    c.args(hot)
+    hot_key = next(iter(c._memo))
+    for n in range(8, 8 + 5 * MEMO_ENTRIES):  # hostile shape churn
+        c.args({"y": T(n), "x": T(n)})
+        assert len(c._memo) <= MEMO_ENTRIES
+        if n % 16 == 0:
+            c.args(hot)  # used now and then: never the least recently used
+    assert len(c._memo) == MEMO_ENTRIES and hot_key in c._memo
+    assert (0, "", 2, 8, 8, rcontract._MISSING) not in c._memo  # the first churned keys went first
