@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 import struct
+import sys
+import types
 
 import pytest
 from runtime_fakes import FakeTorchTensor as T
@@ -14,6 +16,7 @@ from runtime_fakes import catalog_records, gemm_wgmma, params, rmsnorm, softplus
 
 from mamba_forge.core import expr
 from mamba_forge.runtime import contract as rcontract
+from mamba_forge.runtime import streams
 from mamba_forge.runtime.contract import MEMO_ENTRIES, Contract
 from mamba_forge.runtime.errors import LaunchRefused
 
@@ -253,3 +256,94 @@ def test_the_memo_is_bounded_and_keeps_what_is_used():
             c.args(hot)  # used now and then: never the least recently used
     assert len(c._memo) == MEMO_ENTRIES and hot_key in c._memo
     assert (0, "", 2, 8, 8, rcontract._MISSING) not in c._memo  # the first churned keys went first
+
+
+# ---- torch's current stream: its reader decided once, the stream read every call ------------------------------
+
+
+def _torch_module(handles: dict, *, initialized: bool = True):
+    """A stand-in for a CUDA build of torch: torch.cuda.current_stream (torch's own, by module and name) and
+    torch._C._cuda_getCurrentRawStream, both reading `handles` (device -> the current stream's raw handle)."""
+    asked = []
+
+    def current_stream(device=None):
+        asked.append(("current_stream", device))
+        return types.SimpleNamespace(cuda_stream=handles[device])
+
+    current_stream.__module__ = "torch.cuda"
+
+    def raw(device):
+        asked.append(("raw", device))
+        return handles[device]
+
+    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(current_stream=current_stream,
+                                                             is_initialized=lambda: initialized),
+                                  _C=types.SimpleNamespace(_cuda_getCurrentRawStream=raw))
+    return torch, asked
+
+
+def test_torch_current_stream_is_read_every_call(monkeypatch):
+    handles = {0: 0x1000, 1: 0x2000}
+    torch, asked = _torch_module(handles)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(streams, "_torch_reader", (None, None, None))
+    assert streams.default_stream("torch", 0) == 0x1000
+    handles[0] = 0x1234  # torch.cuda.stream(s): the current stream changed between launches
+    assert streams.default_stream("torch", 0) == 0x1234 and streams.default_stream("torch", 1) == 0x2000
+    handles[0] = 0  # the legacy default stream, when torch's current one is it
+    assert streams.resolve_stream(None, "torch", 0) == 0
+    assert asked == [("raw", 0), ("raw", 0), ("raw", 1), ("raw", 0)]  # no Stream objects made
+    assert streams.default_stream("cupy", 0) == streams.default_stream("", 0) == streams.CU_STREAM_PER_THREAD
+    # a current_stream replaced by someone (a test, a profiler) is asked, not the raw reader
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0x77))
+    assert streams.default_stream("torch", 0) == 0x77
+    # another torch module (reloaded): its own reader
+    other, other_asked = _torch_module({0: 0x99})
+    monkeypatch.setitem(sys.modules, "torch", other)
+    assert streams.default_stream("torch", 0) == 0x99 and other_asked == [("raw", 0)]
+    handles[0] = -1
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(torch.cuda, "current_stream", _torch_module(handles)[0].cuda.current_stream)
+    with pytest.raises(LaunchRefused, match="not a 64-bit CUstream handle"):
+        streams.default_stream("torch", 0)
+
+
+def test_torch_without_cuda_initialised_or_without_the_raw_reader_asks_current_stream(monkeypatch):
+    monkeypatch.setattr(streams, "_torch_reader", (None, None, None))
+    torch, asked = _torch_module({0: 0x10}, initialized=False)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    assert streams.default_stream("torch", 0) == 0x10 and asked == [("current_stream", 0)]
+    del torch._C._cuda_getCurrentRawStream
+    torch.cuda.is_initialized = lambda: True
+    assert streams.default_stream("torch", 0) == 0x10 and asked[-1] == ("current_stream", 0)
+
+
+# ---- the driver launch: what reaches cuLaunchKernel, and its failure named --------------------------------------
+
+
+def test_launcher_passes_the_dims_and_names_a_failure(monkeypatch):
+    from mamba_forge.gpu import core, launcher
+    from mamba_forge.gpu import driver as cu
+
+    real = core.bindings()
+    calls, result = [], [(real.CUresult.CUDA_SUCCESS,)]
+    drv = types.ModuleType("cuda.bindings.driver")  # the real module's names, a recording cuLaunchKernel
+    drv.__dict__.update(real.__dict__)
+    drv.cuLaunchKernel = lambda *args: calls.append(args) or result[0]
+    monkeypatch.setattr(launcher, "bindings", lambda: drv)
+    monkeypatch.setattr(core, "bindings", lambda: drv)
+    fn = types.SimpleNamespace(name="k_f32", handle="H")
+    params = cu.PackedParams([("i32", 1)])
+    stream = cu.Stream.wrap(0x77)
+    launcher.launch(fn, (3, 2, 1), (128, 1, 1), params, smem=64, stream=stream)
+    launcher.launch(fn, [5], (32, 4), params)  # lists and fewer dims: padded with 1
+    assert calls[0] == ("H", 3, 2, 1, 128, 1, 1, 64, stream.handle, params.address, 0)
+    assert calls[1][1:8] == (5, 1, 1, 32, 4, 1, 0) and int(calls[1][8]) == 0  # no stream: the legacy stream
+    with pytest.raises(ValueError, match="grid must have 1 to 3 dimensions"):
+        launcher.launch(fn, (1, 1, 1, 1), (1,), params)
+    result[0] = (real.CUresult.CUDA_ERROR_INVALID_VALUE,)
+    with pytest.raises(cu.CudaError, match=r"cuLaunchKernel\(k_f32\) failed with CUDA_ERROR_INVALID_VALUE"):
+        launcher.launch(fn, (1, 1, 1), (1, 1, 1), params)
+    result[0] = real.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES  # not a tuple: check() reads it as the result
+    with pytest.raises(cu.CudaError, match="CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"):
+        launcher.launch(fn, (1, 1, 1), (1, 1, 1), params)
