@@ -60,7 +60,11 @@ def fake_torch():
         def __init__(self, device):
             self.device_index, self.cuda_stream = device, handles[device]
 
-    return SimpleNamespace(cuda=SimpleNamespace(current_stream=lambda device=None: Stream(device or 0)),
+    def current_stream(device=None):
+        return Stream(device or 0)
+
+    current_stream.__module__ = "torch.cuda"  # torch's own, as runtime/streams.py tells it
+    return SimpleNamespace(cuda=SimpleNamespace(current_stream=current_stream, is_initialized=lambda: True),
                            _C=SimpleNamespace(_cuda_getCurrentRawStream=_RawStreamGetter(handles)))
 
 

@@ -347,3 +347,176 @@ def test_launcher_passes_the_dims_and_names_a_failure(monkeypatch):
     result[0] = real.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES  # not a tuple: check() reads it as the result
     with pytest.raises(cu.CudaError, match="CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"):
         launcher.launch(fn, (1, 1, 1), (1, 1, 1), params)
+
+
+# ---- kernels.gemm's memo of calls (runtime/gemm.py) ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from runtime_support import GEMM_TOML, signed_tiny
+    from test_runtime_gemm import _routes
+
+    return signed_tiny(tmp_path_factory.mktemp("host-gemm"), GEMM_TOML, _routes())
+
+
+@pytest.fixture
+def gemm_env(tiny, tmp_path, monkeypatch):
+    """A loader on a fake GPU, cuTensorMapEncodeTiled's stand-in (tests/test_runtime_gemm.py's) and torch's current
+    stream from a stand-in CUDA build; returns (load() -> (Kernels, FakeBackend), the stream handles)."""
+    from runtime_support import FakeBackend
+
+    from mamba_forge.gpu import tma
+    from mamba_forge.runtime import gemm as rgemm
+    from mamba_forge.runtime import load
+
+    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+
+    def encode(ptr, rows, cols, element_bytes, dtype, box, swizzle, l2, name):
+        return struct.pack("<QQQQQ", ptr, rows, cols, box[0], box[1]).ljust(tma.TMA_DESC_BYTES, b"\0")
+
+    monkeypatch.setattr(tma, "_encode_tiled", encode)
+    monkeypatch.setattr(rgemm, "_MAPS", {})
+    handles = {0: 0x5150}
+    monkeypatch.setitem(sys.modules, "torch", _torch_module(handles)[0])
+    monkeypatch.setattr(streams, "_torch_reader", (None, None, None))
+
+    def loaded():
+        fake = FakeBackend()
+        return load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake), fake
+
+    return loaded, handles
+
+
+def _gemm_call(rng: random.Random):
+    """(A, B, kwargs) of a random routed call: nn bf16 (TMA rungs, M picks m64n32 or m64n64), nn or tn f32 with or
+    without a bias, nt bf16 with a bias rung; out given or allocated."""
+    layout, dt = rng.choice([("nn", "bf16"), ("nn", "bf16"), ("nn", "f32"), ("tn", "f32"), ("nt", "bf16")])
+    M, N, K = rng.choice([1, 2, 16, 17, 64, 300]), 8 * rng.randint(1, 64), 8 * rng.randint(1, 64)
+    a = (M, K) if layout != "tn" else (K, M)
+    b = (K, N) if layout != "nt" else (N, K)
+    kw = {"layout": layout}
+    if rng.random() < 0.7:
+        kw["out"] = T.matrix(M, N, dtype=dt)
+    if layout != "nn" or dt == "f32":
+        if rng.random() < 0.5:
+            kw["bias"] = T.matrix(N, dtype=dt)
+    return T.matrix(*a, dtype=dt), T.matrix(*b, dtype=dt), kw
+
+
+def _fresh_gemm(A, B, kw):
+    """The same call with new tensors (other addresses) of the same shapes and dtypes."""
+    def new(t):
+        return T.matrix(*t.shape, dtype=t.token) if isinstance(t, T) else t
+    return new(A), new(B), {k: new(v) for k, v in kw.items()}
+
+
+def _launched(k, rec: dict, out) -> dict:
+    """A FakeBackend launch record with C's address checked against `out` and left out (out=None: each call
+    allocates its own)."""
+    names = [p.name for p in k.symbol(rec["fn"]).params]
+    values = dict(zip(names, rec["values"], strict=True))
+    assert values.pop("C") == ("ptr", out.data_ptr())
+    return {**{n: v for n, v in rec.items() if n not in ("raw", "values", "aligns")}, "values": values}
+
+
+def test_the_gemm_memo_launches_what_every_step_launches_at_random_shapes(gemm_env, monkeypatch):
+    from mamba_forge.runtime import gemm as rgemm
+
+    loaded, _ = gemm_env
+    k, fake = loaded()
+    plain, plain_fake = loaded()
+    plain._gemm_calls = None  # no memo: every step, every call
+    routed = []
+    real_rung = rgemm._rung
+    monkeypatch.setattr(rgemm, "_rung", lambda kernels, key: routed.append(key) or real_rung(kernels, key))
+    rng = random.Random(4)
+    hits = 0
+    for _ in range(150):
+        call = _gemm_call(rng)
+        for A, B, kw in (call, _fresh_gemm(*call), _fresh_gemm(*call)):
+            before = (len(k._gemm_calls), len(routed))
+            outs = [k.gemm(A, B, **kw), plain.gemm(A, B, **kw)]
+            hits += (len(k._gemm_calls), len(routed)) == (before[0], before[1] + 1)  # plain routed, the memo not
+            assert _launched(k, fake.launches[-1], outs[0]) == _launched(plain, plain_fake.launches[-1], outs[1])
+            if "out" in kw:
+                assert outs[0] is outs[1] is kw["out"]
+            else:
+                assert outs[0].shape == outs[1].shape and outs[0].token == outs[1].token
+    assert hits >= 250 and len(fake.launches) == 450
+
+
+def test_a_changed_gemm_never_reuses_an_entry(gemm_env):
+    loaded, handles = gemm_env
+    k, fake = loaded()
+
+    def fn():
+        return fake.launches[-1]["fn"]
+
+    A, B, C = T.matrix(16, 64, dtype="bf16"), T.matrix(64, 128, dtype="bf16"), T.matrix(16, 128, dtype="bf16")
+    for _ in range(2):
+        k.gemm(A, B, C)
+        assert fn() == "gemm_bi_nn_sm90a_wgmma_skinny_m64n32_bf16"
+    k.gemm(T.matrix(17, 64, dtype="bf16"), B, T.matrix(17, 128, dtype="bf16"))  # M > 16: the other rung
+    assert fn() == "gemm_bi_nn_sm90a_wgmma_skinny_m64n64_bf16"
+    k.gemm(T.matrix(16, 64), T.matrix(64, 128), T.matrix(16, 128))  # f32: another route
+    assert fn() == "tiny_gemm_f32"
+    with pytest.raises(LaunchRefused, match="this product is 16 x 128"):
+        k.gemm(A, B, T.matrix(16, 127, dtype="bf16"))
+    with pytest.raises(LaunchRefused, match="A is bf16 and B is f32"):
+        k.gemm(A, T.matrix(64, 128), C)
+    bias = T.matrix(128, dtype="bf16")
+    k.gemm(A, B, C, bias=bias)  # bias: another class (here the exact-f32 rung on torch's f32 copies)
+    assert fn() == "tiny_gemm_f32" and A.ops == [("float",)] and C.ops[-1][0] == "copy_"
+    k.gemm(A, B, C, bias=bias)  # casts are never remembered: every step again
+    assert A.ops == [("float",)] * 2 and fn() == "tiny_gemm_f32"
+    with pytest.raises(LaunchRefused, match="is on device 1"):
+        k.gemm(A, B, T.matrix(16, 128, dtype="bf16", device=("cuda", 1)))
+    with pytest.raises(LaunchRefused, match="not contiguous"):
+        k.gemm(T.matrix(16, 64, dtype="bf16", contiguous=False), B, C)
+    with pytest.raises(LaunchRefused, match="not a GEMM layout"):
+        k.gemm(A, B, C, layout="NN")
+    # streams: torch's current one read every call, an explicit one taken as given
+    k.gemm(A, B, C)
+    handles[0] = 0x6000
+    k.gemm(A, B, C)
+    k.gemm(A, B, C, stream=0x7000)
+    assert [r["stream"] for r in fake.launches[-3:]] == [0x5150, 0x6000, 0x7000]
+    v = [r["values"] for r in fake.launches[-3:]]
+    assert v[0] == v[1] == v[2]
+
+
+def test_gemm_overlap_and_null_are_refused_on_a_memo_hit(gemm_env):
+    loaded, _ = gemm_env
+    k, fake = loaded()
+    A, B, C = T.matrix(4, 64), T.matrix(64, 128), T.matrix(4, 128)
+    bias = T.matrix(128)
+    for _ in range(2):
+        k.gemm(A, B, C, bias=bias)
+    entries, launched = len(k._gemm_calls), len(fake.launches)
+    for what, src in (("A", A), ("B", B), ("bias", bias)):
+        for off in (0, -4, src.numel() * 4 - 4):
+            out = T.matrix(4, 128, ptr=src.data_ptr() + off)
+            with pytest.raises(LaunchRefused, match=f"out overlaps {what}"):
+                k.gemm(A, B, out, bias=bias)
+    k.gemm(A, B, T.matrix(4, 128, ptr=A.data_ptr() + A.numel() * 4), bias=bias)  # adjacent: fine
+    with pytest.raises(LaunchRefused, match="C of tiny_gemm_f32: its data pointer is 0"):
+        k.gemm(A, B, T.matrix(4, 128, ptr=0), bias=bias)
+    with pytest.raises(LaunchRefused, match="A of tiny_gemm_f32: its data pointer is 0"):
+        k.gemm(T.matrix(4, 64, ptr=0), B, C, bias=bias)
+    assert len(k._gemm_calls) == entries and len(fake.launches) == launched + 1
+
+
+def test_the_gemm_memo_is_bounded(gemm_env, monkeypatch):
+    from mamba_forge.runtime import gemm as rgemm
+
+    monkeypatch.setattr(rgemm, "CALL_ENTRIES", 16)
+    loaded, _ = gemm_env
+    k, _ = loaded()
+    hot = (T.matrix(1, 8), T.matrix(8, 8), T.matrix(1, 8))
+    k.gemm(*hot)
+    for n in range(2, 200):  # shape churn
+        k.gemm(T.matrix(n, 8), T.matrix(8, 8), T.matrix(n, 8))
+        assert len(k._gemm_calls) <= 16
+        k.gemm(*hot)
+    assert len(k._gemm_calls) == 16 and next(reversed(k._gemm_calls))[4] == (1, 8)  # the hot call stays

@@ -25,6 +25,7 @@ maps.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from mamba_forge.core.vocab import DTYPE_SIZES, GEMM_STORAGE, LAYOUTS
@@ -58,6 +59,7 @@ TENSOR_MAPS = {
 }
 BIAS = "bias"  # the GEMM ABI's optional pointer (null = none)
 CACHE_ENTRIES = 4096  # routes (per Kernels) and tensor maps; a full cache is emptied (decode reuses few shapes)
+CALL_ENTRIES = 1024  # remembered calls per Kernels (Kernels._gemm_calls), least recently used out first
 
 
 def _matrix(x, what: str) -> tuple[int, int, str]:
@@ -90,8 +92,11 @@ def _refuse_overlap(out, ct: str, M: int, N: int, inputs) -> None:
     for what, x, dtype, count in inputs:
         a, b = _span(x, dtype, count)
         if a < hi and lo < b:
-            raise LaunchRefused(f"out overlaps {what} in memory; C must be a buffer of its own (it is written while "
-                                f"{what} is read)")
+            raise LaunchRefused(_overlaps(what))
+
+
+def _overlaps(what: str) -> str:
+    return f"out overlaps {what} in memory; C must be a buffer of its own (it is written while {what} is read)"
 
 
 def _stored(tok: str, what: str) -> str:
@@ -119,7 +124,51 @@ def _is_torch(x) -> bool:
 def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", math: str | None = None,
          symbol: str | None = None, stream=None):
     """C = op(A) op(B) (+ bias) through the rung the route table picks here; returns C (`out`, or a new tensor of
-    A's dtype when out is None and A is a torch tensor). See the module docstring for the steps and refusals."""
+    A's dtype when out is None and A is a torch tensor). See the module docstring for the steps and refusals.
+
+    Torch operands (out and bias too, where given) are remembered per Kernels by what steps 1 and 2 read of them
+    (dtype and shape of each, layout, math, symbol): a call with the same finds M, N, K, the rung and its layout
+    there, and checks per call only what those leave out: C's bytes against A's, B's and bias's (the addresses),
+    then the rung's keyword launch with every per-call check of its contract."""
+    calls = getattr(kernels, "_gemm_calls", None)
+    key = None
+    t = type(A)
+    if calls is not None and t in TORCH_TYPES and type(B) is t and (out is None or type(out) is t) \
+            and (bias is None or type(bias) is t):
+        key = (layout, math, symbol, A.dtype, A.shape, B.dtype, B.shape, None if out is None else out.dtype,
+               None if out is None else out.shape, None if bias is None else bias.dtype,
+               None if bias is None else bias.shape)
+        try:
+            hit = calls.get(key)
+        except TypeError:  # a shape that does not hash (symbolic sizes): every step, every call
+            hit = key = None
+        if hit is not None:
+            try:
+                calls.move_to_end(key)
+            except KeyError:  # evicted by another thread since
+                pass
+            kern, plan, M, N, K, c_bytes, a_bytes, b_bytes, bias_bytes = hit
+            if out is None:
+                out = A.new_empty((M, N))
+            lo = out.data_ptr()
+            hi = lo + c_bytes
+            p = A.data_ptr()
+            if p < hi and lo < p + a_bytes:
+                raise LaunchRefused(_overlaps("A"))
+            p = B.data_ptr()
+            if p < hi and lo < p + b_bytes:
+                raise LaunchRefused(_overlaps("B"))
+            if bias is not None:
+                p = bias.data_ptr()
+                if p < hi and lo < p + bias_bytes:
+                    raise LaunchRefused(_overlaps("bias"))
+            _launch(kern, plan, A, B, out, bias, M, N, K, stream)
+            return out
+    return _gemm(kernels, key, A, B, out, bias, layout, math, symbol, stream)
+
+
+def _gemm(kernels: Kernels, key, A, B, out, bias, layout: str, math, symbol, stream):
+    """Every step of gemm(); a launch without casts is remembered under `key` (None: not remembered)."""
     if layout not in LAYOUTS:
         raise LaunchRefused(f"layout {layout!r} is not a GEMM layout ({', '.join(LAYOUTS)})")
     if math not in (None, "tf32"):
@@ -156,6 +205,14 @@ def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", mat
     route, kern, plan = _rung(kernels, (M, N, K, a_tok, ct, layout, bias is not None, symbol))
     if not route.cast:
         _launch(kern, plan, A, B, out, bias, M, N, K, stream)
+        if key is not None:  # launched: every check that the key decides passed
+            calls = kernels._gemm_calls
+            size = DTYPE_SIZES
+            entry = (kern, plan, M, N, K, M * N * size[ct], ar * ac * size[at], br * bc * size[bt], N * size[ct])
+            with _lock:
+                calls[key] = entry
+                while len(calls) > CALL_ENTRIES:
+                    calls.popitem(last=False)
         return out
     if not all(_is_torch(x) for x in (A, B, out) + (() if bias is None else (bias,))):
         raise LaunchRefused(f"{layout} {a_tok}x{a_tok}->{ct} is served here only by {route.symbol} on f32 copies "
@@ -207,14 +264,19 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs) -> dict[s
     if hook is None:
         raise LaunchRefused(f"{kern.name} takes {', '.join(blobs)} but mamba_forge.runtime.gemm knows no tensor-map "
                             f"rule for its family {kern.family}; launch it with its own maps")
-    ptrs = {n: x.data_ptr() if type(x) in TORCH_TYPES else describe(x, n).ptr for n, x in (("A", A), ("B", B), ("C", C))}
+    torch_types = TORCH_TYPES
+    a = A.data_ptr() if type(A) in torch_types else describe(A, "A").ptr
+    b = B.data_ptr() if type(B) in torch_types else describe(B, "B").ptr
+    c = C.data_ptr() if type(C) in torch_types else describe(C, "C").ptr
     # a map is a pure function of the rung (its hook and tile), the addresses and the shape: cached on those; C's
     # address only where a map describes C (the tmastore rungs), so a fresh output per call still hits
-    key = (kern.name, ptrs["A"], ptrs["B"], ptrs["C"] if hook.endswith("_tmastore") else 0, M, N, K)
+    key = (kern.name, a, b, c if hook.endswith("_tmastore") else 0, M, N, K)
     hit = _MAPS.get(key)
     if hit is not None:
         return hit
     from mamba_forge.gpu import tma
+
+    ptrs = {"A": a, "B": b, "C": c}
 
     dims = {**kern.symbol.constants, "M": M, "N": N, "K": K}
     try:
@@ -231,6 +293,7 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs) -> dict[s
 
 
 _MAPS: dict[tuple, dict[str, bytes]] = {}  # (rung, addresses, M, N, K) -> its tensor maps
+_lock = threading.Lock()  # inserts into Kernels._gemm_calls
 
 
 __all__ = ["TENSOR_MAPS", "gemm", "gemm_dims"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -156,6 +157,7 @@ class Kernels:
         self._modules: dict[str, object] = {}
         self._functions: dict[str, Kernel] = {}
         self._gemm_routes: dict[tuple, tuple] = {}  # runtime/gemm.py: (M, N, K, dtypes, layout, ...) -> (route, Kernel)
+        self._gemm_calls: OrderedDict[tuple, tuple] = OrderedDict()  # runtime/gemm.py: operands' dtypes, shapes -> rung
         self._reported: set[str] = set()
         self.fallbacks: dict[str, str] = {}  # requested -> serving symbol, once followed
         self._families = index_families(self._symbols.values())
