@@ -224,6 +224,37 @@ def test_null_and_overlap_are_refused_on_a_memo_hit():
     assert len(two._memo) == 1
 
 
+def test_the_pointer_checks_on_a_hit_decide_as_the_full_check_for_random_layouts():
+    """Addresses packed close together (so outputs and inputs meet, coincide or touch), empty tensors, the odd null
+    pointer: on a memo hit (the quick check, then the full sweep where it doubts) every call is refused or passed as
+    the full check refuses or passes it, with the same message."""
+    rec = symbol("mix_f32", "mix", "f32", params(
+        {"name": "a", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
+        {"name": "b", "type": "ptr", "dtype": "f32", "role": "inout", "shape": ["m"]},
+        {"name": "x", "type": "ptr", "dtype": "f32", "shape": ["n"]},
+        {"name": "y", "type": "ptr", "dtype": "f32", "shape": ["m"]},
+        {"name": "n", "type": "i64", "value": "n"},
+        {"name": "m", "type": "i64", "value": "m"},
+    ), ["1"], ["n", "m"])
+    c = Contract(rec)
+    rng = random.Random(7)
+    outcomes = set()
+    for _ in range(4000):
+        n, m = rng.choice([0, 1, 2, 5]), rng.choice([0, 1, 3])
+        kw = {name: T(size, ptr=0 if rng.random() < 0.02 else BASE + 4 * rng.randrange(12))
+              for name, size in (("a", n), ("b", m), ("x", n), ("y", m))}
+        want = _outcome(c._bind, {**kw, "n": n, "m": m}, 0, None, "")
+        got = _outcome(c.args, {**kw, "n": n, "m": m})
+        if isinstance(want, LaunchRefused):
+            assert isinstance(got, LaunchRefused) and str(got) == str(want)
+            outcomes.add(str(want).split(" (")[0].split(": ")[-1])
+        else:
+            _same(got, want)
+            outcomes.add("bound")
+    assert len(c._memo) == 12 and outcomes == {
+        "bound", "its data pointer is 0", "outputs alias each other", "an output partially overlaps an input"}
+
+
 def test_the_null_pointer_parameter_on_a_memo_hit():
     rec = symbol("g_f32", "g", "f32", params(
         {"name": "C", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},

@@ -142,7 +142,9 @@ class Contract:
         self._smem = int(symbol.dynamic_smem)
         self.packer = param_packer(params)
         self._types = tuple("ptr" if p.kind == "pointer" else "bytes" if p.kind == "blob" else p.type for p in params)
-        self._fast, self._ptr_key_at = self._fast_plan()
+        fast, self._ptr_key_at = self._fast_plan()
+        self._read = _compile_reader(name, fast, len(plan)) if fast is not None else None
+        self._quick = _compile_quick(name, self._ptr_slots)
         self._memo: OrderedDict[tuple, tuple] = OrderedDict()
 
     def _fast_plan(self) -> tuple[tuple | None, tuple[int, ...]]:
@@ -194,48 +196,11 @@ class Contract:
         (read here), the caller scalars' types and ranges, the blobs' sizes, and the addresses (no null pointer, no
         overlap: _check_pointers). Any other argument (a CuPy or DLPack array, a numpy int, a bytearray) runs the
         full check every call. MEMO_ENTRIES keys per contract, least recently used out first."""
-        fast = self._fast
-        if fast is None:
+        read = self._read
+        got = read(kwargs, device, null) if read is not None else None
+        if got is None:  # not a memo call: the full check, every time
             return _plain(self._bind(kwargs, device, locate, null))
-        get = kwargs.get
-        vals: list = [None] * len(self._plan)
-        key = [device, null, len(kwargs)]
-        add = key.append
-        for i, pname, how, t, lo, hi in fast:
-            v = get(pname, _MISSING)
-            if how == _F_PTR:
-                if type(v) in _TORCH_TYPES:
-                    if v.is_cuda and TORCH_DTYPE_TOKENS.get(v.dtype) == t and v.get_device() == device \
-                            and v.is_contiguous():
-                        vals[i] = v.data_ptr()
-                        add(v.numel())
-                        continue
-                elif v is None and pname == null:
-                    vals[i] = 0
-                    add(-1)
-                    continue
-            elif how == _F_KEYED or how == _F_OWN:
-                if type(v) is int:
-                    if how == _F_KEYED:
-                        vals[i] = v  # the value bind packs, once the key's first call passed it
-                    add(v)
-                    continue
-                if v is _MISSING:
-                    add(v)
-                    continue
-            elif how == _F_INT:
-                if type(v) is int and lo <= v <= hi:
-                    vals[i] = v
-                    continue
-            elif how == _F_FLOAT:
-                if type(v) is float and lo <= v <= hi:
-                    vals[i] = v
-                    continue
-            elif type(v) is bytes and len(v) == t:  # _F_BLOB (t: its size)
-                vals[i] = v
-                continue
-            return _plain(self._bind(kwargs, device, locate, null))  # not a memo call: the full check, every time
-        key = tuple(key)
+        key, vals = got
         memo = self._memo
         hit = memo.get(key)
         if hit is None:
@@ -244,10 +209,11 @@ class Contract:
             memo.move_to_end(key)
         except KeyError:  # evicted by another thread since
             pass
-        fill, spans, grid, block, smem, owner = hit
+        fill, lengths, spans, grid, block, smem, owner = hit
         for i, v in fill:
             vals[i] = v
-        self._check_pointers(vals, spans, null)
+        if not self._quick(vals, lengths):  # a zero address, or an output's bytes meeting another's
+            self._check_pointers(vals, spans, null)
         return vals, grid, block, smem, owner
 
     def _remember(self, key: tuple, vals: list, b: Bound) -> tuple:
@@ -259,9 +225,10 @@ class Contract:
         fill = tuple((i, p) for i, (w, p) in enumerate(zip(vals, plain)) if w is None)  # noqa: B905
         spans = tuple((i, max(key[at], 0) * size, writes, pname)
                       for (i, _, writes, size, pname), at in zip(self._ptr_slots, self._ptr_key_at))  # noqa: B905
+        lengths = tuple(length for _, length, _, _ in spans)
         memo = self._memo
         with _lock:
-            memo[key] = (fill, spans, b.grid, b.block, b.shared_mem, b.owner)
+            memo[key] = (fill, lengths, spans, b.grid, b.block, b.shared_mem, b.owner)
             while len(memo) > MEMO_ENTRIES:
                 memo.popitem(last=False)
         return plain, b.grid, b.block, b.shared_mem, b.owner
@@ -450,6 +417,67 @@ class Contract:
             return (f"{what} is an int address, which the keyword launch cannot check; pass the tensor, or "
                     "use the positional launch(fn, grid, block, args) to pass raw addresses")
         return f"{what} of type {type(v).__name__} is not a tensor (torch, __cuda_array_interface__ or DLPack)"
+
+
+def _compile_reader(symbol: str, fast: tuple, nparams: int):
+    """Contract.args's per-call reading, compiled for one contract from its plan (names as string literals, numbers
+    as constants): reader(kwargs, device, null) -> (the memo key, the values read, None where the entry fills in),
+    or None for a call the memo does not take (see args). One straight-line function, no loop over the plan."""
+    ns: dict = {"__builtins__": {}, "_M": _MISSING, "_TT": _TORCH_TYPES, "_TOK": TORCH_DTYPE_TOKENS.get,
+                "type": type, "len": len, "bytes": bytes, "int": int, "float": float}
+    lines, key, vals = ["def _read(kwargs, device, null):", "    get = kwargs.get"], ["device", "null", "len(kwargs)"], \
+        ["None"] * nparams
+    for k, (i, pname, how, t, lo, hi) in enumerate(fast):
+        name = repr(str(pname))
+        if how == _F_PTR:
+            lines += [f"    v = get({name}, _M)",
+                      f"    if type(v) in _TT and v.is_cuda and _TOK(v.dtype) == {str(t)!r} and v.get_device() == device "
+                      "and v.is_contiguous():",
+                      f"        a{i} = v.data_ptr()", f"        n{i} = v.numel()",
+                      f"    elif v is None and null == {name}:", f"        a{i} = 0", f"        n{i} = -1",
+                      "    else:", "        return None"]
+            vals[i] = f"a{i}"
+            key.append(f"n{i}")
+        elif how == _F_BLOB:
+            lines += [f"    a{i} = get({name}, _M)", f"    if type(a{i}) is not bytes or len(a{i}) != {int(t)}:",
+                      "        return None"]
+            vals[i] = f"a{i}"
+        elif how in (_F_INT, _F_FLOAT):
+            ns[f"_lo{k}"], ns[f"_hi{k}"] = lo, hi
+            lines += [f"    a{i} = get({name}, _M)",
+                      f"    if type(a{i}) is not {'int' if how == _F_INT else 'float'} or not _lo{k} <= a{i} <= _hi{k}:",
+                      "        return None"]
+            vals[i] = f"a{i}"
+        elif how == _F_KEYED:
+            lines += [f"    k{k} = get({name}, _M)", f"    if type(k{k}) is int:", f"        a{i} = k{k}",
+                      f"    elif k{k} is _M:", f"        a{i} = None", "    else:", "        return None"]
+            vals[i] = f"a{i}"
+            key.append(f"k{k}")
+        else:  # _F_OWN: a dim's own argument, keyed only
+            lines += [f"    k{k} = get({name}, _M)", f"    if type(k{k}) is not int and k{k} is not _M:",
+                      "        return None"]
+            key.append(f"k{k}")
+    lines.append(f"    return ({', '.join(key)},), [{', '.join(vals)}]")
+    exec(compile("\n".join(lines) + "\n", f"<contract reader {symbol}>", "exec"), ns)  # noqa: S102 - literals only
+    return ns["_read"]
+
+
+def _compile_quick(symbol: str, ptr_slots: tuple):
+    """quick(values, lengths) -> True when no pointer is 0 and every output's bytes are apart from every other
+    pointer's (then _check_memory's sweep finds nothing: it only looks at spans that meet); False sends the call to
+    the full pointer check, which decides (null allowed, in place, empty tensors)."""
+    n = len(ptr_slots)
+    lines = ["def _quick(v, L):"]
+    lines += [f"    p{k} = v[{i}]" for k, (i, *_) in enumerate(ptr_slots)]
+    if n:
+        lines += [f"    if not ({' and '.join(f'p{k}' for k in range(n))}):", "        return False"]
+    lines += [f"    e{k} = p{k} + L[{k}]" for k in range(n)]
+    pairs = [f"(p{b} < e{a} and p{a} < e{b})" for a in range(n) for b in range(n)
+             if a != b and ptr_slots[a][2] and (not ptr_slots[b][2] or a < b)]
+    lines.append(f"    return not ({' or '.join(pairs)})" if pairs else "    return True")
+    ns: dict = {"__builtins__": {}}
+    exec(compile("\n".join(lines) + "\n", f"<contract pointers {symbol}>", "exec"), ns)  # noqa: S102 - no names
+    return ns["_quick"]
 
 
 _cache: dict[int, tuple[object, Contract]] = {}
