@@ -147,22 +147,31 @@ def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", mat
                 calls.move_to_end(key)
             except KeyError:  # evicted by another thread since
                 pass
-            kern, plan, M, N, K, c_bytes, a_bytes, b_bytes, bias_bytes = hit
+            kern, takes_bias, blobs, maps_of_c, M, N, K, c_bytes, a_bytes, b_bytes, bias_bytes = hit
             if out is None:
                 out = A.new_empty((M, N))
             lo = out.data_ptr()
             hi = lo + c_bytes
-            p = A.data_ptr()
-            if p < hi and lo < p + a_bytes:
+            pa = A.data_ptr()
+            if pa < hi and lo < pa + a_bytes:
                 raise LaunchRefused(_overlaps("A"))
-            p = B.data_ptr()
-            if p < hi and lo < p + b_bytes:
+            pb = B.data_ptr()
+            if pb < hi and lo < pb + b_bytes:
                 raise LaunchRefused(_overlaps("B"))
-            if bias is not None:
-                p = bias.data_ptr()
-                if p < hi and lo < p + bias_bytes:
-                    raise LaunchRefused(_overlaps("bias"))
-            _launch(kern, plan, A, B, out, bias, M, N, K, stream)
+            kwargs = {"C": out, "A": A, "B": B, "M": M, "N": N, "K": K}
+            null = ""
+            if takes_bias:  # (a bias given to a rung without one was refused before the key was remembered)
+                kwargs[BIAS] = bias
+                if bias is None:
+                    null = BIAS
+                else:
+                    p = bias.data_ptr()
+                    if p < hi and lo < p + bias_bytes:
+                        raise LaunchRefused(_overlaps("bias"))
+            if blobs:  # _tensor_maps' cache, read with the addresses at hand
+                maps = _MAPS.get((kern.name, pa, pb, lo if maps_of_c else 0, M, N, K))
+                kwargs.update(maps if maps is not None else _tensor_maps(kern, A, B, out, M, N, K, blobs))
+            kern._launch(kwargs, stream, null)
             return out
     return _gemm(kernels, key, A, B, out, bias, layout, math, symbol, stream)
 
@@ -208,7 +217,9 @@ def _gemm(kernels: Kernels, key, A, B, out, bias, layout: str, math, symbol, str
         if key is not None:  # launched: every check that the key decides passed
             calls = kernels._gemm_calls
             size = DTYPE_SIZES
-            entry = (kern, plan, M, N, K, M * N * size[ct], ar * ac * size[at], br * bc * size[bt], N * size[ct])
+            maps_of_c = TENSOR_MAPS.get(kern.family, "").endswith("_tmastore")  # as _tensor_maps keys its cache
+            entry = (kern, plan[0], plan[1], maps_of_c, M, N, K, M * N * size[ct], ar * ac * size[at],
+                     br * bc * size[bt], N * size[ct])
             with _lock:
                 calls[key] = entry
                 while len(calls) > CALL_ENTRIES:

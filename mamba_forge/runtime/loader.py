@@ -140,6 +140,17 @@ class Kernel:
         return self._packer
 
 
+_gemm = None  # mamba_forge.runtime.gemm.gemm, imported on the first Kernels.gemm call (not per call)
+
+
+def _import_gemm():
+    global _gemm
+    from mamba_forge.runtime.gemm import gemm
+
+    _gemm = gemm
+    return gemm
+
+
 class Kernels:
     """The admitted symbols of one verified manifest on one device; cubins load on first use."""
 
@@ -187,9 +198,8 @@ class Kernels:
              symbol: str | None = None, stream=None):
         """C = op(A) op(B) (+ bias) through the rung gemm_route picks (mamba_forge.runtime.gemm): shapes give
         M, N, K; the rung's tensor maps are built as it was qualified; bias may be None. Returns C."""
-        from mamba_forge.runtime.gemm import gemm
-
-        return gemm(self, A, B, out, bias=bias, layout=layout, math=math, symbol=symbol, stream=stream)
+        return (_gemm or _import_gemm())(self, A, B, out, bias=bias, layout=layout, math=math, symbol=symbol,
+                                         stream=stream)
 
     def _serves_name(self, name: str) -> bool:
         s = self._symbols.get(name)
