@@ -551,3 +551,40 @@ def test_the_gemm_memo_is_bounded(gemm_env, monkeypatch):
         assert len(k._gemm_calls) <= 16
         k.gemm(*hot)
     assert len(k._gemm_calls) == 16 and next(reversed(k._gemm_calls))[4] == (1, 8)  # the hot call stays
+
+
+# ---- the torch ops' eager shape rules (runtime/torch.py _shapes) -------------------------------------------------
+
+
+def test_the_ops_shape_rules_are_remembered_bounded_and_never_a_refusal(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import mamba_forge.runtime.torch as mft
+    from mamba_forge.runtime.torch_ops import conv_tokens_shapes, gemm_shape
+
+    monkeypatch.setattr(mft, "_shape_memo", type(mft._shape_memo)())
+    calls = []
+
+    def rule(*shapes):
+        calls.append(shapes)
+        return conv_tokens_shapes(*shapes)
+
+    ok = (torch.Size([2, 5, 16]), torch.Size([8, 4]), torch.Size([8]), torch.Size([2, 8, 3]))
+    for _ in range(3):
+        assert mft._shapes(rule, *ok) == (2, 8, 5, 4)
+    assert len(calls) == 1
+    bad = (torch.Size([2, 5, 16]), torch.Size([8, 4]), torch.Size([7]), torch.Size([2, 8, 3]))
+    for _ in range(2):
+        with pytest.raises(LaunchRefused, match="conv_tokens"):
+            mft._shapes(rule, *bad)
+    assert len(calls) == 3 and len(mft._shape_memo) == 1  # a refusal is asked again, never remembered
+    assert mft._shapes(gemm_shape, "nt", torch.Size([3, 40]), torch.Size([24, 40])) == (3, 24)
+    assert mft._shapes(gemm_shape, "nn", torch.Size([3, 40]), torch.Size([40, 24])) == (3, 24)  # the layout keys
+    with pytest.raises(LaunchRefused, match="K differs"):
+        mft._shapes(gemm_shape, "nt", torch.Size([3, 40]), torch.Size([40, 24]))
+    assert mft._shapes(rule, [2, 5, 16], [8, 4], [8], [2, 8, 3]) == (2, 8, 5, 4)  # unhashable: asked every time
+    assert mft._shapes(rule, [2, 5, 16], [8, 4], [8], [2, 8, 3]) == (2, 8, 5, 4) and len(calls) == 5
+    for m in range(1, 3 * mft.SHAPE_ENTRIES):  # shape churn
+        assert mft._shapes(gemm_shape, "nn", torch.Size([m, 40]), torch.Size([40, 24])) == (m, 24)
+        assert len(mft._shape_memo) <= mft.SHAPE_ENTRIES
+        mft._shapes(rule, *ok)  # used every call: never the least recently used
+    assert (rule, *ok) in mft._shape_memo and len(calls) == 5
