@@ -226,7 +226,7 @@ def test_null_and_overlap_are_refused_on_a_memo_hit():
 
 def test_the_pointer_checks_on_a_hit_decide_as_the_full_check_for_random_layouts():
     """Addresses packed close together (so outputs and inputs meet, coincide or touch), empty tensors, the odd null
-    pointer: on a memo hit (the quick check, then the full sweep where it doubts) every call is refused or passed as
+    pointer, with and without a parameter that may be None: on a memo hit (the quick check, then the full sweep where it doubts) every call is refused or passed as
     the full check refuses or passes it, with the same message."""
     rec = symbol("mix_f32", "mix", "f32", params(
         {"name": "a", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
@@ -243,15 +243,18 @@ def test_the_pointer_checks_on_a_hit_decide_as_the_full_check_for_random_layouts
         n, m = rng.choice([0, 1, 2, 5]), rng.choice([0, 1, 3])
         kw = {name: T(size, ptr=0 if rng.random() < 0.02 else BASE + 4 * rng.randrange(12))
               for name, size in (("a", n), ("b", m), ("x", n), ("y", m))}
-        want = _outcome(c._bind, {**kw, "n": n, "m": m}, 0, None, "")
-        got = _outcome(c.args, {**kw, "n": n, "m": m})
+        null = rng.choice(["", "y"])  # y may be None (address 0), as a GEMM's bias
+        if null and rng.random() < 0.5:
+            kw["y"] = None
+        want = _outcome(c._bind, {**kw, "n": n, "m": m}, 0, None, null)
+        got = _outcome(c.args, {**kw, "n": n, "m": m}, 0, None, null)
         if isinstance(want, LaunchRefused):
             assert isinstance(got, LaunchRefused) and str(got) == str(want)
             outcomes.add(str(want).split(" (")[0].split(": ")[-1])
         else:
             _same(got, want)
             outcomes.add("bound")
-    assert len(c._memo) == 12 and outcomes == {
+    assert len(c._memo) == 36 and outcomes == {
         "bound", "its data pointer is 0", "outputs alias each other", "an output partially overlaps an input"}
 
 

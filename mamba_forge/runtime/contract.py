@@ -4,6 +4,12 @@
     b = c.bind({"y": y, "x": x}, device=0)                 # n derived from x; everything checked
     params = c.packer.pack(b.values)                       # or driver.PackedParams(b.values, b.aligns)
     driver.launch(fn, b.grid, b.block, params, smem=b.shared_mem, stream=resolve_stream(None, b.owner, b.ordinal))
+    values, grid, block, smem, owner = c.args({"y": y, "x": x})   # the same checks, plain values (the loader's)
+
+Host time: bind and args go through a memo of evaluated launches (Contract.args has the rule): what depends only
+on the key (element counts, dim-carrying and derived scalars, dims) is evaluated and checked once per key; every
+call still checks each tensor (framework, device, dtype, density), the caller scalars, the blobs and the addresses
+(null, overlap). Anything the memo does not take (CuPy, DLPack, numpy ints) gets the full check every call.
 
 The rules (docs/architecture.md, "Runtime loader", has them): arguments are parameter names; a scalar whose recorded
 ``value`` is exactly a dim's name carries that dim, and when omitted the dim is the element count of a pointer
@@ -212,7 +218,7 @@ class Contract:
         fill, lengths, spans, grid, block, smem, owner = hit
         for i, v in fill:
             vals[i] = v
-        if not self._quick(vals, lengths):  # a zero address, or an output's bytes meeting another's
+        if not self._quick(vals, lengths, null):  # a zero address (but `null`'s), or an output meeting another
             self._check_pointers(vals, spans, null)
         return vals, grid, block, smem, owner
 
@@ -463,14 +469,16 @@ def _compile_reader(symbol: str, fast: tuple, nparams: int):
 
 
 def _compile_quick(symbol: str, ptr_slots: tuple):
-    """quick(values, lengths) -> True when no pointer is 0 and every output's bytes are apart from every other
-    pointer's (then _check_memory's sweep finds nothing: it only looks at spans that meet); False sends the call to
-    the full pointer check, which decides (null allowed, in place, empty tensors)."""
+    """quick(values, lengths, null) -> True when no pointer but `null`'s is 0 and every output's bytes are apart from
+    every other pointer's (then _check_memory's sweep finds nothing: it skips the null pointer and only looks at
+    spans that meet); False sends the call to the full pointer check, which decides (in place, empty tensors)."""
     n = len(ptr_slots)
-    lines = ["def _quick(v, L):"]
+    lines = ["def _quick(v, L, null):"]
     lines += [f"    p{k} = v[{i}]" for k, (i, *_) in enumerate(ptr_slots)]
-    if n:
-        lines += [f"    if not ({' and '.join(f'p{k}' for k in range(n))}):", "        return False"]
+    if n:  # 0 only for the `null` parameter (its length is 0 where it is None: it meets nothing)
+        lines += [f"    if not ({' and '.join(f'p{k}' for k in range(n))}):",
+                  f"        if {' or '.join(f'(not p{k} and null != {str(pname)!r})' for k, (*_, pname) in enumerate(ptr_slots))}:",
+                  "            return False"]
     lines += [f"    e{k} = p{k} + L[{k}]" for k in range(n)]
     pairs = [f"(p{b} < e{a} and p{a} < e{b})" for a in range(n) for b in range(n)
              if a != b and ptr_slots[a][2] and (not ptr_slots[b][2] or a < b)]

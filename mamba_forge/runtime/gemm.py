@@ -19,7 +19,9 @@ keyword contract, so nothing reaches the GPU unchecked:
 
 A route served with casts (an exact-f32 class for 16-bit operands, where the device has no 16-bit class) is run
 on f32 copies made by the operands' framework (torch only), then rounded into C by it. Empty products (M or N = 0)
-launch nothing. Standard library only; mamba_forge.gpu.tma (cuda-bindings) is imported when a rung takes tensor
+launch nothing. A call with torch operands is remembered per Kernels by the operands' dtypes and shapes (with
+layout, math, symbol; CALL_ENTRIES, least recently used out): a repeat skips steps 1 and 2 and checks per call
+C's bytes against the inputs' and, in step 4, everything the contract checks per call (runtime/contract.py). Standard library only; mamba_forge.gpu.tma (cuda-bindings) is imported when a rung takes tensor
 maps.
 """
 
