@@ -163,10 +163,10 @@ def launch(
 
     Above 48 KB the function must have been allowed that much first (Function.set_max_dynamic_smem).
     """
-    g, b = _dims3(grid, "grid"), _dims3(block, "block")
+    g = grid if type(grid) is tuple and len(grid) == 3 else _dims3(grid, "grid")  # the runtime passes 3-tuples
+    b = block if type(block) is tuple and len(block) == 3 else _dims3(block, "block")
     d = bindings()
     h = stream.handle if stream is not None else d.CUstream(0)
-    check(
-        f"cuLaunchKernel({fn.name})",
-        d.cuLaunchKernel(fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], smem, h, params.address, 0),
-    )
+    ret = d.cuLaunchKernel(fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], smem, h, params.address, 0)
+    if type(ret) is not tuple or len(ret) != 1 or ret[0] != d.CUresult.CUDA_SUCCESS:
+        check(f"cuLaunchKernel({fn.name})", ret)  # raises naming the function (the name is formatted only here)

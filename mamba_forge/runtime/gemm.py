@@ -19,12 +19,15 @@ keyword contract, so nothing reaches the GPU unchecked:
 
 A route served with casts (an exact-f32 class for 16-bit operands, where the device has no 16-bit class) is run
 on f32 copies made by the operands' framework (torch only), then rounded into C by it. Empty products (M or N = 0)
-launch nothing. Standard library only; mamba_forge.gpu.tma (cuda-bindings) is imported when a rung takes tensor
+launch nothing. A call with torch operands is remembered per Kernels by the operands' dtypes and shapes (with
+layout, math, symbol; CALL_ENTRIES, least recently used out): a repeat skips steps 1 and 2 and checks per call
+C's bytes against the inputs' and, in step 4, everything the contract checks per call (runtime/contract.py). Standard library only; mamba_forge.gpu.tma (cuda-bindings) is imported when a rung takes tensor
 maps.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from mamba_forge.core.vocab import DTYPE_SIZES, GEMM_STORAGE, LAYOUTS
@@ -58,6 +61,7 @@ TENSOR_MAPS = {
 }
 BIAS = "bias"  # the GEMM ABI's optional pointer (null = none)
 CACHE_ENTRIES = 4096  # routes (per Kernels) and tensor maps; a full cache is emptied (decode reuses few shapes)
+CALL_ENTRIES = 1024  # remembered calls per Kernels (Kernels._gemm_calls), least recently used out first
 
 
 def _matrix(x, what: str) -> tuple[int, int, str]:
@@ -90,8 +94,11 @@ def _refuse_overlap(out, ct: str, M: int, N: int, inputs) -> None:
     for what, x, dtype, count in inputs:
         a, b = _span(x, dtype, count)
         if a < hi and lo < b:
-            raise LaunchRefused(f"out overlaps {what} in memory; C must be a buffer of its own (it is written while "
-                                f"{what} is read)")
+            raise LaunchRefused(_overlaps(what))
+
+
+def _overlaps(what: str) -> str:
+    return f"out overlaps {what} in memory; C must be a buffer of its own (it is written while {what} is read)"
 
 
 def _stored(tok: str, what: str) -> str:
@@ -119,7 +126,60 @@ def _is_torch(x) -> bool:
 def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", math: str | None = None,
          symbol: str | None = None, stream=None):
     """C = op(A) op(B) (+ bias) through the rung the route table picks here; returns C (`out`, or a new tensor of
-    A's dtype when out is None and A is a torch tensor). See the module docstring for the steps and refusals."""
+    A's dtype when out is None and A is a torch tensor). See the module docstring for the steps and refusals.
+
+    Torch operands (out and bias too, where given) are remembered per Kernels by what steps 1 and 2 read of them
+    (dtype and shape of each, layout, math, symbol): a call with the same finds M, N, K, the rung and its layout
+    there, and checks per call only what those leave out: C's bytes against A's, B's and bias's (the addresses),
+    then the rung's keyword launch with every per-call check of its contract."""
+    calls = getattr(kernels, "_gemm_calls", None)
+    key = None
+    t = type(A)
+    if calls is not None and t in TORCH_TYPES and type(B) is t and (out is None or type(out) is t) \
+            and (bias is None or type(bias) is t):
+        key = (layout, math, symbol, A.dtype, A.shape, B.dtype, B.shape, None if out is None else out.dtype,
+               None if out is None else out.shape, None if bias is None else bias.dtype,
+               None if bias is None else bias.shape)
+        try:
+            hit = calls.get(key)
+        except TypeError:  # a shape that does not hash (symbolic sizes): every step, every call
+            hit = key = None
+        if hit is not None:
+            try:
+                calls.move_to_end(key)
+            except KeyError:  # evicted by another thread since
+                pass
+            kern, takes_bias, blobs, maps_of_c, M, N, K, c_bytes, a_bytes, b_bytes, bias_bytes = hit
+            if out is None:
+                out = A.new_empty((M, N))
+            lo = out.data_ptr()
+            hi = lo + c_bytes
+            pa = A.data_ptr()
+            if pa < hi and lo < pa + a_bytes:
+                raise LaunchRefused(_overlaps("A"))
+            pb = B.data_ptr()
+            if pb < hi and lo < pb + b_bytes:
+                raise LaunchRefused(_overlaps("B"))
+            kwargs = {"C": out, "A": A, "B": B, "M": M, "N": N, "K": K}
+            null = ""
+            if takes_bias:  # (a bias given to a rung without one was refused before the key was remembered)
+                kwargs[BIAS] = bias
+                if bias is None:
+                    null = BIAS
+                else:
+                    p = bias.data_ptr()
+                    if p < hi and lo < p + bias_bytes:
+                        raise LaunchRefused(_overlaps("bias"))
+            if blobs:  # _tensor_maps' cache, read with the addresses at hand
+                maps = _MAPS.get((kern.name, pa, pb, lo if maps_of_c else 0, M, N, K))
+                kwargs.update(maps if maps is not None else _tensor_maps(kern, A, B, out, M, N, K, blobs))
+            kern._launch(kwargs, stream, null)
+            return out
+    return _gemm(kernels, key, A, B, out, bias, layout, math, symbol, stream)
+
+
+def _gemm(kernels: Kernels, key, A, B, out, bias, layout: str, math, symbol, stream):
+    """Every step of gemm(); a launch without casts is remembered under `key` (None: not remembered)."""
     if layout not in LAYOUTS:
         raise LaunchRefused(f"layout {layout!r} is not a GEMM layout ({', '.join(LAYOUTS)})")
     if math not in (None, "tf32"):
@@ -156,6 +216,16 @@ def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", mat
     route, kern, plan = _rung(kernels, (M, N, K, a_tok, ct, layout, bias is not None, symbol))
     if not route.cast:
         _launch(kern, plan, A, B, out, bias, M, N, K, stream)
+        if key is not None:  # launched: every check that the key decides passed
+            calls = kernels._gemm_calls
+            size = DTYPE_SIZES
+            maps_of_c = TENSOR_MAPS.get(kern.family, "").endswith("_tmastore")  # as _tensor_maps keys its cache
+            entry = (kern, plan[0], plan[1], maps_of_c, M, N, K, M * N * size[ct], ar * ac * size[at],
+                     br * bc * size[bt], N * size[ct])
+            with _lock:
+                calls[key] = entry
+                while len(calls) > CALL_ENTRIES:
+                    calls.popitem(last=False)
         return out
     if not all(_is_torch(x) for x in (A, B, out) + (() if bias is None else (bias,))):
         raise LaunchRefused(f"{layout} {a_tok}x{a_tok}->{ct} is served here only by {route.symbol} on f32 copies "
@@ -207,14 +277,19 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs) -> dict[s
     if hook is None:
         raise LaunchRefused(f"{kern.name} takes {', '.join(blobs)} but mamba_forge.runtime.gemm knows no tensor-map "
                             f"rule for its family {kern.family}; launch it with its own maps")
-    ptrs = {n: x.data_ptr() if type(x) in TORCH_TYPES else describe(x, n).ptr for n, x in (("A", A), ("B", B), ("C", C))}
+    torch_types = TORCH_TYPES
+    a = A.data_ptr() if type(A) in torch_types else describe(A, "A").ptr
+    b = B.data_ptr() if type(B) in torch_types else describe(B, "B").ptr
+    c = C.data_ptr() if type(C) in torch_types else describe(C, "C").ptr
     # a map is a pure function of the rung (its hook and tile), the addresses and the shape: cached on those; C's
     # address only where a map describes C (the tmastore rungs), so a fresh output per call still hits
-    key = (kern.name, ptrs["A"], ptrs["B"], ptrs["C"] if hook.endswith("_tmastore") else 0, M, N, K)
+    key = (kern.name, a, b, c if hook.endswith("_tmastore") else 0, M, N, K)
     hit = _MAPS.get(key)
     if hit is not None:
         return hit
     from mamba_forge.gpu import tma
+
+    ptrs = {"A": a, "B": b, "C": c}
 
     dims = {**kern.symbol.constants, "M": M, "N": N, "K": K}
     try:
@@ -231,6 +306,7 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs) -> dict[s
 
 
 _MAPS: dict[tuple, dict[str, bytes]] = {}  # (rung, addresses, M, N, K) -> its tensor maps
+_lock = threading.Lock()  # inserts into Kernels._gemm_calls
 
 
 __all__ = ["TENSOR_MAPS", "gemm", "gemm_dims"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -72,7 +73,7 @@ class Kernel:
     handle: object = field(repr=False)
     backend: object = field(repr=False)
     ordinal: int = 0  # the device the kernels are loaded on
-    _call: object = field(default=None, init=False, repr=False, compare=False)  # (bind, pack, resolve) once compiled
+    _call: object = field(default=None, init=False, repr=False, compare=False)  # (args, packer, streams, locate), compiled
     _packer: object = field(default=None, init=False, repr=False, compare=False)
     _positional: object = field(default=None, init=False, repr=False, compare=False)  # (typer, packer, resolve)
 
@@ -95,10 +96,10 @@ class Kernel:
         return getattr(self.backend, "pointer_device", None)
 
     def _compile(self):
-        from mamba_forge.runtime.streams import resolve_stream
+        from mamba_forge.runtime.streams import default_stream, stream_handle
 
         c = self.contract
-        self._call = (c.bind, c.packer, resolve_stream)
+        self._call = (c.args, c.packer, default_stream, stream_handle, self._locate)
         return self._call
 
     def __call__(self, /, *positional, stream=None, **kwargs) -> None:
@@ -113,12 +114,13 @@ class Kernel:
 
     def _launch(self, kwargs: dict, stream, null: str = "") -> None:
         """The keyword launch; `null`: the one pointer that may be None (contract.bind: the GEMM bias)."""
-        bind, packer, resolve = self._call or self._compile()
-        b = bind(kwargs, self.ordinal, self._locate, null)
-        handle = resolve(stream, b.owner, b.ordinal)
-        params = packer.fill([v for _, v in b.values])
+        args, packer, default_stream, stream_handle, locate = self._call or self._compile()
+        ordinal = self.ordinal
+        values, grid, block, smem, owner = args(kwargs, ordinal, locate, null)  # every check (contract.bind's)
+        handle = default_stream(owner, ordinal) if stream is None else stream_handle(stream)  # streams.resolve_stream
+        params = packer.fill(values)
         try:
-            self.backend.launch(self.handle, b.grid, b.block, params, b.shared_mem, handle)
+            self.backend.launch(self.handle, grid, block, params, smem, handle)
         finally:
             packer.release(params)  # the driver copied the parameters when it enqueued the launch
 
@@ -138,6 +140,17 @@ class Kernel:
         return self._packer
 
 
+_gemm = None  # mamba_forge.runtime.gemm.gemm, imported on the first Kernels.gemm call (not per call)
+
+
+def _import_gemm():
+    global _gemm
+    from mamba_forge.runtime.gemm import gemm
+
+    _gemm = gemm
+    return gemm
+
+
 class Kernels:
     """The admitted symbols of one verified manifest on one device; cubins load on first use."""
 
@@ -155,6 +168,7 @@ class Kernels:
         self._modules: dict[str, object] = {}
         self._functions: dict[str, Kernel] = {}
         self._gemm_routes: dict[tuple, tuple] = {}  # runtime/gemm.py: (M, N, K, dtypes, layout, ...) -> (route, Kernel)
+        self._gemm_calls: OrderedDict[tuple, tuple] = OrderedDict()  # runtime/gemm.py: operands' dtypes, shapes -> rung
         self._reported: set[str] = set()
         self.fallbacks: dict[str, str] = {}  # requested -> serving symbol, once followed
         self._families = index_families(self._symbols.values())
@@ -184,9 +198,8 @@ class Kernels:
              symbol: str | None = None, stream=None):
         """C = op(A) op(B) (+ bias) through the rung gemm_route picks (mamba_forge.runtime.gemm): shapes give
         M, N, K; the rung's tensor maps are built as it was qualified; bias may be None. Returns C."""
-        from mamba_forge.runtime.gemm import gemm
-
-        return gemm(self, A, B, out, bias=bias, layout=layout, math=math, symbol=symbol, stream=stream)
+        return (_gemm or _import_gemm())(self, A, B, out, bias=bias, layout=layout, math=math, symbol=symbol,
+                                         stream=stream)
 
     def _serves_name(self, name: str) -> bool:
         s = self._symbols.get(name)

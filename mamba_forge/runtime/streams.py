@@ -15,6 +15,7 @@ legacy stream) is used as is. Without such a framework, the per-thread default s
 
 from __future__ import annotations
 
+import os
 import sys
 
 from mamba_forge.runtime.errors import LaunchRefused
@@ -70,13 +71,53 @@ def _cupy_current(cupy, ordinal: int) -> int:
         return cupy.cuda.get_current_stream().ptr
 
 
+_torch_reader: tuple = (None, None, None)  # (torch module, its torch.cuda.current_stream, the raw reader or None)
+
+
+def _forget_torch_reader() -> None:
+    global _torch_reader
+    _torch_reader = (None, None, None)
+
+
+if hasattr(os, "register_at_fork"):  # a forked child asks torch again (torch refuses CUDA there: a bad fork)
+    os.register_at_fork(after_in_child=_forget_torch_reader)
+
+
+def _raw_reader(torch, current):
+    """torch._C._cuda_getCurrentRawStream (device -> the current stream's raw handle: what
+    ``torch.cuda.current_stream(device).cuda_stream`` returns, without making a Stream object) where the
+    current_stream asked for is torch's own and CUDA is initialised in this process; else None (ask current_stream)."""
+    raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+    if raw is None or getattr(current, "__module__", None) != "torch.cuda" \
+            or getattr(current, "__name__", None) != "current_stream":
+        return None  # a CPU build, or a current_stream replaced by someone: theirs is asked
+    initialized = getattr(torch.cuda, "is_initialized", None)
+    return raw if initialized is not None and initialized() else None
+
+
+def _torch_current(torch, ordinal: int) -> int:
+    """torch's current stream on the device, as a raw handle. Which reader serves is decided once per (torch module,
+    its current_stream function); the stream itself is read on every call (it changes: torch.cuda.stream(s))."""
+    global _torch_reader
+    current = torch.cuda.current_stream
+    mod, fn, raw = _torch_reader
+    if mod is not torch or fn is not current:
+        raw = _raw_reader(torch, current)
+        if raw is not None:
+            _torch_reader = (torch, current, raw)
+    h = raw(ordinal) if raw is not None else current(ordinal).cuda_stream
+    if type(h) is int and 0 <= h < _HANDLE_LIMIT:
+        return h
+    return _checked(h, "torch.cuda.current_stream")
+
+
 def default_stream(owner: str, ordinal: int) -> int:
     """The stream a launch with no stream argument goes to: the owning framework's current one, else
     CU_STREAM_PER_THREAD. owner: the tensors' framework ("torch", "cupy", "" when none); ordinal: their device."""
     if owner == "torch":
         torch = sys.modules.get("torch")
         if torch is not None:
-            return _checked(torch.cuda.current_stream(ordinal).cuda_stream, "torch.cuda.current_stream")
+            return _torch_current(torch, ordinal)
     elif owner == "cupy":
         cupy = sys.modules.get("cupy")
         if cupy is not None:

@@ -26,6 +26,9 @@ first backward that needs it (an inference-only manifest registers and runs forw
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import torch
 
 from mamba_forge.runtime.errors import LaunchRefused
@@ -55,6 +58,32 @@ from mamba_forge.runtime.torch_ops import (
 
 _state: dict = {"kernels": None, "functions": {}}
 _lib = None
+SHAPE_ENTRIES = 256  # eager calls' shape rules remembered (_shapes), least recently used out first
+_shape_memo: OrderedDict = OrderedDict()
+_shape_lock = threading.Lock()
+
+
+def _shapes(rule, *shapes):
+    """rule(*shapes) for an op's eager implementation (real tensors: torch.Size of ints), remembered per (rule,
+    shapes): a torch_ops shape rule is a pure function of them, so a repeat call (a decode step) skips it; a refusal
+    is never remembered (it raises again). The fake implementations (symbolic sizes) call the rules themselves."""
+    key = (rule, *shapes)
+    try:
+        hit = _shape_memo.get(key)
+    except TypeError:  # a size that does not hash
+        return rule(*shapes)
+    if hit is None:
+        hit = rule(*shapes)
+        with _shape_lock:
+            _shape_memo[key] = hit
+            while len(_shape_memo) > SHAPE_ENTRIES:
+                _shape_memo.popitem(last=False)
+        return hit
+    try:
+        _shape_memo.move_to_end(key)
+    except KeyError:  # evicted by another thread since
+        pass
+    return hit
 
 
 def _kernel(family: str, dtype: str):
@@ -142,11 +171,13 @@ def _gemm_out(A, B, layout: str):
 
 
 def _gemm(A, B, bias=None, layout: str = "nn"):
-    if _state["kernels"] is None:
+    kernels = _state["kernels"]
+    if kernels is None:
         raise LaunchRefused("mamba_forge torch ops: call mamba_forge.runtime.torch.register(kernels) first")
-    out = _gemm_out(A, B, layout)
-    return _state["kernels"].gemm(A.contiguous(), B.contiguous(), out, layout=layout,
-                                  bias=None if bias is None else bias.contiguous())
+    m, n = _shapes(gemm_shape, layout, A.shape, B.shape)
+    out = A.new_empty((m, n))  # _gemm_out's tensor: A's dtype and device
+    return kernels.gemm(A.contiguous(), B.contiguous(), out, layout=layout,
+                        bias=None if bias is None else bias.contiguous())
 
 
 def _gemm_fake(A, B, bias=None, layout: str = "nn"):
@@ -169,7 +200,9 @@ def _conv_tokens_out(xz, weight, bias, conv_state):
 
 
 def _conv_tokens(xz, weight, bias, conv_state):
-    kernel, (batch, d, length, width), out = _conv_tokens_out(xz, weight, bias, conv_state)
+    kernel = sequence_kernel("conv_tokens", CONV_TOKENS_FAMILY, torch_dtype(xz.dtype))  # _conv_tokens_out's steps
+    batch, d, length, width = _shapes(conv_tokens_shapes, xz.shape, weight.shape, bias.shape, conv_state.shape)
+    out = xz.new_empty((batch, length, d))
     _kernel(*kernel)(out=out, conv_state=_dense(conv_state, "conv_state"), xz=xz.contiguous(),
                      weight=weight.contiguous(), bias=bias.contiguous(), batch=batch, d=d, L=length, width=width)
     return out
@@ -186,9 +219,12 @@ def _scan_tokens_out(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
 
 
 def _scan_tokens(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
-    kernel, (batch, length, d, n, r), out = _scan_tokens_out(u, dt, dt_bias, A_log, x_dbl, D, xz, state)
+    kernel = sequence_kernel("scan_tokens", SCAN_TOKENS_FAMILY, torch_dtype(u.dtype))  # _scan_tokens_out's steps
+    batch, length, d, n, r = _shapes(scan_tokens_shapes, *(t.shape for t in (u, dt, dt_bias, A_log, x_dbl, D, xz,
+                                                                              state)))
+    out = u.new_empty(u.shape)
     if length == 1:  # a decode step: the production step kernel, the same bits (torch_ops.SCAN_STEP_FAMILY)
-        z = xz.reshape(batch, 2 * d)[:, d:].contiguous()
+        z = xz.narrow(2, d, d).contiguous()  # z = xz[..., d:]: [batch, 1, d], dense (a copy only for batch > 1)
         _kernel(SCAN_STEP_FAMILY, kernel[1])(
             out=out, state=_dense(state, "state"), u=u.contiguous(), dt=dt.contiguous(), dt_bias=dt_bias.contiguous(),
             A_log=A_log.contiguous(), x_dbl=x_dbl.contiguous(), Dp=D.contiguous(), z=z, batch=batch, d_inner=d,

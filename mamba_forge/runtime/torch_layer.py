@@ -62,9 +62,16 @@ class InferenceParams:
             self.lengths_per_sample.zero_()
 
 
-def _ops():
-    from mamba_forge.runtime import torch as mft
+_mft = None  # mamba_forge.runtime.torch (which imports this module): taken on the first call, not per call
 
+
+def _ops():
+    global _mft
+    mft = _mft
+    if mft is None:
+        from mamba_forge.runtime import torch as mft
+
+        _mft = mft
     if mft._state["kernels"] is None:
         raise LaunchRefused("mamba_forge layers need loaded kernels: pass kernels=load(...) or call "
                             "mamba_forge.runtime.torch.register(kernels) first")

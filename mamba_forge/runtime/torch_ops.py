@@ -5,7 +5,9 @@ catalog's tokens (f32, bf16, f16). Standard library only.
 
 from __future__ import annotations
 
+from mamba_forge.core.vocab import LAYOUTS
 from mamba_forge.runtime.errors import LaunchRefused
+from mamba_forge.runtime.gemm import gemm_dims
 
 LIBRARY = "mamba_forge"
 
@@ -257,9 +259,6 @@ def scan_tokens_shapes(u: tuple[int, ...], dt: tuple[int, ...], dt_bias: tuple[i
 
 def gemm_shape(layout: str, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int]:
     """(M, N) of mamba_forge::gemm's output for A and B stored as `layout` says (runtime/gemm.gemm_dims)."""
-    from mamba_forge.core.vocab import LAYOUTS
-    from mamba_forge.runtime.gemm import gemm_dims
-
     if layout not in LAYOUTS:
         raise LaunchRefused(f"mamba_forge::gemm: layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     if len(a) != 2 or len(b) != 2:
