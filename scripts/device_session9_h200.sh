@@ -28,9 +28,9 @@ run verify 60 mamba-forge verify /tmp/h200.tar.gz
 export MF_RUNTIME_BUNDLE=/tmp/h200.tar.gz MF_RUNTIME_KEY=manifests/keys
 [ "${SCAN:-1}" != 0 ] && TAILN=12 run bench_scan 60 python3 benchmarks/bench_scan_tokens.py --bundle /tmp/h200.tar.gz --key manifests/keys
 TAILN=60 run tests_gpu $(( $(left) > 300 ? ${TEST_S:-150} : $(left) - 150 )) python3 -m pytest -p no:cacheprovider \
-  -n 4 -v --timeout 120 -rfE --tb=short ${TESTS:-tests/gpu/test_mamba_layer_gpu.py}
-[ "${PROFILE:-1}" != 0 ] && TAILN=20 run profile_host 60 python3 scripts/profile_host_path.py --bundle /tmp/h200.tar.gz \
-  --key manifests/keys --calls 2000
+  -n 4 -v --timeout ${TEST_TIMEOUT:-120} -rfE --tb=short ${TESTS:-tests/gpu/test_mamba_layer_gpu.py}
+[ "${PROFILE:-1}" != 0 ] && TAILN=8 run profile_host 60 python3 scripts/profile_host_path.py --bundle /tmp/h200.tar.gz \
+  --key manifests/keys --calls ${PROFILE_CALLS:-2000}
 IFS=';' read -ra benches <<<"${BENCHES:-}"
 for b in "${benches[@]}"; do
   [ -z "$b" ] && continue
