@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,8 @@ def _target() -> str:
 def split_module(tmp_path_factory):
     """(context, the QualifySplit module loaded from its cubin, catalog, target)."""
     target = _target()
+    if str(NEGATIVE.parent) not in sys.path:  # its references (qneg_refs.py), as the worker's main() adds them
+        sys.path.append(str(NEGATIVE.parent))
     out = tmp_path_factory.mktemp("split-build")
     cat = load_catalog(NEGATIVE)
     bm = build(BuildRequest(cat, [get_target(target)], out, cache_location=None, modules=("QualifySplit",)))
