@@ -30,7 +30,6 @@ from mamba_forge.core.schema import (
     RuntimeTable,
     SchemaError,
 )
-from mamba_forge.core.tomlmemo import parse_toml_bytes
 from mamba_forge.runtime import memo
 from mamba_forge.runtime.errors import ArtifactRefused, DeviceMismatch, ManifestRefused, SignatureRefused
 from mamba_forge.runtime.sources import (
@@ -69,6 +68,8 @@ def _signed_body(document: bytes, keys: Mapping[str, Ed25519PublicKey], what: st
 
 
 def _parse_body(body_bytes: bytes, what: str) -> dict:
+    from mamba_forge.core.tomlmemo import parse_toml_bytes  # when a whole body is read: not at import
+
     try:
         return parse_toml_bytes(body_bytes, what=what)  # a large body's parse is memoised by its exact bytes
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
