@@ -29,7 +29,15 @@ from mamba_forge.catalog.compile_rules import redact_log
 from mamba_forge.catalog.model import Catalog, ModuleSpec, Symbol
 from mamba_forge.catalog.sources import check_resolved, read_headers, read_source
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
-from mamba_forge.core.cache import DIGEST_PREFIX, Cache, CacheRefused, cache_key, default_location
+from mamba_forge.core.cache import (
+    DIGEST_PREFIX,
+    Cache,
+    CacheRefused,
+    cache_key,
+    default_location,
+    memo_cache,
+    memo_writes,
+)
 from mamba_forge.core.errors import CatalogError
 from mamba_forge.core.schema import (
     Artifact,
@@ -444,10 +452,7 @@ def _text_memo(data: bytes, digest: str | None = None) -> str | None:
     global _text_code_digest
     import tomli_w
 
-    try:
-        cache = Cache.open(default_location())
-    except CacheRefused:
-        return None
+    cache = memo_cache() if digest is None or memo_writes() else None
     if cache is None:
         return None
     if _text_code_digest is None:

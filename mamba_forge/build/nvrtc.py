@@ -117,12 +117,9 @@ def _stat(path: str | None) -> os.stat_result | None:
 def _identity_memo(lib: str, st: os.stat_result, dists: dict[str, str], store: dict[str, str] | None) -> dict | None:
     """The remembered (nvrtc_version, libnvrtc_sha256) of this exact library file, or None; with `store`, remember
     them. A cache that is off, unsafe or unwritable: None (the library is hashed), never an error."""
-    from mamba_forge.core.cache import Cache, CacheRefused, cache_key, default_location
+    from mamba_forge.core.cache import cache_key, memo_cache, memo_writes
 
-    try:
-        cache = Cache.open(default_location())
-    except CacheRefused:
-        return None
+    cache = memo_cache() if store is None or memo_writes() else None
     if cache is None:
         return None
     key = cache_key({"kind": "nvrtc-library", "format": 1, "path": os.path.realpath(lib), "device": st.st_dev,

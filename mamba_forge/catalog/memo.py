@@ -118,12 +118,9 @@ def _key(path: Path, root: bytes) -> str:
 
 
 def _cache():
-    from mamba_forge.core.cache import Cache, CacheRefused, default_location
+    from mamba_forge.core.cache import memo_cache
 
-    try:
-        return Cache.open(default_location())
-    except CacheRefused:
-        return None
+    return memo_cache()
 
 
 class _CatalogUnpickler(pickle.Unpickler):
@@ -179,7 +176,9 @@ def lookup(path: Path, root: bytes) -> Catalog | None:
 
 def store(path: Path, root: bytes, inputs: Inputs, catalog: Catalog) -> None:
     """Remember a catalog that loaded and passed every check; a cache that cannot take it: nothing, no error."""
-    cache = _cache()
+    from mamba_forge.core.cache import memo_writes
+
+    cache = _cache() if memo_writes() else None
     if cache is None:
         return
     try:

@@ -67,6 +67,40 @@ def default_location(env: Mapping[str, str] | None = None) -> Path | None:
     return Path(env.get("HOME") or Path.home()) / ".cache" / "mamba-forge"
 
 
+_memo_writes = True
+
+
+@contextlib.contextmanager
+def memo_writes_off(active: bool = True) -> Iterator[None]:
+    """While a command must write nothing (`--dry-run`): the memos kept in the cache (parsed TOML, loaded catalog,
+    compiler identity, manifest text) are read where the cache folder exists, never written, and the folder is
+    never created. `active` False: no change (a caller passes its dry-run flag)."""
+    global _memo_writes
+    before = _memo_writes
+    _memo_writes = _memo_writes and not active
+    try:
+        yield
+    finally:
+        _memo_writes = before
+
+
+def memo_writes() -> bool:
+    """Whether a memo may be written now (see memo_writes_off)."""
+    return _memo_writes
+
+
+def memo_cache() -> Cache | None:
+    """The cache at the default location for a memo to read (and, when memo_writes(), to write), or None: off,
+    unsafe, or missing while memo writes are off (a dry run creates no folder). Never raises."""
+    try:
+        location = default_location()
+        if location is None or (not _memo_writes and not location.is_dir()):
+            return None
+        return Cache.open(location)
+    except (CacheRefused, OSError):
+        return None
+
+
 def check_private(path: Path, *, uid: int | None = None) -> None:
     """Refuse an unsafe cache path (see module doc). Creates missing folders with mode 0700."""
     try:

@@ -42,12 +42,9 @@ def _key(digest: str, size: int) -> str:
 
 
 def _cache():
-    from mamba_forge.core.cache import Cache, CacheRefused, default_location
+    from mamba_forge.core.cache import memo_cache
 
-    try:
-        return Cache.open(default_location())
-    except CacheRefused:
-        return None
+    return memo_cache()
 
 
 def _tree_problem(tree, blob: bytes) -> str | None:
@@ -115,7 +112,9 @@ def _parse(raw: bytes, what: str) -> dict:
     if tree is not None:
         return tree
     tree = parse_toml(raw.decode("utf-8"), what=what)
-    blob = _storable(tree)
+    from mamba_forge.core.cache import memo_writes
+
+    blob = _storable(tree) if memo_writes() else None
     if blob is not None:
         cache.put(key, {JSON_PART: blob, SOURCE_PART: source})  # a cache that cannot be written: no memo, no error
     return tree
