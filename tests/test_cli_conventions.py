@@ -250,6 +250,31 @@ def test_verify_failure_json(capsys, tiny):
 # ---- 5/6. --dry-run and --module ---------------------------------------------------------------------------------
 
 
+def test_dry_runs_write_no_memo_into_an_existing_cache(capsys, tiny, tmp_path, monkeypatch):
+    """The memos kept in the cache (loaded catalog, compiler identity, parsed TOML) are read by a dry run, never
+    written; the same commands without --dry-run write them (the control)."""
+    from mamba_forge.core import tomlmemo
+
+    cache = tmp_path / "memo-cache"
+    cache.mkdir(mode=0o700)
+    monkeypatch.setenv("MAMBA_FORGE_CACHE", str(cache))
+    monkeypatch.setattr(tomlmemo, "MIN_BYTES", 1)  # the tiny build manifest is memoised too
+    from mamba_forge.build import nvrtc
+
+    nvrtc.library_identity.cache_clear()
+    try:
+        argv = ["build", "--catalog", tiny.cat, "--out", tmp_path / "o", "--arch", "sm_90a"]
+        rc, _, err = run(capsys, *argv, "--dry-run")
+        assert rc == 0, err
+        rc, _, err = run(capsys, "qualify", "--build", tiny.build, "--catalog", tiny.cat, "--dry-run")
+        assert rc == 0, err
+        assert [p for p in cache.rglob("*") if p.is_file()] == [] and not (tmp_path / "o").exists()
+        rc, _, err = run(capsys, "report", tiny.build / "manifest.toml")  # the control: a read that memoises
+        assert rc == 0 and [p for p in cache.rglob("*") if p.is_file() and p.parent.name != "locks"], err
+    finally:
+        nvrtc.library_identity.cache_clear()
+
+
 def test_build_dry_run_writes_nothing(capsys, tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("MAMBA_FORGE_CACHE", str(tmp_path / "fresh-cache"))
     rc, out, err = run(capsys, "build", "--catalog", tiny.cat, "--out", tmp_path / "o", "--arch", "sm_90a,sm_80",

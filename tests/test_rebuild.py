@@ -14,6 +14,7 @@ from rich.console import Console
 from runtime_support import write_tiny_catalog
 
 from mamba_forge import cli
+from mamba_forge.build import builder
 from mamba_forge.build.builder import manifest_bytes
 from mamba_forge.cli import main
 from mamba_forge.core.safety import MAX_MANIFEST_BYTES
@@ -62,6 +63,86 @@ def test_no_change_rebuild_leaves_every_file_alone(built, tmp_path, monkeypatch)
     assert _state(out) == before  # bytes and mtime_ns of the manifest and every artifact
     _rebuild(root, cat, out, "--no-cache", monkeypatch=monkeypatch)  # compiled again: same bits, another time
     assert _state(out) == before
+
+
+def _counting(monkeypatch) -> dict[str, int]:
+    """Counts of what a no-change rebuild should not do: write the TOML, load the catalog in full, hash libnvrtc."""
+    import mamba_forge.catalog.model as catalog_model
+    import mamba_forge.manifest.toml_io as toml_io
+    from mamba_forge.build import nvrtc
+
+    calls = {"dumps": 0, "catalog": 0, "libnvrtc": 0}
+
+    def count(name, real):
+        def counted(*a, **k):
+            calls[name] += 1
+            return real(*a, **k)
+        return counted
+
+    monkeypatch.setattr(toml_io, "dumps", count("dumps", toml_io.dumps))
+    monkeypatch.setattr(catalog_model, "_load", count("catalog", catalog_model._load))
+    monkeypatch.setattr(nvrtc, "_file_digest", count("libnvrtc", nvrtc._file_digest))
+    nvrtc.library_identity.cache_clear()  # as in a new process
+    monkeypatch.setattr(nvrtc, "SETTLE_NS", 0)  # a libnvrtc installed a moment ago is remembered too
+    return calls
+
+
+def test_a_no_change_rebuild_skips_the_writer_the_catalog_load_and_the_library_hash(built, tmp_path, monkeypatch):
+    """Issue 26: the second no-change rebuild takes the catalog, the library identity and the manifest's text
+    from their memos (each checked against the exact bytes it stands for) and leaves every file alone; a
+    changed source is loaded, hashed and written again."""
+    from mamba_forge.build import nvrtc
+
+    root, cat = built
+    out = tmp_path / "b"
+    shutil.copytree(root / "b", out)
+    calls = _counting(monkeypatch)
+    _rebuild(root, cat, out, monkeypatch=monkeypatch)  # whatever memo this state lacked is written now
+    before = _state(out)
+    for name in calls:
+        calls[name] = 0
+    nvrtc.library_identity.cache_clear()
+    _rebuild(root, cat, out, monkeypatch=monkeypatch)
+    assert calls == {"dumps": 0, "catalog": 0, "libnvrtc": 0} and _state(out) == before
+    src = cat.parent / "tiny.cu"
+    copy = write_tiny_catalog(tmp_path / "cat")
+    (copy.parent / "tiny.cu").write_text(src.read_text() + "\n// changed\n")
+    _rebuild(root, copy, out, monkeypatch=monkeypatch)
+    assert calls["dumps"] == 1 and calls["catalog"] == 1 and _state(out)["manifest.toml"] != before["manifest.toml"]
+    nvrtc.library_identity.cache_clear()
+
+
+def test_the_text_memo_stands_only_for_the_bytes_it_was_written_for(record, tmp_path, monkeypatch):
+    """A memo says "these exact bytes are what the writer gives for a record of this plain-data digest": another
+    record, other bytes, another writer version are each a miss, and the TOML is written as without a memo."""
+    calls = _counting(monkeypatch)
+    prev = tmp_path / "manifest.toml"
+    hit = replace(record, modules=[replace(m, cached=True, compile_seconds=0.25) for m in record.modules])
+    written = dumps(record).encode()
+    prev.write_bytes(written)
+    builder._text_memo(written, builder._plain_digest(record))
+    calls["dumps"] = 0
+    assert manifest_bytes(hit, prev) == written and calls["dumps"] == 0  # from the memo: only the cache fields differ
+    def without_memo(m):
+        with monkeypatch.context() as mp:
+            mp.setenv("MAMBA_FORGE_CACHE", "0")
+            return manifest_bytes(m, prev)
+
+    for changed in (replace(hit, state_capacity=record.state_capacity + 16),
+                    replace(hit, modules=[replace(m, cache_key="0" * 64) for m in hit.modules]),
+                    replace(hit, modules=[replace(m, options=[*m.options, "-DX"]) for m in hit.modules])):
+        assert manifest_bytes(changed, prev) == dumps(changed).encode() == without_memo(changed)
+    # an int time writes "1", which the carve-out still takes for a time: kept as without the memo
+    as_int = replace(hit, modules=[replace(m, compile_seconds=1) for m in hit.modules])
+    assert manifest_bytes(as_int, prev) == without_memo(as_int) == written
+    monkeypatch.setattr(builder, "_text_code_digest", "0" * 64)  # the writer's code changed: no memo applies
+    calls["dumps"] = 0
+    assert manifest_bytes(hit, prev) == written and calls["dumps"] == 1
+    monkeypatch.setattr(builder, "_text_code_digest", None)
+    for other in (written.replace(b'catalog = "tiny"', b'catalog = "tinx"'),  # the same length
+                  written[:-1] + b" ", written + b"\n", written.replace(b"\n", b"\r\n")):
+        prev.write_bytes(other)  # bytes no memo names: written as without a memo
+        assert manifest_bytes(hit, prev) == without_memo(hit) == dumps(hit).encode()
 
 
 def test_changed_source_rewrites_the_manifest(built, tmp_path, monkeypatch):
@@ -149,6 +230,7 @@ def test_a_previous_file_that_is_not_this_manifest_is_replaced(record, tmp_path,
     hit = replace(record, modules=[replace(m, cached=True, compile_seconds=0.25) for m in record.modules])
     good = dumps(hit).encode()
     assert b"compile_seconds = 0.25" in good and b'catalog = "tiny"' in good
+    builder._text_memo(good, builder._plain_digest(hit))  # a memo for the good bytes changes nothing here
     prev = _hostile_previous(kind, good, tmp_path)
     fresh = replace(record, modules=[replace(m, cached=False, compile_seconds=3.5) for m in record.modules])
     assert manifest_bytes(fresh, prev) == dumps(fresh).encode()

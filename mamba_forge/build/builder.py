@@ -12,14 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import multiprocessing
 import os
 import re
 import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +29,15 @@ from mamba_forge.catalog.compile_rules import redact_log
 from mamba_forge.catalog.model import Catalog, ModuleSpec, Symbol
 from mamba_forge.catalog.sources import check_resolved, read_headers, read_source
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
-from mamba_forge.core.cache import DIGEST_PREFIX, Cache, CacheRefused, cache_key, default_location
+from mamba_forge.core.cache import (
+    DIGEST_PREFIX,
+    Cache,
+    CacheRefused,
+    cache_key,
+    default_location,
+    memo_cache,
+    memo_writes,
+)
 from mamba_forge.core.errors import CatalogError
 from mamba_forge.core.schema import (
     Artifact,
@@ -149,6 +155,15 @@ def _sha(data: bytes | str) -> str:
     return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
 
 
+def _header_sha(data: bytes, memo_sha: dict[int, tuple[bytes, str]]) -> str:
+    """sha256 of a header's bytes, once per build however many modules share them (the memo holds the bytes, so
+    an id is never reused for other bytes while it lives)."""
+    hit = memo_sha.get(id(data))
+    if hit is None or hit[0] is not data:
+        hit = memo_sha[id(data)] = (data, _sha(data))
+    return hit[1]
+
+
 def _library_key() -> dict[str, str]:
     ident = dict(nvrtc.library_identity())
     ident.pop("cuda-bindings", None)  # the Python binding does not change the bytes
@@ -159,6 +174,7 @@ def plan(req: BuildRequest, memo: HeaderMemo | None = None) -> list[Job]:
     jobs = []
     lib = _library_key()
     memo = {} if memo is None else memo
+    memo_sha: dict[int, tuple[bytes, str]] = {}  # id of a header's bytes in `memo` -> (the bytes, their sha256)
     for module in req.catalog.modules:
         pairs = module.targets(req.targets)
         if not pairs:
@@ -170,19 +186,23 @@ def plan(req: BuildRequest, memo: HeaderMemo | None = None) -> list[Job]:
         check_resolved({"the composed program": source, **headers},
                        lambda n, hs=headers: n in hs or nvrtc.is_cuda_header(n), f"module {module.kind}")
         entry = module.module.model_dump(mode="json", exclude={"families"})
+        # what every target's key shares, computed once per module (the keys are unchanged)
+        source_sha = _sha(source)
+        header_shas = {k: _header_sha(v, memo_sha) for k, v in sorted(headers.items())}
+        symbols = [[s.name, s.macro_args] for s in module.symbols]
         for target, role in pairs:
             options = module_options(module, target, req.state_capacity)
             key = cache_key(
                 {
                     "tool": __version__,
                     "meta": META_VERSION,
-                    "source_sha256": _sha(source),
-                    "headers": {k: _sha(v) for k, v in sorted(headers.items())},
+                    "source_sha256": source_sha,
+                    "headers": header_shas,
                     "options": options,
                     "target": target.name,
                     "nvrtc": lib,
                     "module": entry,
-                    "symbols": [[s.name, s.macro_args] for s in module.symbols],
+                    "symbols": symbols,
                 }
             )
             jobs.append(Job(module, target, role, source, headers, options, key))
@@ -254,8 +274,9 @@ def _symbol_record(sym: Symbol, res: Resources | None, verdict: Verdict) -> Symb
     )
 
 
-def _finish(job: Job, parts: dict[str, bytes], out: OutputStage) -> ModuleBuild:
-    meta = json.loads(parts["meta"])
+def _finish(job: Job, parts: dict[str, bytes], out: OutputStage, meta: dict | None = None) -> ModuleBuild:
+    """The module's record from its compile result (`meta`: its metadata, when the caller decoded it already)."""
+    meta = json.loads(parts["meta"]) if meta is None else meta
     log = parts["log"].decode(errors="replace")
     record = ModuleBuild(
         kind=job.module.kind,
@@ -336,9 +357,13 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
         stage = OutputStage(req.out)
         try:
             manifest = _build(req, stage, progress)
+            remember = None
             if req.write_manifest:
-                stage.add("manifest.toml", manifest_bytes(manifest, req.out / "manifest.toml"))
+                text, remember = _manifest_text(manifest, req.out / "manifest.toml")
+                stage.add("manifest.toml", text)
             stage.commit()
+            if remember is not None:  # only bytes that were written (or kept) become a memo
+                _text_memo(*remember)
         except BaseException:
             stage.abort()
             raise
@@ -360,26 +385,86 @@ def _written_float(text: bytes) -> bool:
 def manifest_bytes(manifest: BuildManifest, previous: Path) -> bytes:
     """The manifest's TOML, or the `previous` file's own bytes where they differ from it only in which programs
     came from the cache (`cached`, `compile_seconds`): a rebuild that changes nothing leaves manifest.toml (and its
-    mtime) alone; those fields keep saying how the build that wrote the file got each program."""
+    mtime) alone; those fields keep saying how the build that wrote the file got each program.
+
+    Writing the TOML (tomli-w: 0.15 s for the built-in catalog's 2083 symbols) is skipped when the manifest-text
+    memo (:func:`_text_memo`) says the previous bytes are what it would write: those exact bytes were written by
+    this code from a record whose plain data, with the previous file's own `cached` and `compile_seconds` put in,
+    is this record's (compared by a sha256 of its JSON, which tells every type and order tomli-w writes apart)."""
+    return _manifest_text(manifest, previous)[0]
+
+
+def _manifest_text(manifest: BuildManifest, previous: Path) -> tuple[bytes, tuple[bytes, str] | None]:
+    """manifest_bytes, and the (bytes, plain-data digest) to remember once they are written (None: nothing new)."""
     from mamba_forge.core.safety import MAX_MANIFEST_BYTES, PathRefused, read_bounded
     from mamba_forge.manifest.toml_io import dumps
 
-    data = dumps(manifest).encode()
     try:
         old = read_bounded(previous, MAX_MANIFEST_BYTES, what="manifest", follow=False)
     except (PathRefused, OSError):  # none yet, or not one to keep: the new one is written
-        return data
-    if old == data:
-        return data
+        old = None
+    got = _got_fields(old, manifest) if old is not None else None
+    remembered = _text_memo(old) if got is not None else None  # type: ignore[arg-type]
+    if remembered is not None and remembered == _plain_digest(manifest, got):
+        return old, None  # type: ignore[return-value]
+    data = dumps(manifest).encode()
+    if old is None or old == data:
+        return data, (data, _plain_digest(manifest))
     # how each program was got, as tomli-w writes it in each module table (one line each: tomli-w writes no
     # multi-line strings, so `^` finds only keys); the previous file's values put in the new text's places
     # must give the previous file's bytes, anything else is a changed manifest
-    got = [m.group(0) for m in _CACHE_FIELDS.finditer(old) if _written_float(m.group(1))]
     new = _CACHE_FIELDS.split(data)[::2]  # the text around the fields (split also returns the group)
-    if len(got) != len(manifest.modules) or len(new) != len(got) + 1:
-        return data
+    if got is None or len(new) != len(got) + 1:
+        return data, (data, _plain_digest(manifest))
     as_before = b"".join(piece for i, text in enumerate(new[:-1]) for piece in (text, got[i])) + new[-1]
-    return old if as_before == old else data
+    if as_before == old:
+        return old, (old, _plain_digest(manifest, got))
+    return data, (data, _plain_digest(manifest))
+
+
+def _got_fields(old: bytes, manifest: BuildManifest) -> list[bytes] | None:
+    """The previous file's `cached`/`compile_seconds` lines, one per module of `manifest`, or None."""
+    got = [m.group(0) for m in _CACHE_FIELDS.finditer(old) if _written_float(m.group(1))]
+    return got if len(got) == len(manifest.modules) else None
+
+
+def _plain_digest(manifest: BuildManifest, got: list[bytes] | None = None) -> str:
+    """sha256 of the manifest's plain data as JSON (order and types kept: 1, 1.0 and true differ), with each
+    module's `cached` and `compile_seconds` taken from the `got` lines when given."""
+    from mamba_forge.core.codec import to_dict
+
+    plain = to_dict(manifest)
+    for module, line in zip(plain["modules"], got or (), strict=False):
+        cached, seconds = line.split(b"\n")
+        module["cached"] = cached.endswith(b"true")
+        module["compile_seconds"] = float(seconds.split(b" = ", 1)[1])
+    return hashlib.sha256(json.dumps(plain, separators=(",", ":")).encode()).hexdigest()
+
+
+_TEXT_CODE = ("manifest/toml_io.py", "core/codec.py", "core/schema.py", "build/builder.py")
+_text_code_digest: str | None = None
+
+
+def _text_memo(data: bytes, digest: str | None = None) -> str | None:
+    """The manifest-text memo, in the private cache under the sha256 of the exact bytes (and tomli-w's version
+    and the code that turns a record into them): `digest` given, remember that these bytes are what `dumps` wrote
+    for a record of that plain-data digest; else the remembered digest, or None. No usable cache: None."""
+    global _text_code_digest
+    import tomli_w
+
+    cache = memo_cache() if digest is None or memo_writes() else None
+    if cache is None:
+        return None
+    if _text_code_digest is None:
+        pkg = Path(__file__).resolve().parents[1]
+        _text_code_digest = hashlib.sha256(b"".join(_sha((pkg / f).read_bytes()).encode() for f in _TEXT_CODE)).hexdigest()
+    key = cache_key({"kind": "build-manifest-text", "format": 1, "sha256": _sha(data), "size": len(data),
+                     "tomli_w": getattr(tomli_w, "__version__", "?"), "code": _text_code_digest})
+    if digest is not None:
+        cache.put(key, {"plain_sha256": digest.encode()})
+        return None
+    parts = cache.get(key, lambda p: None if re.fullmatch(rb"[0-9a-f]{64}", p.get("plain_sha256", b"")) else "bad")
+    return parts["plain_sha256"].decode() if parts is not None else None
 
 
 def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -> BuildManifest:
@@ -395,9 +480,10 @@ def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -
     results: dict[int, ModuleBuild] = {}
     pending: list[int] = []
     for i, job in enumerate(jobs):
-        parts = cache.get(job.key, accept=lambda p, cc=job.target.cc: entry_problem(p, cc)) if cache else None
+        decoded: dict = {}
+        parts = cache.get(job.key, accept=lambda p, cc=job.target.cc, d=decoded: entry_problem(p, cc, d)) if cache else None
         if parts is not None:
-            results[i] = _finish(job, dict(parts, cached=b"1"), stage)
+            results[i] = _finish(job, dict(parts, cached=b"1"), stage, decoded.get("meta"))
             if progress:
                 progress("done", results[i])
         else:
@@ -428,6 +514,9 @@ def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -
                 if progress:
                     progress("done", results[i])
         else:
+            import multiprocessing  # only when something compiles: a no-change rebuild starts no pool
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
             ctx = multiprocessing.get_context(_start_method())
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=die_with_parent) as pool:
                 futures = {pool.submit(run_job, payloads[i]): i for i in pending}

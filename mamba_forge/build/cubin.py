@@ -12,9 +12,10 @@ import io
 import re
 import struct
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
+if TYPE_CHECKING:  # pyelftools is imported when a cubin is read (a compile), not for a cache hit's checks
+    from elftools.elf.elffile import ELFFile
 
 EIFMT_SVAL = 0x04
 EIATTR_MAX_THREADS = 0x05
@@ -93,6 +94,9 @@ def _entries(data: bytes):
 
 def read_cubin(blob: bytes) -> dict[str, KernelInfo]:
     """All entry kernels of a cubin with their static resources, keyed by name."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
     try:
         elf = ELFFile(io.BytesIO(blob))
         symtab = elf.get_section_by_name(".symtab")

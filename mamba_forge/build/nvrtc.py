@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
+import re
+import stat
+import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -72,18 +76,74 @@ def _dist_version(name: str) -> str:
 @functools.lru_cache(maxsize=1)
 def library_identity() -> dict[str, str]:
     """What identifies the compiler: NVRTC's own version, the wheels that provide it and the CUDA headers,
-    and a digest of the loaded libnvrtc (so a different build of the same version changes cache keys)."""
-    major, minor = version()
-    ident = {
-        "nvrtc_version": f"{major}.{minor}",
-        "nvidia-cuda-nvrtc": _dist_version("nvidia-cuda-nvrtc"),
-        "nvidia-cuda-runtime": _dist_version("nvidia-cuda-runtime"),
-        "cuda-bindings": _dist_version("cuda-bindings"),
-    }
+    and a digest of the loaded libnvrtc (so a different build of the same version changes cache keys).
+
+    Hashing the 109 MB library and importing the NVRTC binding took 0.25 s of every build, a no-change rebuild
+    included; so the library's (version, sha256) are remembered in the private cache under the file's identity
+    (path, device, inode, size, mtime and ctime in ns) and the wheels' versions. Any write to the file changes its
+    ctime, which no user can set back; a file changed less than SETTLE_NS before it was hashed is not remembered
+    (a write within the same clock tick could leave both times as they were)."""
     lib = _loaded_library_path()
+    dists = {name: _dist_version(name) for name in ("nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "cuda-bindings")}
+    st = _stat(lib)
+    remembered = _identity_memo(lib, st, dists, None) if st is not None else None
+    if remembered is not None:
+        return {"nvrtc_version": remembered["nvrtc_version"], **dists, "libnvrtc_sha256": remembered["libnvrtc_sha256"]}
+    major, minor = version()
+    ident = {"nvrtc_version": f"{major}.{minor}", **dists}
     if lib is not None:
         ident["libnvrtc_sha256"] = _file_digest(lib)
+        if st is not None and _stat(lib) == st and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS:
+            _identity_memo(lib, st, dists, ident)
     return ident
+
+
+SETTLE_NS = 2_000_000_000
+_MEMO_KEYS = ("nvrtc_version", "libnvrtc_sha256")
+_VERSION_TEXT = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}")
+_SHA_TEXT = re.compile(r"[0-9a-f]{64}")
+
+
+def _stat(path: str | None) -> os.stat_result | None:
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def _identity_memo(lib: str, st: os.stat_result, dists: dict[str, str], store: dict[str, str] | None) -> dict | None:
+    """The remembered (nvrtc_version, libnvrtc_sha256) of this exact library file, or None; with `store`, remember
+    them. A cache that is off, unsafe or unwritable: None (the library is hashed), never an error."""
+    from mamba_forge.core.cache import cache_key, memo_cache, memo_writes
+
+    cache = memo_cache() if store is None or memo_writes() else None
+    if cache is None:
+        return None
+    key = cache_key({"kind": "nvrtc-library", "format": 1, "path": os.path.realpath(lib), "device": st.st_dev,
+                     "inode": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+                     "dists": dists})
+    if store is not None:
+        cache.put(key, {"identity": json.dumps({k: store[k] for k in _MEMO_KEYS}, sort_keys=True).encode()})
+        return None
+    found: list[dict] = []
+
+    def accept(parts: dict[str, bytes]) -> str | None:
+        try:
+            value = json.loads(parts.get("identity", b""))
+        except ValueError:
+            return "not JSON"
+        if (type(value) is not dict or sorted(value) != sorted(_MEMO_KEYS) or type(value["nvrtc_version"]) is not str
+                or not _VERSION_TEXT.fullmatch(value["nvrtc_version"]) or type(value["libnvrtc_sha256"]) is not str
+                or not _SHA_TEXT.fullmatch(value["libnvrtc_sha256"])):
+            return "not a library identity"
+        found.append(value)
+        return None
+
+    cache.get(key, accept)
+    return found[0] if found else None
 
 
 def _file_digest(path: str) -> str:

@@ -43,9 +43,10 @@ _META_SHAPE = {"ok": bool, "kernels": dict, "ptxas": dict, "float_atomics": dict
                "order_tokens": dict, "order_tokens_funcs": list}
 
 
-def entry_problem(parts: dict[str, bytes], cc: int) -> str | None:
+def entry_problem(parts: dict[str, bytes], cc: int, parsed: dict | None = None) -> str | None:
     """Why a cache entry (whose bytes matched their hashes) is still not a compile result to serve: a part
-    missing, metadata of another shape, or a cubin that is not an ELF file for this target. None: serve it."""
+    missing, metadata of another shape, or a cubin that is not an ELF file for this target. None: serve it.
+    `parsed`: also receives the metadata it decoded (as "meta"), so a hit is not decoded twice."""
     missing = [n for n in ENTRY_PARTS if n not in parts]
     if missing:
         return f"no {missing[0]} part"
@@ -57,6 +58,8 @@ def entry_problem(parts: dict[str, bytes], cc: int) -> str | None:
         return "its metadata is not a compile result's"
     if meta["ok"] is not True:
         return "a failed compile is never cached"
+    if parsed is not None:
+        parsed["meta"] = meta
     return cubin.elf_problem(parts["cubin"], cc)
 
 

@@ -363,7 +363,18 @@ class ModuleSpec(BaseModel):
         return any(gate_admits(g, target) for g in self.module.build_only)
 
     def family(self, name: str) -> Family:
-        return next(f for f in self.families if f.name == name)
+        found = self._family_index.get(name)
+        if found is None:  # as before: StopIteration for a name the module does not have
+            return next(f for f in self.families if f.name == name)
+        return found
+
+    @cached_property
+    def _family_index(self) -> dict[str, Family]:
+        """name -> the first family of that name (the build asks once per symbol and target: 2406 times)."""
+        index: dict[str, Family] = {}
+        for f in self.families:
+            index.setdefault(f.name, f)
+        return index
 
 
 class Catalog(BaseModel):

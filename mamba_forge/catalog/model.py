@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import tomllib
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -45,6 +45,9 @@ from mamba_forge.core.errors import CatalogError, ForgeError, printable
 from mamba_forge.core.safety import MAX_CATALOG_BYTES, PathRefused, parse_toml, read_bounded
 from mamba_forge.core.vocab import DTYPES, LAYOUT_ENUMS
 
+if TYPE_CHECKING:
+    from mamba_forge.catalog.memo import Inputs
+
 
 def _fmt_loc(loc: tuple[Any, ...], data: Any) -> str:
     """Name the entry a pydantic error points at: 'module[2] (kind=Fixed).families' etc."""
@@ -75,19 +78,28 @@ def _validate(model: type[BaseModel], data: Any, path: Path) -> Any:
         raise CatalogError(f"{path}: {_fmt_loc(err['loc'], data)}: {msg}{more}") from None
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _read_toml(path: Path, inputs: Inputs | None = None, raw: bytes | None = None) -> dict[str, Any]:
+    if raw is None:
+        raw = _read_raw(path)
+    if inputs is not None:
+        inputs.file(path, raw)
+    try:
+        return parse_toml(raw.decode("utf-8"), what=str(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise CatalogError(f"{path}: not UTF-8 text") from None
+
+
+def _read_raw(path: Path) -> bytes:
     if not (path.exists() or path.is_symlink()):
         raise CatalogError(f"catalog file not found: {path}", hint="pass --catalog PATH to an existing catalog")
     if path.is_dir():
         raise CatalogError(f"{path} is a folder, not a catalog file", hint="pass the catalog's .toml file")
     try:
-        return parse_toml(read_bounded(path, MAX_CATALOG_BYTES, what="catalog file").decode("utf-8"), what=str(path))
+        return read_bounded(path, MAX_CATALOG_BYTES, what="catalog file")
     except PathRefused as exc:
         raise CatalogError(str(exc)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise CatalogError(f"{path}: not valid TOML: {exc}") from None
-    except UnicodeDecodeError:
-        raise CatalogError(f"{path}: not UTF-8 text") from None
 
 
 def _c_token(key: str, value: int | str) -> str:
@@ -204,7 +216,7 @@ def _check_options(options: list[str], where: str) -> None:
             raise CatalogError(f"{where}: {problem}", hint="headers come only from the catalog's include folders")
 
 
-def inside_catalog(base: Path, rel: str, what: str) -> Path:
+def inside_catalog(base: Path, rel: str, what: str, inputs: Inputs | None = None) -> Path:
     """The one rule for every path a catalog names: relative, no '..', and inside the catalog's folder once
     symlinks are resolved (a link that stays inside is fine; one that leads out is refused)."""
     p = PurePosixPath(rel)
@@ -216,15 +228,32 @@ def inside_catalog(base: Path, rel: str, what: str) -> Path:
     if not resolved.is_relative_to(root):
         raise CatalogError(f"{what} {rel!r} leads out of the catalog's folder {root} (to {resolved})",
                            hint="keep sources, headers and family files inside the catalog's folder")
+    if inputs is not None:
+        inputs.path(base, rel, resolved)
     return resolved
 
 
 def load_catalog(path: str | Path) -> Catalog:
-    """Load, validate and expand a catalog. Any problem raises one CatalogError naming file, entry and problem."""
+    """Load, validate and expand a catalog. Any problem raises one CatalogError naming file, entry and problem.
+    A catalog whose every file reads as when it last loaded here comes from the loaded-catalog memo (memo.py)."""
+    from mamba_forge.catalog import memo
+
     path = Path(path).expanduser().resolve()
     if path.is_dir():
         path = path / "catalog.toml"
-    root_data = _read_toml(path)
+    raw = _read_raw(path)
+    remembered = memo.lookup(path, raw)
+    if remembered is not None:
+        return remembered
+    inputs = memo.Inputs()
+    catalog = _load(path, raw, inputs)
+    memo.store(path, raw, inputs, catalog)
+    return catalog
+
+
+def _load(path: Path, raw: bytes, inputs: Inputs) -> Catalog:
+    """The full load of the catalog at `path` (whose root file holds `raw`), every read recorded in `inputs`."""
+    root_data = _read_toml(path, inputs, raw)
     limits.check_root_size(root_data, path)
     budget = limits.SizeBudget()  # families and symbols, counted before anything is expanded
     root: RootFile = _validate(RootFile, root_data, path)
@@ -242,7 +271,7 @@ def load_catalog(path: str | Path) -> Catalog:
         seen_kinds.add(mod.kind)
         _check_options(mod.options, where)
         for rel in mod.sources:
-            src = inside_catalog(base, rel, f"{where}: source")
+            src = inside_catalog(base, rel, f"{where}: source", inputs)
             if not src.is_file():
                 raise CatalogError(f"{where}: source {rel!r} not found under {base}")
             # shared device code lives in headers (include folders); a source file belongs to one module only
@@ -252,20 +281,20 @@ def load_catalog(path: str | Path) -> Catalog:
                     hint="move the shared code into a header under kernels/include/mf/ and #include it",
                 )
             seen_sources[src] = mod.kind
-            read_source(src, f"{where}: source")  # bounded, and its includes plain (nothing read off the catalog)
+            inputs.source(src, read_source(src, f"{where}: source"))  # bounded, its includes plain
         for rel in mod.include:
-            folder = inside_catalog(base, rel, f"{where}: include folder")
+            folder = inside_catalog(base, rel, f"{where}: include folder", inputs)
             if not folder.is_dir():
                 raise CatalogError(f"{where}: include folder {rel!r} not found under {base}")
             if folder not in scanned:
-                read_headers(folder)
+                inputs.headers(folder, read_headers(folder))
                 scanned.add(folder)
         families: list[Family] = []
         family_names: set[str] = set()
         symbols: list[Symbol] = []
         for rel in mod.families:
-            fpath = inside_catalog(base, rel, f"{where}: family file")
-            fdata = _read_toml(fpath)
+            fpath = inside_catalog(base, rel, f"{where}: family file", inputs)
+            fdata = _read_toml(fpath, inputs)
             budget.check_family_file(fdata, fpath)
             ff: FamilyFile = _validate(FamilyFile, fdata, fpath)
             for fi, fam in enumerate(ff.family):
@@ -300,8 +329,8 @@ def load_catalog(path: str | Path) -> Catalog:
 
     routes = []
     for rel in root.catalog.routes:
-        rpath = inside_catalog(base, rel, f"{path}: routes file")
-        routes += expand_routes(_read_toml(rpath), rpath, catalog)
+        rpath = inside_catalog(base, rel, f"{path}: routes file", inputs)
+        routes += expand_routes(_read_toml(rpath, inputs), rpath, catalog)
     keys = [r.key for r in routes]
     dup = next((k for k in keys if keys.count(k) > 1), None)
     if dup:

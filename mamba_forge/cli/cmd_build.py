@@ -44,12 +44,14 @@ def build(
     from mamba_forge.build.builder import BuildRequest, count_jobs, timed_build
     from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
     from mamba_forge.catalog.targets import get_target, select_targets
+    from mamba_forge.core.cache import memo_writes_off
     from mamba_forge.core.safety import PathRefused, prepare_output_dir
 
     chosen = select_targets(arch, os.environ)
     targets = [get_target(n) for n in chosen.names]
     cap = state_capacity(state_cap)
-    cat = load_catalog(catalog or default_catalog_path())
+    with memo_writes_off(dry_run):  # a dry run writes nothing, memos included
+        cat = load_catalog(catalog or default_catalog_path())
     _check_globs(kernels or (), [s.name for m in cat.modules for s in m.symbols], cat.path, out_dir)
     req = BuildRequest(cat, targets, out_dir, jobs=jobs, state_capacity=cap, cache_location=None if no_cache else "default",
                        kernels=tuple(kernels or ()), modules=tuple(module or ()),  # bad input leaves no --out behind
@@ -59,7 +61,8 @@ def build(
     if dry_run:
         from mamba_forge.dryrun import build_plan, render_build_plan
 
-        p = build_plan(req)
+        with memo_writes_off():
+            p = build_plan(req)
         if as_json:
             js.emit(p)
         elif not quiet:

@@ -103,7 +103,10 @@ def qualify(
     for p, what in ((catalog, "--catalog"), (sign_key, "--sign-key")):
         if p is not None:
             must_exist(p, what, f"pass an existing file to {what} or leave it out")
-    bm = _read_build(build_dir) if build_dir is not None else None  # before the GPU: bad input is one line
+    from mamba_forge.core.cache import memo_writes_off
+
+    with memo_writes_off(dry_run):  # a dry run writes nothing, memos included
+        bm = _read_build(build_dir) if build_dir is not None else None  # before the GPU: bad input is one line
     if bm is not None and kernels:
         from mamba_forge.qualify.plan import narrow_build
 
@@ -112,7 +115,8 @@ def qualify(
     if out_path is not None:
         _check_out_file(out_path, inputs, create=not dry_run)
     if dry_run:
-        _qualify_dry_run(devices, bm, build_dir, catalog, level, sanitize, module, jobs, quiet, as_json)
+        with memo_writes_off():
+            _qualify_dry_run(devices, bm, build_dir, catalog, level, sanitize, module, jobs, quiet, as_json)
         return
     req, info = runner.prepare_request(
         devices, build_dir, catalog, level=level, sanitize=sanitize, timeout_s=timeout, seed=seed,

@@ -66,7 +66,7 @@ def _not_a_manifest(path: Path) -> str | None:
     checked by open_verified)."""
     import tomllib
 
-    from mamba_forge.core.safety import parse_toml
+    from mamba_forge.core.tomlmemo import parse_toml_bytes
     from mamba_forge.manifest.toml_io import read_input
     from mamba_forge.runtime import signing
 
@@ -79,7 +79,7 @@ def _not_a_manifest(path: Path) -> str | None:
     if signing.MARKER in raw:
         return None  # a signed document, however damaged: a check failed (exit 1)
     try:
-        data = parse_toml(raw.decode("utf-8"), what=str(path))
+        data = parse_toml_bytes(raw, what=str(path))
     except UnicodeDecodeError:
         return "is not a manifest: not UTF-8 text"
     except tomllib.TOMLDecodeError as exc:

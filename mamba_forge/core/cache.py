@@ -67,6 +67,40 @@ def default_location(env: Mapping[str, str] | None = None) -> Path | None:
     return Path(env.get("HOME") or Path.home()) / ".cache" / "mamba-forge"
 
 
+_memo_writes = True
+
+
+@contextlib.contextmanager
+def memo_writes_off(active: bool = True) -> Iterator[None]:
+    """While a command must write nothing (`--dry-run`): the memos kept in the cache (parsed TOML, loaded catalog,
+    compiler identity, manifest text) are read where the cache folder exists, never written, and the folder is
+    never created. `active` False: no change (a caller passes its dry-run flag)."""
+    global _memo_writes
+    before = _memo_writes
+    _memo_writes = _memo_writes and not active
+    try:
+        yield
+    finally:
+        _memo_writes = before
+
+
+def memo_writes() -> bool:
+    """Whether a memo may be written now (see memo_writes_off)."""
+    return _memo_writes
+
+
+def memo_cache() -> Cache | None:
+    """The cache at the default location for a memo to read (and, when memo_writes(), to write), or None: off,
+    unsafe, or missing while memo writes are off (a dry run creates no folder). Never raises."""
+    try:
+        location = default_location()
+        if location is None or (not _memo_writes and not location.is_dir()):
+            return None
+        return Cache.open(location)
+    except (CacheRefused, OSError):
+        return None
+
+
 def check_private(path: Path, *, uid: int | None = None) -> None:
     """Refuse an unsafe cache path (see module doc). Creates missing folders with mode 0700."""
     try:
@@ -244,9 +278,10 @@ class Cache:
             if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENTRY_BYTES:
                 return self._refuse(shard, key)
             with os.fdopen(fd, "rb", closefd=False) as f:
-                # the size fstat saw, plus one byte to see growth (read(n) allocates n up front: not the cap)
-                blob = f.read(st.st_size + 1)
-            if len(blob) > st.st_size:
+                # each part read into its own bytes and hashed as it comes (no whole-entry buffer to copy parts
+                # out of: 130 MB of artifacts were read, then copied); the size fstat saw, a byte more to see growth
+                parts = _read_entry(f, st.st_size, key)
+            if parts is None:
                 return self._refuse(shard, key)
             with contextlib.suppress(OSError):  # a hit renews the entry's mtime, so `cache prune` drops the LRU
                 os.utime(fd)
@@ -254,9 +289,6 @@ class Cache:
             return self._refuse(shard, key)
         finally:
             os.close(fd)
-        parts = _decode(blob, key)
-        if parts is None:
-            return self._refuse(shard, key)
         problem = accept(parts) if accept else None
         if problem:
             self._warn(f"build cache entry {key[:16]}… refused ({problem}); rebuilt")
@@ -293,6 +325,43 @@ def _encode(parts: Mapping[str, bytes], key: str) -> bytes:
         separators=(",", ":"),
     ).encode()
     return MAGIC + struct.pack("<I", len(header)) + header + payload
+
+
+def _read_entry(f, size: int, key: str) -> dict[str, bytes] | None:
+    """An entry's parts read from `f` (a file of `size` bytes when fstat looked), each checked against its sha256
+    as _decode checks them; None for anything _decode refuses, and for a file that is not exactly `size` bytes."""
+    try:
+        head = f.read(len(MAGIC) + 4)
+        if len(head) != len(MAGIC) + 4 or head[: len(MAGIC)] != MAGIC:
+            return None
+        (hlen,) = struct.unpack_from("<I", head, len(MAGIC))
+        if hlen > size - len(head):
+            return None
+        raw = f.read(hlen)
+        if len(raw) != hlen:
+            return None
+        header = json.loads(raw)
+        if header.get("key") != key:  # an entry copied over another key's name: never served
+            return None
+        todo, remaining = [], size - len(head) - hlen
+        for name, psize, digest in header["parts"]:
+            if type(name) is not str or name.startswith(DIGEST_PREFIX) or type(psize) is not int or psize < 0:
+                return None
+            todo.append((name, psize, digest))
+            remaining -= psize
+        if remaining != 0:  # the parts must fill the file exactly
+            return None
+        out = {}
+        for name, psize, digest in todo:
+            part = f.read(psize)
+            if len(part) != psize or hashlib.sha256(part).hexdigest() != digest:
+                return None
+            out[name], out[DIGEST_PREFIX + name] = part, digest.encode()
+        if f.read(1):  # it grew while it was read
+            return None
+        return out
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _decode(blob: bytes, key: str) -> dict[str, bytes] | None:

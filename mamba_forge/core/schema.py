@@ -65,24 +65,25 @@ class _RecordInit:
 
     def __call__(self, obj, /, **kwargs) -> None:
         missing = []
-        for name, default, factory in self._fields():
+        absent = dataclasses.MISSING
+        for name, default, factory in self.plan or self._fields():
             if name in kwargs:
                 value = kwargs.pop(name)
-            elif default is not dataclasses.MISSING:
+            elif default is not absent:
                 value = default
-            elif factory is not dataclasses.MISSING:
+            elif factory is not absent:
                 value = factory()
             else:
                 missing.append(name)
                 continue
             setattr(obj, name, value)
-        where = f"{self.cls.__qualname__}.__init__()"
         if missing:
             names = " and ".join(", ".join(repr(n) for n in missing).rsplit(", ", 1))
-            raise TypeError(f"{where} missing {len(missing)} required keyword-only argument"
-                            f"{'s' if len(missing) > 1 else ''}: {names}")
+            raise TypeError(f"{self.cls.__qualname__}.__init__() missing {len(missing)} required keyword-only "
+                            f"argument{'s' if len(missing) > 1 else ''}: {names}")
         if kwargs:
-            raise TypeError(f"{where} got an unexpected keyword argument {next(iter(kwargs))!r}")
+            raise TypeError(f"{self.cls.__qualname__}.__init__() got an unexpected keyword argument "
+                            f"{next(iter(kwargs))!r}")
 
     @property
     def __signature__(self):

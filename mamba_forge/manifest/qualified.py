@@ -15,6 +15,7 @@ from mamba_forge.core import safety
 from mamba_forge.core.codec import from_dict, runtime_table_bytes, to_dict
 from mamba_forge.core.errors import ManifestError
 from mamba_forge.core.schema import QualifiedManifest, SchemaError
+from mamba_forge.core.tomlmemo import parse_toml_bytes
 from mamba_forge.manifest import toml_io
 from mamba_forge.runtime import signing
 
@@ -57,12 +58,8 @@ def signed_files(m: QualifiedManifest, private) -> tuple[bytes, bytes]:
 
 def parse_body(body: bytes, *, source: str = "<manifest>") -> QualifiedManifest:
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestError(f"{source}: not valid TOML: {exc}") from None
-    try:
-        data = safety.parse_toml(text, what=source)
-    except tomllib.TOMLDecodeError as exc:
+        data = parse_toml_bytes(body, what=source)
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ManifestError(f"{source}: not valid TOML: {exc}") from None
     data.pop("signature", None)
     return toml_io.parse(data, QualifiedManifest, source=source)

@@ -10,18 +10,20 @@ from typing import TypeVar
 
 import tomli_w
 
-from mamba_forge.core.codec import from_dict, to_dict
+from mamba_forge.core.codec import from_dict, gc_paused, to_dict
 from mamba_forge.core.errors import ForgeError, ManifestError
 from mamba_forge.core.fsio import write_atomic
 from mamba_forge.core.safety import MAX_MANIFEST_BYTES, PathRefused, parse_toml, read_bounded
 from mamba_forge.core.schema import SchemaError
+from mamba_forge.core.tomlmemo import parse_toml_bytes
 
 R = TypeVar("R")
 
 
 def dumps(record) -> str:
     """TOML text of a record (TOML has no null: None fields are left out and read back as defaults)."""
-    return tomli_w.dumps(to_dict(record))
+    with gc_paused():
+        return tomli_w.dumps(to_dict(record))
 
 
 def write(path: Path, record) -> None:
@@ -60,9 +62,14 @@ def read_input(path: Path) -> bytes:
 
 
 def read(path: Path, cls: type[R]) -> R:
+    """The record of a manifest file; a large one's parse comes from the parsed-TOML memo when these exact bytes
+    were parsed before (core/tomlmemo.py), and is validated by the codec either way."""
     path = Path(path)
+    raw = read_input(path)
     try:
-        text = read_input(path).decode("utf-8")
+        data = parse_toml_bytes(raw, what=str(path))
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{path}: cannot read as a manifest ({type(exc).__name__})") from None
-    return loads(text, cls, source=str(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"{path}: not valid TOML: {exc}") from None
+    return parse(data, cls, source=str(path))

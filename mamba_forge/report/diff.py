@@ -14,8 +14,8 @@ from typing import Literal
 
 from mamba_forge.core.codec import document_record, to_dict
 from mamba_forge.core.errors import ManifestError
-from mamba_forge.core.safety import parse_toml
 from mamba_forge.core.schema import BuildManifest, QualifiedManifest, ReleaseIndex, SchemaError
+from mamba_forge.core.tomlmemo import parse_toml_bytes
 from mamba_forge.manifest import toml_io
 from mamba_forge.runtime import signing
 
@@ -47,7 +47,7 @@ def read_document(path: Path) -> Document:
         except signing.SignatureError:
             pass  # shown as unsigned; the TOML below refuses what is not a manifest
     try:
-        data = parse_toml(raw.decode("utf-8"), what=str(path))
+        data = parse_toml_bytes(raw, what=str(path))
     except UnicodeDecodeError:
         raise ManifestError(f"{path}: cannot read as a manifest") from None
     except tomllib.TOMLDecodeError as exc:

@@ -6,6 +6,7 @@ import base64
 import dataclasses
 from collections import defaultdict
 from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
@@ -13,9 +14,11 @@ from rich.table import Table
 from mamba_forge.core.codec import to_dict
 from mamba_forge.core.schema import BuildManifest, QualifiedManifest, ReleaseIndex
 from mamba_forge.report.classes import class_counts, counts_line, group_rejections
-from mamba_forge.report.diff import Document
 from mamba_forge.report.qualify import rejection_lines
-from mamba_forge.runtime import signing
+
+if TYPE_CHECKING:  # names in annotations only: `build` renders its table without cryptography or the manifest reader
+    from mamba_forge.report.diff import Document
+    from mamba_forge.runtime import signing
 
 
 def build_summary(manifest: BuildManifest) -> list[dict]:

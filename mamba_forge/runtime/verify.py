@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mamba_forge.core.codec import from_dict, from_trusted_dict, runtime_table_bytes
+from mamba_forge.core.codec import from_dict, from_trusted_dict, gc_paused, runtime_table_bytes
 from mamba_forge.core.safety import parse_json, parse_toml
 from mamba_forge.core.schema import (
     MANIFEST_VERSION,
@@ -68,8 +68,10 @@ def _signed_body(document: bytes, keys: Mapping[str, Ed25519PublicKey], what: st
 
 
 def _parse_body(body_bytes: bytes, what: str) -> dict:
+    from mamba_forge.core.tomlmemo import parse_toml_bytes  # when a whole body is read: not at import
+
     try:
-        return parse_toml(body_bytes.decode("utf-8"), what=what)
+        return parse_toml_bytes(body_bytes, what=what)  # a large body's parse is memoised by its exact bytes
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ManifestRefused(f"{what} is signed but its body is not valid TOML ({exc})") from None
 
@@ -188,7 +190,8 @@ def _table_record(head: dict, data: bytes, what: str, *, proven: bool = False) -
     """The runtime table's record; its top-level values must be exactly the signed head's. `proven`: these exact
     bytes passed full verification on this machine (the memo), so the schema check is not run again."""
     try:
-        plain = parse_json(data)
+        with gc_paused():  # a tree of fresh acyclic containers
+            plain = parse_json(data)
     except (UnicodeDecodeError, ValueError):
         plain = None
     if type(plain) is not dict:

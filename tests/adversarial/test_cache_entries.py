@@ -145,3 +145,60 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def _mutations(blob: bytes, rng: random.Random) -> list[bytes]:
+    """Seeded edits of an encoded entry: a flipped byte anywhere (magic, header length, header, each part), cuts,
+    growth, a header whose sizes no longer add up or that names another key."""
+    import json
+    import struct
+
+    hlen = struct.unpack_from("<I", blob, 8)[0]
+    header = json.loads(blob[12 : 12 + hlen])
+    out = []
+    for _ in range(40):
+        i = rng.randrange(len(blob))
+        out.append(blob[:i] + bytes([blob[i] ^ (1 << rng.randrange(8))]) + blob[i + 1 :])
+    out += [blob[:n] for n in (0, 4, 8, 11, 12, 12 + hlen - 1, 12 + hlen, len(blob) - 1)]
+    out += [blob + b"\0", blob + blob[-7:]]
+
+    def with_header(h) -> bytes:
+        raw = json.dumps(h, separators=(",", ":")).encode()
+        return blob[:8] + struct.pack("<I", len(raw)) + raw + blob[12 + hlen :]
+
+    first = header["parts"][0]
+    out += [
+        with_header({**header, "parts": [[first[0], first[1] + 1, first[2]], *header["parts"][1:]]}),
+        with_header({**header, "parts": [[first[0], first[1] - 1, first[2]], *header["parts"][1:]]}),
+        with_header({**header, "parts": header["parts"][1:]}),
+        with_header({**header, "parts": [[first[0], -1, first[2]], *header["parts"][1:]]}),
+        with_header({**header, "parts": [["sha256.x", first[1], first[2]], *header["parts"][1:]]}),
+        with_header({**header, "parts": [[first[0], first[1]], *header["parts"][1:]]}),
+        with_header({**header, "parts": [[first[0], str(first[1]), first[2]], *header["parts"][1:]]}),
+        with_header({**header, "key": "0" * 64}),
+        with_header([]),
+        with_header({**header, "parts": {}}),
+        blob[:8] + struct.pack("<I", len(blob)) + blob[12:],  # a header length past the end
+    ]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_hit_reads_exactly_what_decoding_the_whole_entry_accepts(tmp_path, seed):
+    """Cache.get reads each part straight from the file: whatever the whole-blob decoder (_decode) refuses, it
+    refuses (and drops); whatever it accepts, it serves with the same parts and digests."""
+    rng = random.Random(seed)
+    cache = Cache(private(tmp_path / "c"))
+    key = KEYS[seed]
+    parts = {"cubin": bytes(rng.getrandbits(8) for _ in range(300)), "ptx": b"", "log": b"warning\n" * 5,
+             "meta": b'{"ok": true}'}
+    assert cache.put(key, parts) is None
+    good = cache._path(key).read_bytes()
+    assert cache.get(key) == cache_mod._decode(good, key) and cache.get(key)["cubin"] == parts["cubin"]
+    for bad in _mutations(good, rng):
+        cache._path(key).write_bytes(bad)
+        os.chmod(cache._path(key), 0o600)
+        expected = cache_mod._decode(bad, key)
+        assert cache.get(key) == expected, (len(bad), bad[:64])
+        if expected is None:
+            assert not cache._path(key).exists()  # a refused entry is removed
