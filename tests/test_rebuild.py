@@ -234,3 +234,23 @@ def test_a_previous_file_that_is_not_this_manifest_is_replaced(record, tmp_path,
     prev = _hostile_previous(kind, good, tmp_path)
     fresh = replace(record, modules=[replace(m, cached=False, compile_seconds=3.5) for m in record.modules])
     assert manifest_bytes(fresh, prev) == dumps(fresh).encode()
+
+
+def test_no_cache_build_reads_and_writes_no_memo(built, tmp_path, monkeypatch):
+    """--no-cache does what a machine without a cache does: no compile entry and no memo (catalog, compiler
+    identity, manifest text, parsed TOML) is read or written; without the flag the same build writes them."""
+    from mamba_forge.core import cache as core_cache
+
+    _root, cat = built
+    opened = []
+    real_open = core_cache.Cache.open
+    monkeypatch.setattr(core_cache.Cache, "open", classmethod(lambda cls, loc, *a, **k: opened.append(loc)
+                                                              or real_open.__func__(cls, loc, *a, **k)))
+    fresh = tmp_path / "fresh-cache"
+    monkeypatch.setenv("MAMBA_FORGE_CACHE", str(fresh))
+    assert main(["build", "--catalog", str(cat), "--arch", "sm_90a", "--out", str(tmp_path / "b1"), "-q",
+                 "--no-cache"]) == 0
+    opened_at = [loc for loc in opened if loc is not None]  # Cache.open(None) is the builder's "no cache"
+    assert opened_at == [] and not fresh.exists(), (opened_at, sorted(p.name for p in fresh.rglob("*")) if fresh.exists() else [])
+    assert main(["build", "--catalog", str(cat), "--arch", "sm_90a", "--out", str(tmp_path / "b2"), "-q"]) == 0
+    assert [loc for loc in opened if loc is not None] and fresh.is_dir()  # the negative control: without the flag the cache and its memos are used

@@ -124,12 +124,14 @@ def _cache():
 
 
 class _CatalogUnpickler(pickle.Unpickler):
-    """Builds the catalog's record classes and paths, nothing else: no other callable can be named."""
+    """Builds the catalog's record classes (pydantic models and dataclasses of a mamba_forge.catalog module) and
+    paths, nothing else: no other callable can be named. (The module list was once fixed: a record added in a new
+    catalog module, split_rules.Split, made every memo unreadable, a silent full load each time.)"""
 
     def find_class(self, module: str, name: str):
         if module == "pathlib" and name in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"):
             return super().find_class(module, name)
-        if module in ("mamba_forge.catalog.entries", "mamba_forge.catalog.routes"):
+        if module.startswith("mamba_forge.catalog.") and module.count(".") == 2:  # entries, routes, split_rules...
             import dataclasses
 
             from pydantic import BaseModel

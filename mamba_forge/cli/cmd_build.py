@@ -44,13 +44,13 @@ def build(
     from mamba_forge.build.builder import BuildRequest, count_jobs, timed_build
     from mamba_forge.catalog.model import default_catalog_path, load_catalog, state_capacity
     from mamba_forge.catalog.targets import get_target, select_targets
-    from mamba_forge.core.cache import memo_writes_off
+    from mamba_forge.core.cache import memo_writes_off, memos_off
     from mamba_forge.core.safety import PathRefused, prepare_output_dir
 
     chosen = select_targets(arch, os.environ)
     targets = [get_target(n) for n in chosen.names]
     cap = state_capacity(state_cap)
-    with memo_writes_off(dry_run):  # a dry run writes nothing, memos included
+    with memo_writes_off(dry_run), memos_off(no_cache):  # a dry run writes nothing; --no-cache uses no memo
         cat = load_catalog(catalog or default_catalog_path())
     _check_globs(kernels or (), [s.name for m in cat.modules for s in m.symbols], cat.path, out_dir)
     req = BuildRequest(cat, targets, out_dir, jobs=jobs, state_capacity=cap, cache_location=None if no_cache else "default",
@@ -84,7 +84,8 @@ def build(
                 bar.finished(f"{rec.kind} {rec.target}", seconds=None if rec.cached else rec.compile_seconds,
                              tag="cached" if rec.cached else "")
 
-        manifest, seconds = timed_build(req, on_event)
+        with memos_off(no_cache):
+            manifest, seconds = timed_build(req, on_event)
     for w in req.warnings if not quiet else ():
         say_err(f"warning: {w}")
     failed = manifest.failed_mandatory()

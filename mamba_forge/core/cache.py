@@ -68,6 +68,7 @@ def default_location(env: Mapping[str, str] | None = None) -> Path | None:
 
 
 _memo_writes = True
+_memos_on = True  # memos_off
 
 
 @contextlib.contextmanager
@@ -84,6 +85,19 @@ def memo_writes_off(active: bool = True) -> Iterator[None]:
         _memo_writes = before
 
 
+@contextlib.contextmanager
+def memos_off(active: bool = True) -> Iterator[None]:
+    """While a command runs without the cache (`build --no-cache`): no memo is read or written either, so it does
+    what a machine with no cache would do. `active` False: no change (a caller passes its --no-cache flag)."""
+    global _memos_on
+    before = _memos_on
+    _memos_on = _memos_on and not active
+    try:
+        yield
+    finally:
+        _memos_on = before
+
+
 def memo_writes() -> bool:
     """Whether a memo may be written now (see memo_writes_off)."""
     return _memo_writes
@@ -91,7 +105,10 @@ def memo_writes() -> bool:
 
 def memo_cache() -> Cache | None:
     """The cache at the default location for a memo to read (and, when memo_writes(), to write), or None: off,
-    unsafe, or missing while memo writes are off (a dry run creates no folder). Never raises."""
+    memos off (--no-cache), unsafe, or missing while memo writes are off (a dry run creates no folder). Never
+    raises."""
+    if not _memos_on:
+        return None
     try:
         location = default_location()
         if location is None or (not _memo_writes and not location.is_dir()):
