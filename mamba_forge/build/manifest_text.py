@@ -85,7 +85,8 @@ def _plain_digest(manifest: BuildManifest, got: list[bytes] | None = None) -> st
     return hashlib.sha256(json.dumps(plain, separators=(",", ":")).encode()).hexdigest()
 
 
-_TEXT_CODE = ("manifest/toml_io.py", "core/codec.py", "core/schema.py", "build/manifest_text.py")
+_TEXT_CODE = ("manifest/toml_io.py", "core/codec.py", "core/schema.py", "core/schema_build.py", "core/record.py",
+              "build/manifest_text.py")
 _text_code_digest: str | None = None
 
 
