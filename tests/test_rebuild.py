@@ -14,7 +14,7 @@ from rich.console import Console
 from runtime_support import write_tiny_catalog
 
 from mamba_forge import cli
-from mamba_forge.build import builder
+from mamba_forge.build import builder, manifest_text
 from mamba_forge.build.builder import manifest_bytes
 from mamba_forge.cli import main
 from mamba_forge.core.safety import MAX_MANIFEST_BYTES
@@ -135,10 +135,10 @@ def test_the_text_memo_stands_only_for_the_bytes_it_was_written_for(record, tmp_
     # an int time writes "1", which the carve-out still takes for a time: kept as without the memo
     as_int = replace(hit, modules=[replace(m, compile_seconds=1) for m in hit.modules])
     assert manifest_bytes(as_int, prev) == without_memo(as_int) == written
-    monkeypatch.setattr(builder, "_text_code_digest", "0" * 64)  # the writer's code changed: no memo applies
+    monkeypatch.setattr(manifest_text, "_text_code_digest", "0" * 64)  # the writer's code changed: no memo applies
     calls["dumps"] = 0
     assert manifest_bytes(hit, prev) == written and calls["dumps"] == 1
-    monkeypatch.setattr(builder, "_text_code_digest", None)
+    monkeypatch.setattr(manifest_text, "_text_code_digest", None)
     for other in (written.replace(b'catalog = "tiny"', b'catalog = "tinx"'),  # the same length
                   written[:-1] + b" ", written + b"\n", written.replace(b"\n", b"\r\n")):
         prev.write_bytes(other)  # bytes no memo names: written as without a memo

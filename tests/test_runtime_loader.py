@@ -384,6 +384,7 @@ def test_runtime_imports_stay_light():
     assert out[0] == "[]", f"the runtime pulled in {out[0]}"
     # below the runtime only the standard-library core (records, codec, bounded reads, errors) and the driver layer
     allowed = {"mamba_forge", "mamba_forge.core", "mamba_forge.core.fsio", "mamba_forge.core.schema",
+               "mamba_forge.core.schema_build", "mamba_forge.core.record",
                "mamba_forge.core.codec", "mamba_forge.core.safety", "mamba_forge.core.errors", "mamba_forge.core.vocab",
                "mamba_forge.gpu", "mamba_forge.gpu.driver", "mamba_forge.gpu.core", "mamba_forge.gpu.graph",
                "mamba_forge.gpu.launcher", "mamba_forge.runtime"}

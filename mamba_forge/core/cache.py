@@ -31,124 +31,24 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from mamba_forge.core.cache_location import (  # noqa: F401  (re-exported)
+    DISABLED_VALUES,
+    CacheRefused,
+    check_private,
+    default_location,
+)
+from mamba_forge.core.cache_memo import memo_cache, memo_writes, memo_writes_off, memos_off  # noqa: F401  (re-exported)
 from mamba_forge.core.fsio import write_atomic_at
-from mamba_forge.core.safety import PathRefused, check_components
 
 MAGIC = b"MFCACHE2"  # 2: each part carries its own sha256 (a hit needs no second hash for the manifest)
 DIGEST_PREFIX = "sha256."  # a hit returns each part's verified digest as part "sha256.<name>" (hex, ASCII)
-DISABLED_VALUES = {"0", "off"}
 MAX_ENTRY_BYTES = 1 << 28  # 256 MiB: far above any module's cubin + PTX + log, far below what would hurt
-
-
-class CacheRefused(Exception):
-    """The cache location is unsafe or unusable; the message says why and what to do."""
 
 
 def cache_key(parts: Mapping[str, object]) -> str:
     """sha256 of a canonical JSON encoding of the parts (sorted keys, no whitespace variance)."""
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(blob).hexdigest()
-
-
-def default_location(env: Mapping[str, str] | None = None) -> Path | None:
-    """The configured location, or None when the cache is disabled. Raises CacheRefused for a relative path."""
-    env = os.environ if env is None else env
-    explicit = env.get("MAMBA_FORGE_CACHE")
-    if explicit is not None and explicit != "":
-        if explicit.strip().lower() in DISABLED_VALUES:
-            return None
-        p = Path(explicit)
-        if not p.is_absolute():
-            raise CacheRefused(f"MAMBA_FORGE_CACHE={explicit!r} is not an absolute path; set an absolute path, or 0/off")
-        return p
-    xdg = env.get("XDG_CACHE_HOME")
-    if xdg and Path(xdg).is_absolute():
-        return Path(xdg) / "mamba-forge"
-    return Path(env.get("HOME") or Path.home()) / ".cache" / "mamba-forge"
-
-
-_memo_writes = True
-_memos_on = True  # memos_off
-
-
-@contextlib.contextmanager
-def memo_writes_off(active: bool = True) -> Iterator[None]:
-    """While a command must write nothing (`--dry-run`): the memos kept in the cache (parsed TOML, loaded catalog,
-    compiler identity, manifest text) are read where the cache folder exists, never written, and the folder is
-    never created. `active` False: no change (a caller passes its dry-run flag)."""
-    global _memo_writes
-    before = _memo_writes
-    _memo_writes = _memo_writes and not active
-    try:
-        yield
-    finally:
-        _memo_writes = before
-
-
-@contextlib.contextmanager
-def memos_off(active: bool = True) -> Iterator[None]:
-    """While a command runs without the cache (`build --no-cache`): no memo is read or written either, so it does
-    what a machine with no cache would do. `active` False: no change (a caller passes its --no-cache flag)."""
-    global _memos_on
-    before = _memos_on
-    _memos_on = _memos_on and not active
-    try:
-        yield
-    finally:
-        _memos_on = before
-
-
-def memo_writes() -> bool:
-    """Whether a memo may be written now (see memo_writes_off)."""
-    return _memo_writes
-
-
-def memo_cache() -> Cache | None:
-    """The cache at the default location for a memo to read (and, when memo_writes(), to write), or None: off,
-    memos off (--no-cache), unsafe, or missing while memo writes are off (a dry run creates no folder). Never
-    raises."""
-    if not _memos_on:
-        return None
-    try:
-        location = default_location()
-        if location is None or (not _memo_writes and not location.is_dir()):
-            return None
-        return Cache.open(location)
-    except (CacheRefused, OSError):
-        return None
-
-
-def check_private(path: Path, *, uid: int | None = None) -> None:
-    """Refuse an unsafe cache path (see module doc). Creates missing folders with mode 0700."""
-    try:
-        _check_private(path, uid=uid)
-    except OSError as exc:  # an over-long name (ENAMETOOLONG), no permission, an I/O error: no cache, one warning
-        raise CacheRefused(f"cache path {str(path)[:120]} cannot be used ({exc.strerror or exc})") from None
-
-
-def _check_private(path: Path, *, uid: int | None) -> None:
-    uid = os.getuid() if uid is None else uid
-    try:  # the rule shared with the trust folders: no symlinked component, no foreign writable ancestor
-        path = check_components(path, uid=uid, what="cache path")
-    except PathRefused as exc:
-        raise CacheRefused(f"{exc}; point MAMBA_FORGE_CACHE at a folder only you can write") from None
-    if not path.exists():
-        try:
-            # parents too, each 0700 as it is made (umask cannot widen them)
-            missing = [p for p in [path, *path.parents] if not p.exists()]
-            for p in reversed(missing):
-                os.mkdir(p, 0o700)
-        except OSError as exc:
-            raise CacheRefused(f"cannot create cache folder {path}: {exc.strerror}") from None
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise CacheRefused(f"cache path {path} is not a plain folder")
-    if st.st_uid != uid:
-        raise CacheRefused(f"cache folder {path} is owned by uid {st.st_uid}, not you ({uid}); use a folder of your own")
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        raise CacheRefused(
-            f"cache folder {path} has mode {stat.S_IMODE(st.st_mode):04o}, not 0700; run `chmod 700 {path}` or choose another"
-        )
 
 
 @dataclass

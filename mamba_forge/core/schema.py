@@ -1,6 +1,7 @@
 """One typed schema for every manifest: the build manifest, the qualified manifest (with each symbol's launch
 contract), the release index and the runtime table the loader reads. Standard library only (the runtime loader
-imports it): plain dataclasses whose field order is the on-disk order. Plain dicts <-> records: codec.py.
+imports it): plain dataclasses whose field order is the on-disk order. Plain dicts <-> records: codec.py. The build
+manifest's records are defined in schema_build.py and the `record` decorator in record.py; both are re-exported here.
 
 Field types are the codec's whole validation language: int, float, str, bool, list[X], dict[str, X], X | None,
 Literal[...] and nested records; every record is keyword-constructed (kw_only). A record may add a
@@ -10,14 +11,23 @@ Literal[...] and nested records; every record is keyword-constructed (kw_only). 
 from __future__ import annotations
 
 import dataclasses
-import types
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import PurePosixPath
 from typing import Literal
 
 from mamba_forge.core.errors import printable
+from mamba_forge.core.record import _finish, record
+from mamba_forge.core.schema_build import (  # noqa: F401  (re-exported: the build manifest's records)
+    BUILD_SCHEMA,
+    Artifact,
+    BuildManifest,
+    ModuleBuild,
+    Resources,
+    SymbolBuild,
+    Toolchain,
+    Verdict,
+)
 
-BUILD_SCHEMA = 1  # build manifest schema_version
 QUALIFIED_SCHEMA = 1  # qualified manifest and index schema_version
 MANIFEST_VERSION = 2  # qualified body layout: 2 = per-symbol launch contract, params as tables
 INDEX_VERSION = 1
@@ -26,91 +36,6 @@ RESERVED_PATHS = ("manifest.toml", "runtime.json")  # a bundle's own files: neve
 
 ParamType = Literal["ptr", "i32", "u32", "i64", "u64", "f32", "f64", "bytes"]
 _KIND_OF = {"ptr": "pointer", "bytes": "blob"}  # every other type is a scalar
-
-
-def _record_repr(self) -> str:
-    return f"{type(self).__name__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in dataclasses.fields(self))})"
-
-
-def _record_eq(self, other) -> bool:
-    if type(other) is not type(self):
-        return NotImplemented
-    return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self))
-
-
-class _Factory:
-    def __repr__(self) -> str:
-        return "<factory>"
-
-
-class _RecordInit:
-    """The one __init__ of every record, no per-class compiled code: keyword-only, defaults and default factories
-    as the dataclass declares them, dataclass(init=True)'s TypeErrors for a positional, missing or unknown argument,
-    and its signature for inspect (made only when asked). Each class's field plan is made on its first
-    construction: most records are never built through __init__ in a process (the codec reads them without it)."""
-
-    __slots__ = ("cls", "plan")
-    __name__ = "__init__"
-
-    def __init__(self, cls: type):
-        self.cls, self.plan = cls, None
-
-    def __get__(self, obj, owner=None):
-        return self if obj is None else types.MethodType(self, obj)
-
-    def _fields(self) -> tuple[tuple[str, object, object], ...]:
-        if self.plan is None:
-            self.plan = tuple((f.name, f.default, f.default_factory) for f in dataclasses.fields(self.cls) if f.init)
-        return self.plan
-
-    def __call__(self, obj, /, **kwargs) -> None:
-        missing = []
-        absent = dataclasses.MISSING
-        for name, default, factory in self.plan or self._fields():
-            if name in kwargs:
-                value = kwargs.pop(name)
-            elif default is not absent:
-                value = default
-            elif factory is not absent:
-                value = factory()
-            else:
-                missing.append(name)
-                continue
-            setattr(obj, name, value)
-        if missing:
-            names = " and ".join(", ".join(repr(n) for n in missing).rsplit(", ", 1))
-            raise TypeError(f"{self.cls.__qualname__}.__init__() missing {len(missing)} required keyword-only "
-                            f"argument{'s' if len(missing) > 1 else ''}: {names}")
-        if kwargs:
-            raise TypeError(f"{self.cls.__qualname__}.__init__() got an unexpected keyword argument "
-                            f"{next(iter(kwargs))!r}")
-
-    @property
-    def __signature__(self):
-        import inspect
-
-        kw, empty = inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.empty
-        params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-        for name, default, factory in self._fields():
-            value = (default if default is not dataclasses.MISSING
-                     else _Factory() if factory is not dataclasses.MISSING else empty)
-            params.append(inspect.Parameter(name, kw, default=value))
-        return inspect.Signature(params, return_annotation=None)
-
-
-def _finish(out: type) -> type:
-    out.__repr__, out.__eq__, out.__hash__, out.__init__ = _record_repr, _record_eq, None, _RecordInit(out)
-    return out
-
-
-def record(cls: type) -> type:
-    """A keyword-only dataclass sharing one __repr__, one __eq__ and one __init__ (no per-class compiled code), with a
-    docstring (dataclass otherwise computes one with inspect.signature): dataclasses compile __init__, __repr__ and
-    __eq__ per class, which was most of what this module added to `import mamba_forge.runtime` (20 classes).
-    Fields, defaults, dataclasses.fields/replace/asdict and equality are the stdlib dataclass's."""
-    if cls.__doc__ is None:
-        cls.__doc__ = f"The {cls.__name__} record of the manifest schema."
-    return _finish(dataclass(kw_only=True, init=False, repr=False, eq=False)(cls))
 
 
 class SchemaError(ValueError):
@@ -142,99 +67,6 @@ def _bad_relpath(path: str) -> str | None:
     return None
 
 
-# ---- build manifest (build/manifest.toml) -------------------------------------------------------------------
-
-
-@record
-class Resources:
-    """Static resources of one symbol on one target (cubin + ptxas log)."""
-
-    registers: int
-    static_smem: int  # user static shared memory (excludes the 1 KB the system reserves on sm_90+)
-    stack_frame: int
-    spill_stores: int
-    spill_loads: int
-    max_threads: int  # from __launch_bounds__; 0 when the kernel declares none
-    barriers: int
-    param_bytes: int
-    param_layout: list[list[int]] = field(default_factory=list)  # [offset, size] per parameter, in order
-
-
-@record
-class Verdict:
-    status: Literal["admitted", "rejected"]
-    reason: str = ""  # names the symbol, the figure and the limit when rejected
-    check: str = ""  # the check that decided: "registers", "smem", "spills", "exports", "float-atomics", ...
-
-
-@record
-class SymbolBuild:
-    name: str
-    family: str
-    dtype: str = ""
-    block: list[int]
-    dynamic_smem: int
-    deterministic: bool
-    resources: Resources | None = None  # absent when the module failed to compile or the symbol is missing
-    verdict: Verdict
-    # static notes that do not reject: reads of placement-dependent special registers (build/admit.py)
-    warnings: list[str] | None = None
-
-
-@record
-class Artifact:
-    path: str  # relative to the build folder
-    sha256: str
-    size: int
-    code: Literal["cubin", "ptx"]
-
-
-@record
-class ModuleBuild:
-    kind: str
-    target: str
-    role: Literal["qualify", "check"]  # "check": built only to check arithmetic on another family's GPU
-    built_only: bool = False  # no GPU of this family is reachable to qualify it
-    mandatory: bool
-    status: Literal["compiled", "failed"]
-    log_head: str = ""  # first lines of the NVRTC log when the compile failed
-    options: list[str]
-    source_sha256: str  # the composed program
-    cache_key: str
-    cached: bool = False
-    compile_seconds: float = 0.0
-    artifacts: list[Artifact] = field(default_factory=list)
-    symbols: list[SymbolBuild] = field(default_factory=list)
-    foreign_exports: list[str] = field(default_factory=list)
-
-
-@record
-class Toolchain:
-    nvrtc_version: str
-    library: dict[str, str]  # wheel versions and the loaded libnvrtc digest
-    header_sha256: dict[str, str]  # every project header the programs may include
-    base_options: list[str]
-
-
-@record
-class BuildManifest:
-    schema_version: Literal[1] = BUILD_SCHEMA
-    kind: Literal["build"] = "build"
-    tool_version: str
-    catalog: str  # catalog name
-    catalog_sha256: str
-    state_capacity: int
-    targets: list[str]
-    toolchain: Toolchain
-    modules: list[ModuleBuild]
-
-    def symbols(self):
-        for m in self.modules:
-            for s in m.symbols:
-                yield m, s
-
-    def failed_mandatory(self) -> list[ModuleBuild]:
-        return [m for m in self.modules if m.mandatory and m.status == "failed"]
 
 
 # ---- qualified manifest (manifests/<name>.toml, signed) -------------------------------------------------------
