@@ -112,14 +112,17 @@ def _environment() -> dict:
 def environment_report() -> dict:
     from mamba_forge.build import nvrtc
     from mamba_forge.catalog.model import default_catalog_path
+    from mamba_forge.core.cache import memo_writes_off
     from mamba_forge.gpu.probe import probe
 
     environment = _environment()  # first: reading NVRTC sets CUDA_CACHE_DISABLE when the user has not
     gpu = probe()
+    with memo_writes_off():  # a report changes nothing: not even the compiler-identity memo in the cache it counts
+        nvrtc_identity = _attempt(nvrtc.library_identity)
     return {
         "mamba_forge": {"version": __version__, "package": str(Path(__file__).resolve().parent)},
         "python": {"version": platform.python_version(), "executable": sys.executable},
-        "nvrtc": _attempt(nvrtc.library_identity),
+        "nvrtc": nvrtc_identity,
         "cuda_bindings": _dist("cuda-bindings"),
         "driver": {"version": gpu.driver_version, "gpus": gpu.gpus, "note": gpu.reason},
         "cache": _attempt(_cache),
