@@ -392,7 +392,8 @@ def test_runtime_imports_stay_light():
     # the keyword launch (contract, expressions, streams, packing, tensors, args) and the torch ops load on first use
     runtime = {m for m in eval(out[1]) if m.startswith("mamba_forge.runtime.")}
     assert runtime == {f"mamba_forge.runtime.{m}" for m in
-                       ("backend", "errors", "families", "loader", "memo", "signing", "sources", "trust", "verify")}, runtime
+                       ("backend", "errors", "families", "kernel", "loader", "memo", "signing", "sources", "trust",
+                        "verify")}, runtime
 
 
 def test_runtime_import_defers_everything_heavy(tiny):
