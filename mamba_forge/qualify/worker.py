@@ -4,14 +4,14 @@ the CUresult and exits; a hang is reported by the worker's own deadline (or the 
 
     python -m mamba_forge.qualify.worker --job JOB.json
 
-Events (events.py): hello or fatal, module or module_error, per symbol start, check..., result (or fault,
+The checks of one symbol are symbol_run.py's SymbolRun (re-exported here); this module loads each group's module
+and runs the process. Events (events.py): hello or fatal, module or module_error, per symbol start, check..., result (or fault,
 timeout), done.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -19,22 +19,12 @@ import time
 import traceback
 from pathlib import Path
 
-import numpy as np
-
-from mamba_forge.catalog.model import Catalog, load_catalog
+from mamba_forge.catalog.model import load_catalog
 from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import checks as C
-from mamba_forge.qualify import equivalence as E
-from mamba_forge.qualify import guards as G
-from mamba_forge.qualify import placement as P
-from mamba_forge.qualify import spec as S
-from mamba_forge.qualify import split as SP
-from mamba_forge.qualify.budget import LaunchBudget
+from mamba_forge.qualify import placement as P  # noqa: F401  (worker.P: what SymbolRun places with, for tests)
 from mamba_forge.qualify.events import (
-    CheckDone,
-    CheckResult,
     Done,
-    Event,
     Fatal,
     Fault,
     Hello,
@@ -45,271 +35,15 @@ from mamba_forge.qualify.events import (
     Timeout,
     WorkerDevice,
 )
-from mamba_forge.qualify.sanitize import TIME_FACTOR
+from mamba_forge.qualify.symbol_run import (  # one symbol's checks, re-exported: symbol_run.py
+    REPEATS,
+    SANITIZE_BATCH,
+    SymbolRun,
+    emit,
+    symbol_seed,
+)
 
-REPEATS = {"quick": 5, "full": 50}
-SANITIZE_BATCH = 97  # small launches under compute-sanitizer: the batch dim shrinks to this (odd) size
 EXIT_FAULT, EXIT_TIMEOUT = 3, 4
-
-
-def emit(event: Event) -> None:
-    sys.stdout.write(event.to_json_line())
-    sys.stdout.flush()
-
-
-def symbol_seed(base: int, name: str) -> int:
-    return int.from_bytes(hashlib.sha256(f"{base}:{name}".encode()).digest()[:6], "little")
-
-
-class SymbolRun:
-    """Qualifies one symbol; collects check records; raises CudaError/Hang for the worker to handle."""
-
-    def __init__(self, ctx: C.Context, catalog: Catalog, module: cu.Module, job: dict, entry: dict, group: dict):
-        self.ctx, self.job, self.entry, self.group, self.catalog = ctx, job, entry, group, catalog
-        self.name = entry["name"]
-        self.sym = catalog.symbols[self.name]
-        self.fam = catalog.module(self.sym.module).family(self.sym.family)
-        self.module = module
-        self.seed = symbol_seed(job["seed"], self.name)
-        self.result = SymbolResult(self.name, group["module"], group["target"], "rejected", seed=self.seed,
-                                   block=list(self.sym.block), dynamic_smem=self.sym.dynamic_smem)
-
-    @property
-    def checks(self) -> list[CheckResult]:
-        return self.result.checks
-
-    def reject(self, check: str, reason: str) -> SymbolResult:
-        self.result.reject(check, reason)
-        return self.result
-
-    def add(self, name: str, passed: bool, digest: str = "", detail: str = "") -> None:
-        self.checks.append(CheckResult(name, passed, digest, detail))
-        emit(CheckDone(self.name, name, passed))  # also tells the parent the worker is alive
-
-    def run(self) -> SymbolResult:
-        scale = float(self.job.get("time_scale", TIME_FACTOR if self.job.get("sanitize") else 1))
-        if self.fam.qualify.timeout_s:  # the catalog knows this family's launches take long: it wins
-            self.ctx.budget = LaunchBudget(self.fam.qualify.timeout_s, "the family's timeout_s", scale)
-        elif self.ctx.timeout_s is not None:
-            self.ctx.budget = LaunchBudget(self.ctx.timeout_s, "--timeout", scale)
-        else:
-            self.ctx.budget = LaunchBudget(scale=scale)
-        try:
-            fn = self.module.function(self.name)
-        except cu.CudaError as exc:
-            return self.reject("exports", f"{self.name}: not found in the loaded module ({exc.result})")
-        adm = C.live_admit(self.ctx, fn, self.sym, self.fam, self.entry.get("build_layout"))
-        self.result.resources = adm.resources
-        self.result.params = adm.layout
-        if not adm.ok:
-            return self.reject(adm.check, adm.reason)
-        self.add("admission", True, detail=f"live attributes read; ABI census from {adm.layout_source}")
-        dims = None
-        q = self.fam.qualify
-        if self.job.get("sanitize") and q.batch_dim and q.dims.get(q.batch_dim, 0) > SANITIZE_BATCH:
-            dims = {**q.dims, q.batch_dim: SANITIZE_BATCH}
-        try:
-            spec = S.evaluate(self.sym, self.fam, dims)
-        except S.SpecError as exc:
-            if q.skip:
-                return self.reject("untested", f"{self.name}: not launched by the qualifier: {q.skip}")
-            return self.reject("spec", str(exc))
-        prepare = C.load_callable(q.prepare) if q.prepare else None
-        rng = np.random.default_rng(self.seed)
-        sanitize = bool(self.job.get("sanitize"))
-        self.ctx.guards = not sanitize  # compute-sanitizer checks every access against the exact allocation
-        corpora = ["uniform"] if sanitize else spec.corpora
-        base_inst, base_inputs, base_outs = None, None, None
-        checked: list[G.Guards] = []
-        try:
-            for corpus in corpora:
-                inputs = C.make_inputs(spec, corpus, rng, q.nonfinite)
-                inst = C.Instance(self.ctx, spec, fn, inputs, prepare)
-                if base_inst is None:  # the first corpus's instance is kept for the determinism checks
-                    base_inst, base_inputs = inst, inputs
-                if inst.guards is not None:
-                    checked.append(inst.guards)
-                try:
-                    outs = inst.run()
-                    if not sanitize:
-                        unread = self.poison_independent(inst, spec, outs)
-                        if unread:
-                            return self.fail("uninitialized", f"corpus {corpus}: {unread}")
-                finally:
-                    if inst is not base_inst:
-                        inst.free()
-                if inst is base_inst:
-                    base_outs = outs
-                try:
-                    ref = C.reference_outputs(self.fam, spec, inputs)
-                except Exception as exc:  # noqa: BLE001 - a broken reference is a verdict, not a crash
-                    return self.reject("reference", f"{self.name}: reference {q.reference} failed: {type(exc).__name__}: {exc}")
-                ok, detail = C.check_outputs(spec, outs, ref)
-                self.add("correctness", ok, C.digest(outs), f"corpus {corpus}: {detail}" + ("" if ref is not None else " (no reference)"))
-                if not ok:
-                    return self.reject("correctness", f"{self.name}: corpus {corpus}: {detail}")
-            assert base_inst is not None and base_outs is not None and base_inputs is not None
-            if not sanitize:
-                self.add("uninitialized", True, detail=f"outputs bitwise equal with 0x{G.POISON:02X} and "
-                                                       f"0x{G.POISON_ALT:02X} poison on {len(corpora)} corpora")
-            if self.sym.deterministic and not sanitize:
-                verdict = self.determinism(spec, fn, base_inst, base_inputs, base_outs, prepare, checked)
-                if verdict is None and self.fam.split is not None:  # split.py: the same bits over any split
-                    verdict = SP.check(self, fn, base_inputs, prepare, checked)
-                if verdict is not None:
-                    return verdict
-            if not sanitize and E.memberships(self.catalog, self.name):
-                for rec in E.digests(self, fn, prepare, self.job["seed"]):
-                    self.checks.append(rec)  # compared across the class's rungs after all workers (runner.py)
-                emit(CheckDone(self.name, E.CHECK, True))
-        except G.GuardViolation as exc:
-            return self.fail(exc.check, exc.reason)
-        finally:
-            if base_inst is not None:
-                base_inst.free()
-        if checked:
-            for name, detail in G.summary(checked).items():
-                self.add(name, True, detail=detail)
-        if not sanitize:  # a sanitizer pass reports only its tool's verdict (sanitize.apply_sanitizer)
-            self.add("timeout", True, detail=f"every launch within its {self.ctx.budget.describe()}")
-        self.result.status = "admitted"
-        return self.result
-
-    def fail(self, check: str, reason: str) -> SymbolResult:
-        self.add(check, False, detail=reason)
-        return self.reject(check, f"{self.name}: {reason}")
-
-    def poison_independent(self, inst: C.Instance, spec: S.LaunchSpec, outs: dict[str, bytes]) -> str:
-        """'' when the outputs do not depend on the poison in outputs and scratch; else the first dependent
-        element. A difference counts only when a rerun with each poison reproduces that poison's outputs (a
-        nondeterministic kernel is the repeat check's to reject: one rerun alone matched by chance on the H200, and
-        an atomic sum was rejected as uninitialized)."""
-        alt = inst.run(poison=G.POISON_ALT)
-        diff = G.poison_difference(spec, outs, alt)
-        if diff and inst.run() == outs and inst.run(poison=G.POISON_ALT) == alt:
-            return diff
-        return ""
-
-    def placement(self, spec, fn, inst: C.Instance, base: dict[str, bytes], want: str) -> SymbolResult | None:
-        """Its bits under other placements of its blocks (placement.py) against its first run, alone."""
-        if self.ctx.placer is None:
-            self.ctx.placer = P.DevicePlacer(self.ctx)
-        warned = bool(self.entry.get("placement_warned"))
-        reps = P.REPEATS_WARNED if warned else 1
-        runs, notes = P.placements(self.ctx, self.ctx.placer, inst, fn, spec)
-        ran = []
-        for pl in runs:
-            for i in range(reps):
-                try:
-                    outs = pl.run()
-                except P.Unavailable as exc:
-                    notes.append(f"not run {pl.label}: {exc}")
-                    break
-                d = C.digest(outs)
-                if d != want:
-                    diff = C.first_difference(base, outs)
-                    run = f" (run {i + 1} of {reps})" if reps > 1 else ""
-                    self.add("placement", False, d, f"{pl.label}{run}: {diff}")
-                    return self.reject("placement", f"{self.name}: its bits differ {pl.label}{run} from its first run "
-                                                     f"alone on the device ({diff}): they depend on where its blocks run")
-            else:
-                ran.append(pl.label)
-        detail = "bitwise equal " + ", ".join(ran) if ran else "no placement could be run"
-        if warned:
-            detail += f" ({reps} runs each: the build warned that it reads placement-dependent registers)"
-        self.add("placement", True, want, detail + "".join(f"; {n}" for n in notes))
-        return None
-
-    def determinism(self, spec, fn, inst: C.Instance, inputs, base: dict[str, bytes], prepare,
-                    checked: list[G.Guards]) -> SymbolResult | None:
-        ctx = self.ctx
-        want = C.digest(base)
-
-        def same(name: str, outs: dict[str, bytes], detail: str) -> SymbolResult | None:
-            d = C.digest(outs)
-            if d != want:
-                diff = C.first_difference(base, outs)
-                self.add(name, False, d, f"{detail}: {diff}")
-                return self.reject(name, f"{self.name}: {detail} differs from the first run ({diff})")
-            self.add(name, True, d, detail)
-            return None
-
-        r = REPEATS[self.job.get("level", "quick")]
-        for i in range(r):
-            outs = inst.run()
-            if C.digest(outs) != want:
-                diff = C.first_difference(base, outs)
-                self.add("repeat", False, C.digest(outs), f"run {i + 2} of {r + 1}: {diff}")
-                return self.reject("repeat", f"{self.name}: run {i + 2} of {r + 1} is not bitwise equal to run 1 ({diff})")
-        self.add("repeat", True, want, f"{r} more runs bitwise equal")
-
-        v = self.placement(spec, fn, inst, base, want)
-        if v:
-            return v
-
-        q = self.fam.qualify
-        if q.batch_dim:
-            full = spec.dims[q.batch_dim]
-            for small in S.batch_sizes(full):
-                sdims = {**spec.dims, q.batch_dim: small}
-                try:
-                    sspec = S.evaluate(self.sym, self.fam, sdims)
-                    sin = {}
-                    fb = {b.name: b for b in spec.all_buffers}
-                    for b in sspec.all_buffers:
-                        if b.needs_fill:
-                            sin[b.name] = S.leading_rows(inputs[b.name], fb[b.name], b)
-                    expect = {b.name: S.leading_rows(S.from_bytes(base[b.name], b.dtype), fb[b.name], b).tobytes()
-                              for b in sspec.outputs}
-                except S.SpecError as exc:
-                    self.add("batch", False, "", f"{q.batch_dim}={small}: {exc}")
-                    return self.reject("batch", f"{self.name}: batch check at {q.batch_dim}={small}: {exc}")
-                sinst = C.Instance(ctx, sspec, fn, sin, prepare)
-                if sinst.guards is not None:
-                    checked.append(sinst.guards)
-                try:
-                    souts = sinst.run()
-                finally:
-                    sinst.free()
-                if souts != expect:
-                    diff = C.first_difference(expect, souts)
-                    self.add("batch", False, C.digest(souts), f"{q.batch_dim}={small} of {full}: {diff}")
-                    return self.reject("batch", f"{self.name}: the leading rows at {q.batch_dim}={small} differ from "
-                                                f"those at {q.batch_dim}={full} ({diff})")
-            self.add("batch", True, want, f"{q.batch_dim} in {S.batch_sizes(full)} vs {full}: leading rows bitwise equal")
-
-        v = same("stream", inst.run(ctx.other), "on another stream")
-        if v:
-            return v
-
-        ctx.launch_neighbour(ctx.other)
-        inst.enqueue(ctx.stream)
-        ctx.wait(ctx.stream)
-        ctx.wait(ctx.other, max(ctx.budget.limit, 60.0))
-        inst.verify()
-        v = same("neighbour", inst.outputs(), "under a concurrent memory- and ALU-heavy kernel on a second stream")
-        if v:
-            return v
-
-        moved = C.Instance(ctx, spec, fn, inputs, prepare, offset=256)
-        if moved.guards is not None:
-            checked.append(moved.guards)
-        try:
-            v = same("address", moved.run(), "with every buffer 256 bytes further")
-        finally:
-            moved.free()
-        if v:
-            return v
-
-        graph = cu.Graph.capture(ctx.stream, lambda: inst.enqueue(ctx.stream))
-        try:
-            graph.launch(ctx.stream)
-            ctx.wait(ctx.stream)
-            inst.verify()
-            outs = inst.outputs()
-        finally:
-            graph.destroy()
-        return same("graph", outs, "replayed from a captured CUDA graph")
 
 
 def load_group(ctx: C.Context, build_dir: Path, group: dict) -> tuple[cu.Module | None, str]:
@@ -401,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             emit(rec)
     emit(Done())
     return 0
+
+
+__all__ = ["EXIT_FAULT", "EXIT_TIMEOUT", "REPEATS", "SANITIZE_BATCH", "SymbolRun", "emit", "load_group", "main",
+           "symbol_seed"]
 
 
 if __name__ == "__main__":
