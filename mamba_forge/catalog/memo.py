@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mamba_forge.catalog.entries import Catalog
+    from mamba_forge.catalog.expanded import Catalog
 
 FORMAT = 1
 FACTS_PART, CATALOG_PART = "inputs.json", "catalog.pickle"
@@ -149,7 +149,7 @@ def _facts_ok(facts) -> bool:
 
 def lookup(path: Path, root: bytes) -> Catalog | None:
     """The remembered catalog of `path` (whose root file holds `root`), when every recorded read holds again."""
-    from mamba_forge.catalog.entries import Catalog
+    from mamba_forge.catalog.expanded import Catalog
 
     cache = _cache()
     if cache is None:

@@ -21,23 +21,21 @@ from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catal
     SCALAR_TYPES,
     SCHEMA_VERSION,
     SYMBOL_NAME,
-    Catalog,
     CatalogHeader,
     Defaults,
     Family,
     FamilyFile,
     Launch,
     Module,
-    ModuleSpec,
     Param,
     Policy,
     PolicyOverride,
     QualifySpec,
     RootFile,
-    Symbol,
     state_capacity,
     template_problem,
 )
+from mamba_forge.catalog.expanded import Catalog, ModuleSpec, Symbol  # noqa: F401 - re-exported: the expanded records
 from mamba_forge.catalog.sources import read_headers, read_source
 from mamba_forge.catalog.targets import TARGETS
 from mamba_forge.core import expr
