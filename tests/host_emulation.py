@@ -36,6 +36,7 @@ def cuda_mock(what: str, *, warp_fields: str = "", shared: str = "", includes: S
         "#define __launch_bounds__(...)", "#define __restrict__", f"#define __shared__ {shared}",
         "#define __align__(n) __attribute__((aligned(n)))",
         "struct uint4 { unsigned x, y, z, w; };",
+        "struct float2 { float x, y; };",
         "struct float4 { float x, y, z, w; };",
         "inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }",
         "inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }",

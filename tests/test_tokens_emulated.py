@@ -78,7 +78,9 @@ def _scan(lib, x, b, L, d, n, r, l0=0, l1=None, state=None):
     return got["out"].reshape(b, l1 - l0, d), got["state"]
 
 
-SCAN_DIMS = [(2, 37, 70, 16, 8), (1, 20, 64, 32, 16), (3, 9, 5, 35, 13), (1, 17, 130, 10, 4)]
+# (d_inner, d_state, dt_rank) multiples of 4: the vector loads (one and two slices); the others the scalar path;
+# L past one 16-step tile, partial last tiles, several 32-channel blocks
+SCAN_DIMS = [(2, 37, 70, 16, 8), (1, 20, 64, 32, 16), (3, 9, 5, 35, 13), (1, 17, 130, 10, 4), (2, 40, 96, 16, 8)]
 
 
 @pytest.mark.parametrize("b,L,d,n,r", SCAN_DIMS)

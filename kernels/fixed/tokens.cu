@@ -2,9 +2,9 @@
 // the code is in kernels/include/mf/tokens.cuh; catalog: kernels/fixed/tokens.toml.
 #include "mf/tokens.cuh"
 
-// ssm_scan_tokens: blocks of mf::kTokThreads (64 channels x 2 lanes); grid (channel blocks, batch rows).
+// ssm_scan_tokens: blocks of mf::kTokThreads (16 channels x 4 lanes); grid (channel blocks, batch rows).
 #define MF_SSM_SCAN_TOKENS(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(mf::kTokThreads) NAME(T* __restrict__ out, float* __restrict__ state, \
+  extern "C" __global__ void __launch_bounds__(mf::kTokThreads, mf::kTokMinBlocks) NAME(T* __restrict__ out, float* __restrict__ state, \
       const T* __restrict__ u, const T* __restrict__ dt, const float* __restrict__ dt_bias, \
       const float* __restrict__ A_log, const T* __restrict__ x_dbl, const float* __restrict__ Dp, \
       const T* __restrict__ xz, int batch, int d_inner, int d_state, int dt_rank, long long L) { \

@@ -19,99 +19,168 @@
 namespace mf {
 
 // ---- the selective scan --------------------------------------------------------------------------------------
-// Block: kTokChannels channels x 2 lanes (lane q of channel c is thread 2c + q, as LANES = 2 of the step); grid x
-// over channel blocks, y over batch rows (strided past 65535). Lane q owns the states n = 16 s + 4 (q + 2 k) + j
-// (slice s, chunk k < 2, j < 4) in registers for the whole sequence. Inputs are staged per tile of kTokSteps
-// timesteps in shared memory (f32), the next tile's loads in flight in registers while this one is computed.
-// The per-(timestep, channel) values that do not depend on the state (dt' = softplus(dt + dt_bias), dt' u,
-// silu(z)) are computed once per element while staging, by the thread that stages it, with the step's own
-// expressions, so the bits are the step's; the step loop keeps only the exponentials and the state's fma chain
-// (the transcendental chain of softplus and silu made most of a step's latency, computed by both lanes).
+// Block: kTokChannels channels x 4 lanes (lane j of channel c is thread 4c + j); grid x over channel blocks, y over
+// batch rows (strided past 65535). Lane j owns chunk j of every 16-state slice, the states n = 16 s + 4 j + i
+// (i < 4), in registers for the whole sequence: four lanes per channel, so a prefill has b * d * 4 threads
+// (2,048 warps at B8 D2048, ~16 per SM) where two lanes of eight states left ~8 warps per SM latency-bound
+// (1.28 ms at B8 D2048 L2048, ~1,240 cycles per step per warp); 16-channel blocks spread a batch-1 prefill over
+// 128 SMs of 132.
 //
-// Per timestep, exactly the step's operations in the step's order:
+// Per timestep, exactly the operations of ssm_step_forward_fused (mf/decode.cuh at LANES = 2, lane q owning chunks
+// q and q + 2) in its order:
 //   dt' = softplus(dt + dt_bias), dtu = dt' u; per state: h = fma(2^(dt' a2), h, dtu B), a2 = -2^(A_log log2e +
-//   log2(log2e)); per chunk p = C0 h0, then p = fma(Cj, hj, p); per slice acc += p0 + p1 (slices in order, acc
-//   from 0); acc += the other lane's acc (a + b == b + a); y = fma(D, u, acc) silu(z).
+//   log2(log2e)); per chunk P = C0 h0, then P = fma(Cj, hj, P); per slice acc += P_q + P_(q+2) (slices in order,
+//   acc from 0); y = acc_0 + acc_1; out = fma(D, u, y) silu(z).
+// Here lane j holds P_j: a shuffle across lanes j and j ^ 2 gives lane q the step's P_q + P_(q+2) (lane q + 2 gets
+// P_(q+2) + P_q, the same bits: a + b == b + a), and one across j ^ 1 the final acc_0 + acc_1 on every lane.
+// Inputs come in tiles of kTokSteps timesteps: each thread loads one quad of four channels of u, dt, z at one
+// timestep and NS quads of the step's B, C span (vector loads when every row is aligned), derives dt', dt' u and
+// silu(z) from its registers with the step's expressions, and stores them to shared memory (f32, double buffered,
+// one barrier per tile); the next tile's loads are in flight while this one's steps run.
 // States past d_state (in the last slice) hold 0 and meet B = C = 0, as the step's scalar path loads them.
-constexpr int kTokChannels = 64;
-constexpr int kTokThreads = 2 * kTokChannels;
+constexpr int kTokChannels = 16;
+constexpr int kTokLanes = 4;
+constexpr int kTokThreads = kTokLanes * kTokChannels;
 constexpr int kTokSteps = 16;
-constexpr int kTokRowVals = kTokSteps * kTokChannels / kTokThreads;         // u, dt, z values per thread per tile
-constexpr int kTokBCVals = kTokSteps * 2 * MF_STATE_CAP / kTokThreads;     // B, C values per thread per tile
+constexpr int kTokMinBlocks = 8;  // 8 blocks of 2 warps per SM: at most 128 registers a thread
+constexpr int kTokQuadsPerRow = kTokChannels / 4;                          // quads of u (dt, z) per timestep
+constexpr int kTokBCQuads = kTokSteps * 8 / kTokThreads;                   // B, C quads per thread per slice
+static_assert(kTokSteps * kTokQuadsPerRow == kTokThreads, "one u/dt/z quad per thread per tile");
+static_assert(kTokSteps * 8 % kTokThreads == 0 && kTokSteps % 4 == 0, "whole B, C quads per thread; 4-step groups");
 
 struct TokScanSmem {
-  // u (for D u), dt' = softplus(dt + dt_bias), dt' u, silu(z); staged without deriving (more than 16 states),
-  // dtv holds the raw dt and sz the raw z, and dtu is unused
-  float u[2][kTokSteps][kTokChannels], dtv[2][kTokSteps][kTokChannels], dtu[2][kTokSteps][kTokChannels];
-  float sz[2][kTokSteps][kTokChannels];
-  float bc[2][kTokSteps][2 * MF_STATE_CAP];  // [l][n] = B, [l][MF_STATE_CAP + n] = C; 0 past d_state
+  float2 dd[2][kTokSteps][kTokChannels];  // (dt' = softplus(dt + dt_bias), dt' u): one load per step
+  float2 us[2][kTokSteps][kTokChannels];  // (u, silu(z)): the output's operands
+  // [l][16 s + 4 j + i] = B_n, [l][16 NS + n] = C_n: 0 past d_state
+  float bc[2][kTokSteps][2 * MF_STATE_CAP];
 };
 static_assert(sizeof(TokScanSmem) <= 48 * 1024, "TokScanSmem: static shared memory is capped at 48 KiB");
 
-template <typename T> struct TokScanTile {
-  float u[kTokRowVals], dt[kTokRowVals], z[kTokRowVals], bc[kTokBCVals];
+// One thread's share of a tile, raw: u, dt, z at timestep l0 + tid / kTokQuadsPerRow, channels
+// d0 + 4 (tid % kTokQuadsPerRow) .. + 4; B, C quads e = tid + k kTokThreads (k < kTokBCQuads NS) of the span of
+// timestep l0 + e / (8 NS): e % (8 NS) < 4 NS is the B quad at n = 4 (e % (8 NS)), else the C quad.
+template <typename T, int NS> struct TokScanTile {
+  float u[4], dt[4], z[4], bc[NS > 0 ? kTokBCQuads * NS : 1][4];  // NS 0: no B, C
 };
 
-// This thread's share of tile l0 (timesteps l0 .. l0 + kTokSteps of row b), as f32 (0 outside the sequence or the
-// channels): issued together so the tile costs one memory round trip.
 template <typename T>
-MF_DEVICE void tok_scan_load(TokScanTile<T>& r, const T* __restrict__ u, const T* __restrict__ dt,
-                             const T* __restrict__ xz, const T* __restrict__ x_dbl, long long b, long long L,
-                             long long l0, int d0, int d_inner, int d_state, int dt_rank, int x_dbl_stride) {
-  const int t = threadIdx.x;
+MF_DEVICE void tok_load4(const T* __restrict__ p, bool vec, int nv, float (&o)[4]) {
+  if (vec && nv == 4) {
+    load_quad(p, true, 4, o);
+  } else {
 #pragma unroll
-  for (int i = 0; i < kTokRowVals; ++i) {
-    const int e = t + i * kTokThreads;
-    const int l = e / kTokChannels, c = e % kTokChannels;
-    const bool ok = l0 + l < L && d0 + c < d_inner;
-    const long long row = b * L + l0 + l;
-    r.u[i] = ok ? to_f32(u[row * d_inner + d0 + c]) : 0.f;
-    r.dt[i] = ok ? to_f32(dt[row * d_inner + d0 + c]) : 0.f;
-    r.z[i] = ok ? to_f32(xz[row * 2 * d_inner + d_inner + d0 + c]) : 0.f;
-  }
-#pragma unroll
-  for (int i = 0; i < kTokBCVals; ++i) {
-    const int e = t + i * kTokThreads;
-    const int l = e / (2 * MF_STATE_CAP), k = e % (2 * MF_STATE_CAP);
-    const int n = k < MF_STATE_CAP ? k : k - MF_STATE_CAP;  // B columns first, then C
-    const bool ok = l0 + l < L && n < d_state;
-    const long long row = b * L + l0 + l;
-    r.bc[i] = ok ? to_f32(x_dbl[row * x_dbl_stride + dt_rank + (k < MF_STATE_CAP ? 0 : d_state) + n]) : 0.f;
+    for (int i = 0; i < 4; ++i) o[i] = i < nv ? to_f32(p[i]) : 0.f;
   }
 }
 
-// bias: dt_bias of this thread's staging channel (e % kTokChannels == threadIdx.x % kTokChannels for every i).
-// Two passes over this thread's own elements: the raw values first (the next tile's registers die), then the
-// derived ones from shared memory (no barrier: a thread reads back only what it wrote). Computed from the
-// registers instead, eight softplus and silu chains beside the live state and the loads spilled (ptxas: 255
-// registers, 36-80 bytes of spill).
-// DERIVE false (more than 16 states, where the registers are full): the raw dt and z stay, the loop derives them.
-template <typename T, bool DERIVE>
-MF_DEVICE void tok_scan_stage(const TokScanTile<T>& r, TokScanSmem& s, int buf, float bias) {
+template <typename T, int NS>
+MF_DEVICE void tok_scan_load(TokScanTile<T, NS>& r, const T* __restrict__ u, const T* __restrict__ dt,
+                             const T* __restrict__ xz, const T* __restrict__ x_dbl, long long b, long long L,
+                             long long l0, int d0, int d_inner, int d_state, int dt_rank, int x_dbl_stride, bool vec) {
   const int t = threadIdx.x;
-#pragma unroll
-  for (int i = 0; i < kTokRowVals; ++i) {
-    const int e = t + i * kTokThreads;
-    const int l = e / kTokChannels, c = e % kTokChannels;
-    s.u[buf][l][c] = r.u[i];
-    s.dtv[buf][l][c] = r.dt[i];
-    s.sz[buf][l][c] = r.z[i];
+  {
+    const int l = t / kTokQuadsPerRow, cg = d0 + 4 * (t % kTokQuadsPerRow);
+    const bool lok = l0 + l < L;
+    const int nv = lok ? min(max(d_inner - cg, 0), 4) : 0;
+    const long long row = b * L + (lok ? l0 + l : 0);
+    tok_load4(u + row * d_inner + cg, vec, nv, r.u);
+    tok_load4(dt + row * d_inner + cg, vec, nv, r.dt);
+    tok_load4(xz + row * 2 * d_inner + d_inner + cg, vec, nv, r.z);
   }
 #pragma unroll
-  for (int i = 0; i < kTokBCVals; ++i) {
-    const int e = t + i * kTokThreads;
-    s.bc[buf][e / (2 * MF_STATE_CAP)][e % (2 * MF_STATE_CAP)] = r.bc[i];
+  constexpr int NSD = NS > 0 ? NS : 1;
+  for (int k = 0; k < kTokBCQuads * NS; ++k) {
+    const int e = t + k * kTokThreads;
+    const int l = e / (8 * NSD), q = e % (8 * NSD);
+    const bool isb = q < 4 * NSD;
+    const int n0 = 4 * (isb ? q : q - 4 * NSD);
+    const bool lok = l0 + l < L;
+    const int nv = lok ? min(max(d_state - n0, 0), 4) : 0;
+    const long long row = b * L + (lok ? l0 + l : 0);
+    tok_load4(x_dbl + row * x_dbl_stride + dt_rank + (isb ? 0 : d_state) + n0, vec, nv, r.bc[k]);
   }
-  if (!DERIVE) return;
+}
+
+// The tile's derived values into buffer `buf`: dt' = softplus(dt + bias), dt' u, silu(z), with the step's
+// expressions (mf/decode.cuh, FUSED), so the bits are the step's; B, C as f32. bias: dt_bias of this thread's four
+// staging channels.
+template <typename T, int NS>
+MF_DEVICE void tok_scan_stage(const TokScanTile<T, NS>& r, TokScanSmem& s, int buf, const float (&bias)[4]) {
+  const int t = threadIdx.x;
+  const int l = t / kTokQuadsPerRow, c0 = 4 * (t % kTokQuadsPerRow);
+  float dd[8], us[8];
 #pragma unroll
-  for (int i = 0; i < kTokRowVals; ++i) {
-    const int e = t + i * kTokThreads;
-    const int l = e / kTokChannels, c = e % kTokChannels;
-    const float dtv = softplus(s.dtv[buf][l][c] + bias);  // the step's expressions (mf/decode.cuh, FUSED)
-    s.dtv[buf][l][c] = dtv;
-    s.dtu[buf][l][c] = dtv * s.u[buf][l][c];
-    s.sz[buf][l][c] = silu(s.sz[buf][l][c]);
+  for (int i = 0; i < 4; ++i) {
+    dd[2 * i] = softplus(r.dt[i] + bias[i]);
+    dd[2 * i + 1] = dd[2 * i] * r.u[i];
+    us[2 * i] = r.u[i];
+    us[2 * i + 1] = silu(r.z[i]);
   }
+  float4* ddp = reinterpret_cast<float4*>(&s.dd[buf][l][c0]);
+  float4* usp = reinterpret_cast<float4*>(&s.us[buf][l][c0]);
+  ddp[0] = make_float4(dd[0], dd[1], dd[2], dd[3]);
+  ddp[1] = make_float4(dd[4], dd[5], dd[6], dd[7]);
+  usp[0] = make_float4(us[0], us[1], us[2], us[3]);
+  usp[1] = make_float4(us[4], us[5], us[6], us[7]);
+#pragma unroll
+  constexpr int NSD = NS > 0 ? NS : 1;
+  for (int k = 0; k < kTokBCQuads * NS; ++k) {
+    const int e = t + k * kTokThreads;
+    const int ls = e / (8 * NSD), q = e % (8 * NSD);
+    // B quads fill [0, 16 NS), C quads [16 NS, 32 NS): the step loop's offsets do not depend on d_state
+    *reinterpret_cast<float4*>(&s.bc[buf][ls][4 * q]) = make_float4(r.bc[k][0], r.bc[k][1], r.bc[k][2], r.bc[k][3]);
+  }
+}
+
+// Load and stage at once (no prefetch): the first tile, and every tile when the states fill the registers; B, C
+// one quad at a time, loaded and stored, so at most one quad of them is live.
+template <typename T, int NS>
+MF_DEVICE void tok_scan_fill(TokScanSmem& s, int buf, const float (&bias)[4], const T* __restrict__ u,
+                             const T* __restrict__ dt, const T* __restrict__ xz, const T* __restrict__ x_dbl,
+                             long long b, long long L, long long l0, int d0, int d_inner, int d_state, int dt_rank,
+                             int x_dbl_stride, bool vec) {
+  TokScanTile<T, 0> r;
+  tok_scan_load<T, 0>(r, u, dt, xz, x_dbl, b, L, l0, d0, d_inner, d_state, dt_rank, x_dbl_stride, vec);
+  tok_scan_stage<T, 0>(r, s, buf, bias);
+  const int t = threadIdx.x;
+#pragma unroll 2
+  for (int k = 0; k < kTokBCQuads * NS; ++k) {
+    const int e = t + k * kTokThreads;
+    const int l = e / (8 * NS), q = e % (8 * NS);
+    const bool isb = q < 4 * NS;
+    const int n0 = 4 * (isb ? q : q - 4 * NS);
+    const bool lok = l0 + l < L;
+    const int nv = lok ? min(max(d_state - n0, 0), 4) : 0;
+    const long long row = b * L + (lok ? l0 + l : 0);
+    float v[4];
+    tok_load4(x_dbl + row * x_dbl_stride + dt_rank + (isb ? 0 : d_state) + n0, vec, nv, v);
+    *reinterpret_cast<float4*>(&s.bc[buf][l][4 * q]) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+// One timestep of lane j's states (slices past nslices skipped): the step's arithmetic; returns the channel's
+// sum over every state, acc_0 + acc_1 of the step, the same bits on all four lanes.
+template <int NS>
+MF_DEVICE float tok_scan_step(float (&h)[NS][4], const float (&a2)[NS][4], float2 dd, const float* __restrict__ bl,
+                              int j, int nslices) {
+  float acc = 0.f;
+#pragma unroll
+  for (int s = 0; s < NS; ++s) {
+    if (s < nslices) {
+      const float4 bq = *reinterpret_cast<const float4*>(bl + 16 * s + 4 * j);
+      const float4 cq = *reinterpret_cast<const float4*>(bl + 16 * NS + 16 * s + 4 * j);
+      h[s][0] = fmaf(scan_exp2(dd.x * a2[s][0]), h[s][0], dd.y * bq.x);
+      h[s][1] = fmaf(scan_exp2(dd.x * a2[s][1]), h[s][1], dd.y * bq.y);
+      h[s][2] = fmaf(scan_exp2(dd.x * a2[s][2]), h[s][2], dd.y * bq.z);
+      h[s][3] = fmaf(scan_exp2(dd.x * a2[s][3]), h[s][3], dd.y * bq.w);
+      float p = cq.x * h[s][0];
+      p = fmaf(cq.y, h[s][1], p);
+      p = fmaf(cq.z, h[s][2], p);
+      p = fmaf(cq.w, h[s][3], p);
+      acc += p + __shfl_xor_sync(0xffffffffu, p, 2);
+    }
+  }
+  return acc + __shfl_xor_sync(0xffffffffu, acc, 1);
 }
 
 // NS: slices held in registers (ceil(d_state / 16) rounded to an instantiated count); slices past nslices skipped.
@@ -121,99 +190,124 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
                                   const float* __restrict__ A_log, const T* __restrict__ x_dbl,
                                   const float* __restrict__ Dp, const T* __restrict__ xz, int batch, int d_inner,
                                   int d_state, int dt_rank, int x_dbl_stride, long long L, TokScanSmem& sm) {
-  const int c = threadIdx.x >> 1, q = threadIdx.x & 1;
+  const int c = threadIdx.x / kTokLanes, j = threadIdx.x % kTokLanes;
   const int d0 = blockIdx.x * kTokChannels;
   const int d = d0 + c;
   const bool dvalid = d < d_inner;
   const int dl = min(d, d_inner - 1);
   const int nslices = (d_state + 15) >> 4;
-  const float Dd = Dp[dl], bias = dt_bias[dl];
-  // one slice (d_state <= 16, Mamba-1's 16): the staging derives dt', dt' u and silu(z); more slices fill the
-  // registers with states, so their loop derives them as the step does (the same expressions either way)
-  constexpr bool kDerive = NS == 1;
-  static_assert(kTokThreads % kTokChannels == 0, "a staging thread keeps one channel");
-  const float stage_bias = dt_bias[min(d0 + (int)threadIdx.x % kTokChannels, d_inner - 1)];
-  float a2[NS][2][4];
+  const float Dd = Dp[dl];
+  constexpr bool kPrefetch = NS == 1;
+  // whole quads everywhere (every row's quads aligned): one vector load per quad; else guarded scalar loads
+  const bool vec = (d_inner & 3) == 0 && (d_state & 3) == 0 && (dt_rank & 3) == 0 && (x_dbl_stride & 3) == 0 &&
+                   aligned_quad(u) && aligned_quad(dt) && aligned_quad(xz) && aligned_quad(x_dbl);
+  float stage_bias[4];
+  {
+    const int cg = d0 + 4 * ((int)threadIdx.x % kTokQuadsPerRow);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) stage_bias[i] = dt_bias[min(cg + i, d_inner - 1)];
+  }
+  float a2[NS][4];
 #pragma unroll
   for (int s = 0; s < NS; ++s)
 #pragma unroll
-    for (int k = 0; k < 2; ++k)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int n = 16 * s + 4 * (q + 2 * k) + j;
-        const float al = n < d_state ? A_log[(long long)dl * d_state + n] : 0.f;
-        a2[s][k][j] = -scan_exp2(fmaf(al, kLog2e, kLog2Log2e));
-      }
+    for (int i = 0; i < 4; ++i) {
+      const int n = 16 * s + 4 * j + i;
+      const float al = n < d_state ? A_log[(long long)dl * d_state + n] : 0.f;
+      a2[s][i] = -scan_exp2(fmaf(al, kLog2e, kLog2Log2e));
+    }
   for (long long b = blockIdx.y; b < batch; b += gridDim.y) {
     float* srow = state + ((long long)b * d_inner + dl) * d_state;
-    float h[NS][2][4];
+    float h[NS][4];
 #pragma unroll
     for (int s = 0; s < NS; ++s)
 #pragma unroll
-      for (int k = 0; k < 2; ++k)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int n = 16 * s + 4 * (q + 2 * k) + j;
-          h[s][k][j] = (dvalid && n < d_state) ? srow[n] : 0.f;
-        }
-    TokScanTile<T> nxt;
-    tok_scan_load<T>(nxt, u, dt, xz, x_dbl, b, L, 0, d0, d_inner, d_state, dt_rank, x_dbl_stride);
+      for (int i = 0; i < 4; ++i) {
+        const int n = 16 * s + 4 * j + i;
+        h[s][i] = (dvalid && n < d_state) ? srow[n] : 0.f;
+      }
+    TokScanTile<T, kPrefetch ? NS : 0> nxt;
     __syncthreads();  // the previous row's last tile is no longer read
-    tok_scan_stage<T, kDerive>(nxt, sm, 0, stage_bias);
+    tok_scan_fill<T, NS>(sm, 0, stage_bias, u, dt, xz, x_dbl, b, L, 0, d0, d_inner, d_state, dt_rank, x_dbl_stride, vec);
     __syncthreads();
     const long long ntiles = (L + kTokSteps - 1) / kTokSteps;
+    T* orow = out + (long long)b * L * d_inner + d;
+    // y of step l (acc: the step's sum) into out: fma(D, u, acc) silu(z), as the step
+    auto emit = [&](int buf, long long l0, int l, float acc) {
+      const float2 v = sm.us[buf][l][c];
+      float y = fmaf(Dd, v.x, acc);
+      y *= v.y;
+      orow[(l0 + l) * d_inner] = from_f32<T>(y);
+    };
     for (long long tile = 0; tile < ntiles; ++tile) {
       const int buf = (int)(tile & 1);
       const long long l0 = tile * kTokSteps;
-      if (tile + 1 < ntiles)
-        tok_scan_load<T>(nxt, u, dt, xz, x_dbl, b, L, l0 + kTokSteps, d0, d_inner, d_state, dt_rank, x_dbl_stride);
+      // one slice: the next tile's loads fly during this tile's steps; more slices load after the steps (the
+      // prefetched registers beside 8-16 states each of h and a2 would spill under the 128-register bound)
+      if (kPrefetch && tile + 1 < ntiles)
+        tok_scan_load<T, kPrefetch ? NS : 0>(nxt, u, dt, xz, x_dbl, b, L, l0 + kTokSteps, d0, d_inner, d_state, dt_rank,
+                             x_dbl_stride, vec);
       const int steps = (int)min((long long)kTokSteps, L - l0);
-      // unrolled: a step's inputs (the exponentials, dt' u B) do not wait on the previous step, only the state's
-      // fma chain does, so the scheduler overlaps consecutive steps (measured: 1.56 ms at B8 D2048 L2048 rolled,
-      // 1.43 ms unrolled by 4 with softplus and silu in the loop; latency-bound with 8 warps per SM)
-#pragma unroll 4
-      for (int l = 0; l < steps; ++l) {
-        const float dtv = kDerive ? sm.dtv[buf][l][c] : softplus(sm.dtv[buf][l][c] + bias);
-        const float dtu = kDerive ? sm.dtu[buf][l][c] : dtv * sm.u[buf][l][c];
-        const float* bl = sm.bc[buf][l];
-        float acc = 0.f;
+      if (NS == 1 && steps == kTokSteps) {
+        // a whole tile of one slice (Mamba's 16 states) in two passes: the states' recurrence over the 16 steps,
+        // keeping each step's chunk sum P, then the cross-lane sums and outputs of all 16 steps. The recurrence
+        // then holds only fma chains (a step's exponentials and dt' u B do not wait on the previous step), and the
+        // 32 shuffles are independent of each other, so neither pass waits on a shuffle per step. The operations
+        // and their order per step are the step's (tok_scan_step). Every lane ends a step with the same sum, so
+        // lane j writes steps j, j + 4, ...: one output sequence per four steps.
+        float pk[kTokSteps];
 #pragma unroll
-        for (int s = 0; s < NS; ++s) {
-          if (s < nslices) {
-            float part[2];
+        for (int l = 0; l < kTokSteps; ++l) {
+          const float2 dd = sm.dd[buf][l][c];
+          const float4 bq = *reinterpret_cast<const float4*>(&sm.bc[buf][l][4 * j]);
+          const float4 cq = *reinterpret_cast<const float4*>(&sm.bc[buf][l][16 * NS + 4 * j]);
+          h[0][0] = fmaf(scan_exp2(dd.x * a2[0][0]), h[0][0], dd.y * bq.x);
+          h[0][1] = fmaf(scan_exp2(dd.x * a2[0][1]), h[0][1], dd.y * bq.y);
+          h[0][2] = fmaf(scan_exp2(dd.x * a2[0][2]), h[0][2], dd.y * bq.z);
+          h[0][3] = fmaf(scan_exp2(dd.x * a2[0][3]), h[0][3], dd.y * bq.w);
+          float p = cq.x * h[0][0];
+          p = fmaf(cq.y, h[0][1], p);
+          p = fmaf(cq.z, h[0][2], p);
+          pk[l] = fmaf(cq.w, h[0][3], p);
+        }
 #pragma unroll
-            for (int k = 0; k < 2; ++k) {
-              const int n0 = 16 * s + 4 * (q + 2 * k);
+        for (int l = 0; l < kTokSteps; ++l) {
+          float acc = 0.f;
+          acc += pk[l] + __shfl_xor_sync(0xffffffffu, pk[l], 2);
+          pk[l] = acc + __shfl_xor_sync(0xffffffffu, acc, 1);
+        }
+        if (dvalid) {
 #pragma unroll
-              for (int j = 0; j < 4; ++j) h[s][k][j] = fmaf(scan_exp2(dtv * a2[s][k][j]), h[s][k][j], dtu * bl[n0 + j]);
-              float pk = bl[MF_STATE_CAP + n0] * h[s][k][0];
-#pragma unroll
-              for (int j = 1; j < 4; ++j) pk = fmaf(bl[MF_STATE_CAP + n0 + j], h[s][k][j], pk);
-              part[k] = pk;
-            }
-            acc += part[0] + part[1];
+          for (int g = 0; g < kTokSteps; g += 4) {
+            const float mine = j == 0 ? pk[g] : j == 1 ? pk[g + 1] : j == 2 ? pk[g + 2] : pk[g + 3];
+            emit(buf, l0, g + j, mine);
           }
         }
-        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-        if (dvalid && q == 0) {
-          float y = fmaf(Dd, sm.u[buf][l][c], acc);
-          y *= kDerive ? sm.sz[buf][l][c] : silu(sm.sz[buf][l][c]);
-          out[((long long)b * L + l0 + l) * d_inner + d] = from_f32<T>(y);
+      } else {
+#pragma unroll 1
+        for (int l = 0; l < steps; ++l) {
+          const float acc = tok_scan_step<NS>(h, a2, sm.dd[buf][l][c], sm.bc[buf][l], j, nslices);
+          if (dvalid && j == 0) emit(buf, l0, l, acc);
         }
       }
-      if (tile + 1 < ntiles) tok_scan_stage<T, kDerive>(nxt, sm, buf ^ 1, stage_bias);
+      // buffer buf ^ 1 was last read by the previous tile's steps, which every thread finished before the barrier
+      if (tile + 1 < ntiles) {
+        if (kPrefetch)
+          tok_scan_stage<T, kPrefetch ? NS : 0>(nxt, sm, buf ^ 1, stage_bias);
+        else
+          tok_scan_fill<T, NS>(sm, buf ^ 1, stage_bias, u, dt, xz, x_dbl, b, L, l0 + kTokSteps, d0, d_inner, d_state,
+                               dt_rank, x_dbl_stride, vec);
+      }
       __syncthreads();
     }
     if (dvalid) {
 #pragma unroll
       for (int s = 0; s < NS; ++s)
 #pragma unroll
-        for (int k = 0; k < 2; ++k)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int n = 16 * s + 4 * (q + 2 * k) + j;
-            if (n < d_state) srow[n] = h[s][k][j];
-          }
+        for (int i = 0; i < 4; ++i) {
+          const int n = 16 * s + 4 * j + i;
+          if (n < d_state) srow[n] = h[s][i];
+        }
     }
   }
 }
@@ -224,7 +318,7 @@ MF_DEVICE void ssm_scan_tokens(T* __restrict__ out, float* __restrict__ state, c
                                const float* __restrict__ A_log, const T* __restrict__ x_dbl,
                                const float* __restrict__ Dp, const T* __restrict__ xz, int batch, int d_inner,
                                int d_state, int dt_rank, long long L) {
-  __shared__ TokScanSmem sm;
+  __shared__ __align__(16) TokScanSmem sm;
   const int x_dbl_stride = dt_rank + 2 * d_state;
   if (d_state < 1 || d_state > MF_STATE_CAP || d_inner < 1 || dt_rank < 0 || L < 1) return;
   constexpr int NSMAX = MF_STATE_CAP / 16;

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The tenth session's calls on one H200 (under 10 minutes each), most important first: build for sm_90a, full
+# qualification signed with the release key (.keys/release.key) into manifests/h200.toml + .runtime.json, bundle,
+# verify; the GPU tests named by TESTS; the token-scan benchmark; the host-path profile; the peers (mamba-ssm and
+# causal-conv1d from .peers/) built in the background meanwhile (their sm_90 builds, 26 and 40 MB packed, are over
+# what a call brings back); then BENCHES (python files under benchmarks/, with their arguments, ';'-separated) while time is left.
+# Carried: .whl, .keys, .peers. Env: QUALIFY_FLAGS, DEADLINE, TESTS, TEST_S, BENCHES; 0 turns off: QUALIFY, PEERS,
+# SCAN, PROFILE; 1 turns on: NCU_SCAN.
+set -uo pipefail
+WHL=${WHL:-.whl}
+DEADLINE=${DEADLINE:-570}
+source "$(dirname "$0")/device_common.sh"
+archive_results
+install_wheels "$WHL" || exit 1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+if [ "${PEERS:-1}" != 0 ]; then
+  ( MAX_JOBS=8 bash benchmarks/peers/build_mamba_ssm.sh causal_conv1d-1.7.0 >"$OUT/peer_conv.txt" 2>&1 ) &
+  ( MAX_JOBS=8 bash benchmarks/peers/build_mamba_ssm.sh >"$OUT/peer_mamba.txt" 2>&1 ) &
+fi
+run build 240 mamba-forge build --arch sm_90a --out build -q -j 16 || exit 1
+if [ "${QUALIFY:-1}" != 0 ]; then  # QUALIFY=0: bundle the committed manifest (the kernels did not change)
+  TAILN=30 run qualify 330 mamba-forge qualify --device 0 --build build --level full ${QUALIFY_FLAGS:-} \
+    --sign-key .keys/release.key --out manifests/h200.toml
+  cp manifests/h200.toml manifests/h200.runtime.json "$OUT/"
+fi
+run bundle 60 mamba-forge bundle manifests/h200.toml --build build -o /tmp/h200.tar.gz
+run verify 60 mamba-forge verify /tmp/h200.tar.gz
+export MF_RUNTIME_BUNDLE=/tmp/h200.tar.gz MF_RUNTIME_KEY=manifests/keys
+[ "${SCAN:-1}" != 0 ] && TAILN=12 run bench_scan 60 python3 benchmarks/bench_scan_tokens.py --bundle /tmp/h200.tar.gz --key manifests/keys
+TAILN=60 run tests_gpu $(( $(left) > 300 ? ${TEST_S:-150} : $(left) - 150 )) python3 -m pytest -p no:cacheprovider \
+  -n 4 -v --timeout ${TEST_TIMEOUT:-120} -rfE --tb=short ${TESTS:-tests/gpu/test_mamba_layer_gpu.py}
+[ "${PROFILE:-1}" != 0 ] && TAILN=8 run profile_host 60 python3 scripts/profile_host_path.py --bundle /tmp/h200.tar.gz \
+  --key manifests/keys --calls ${PROFILE_CALLS:-2000}
+# NCU_SCAN=1: the token scan's first launch (B8 D2048 L2048) under Nsight Compute: throughput, stall reasons, occupancy
+[ "${NCU_SCAN:-0}" != 0 ] && command -v ncu >/dev/null && TAILN=80 run ncu_scan 120 ncu --section SpeedOfLight \
+  --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats -k regex:ssm_scan_tokens \
+  -c 1 python3 benchmarks/bench_scan_tokens.py --bundle /tmp/h200.tar.gz --key manifests/keys --reps 1
+IFS=';' read -ra benches <<<"${BENCHES:-}"
+for b in "${benches[@]}"; do
+  [ -z "$b" ] && continue
+  case $b in *bench_mamba*) wait ;; esac  # the peers
+  [ "$(left)" -gt 40 ] || { echo "no time left for $b"; continue; }
+  name=$(basename "${b%% *}" .py)
+  TAILN=60 run "$name" $(( $(left) - 15 )) python3 benchmarks/$b --bundle /tmp/h200.tar.gz --key manifests/keys
+done
+ls -la "$OUT_FINAL"
+echo done
