@@ -1,31 +1,25 @@
 """Hopper wgmma GEMM benchmark: every TriadSm90a rung against torch.matmul (cuBLAS) in the same run, bf16 and f16.
 
+Each rung launches through the public runtime (`kernels.gemm(..., symbol=NAME)` on a signed bundle): its tensor
+maps, grid and arguments come from the rung's signed contract, as an engine's launches do (a hand-built launch here
+once hit an illegal address on the skinny rungs, whose A box differs).
 CUDA-event timing, warm-up first, median of --iters (>= 20) launches on random data; prints a table and appends
 rows (date, GPU, symbol, shape, TFLOP/s, ratio to cuBLAS) to benchmarks/results/gemm_sm90a.md and records (ms
 against cuBLAS, goal >= 0.9x cuBLAS; summary_records below) to benchmarks/results/summary.json. Not a test.
 
-    python benchmarks/bench_gemm_sm90a.py [--iters 30] [--dtype bf16] [--shapes 4096x4096x4096,8192x8192x8192] [--smoke]
+    python benchmarks/bench_gemm_sm90a.py --bundle BUNDLE --key manifests/keys [--iters 30] [--dtype bf16]
+        [--shapes 4096x4096x4096,8192x8192x8192] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import sys
-import tempfile
 from pathlib import Path
 
 from summary import append, record  # benchmarks/summary.py
 from timing import gemm_iters_or_smoke, median_ms  # benchmarks/timing.py
-
-from mamba_forge.build.builder import BuildRequest, build
-from mamba_forge.catalog.model import Catalog, default_catalog_path, load_catalog
-from mamba_forge.catalog.targets import get_target
-from mamba_forge.gpu import tma
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gpu_support import bind, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
 
 RESULTS = Path(__file__).parent / "results" / "gemm_sm90a.md"
 HEADER = ("| date | GPU | symbol | layout | M | N | K | ms | TFLOP/s | cuBLAS TFLOP/s | ratio |\n"
@@ -39,21 +33,20 @@ def layout_of(name: str) -> str:
     return name.split("_")[2]  # gemm_bi_<layout>_sm90a_...
 
 
-def build_module():
-    cat = load_catalog(default_catalog_path())
-    sub = Catalog(path=cat.path, name=cat.name, modules=(cat.module("TriadSm90a"),))
-    out = Path(tempfile.mkdtemp(prefix="mf-bench-sm90a-"))
-    man = build(BuildRequest(sub, [get_target("sm_90a")], out))
-    (mod,) = [m for m in man.modules if m.target == "sm_90a"]
-    if mod.status != "compiled":
-        raise SystemExit(f"TriadSm90a failed to compile:\n{mod.log_head}")
-    cubin = out / next(a for a in mod.artifacts if a.code == "cubin").path
-    admitted = [s.name for s in mod.symbols if s.verdict.status == "admitted"]
-    return cat, cubin, admitted
+def rungs(kernels) -> list[tuple[str, str]]:
+    """(symbol, family) of every admitted TriadSm90a rung in the bundle, in name order."""
+    out = []
+    for name in sorted(kernels.admitted()):
+        sym = kernels.symbol(name)
+        if sym.module == "TriadSm90a":
+            out.append((name, sym.family))
+    return out
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bundle", required=True, help="signed bundle or manifest to load")
+    ap.add_argument("--key", required=True, help="trusted public key (file or folder)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--dtype", choices=["bf16", "f16", "both"], default="bf16")
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
@@ -71,25 +64,29 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
+    from mamba_forge.runtime import load
+
     torch.cuda.init()
     torch.zeros(1, device="cuda")
-    props = torch.cuda.get_device_properties(0)
-    gpu, sms = props.name, props.multi_processor_count
-    cat, cubin, admitted = build_module()
+    gpu = torch.cuda.get_device_properties(0).name
+    keys = sorted(Path(args.key).glob("*.pub")) if Path(args.key).is_dir() else [Path(args.key)]
+    kernels = load(args.bundle, trusted_keys=keys)
+    admitted = rungs(kernels)
+    if not admitted:
+        raise SystemExit(f"{args.bundle}: no admitted TriadSm90a rung on {gpu}; qualify the module on this GPU first")
     dtypes = ["bf16", "f16"] if args.dtype == "both" else [args.dtype]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     wanted = [w for w in args.symbols.split(",") if w]
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
     rows = []
-    stream = torch.cuda.current_stream().cuda_stream
     for dt in dtypes:
         tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dt]
-        names = [n for n in admitted if n.endswith("_" + dt) and (not wanted or any(w in n for w in wanted))]
+        names = [(n, fam) for n, fam in admitted if n.endswith("_" + dt) and (not wanted or any(w in n for w in wanted))]
         for M, N, K in shapes:
             g = torch.Generator(device="cuda").manual_seed(0)
             flops = 2.0 * M * N * K
             cublas = {}
-            for lay in sorted({layout_of(n) for n in names}):
+            for lay in sorted({layout_of(n) for n, _ in names}):
                 a_shape = (M, K) if lay in ("nn", "nt") else (K, M)
                 b_shape = (K, N) if lay in ("nn", "tn") else (N, K)
                 A = torch.randn(a_shape, generator=g, device="cuda").to(tdt)
@@ -98,36 +95,26 @@ def main(argv=None) -> int:
                 b_op = B if lay != "nt" else B.t()
                 ms_ref = median_ms(lambda a_op=a_op, b_op=b_op: torch.matmul(a_op, b_op), args.iters)
                 cublas[lay] = (ms_ref, A, B)
-            for name in names:
+            for name, family in names:
                 lay = layout_of(name)
                 ms_ref, A, B = cublas[lay]
+                C = torch.empty((M, N), dtype=tdt, device="cuda")
                 try:
-                    tma.check_gemm(lay, M, N, K)
-                except tma.TmaError as exc:
+                    kernels.gemm(A, B, out=C, layout=lay, symbol=name)
+                except Exception as exc:  # a rung that refuses this shape (divisibility, TMA limits) says why
                     print(f"skip {name} {M}x{N}x{K}: {exc}")
                     continue
-                sym = cat.symbols[name]
-                fn = load_cubin(cubin).function(name)
-                C = torch.empty((M, N), dtype=tdt, device="cuda")
-                if sym.params_env["TMASTORE"]:
-                    maps = tma.gemm_tensor_maps_with_c(lay, A.data_ptr(), B.data_ptr(), C.data_ptr(), M, N, K)
-                    blobs = [maps["tmA"], maps["tmB"], maps["tmC"]]
-                else:
-                    maps = tma.gemm_tensor_maps(lay, A.data_ptr(), B.data_ptr(), M, N, K)
-                    blobs = [maps["tmA"], maps["tmB"]]
-                kargs = blobs + [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr()), ("i32", M),
-                                 ("i32", N), ("i32", K)]
-                bm, bn = sym.params_env["BM"], sym.params_env["BN"]
-                grid = (min(math.ceil(M / bm) * math.ceil(N / bn), sms),)
 
-                run = bind(fn, grid, sym.block, kargs, smem=sym.dynamic_smem, stream=stream)
+                def run(A=A, B=B, C=C, lay=lay, name=name):
+                    kernels.gemm(A, B, out=C, layout=lay, symbol=name)
+
                 ms = median_ms(run, args.iters)
                 # a sanity check of the result so a fast wrong kernel cannot post a number
                 ref = torch.matmul(A if lay != "tn" else A.t(), B if lay != "nt" else B.t())
                 rel = float((C.float() - ref.float()).norm() / ref.float().norm())
                 ok = "" if rel < 1e-2 else f" WRONG (rel err {rel:.2e})"
                 row = (date, gpu, name, lay, M, N, K, ms, flops / ms / 1e9, flops / ms_ref / 1e9, ms_ref / ms, ms_ref,
-                       sym.family, rel < 1e-2)  # the table writes the first 11; the summary records use the rest
+                       family, rel < 1e-2)  # the table writes the first 11; the summary records use the rest
                 rows.append(row)
                 print(f"{name:48s} {lay} {M:6d} {N:6d} {K:6d}  {ms:8.3f} ms  {row[8]:7.1f} TFLOP/s  "
                       f"cuBLAS {row[9]:7.1f}  ratio {row[10]:.3f}{ok}")
