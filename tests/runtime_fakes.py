@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import itertools
 
-from mamba_forge.core import expr
 from mamba_forge.core.schema import Param, RuntimeSymbol
 from mamba_forge.runtime.tensors import DLDataType, DLDevice, DLTensor
 
@@ -280,25 +279,16 @@ def typed_scalars():
 
 
 def catalog_records():
-    """(RuntimeSymbol, qualification dims) for every catalog symbol, its contract filled as the qualifier does."""
+    """(RuntimeSymbol, qualification dims) for every catalog symbol: the record the qualifier launches through and
+    the manifest signs (qualify/contract.py runtime_symbol), at the catalog's own ABI layout and a state capacity
+    of 64 where the module takes one."""
     from mamba_forge.catalog.model import default_catalog_path, load_catalog
-    from mamba_forge.core.vocab import DTYPES
+    from mamba_forge.qualify.contract import runtime_symbol
+    from mamba_forge.qualify.spec import expected_abi
 
     cat = load_catalog(default_catalog_path())
     for cs in cat.symbols.values():
         spec = cat.module(cs.module)
         fam = spec.family(cs.family)
-        env = cs.params_env
-        constants = {k: v for k, v in env.items() if isinstance(v, int)}
-        constants.update({f"sizeof_{k}": DTYPES[v][1] for k, v in env.items() if isinstance(v, str) and v in DTYPES})
-        specs = [{"name": p.name, "type": p.type, "dtype": (p.dtype if p.dtype in DTYPES else env.get(p.dtype, "")),
-                  "role": p.role, "shape": [str(x) for x in p.shape], "size": p.size or 0,
-                  "value": "" if p.value is None else repr(p.value) if isinstance(p.value, float) else str(p.value)}
-                 for p in fam.params]
-        ps = params(*specs)
-        exprs = [str(g) for g in fam.launch.grid] + [x for p in ps for x in p.shape]
-        exprs += [p.value for p in ps if p.value and expr.names(p.value)]
-        dims = sorted(set().union(*(expr.names(x) for x in exprs)) - set(constants))
-        rec = symbol(cs.name, cs.family, cs.dtype or "", ps, [str(g) for g in fam.launch.grid], dims,
-                     block=cs.block, constants=constants, state_capacity=64 if spec.module.state_capacity else 0)
-        yield rec, dict(fam.qualify.dims)
+        yield (runtime_symbol(cs, fam, [list(x) for x in expected_abi(fam.params)],
+                              64 if spec.module.state_capacity else 0), dict(fam.qualify.dims))

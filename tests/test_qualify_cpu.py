@@ -226,7 +226,7 @@ def test_spec_refusals():
         S.evaluate(sym, variant(params=no_out))
     with pytest.raises(S.SpecError, match="batch_dim"):
         S.evaluate(sym, variant(qualify={**fam.qualify.model_dump(exclude_none=True), "batch_dim": "nope"}))
-    with pytest.raises(S.SpecError, match="unknown name"):
+    with pytest.raises(S.SpecError, match="missing dim cols"):
         S.evaluate(sym, variant(qualify={**fam.qualify.model_dump(exclude_none=True), "dims": {"rows": 4}}))
     with pytest.raises(S.SpecError, match="skipped: needs a tensor map"):
         S.evaluate(sym, variant(qualify={"skip": "needs a tensor map"}))
@@ -236,6 +236,20 @@ def test_spec_refusals():
     huge = {**fam.qualify.model_dump(exclude_none=True), "dims": {"rows": 1 << 20, "cols": 1 << 12}}
     with pytest.raises(S.SpecError, match="shrink"):
         S.evaluate(sym, variant(qualify=huge))
+    # the launch comes from the runtime contract of the record the manifest would sign: what it cannot carry or
+    # evaluate is refused before any buffer exists
+    with pytest.raises(S.SpecError, match="the ABI census has 3 slots for 4 parameters"):
+        S.evaluate(sym, fam, layout=[[0, 8], [8, 8], [16, 4]])
+    with pytest.raises(S.SpecError, match="pointer parameter 'out' has no shape"):
+        S.evaluate(sym, variant(params=[{k: v for k, v in params[0].items() if k != "shape"}, *params[1:]]))
+    with pytest.raises(S.SpecError, match="shape of 'out' must be integers"):
+        S.evaluate(sym, variant(params=[dict(params[0], shape=["rows * 1.5"]), *params[1:]]))
+    with pytest.raises(S.SpecError, match="parameter 'out' has an empty shape"):
+        S.evaluate(sym, variant(params=[dict(params[0], shape=["rows - rows"]), *params[1:]]))
+    with pytest.raises(S.SpecError, match="cols of control_row_sum: the record gives the scalar no value"):
+        S.evaluate(sym, variant(params=[*params[:3], {k: v for k, v in params[3].items() if k != "value"}]))
+    with pytest.raises(S.SpecError, match="grid dimension 0 = 0 .* is outside"):
+        S.evaluate(sym, variant(launch={"block": 128, "grid": ["rows - rows"]}))
 
 
 # ---- comparisons and census -------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from mamba_forge.qualify.outputs import (  # the pure NumPy half, re-exported: o
     reference_outputs,
     unwritten_mask,
 )
+from mamba_forge.runtime.errors import LaunchRefused
 
 NEIGHBOUR_SOURCE = r"""
 // The qualifier's noisy neighbour: streams a large buffer through an FMA chain, occupying memory bandwidth
@@ -183,19 +184,14 @@ class Instance:
                     self.guards.input(b.name, self.ptrs[b.name], pb.ptr, b.nbytes, DTYPE_SIZES[b.dtype])
             if self.guards is not None:
                 self._owned += self.guards.upload()
-            values: list[tuple[str, object]] = [("ptr", 0)] * len(spec.param_types)
-            aligns = [0] * len(spec.param_types)
-            for b in spec.buffers:  # kernel params only: aux buffers are reached through a prepared table
-                values[b.index] = ("ptr", self.ptrs[b.name])
-            for s in spec.scalars:
-                values[s.index] = (s.type, s.value)
             for bl in spec.blobs:
-                data = blobs[bl.name]
-                if len(data) != bl.size:
-                    raise S.SpecError(f"prepare returned {len(data)} bytes for {bl.name!r}, declared {bl.size}")
-                values[bl.index] = ("bytes", data)
-                aligns[bl.index] = bl.align
-            self.params = cu.PackedParams(values, aligns)
+                if bl.name not in blobs:
+                    raise S.SpecError(f"prepare returned nothing for the by-value param {bl.name!r}")
+            try:  # the runtime contract packs it (kernel params only: aux buffers are reached through a table)
+                bound = spec.bind({b.name: self.ptrs[b.name] for b in spec.buffers}, blobs)
+            except LaunchRefused as exc:
+                raise S.SpecError(f"{spec.symbol}: {exc}") from None
+            self.params = cu.PackedParams(bound.values, bound.aligns)
             # host-to-device copies from pageable memory may still be in flight on the legacy stream, which the
             # non-blocking streams the launches use do not wait for
             cu.context_synchronize()

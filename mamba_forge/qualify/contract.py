@@ -3,14 +3,16 @@ family (params, launch grid and dynamic shared memory), resolved for one symbol 
 the module's state capacity), joined with the ABI census (offset and size per parameter).
 
 The contract is what a caller needs to launch the symbol without the catalog: the expressions stay expressions
-(over `dims`, which the caller supplies, and `constants`, which the symbol fixes).
+(over `dims`, which the caller supplies, and `constants`, which the symbol fixes). The qualifier launches through
+the same record (runtime_symbol -> runtime.contract.Contract; qualify/spec.py), so what it qualified is what an
+engine's launch of the signed record computes.
 """
 
 from __future__ import annotations
 
-from mamba_forge.catalog.model import ModuleSpec, Symbol
+from mamba_forge.catalog.model import Family, ModuleSpec, Symbol
 from mamba_forge.core import expr
-from mamba_forge.core.schema import Param, param_kind
+from mamba_forge.core.schema import Param, RuntimeSymbol, param_kind
 from mamba_forge.core.vocab import DTYPES
 
 
@@ -36,7 +38,12 @@ def contract(sym: Symbol, spec: ModuleSpec, layout: list[list[int]], state_capac
     params. `layout` is the ABI census ([offset, size] per parameter, in order); where it does not cover the
     declared parameters one for one (the module failed to compile, or the ABI check rejected the symbol), no
     parameter can be placed and `params` stays empty: such a symbol never serves."""
-    fam = spec.family(sym.family)
+    return family_contract(sym, spec.family(sym.family), layout, state_capacity if spec.module.state_capacity else 0)
+
+
+def family_contract(sym: Symbol, fam: Family, layout: list[list[int]], state_capacity: int) -> dict:
+    """contract() for a family given as is (the qualifier's, which tests vary) and the state capacity the symbol's
+    module was compiled with (0: none)."""
     env = sym.params_env
     params: list[Param] = []
     if len(layout) == len(fam.params):
@@ -56,9 +63,18 @@ def contract(sym: Symbol, spec: ModuleSpec, layout: list[list[int]], state_capac
     used = set().union(*(expr.names(x) for x in texts)) if texts else set()
     return {
         "grid": grid, "dynamic_smem_expr": _text(fam.launch.dynamic_smem), "dims": sorted(used - set(constants)),
-        "constants": constants, "state_capacity": state_capacity if spec.module.state_capacity else 0,
-        "params": params,
+        "constants": constants, "state_capacity": state_capacity, "params": params,
     }
 
 
-__all__ = ["constants_of", "contract"]
+def runtime_symbol(sym: Symbol, fam: Family, layout: list[list[int]], state_capacity: int) -> RuntimeSymbol:
+    """The record an engine loads for `sym` (the signed QSymbol's launch contract, as the runtime table projects
+    it): block and dynamic shared memory as the build records them (the catalog symbol's), the contract's fields
+    from family_contract. The qualifier launches through runtime.contract.Contract of this record."""
+    return RuntimeSymbol(name=sym.name, module=sym.module, target="", family=sym.family, dtype=sym.dtype or "",
+                         status="admitted", fallback=list(sym.fallback), block=list(sym.block),
+                         dynamic_smem=sym.dynamic_smem, deterministic=sym.deterministic,
+                         **family_contract(sym, fam, layout, state_capacity))
+
+
+__all__ = ["constants_of", "contract", "family_contract", "runtime_symbol"]

@@ -47,7 +47,6 @@ def digests(run, fn, prepare, seed: int) -> list[CheckResult]:
     check record per (class, M) whose digest is the output's sha256 (compared by :func:`apply`)."""
     from mamba_forge.qualify import checks as C
     from mamba_forge.qualify import fills
-    from mamba_forge.qualify import spec as S
 
     out: list[CheckResult] = []
     for route, cls in memberships(run.catalog, run.name):
@@ -55,7 +54,7 @@ def digests(run, fn, prepare, seed: int) -> list[CheckResult]:
         rung = next(r for r in cls.rungs if r.symbol == run.name)
         n, k = cls.check
         for m in check_m_values(rung):
-            spec = S.evaluate(run.sym, run.fam, {**run.fam.qualify.dims, "M": m, "N": n, "K": k})
+            spec = run.spec_at({**run.fam.qualify.dims, "M": m, "N": n, "K": k})
             inputs = {b.name: fills.make_input(b, "uniform", _rng(seed, lbl, m, b.name))
                       for b in spec.all_buffers if b.needs_fill}
             inst = C.Instance(run.ctx, spec, fn, inputs, prepare)

@@ -85,7 +85,7 @@ def qualify(req: QualifyRequest, on_event: OnEvent | None = None, cc_hint: tuple
 
     def one(dev: int) -> None:
         ws = WorkerSettings(req.build_dir, req.catalog.path, dev, req.level, seed, req.timeout_s,
-                            command=req.worker_command or list(DEFAULT_WORKER))
+                            command=req.worker_command or list(DEFAULT_WORKER), state_capacity=req.build.state_capacity)
         oc = merge_outcomes(in_parallel(lambda sh: run_groups(sh, ws, on_event), shard(groups, req.jobs)))
         if req.sanitizer == "ran":
             admitted = {n for n, r in oc.results.items() if r.admitted}
@@ -93,7 +93,7 @@ def qualify(req: QualifyRequest, on_event: OnEvent | None = None, cc_hint: tuple
             # the four tools at once (each a shard per job): a worker under a tool is bound by the tool's
             # host-side instrumentation, not by the GPU; verdicts are applied in tool order, not finish order
             tasks = [(WorkerSettings(req.build_dir, req.catalog.path, dev, req.level, seed, req.timeout_s,
-                                     command=ws.command, sanitize_tool=tool), sh)
+                                     command=ws.command, sanitize_tool=tool, state_capacity=ws.state_capacity), sh)
                      for tool in SANITIZER_TOOLS for sh in (shard(sgroups, req.jobs) if sgroups else [])]
             for (sws, _), soc in zip(tasks, in_parallel(lambda t: run_groups(t[1], t[0], on_event, sanitize=True),
                                                         tasks), strict=True):

@@ -1,9 +1,12 @@
 """Catalog launch spec -> concrete launch: buffers (dtype, shape, bytes, role, fill), scalars, grid, block,
 dynamic shared memory (the input contents: fills.py). Pure NumPy: evaluated and tested on CPU.
 
-A family's ``params`` list is the kernel's ABI in order; pointer parameters carry a shape (expressions over the
-qualification dims and the instance parameters) and a role; scalars carry a value. The grid is evaluated over
-the same names. ``evaluate(...)`` returns a :class:`LaunchSpec` or raises :class:`SpecError` naming the problem.
+The launch itself is not evaluated here: ``evaluate(...)`` builds the record the manifest signs for the symbol
+(qualify/contract.py ``runtime_symbol``), compiles it with the runtime's ``Contract`` and takes grid, block,
+dynamic shared memory, every pointer's shape and every scalar's value from ``Contract.at(dims)``; the instance's
+launch packs through ``Contract.bind_at``. What stays here is the harness's: fills, aux buffers (the tensors a
+prepared pointer table reaches, no kernel parameter), corpora, tolerances, and the catalog checks that make a
+family qualifiable. ``evaluate`` returns a :class:`LaunchSpec` or raises :class:`SpecError` naming the problem.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ import numpy as np
 from mamba_forge.catalog.model import Family, Param, Symbol
 from mamba_forge.core import expr
 from mamba_forge.core.vocab import DTYPES, FLOAT_DTYPES
+from mamba_forge.qualify.contract import runtime_symbol
+from mamba_forge.runtime.args import blob_align
+from mamba_forge.runtime.contract import Bound, Contract, Launch
+from mamba_forge.runtime.errors import LaunchRefused
 
 NP_DTYPES: dict[str, np.dtype] = {  # numpy has no bfloat16: ml_dtypes's
     token: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name) for token, (_, _, name) in DTYPES.items()
@@ -127,22 +134,49 @@ class BlobSpec:
 
 @dataclass
 class LaunchSpec:
+    """One concrete launch: the runtime Contract's (grid, block, shared memory, shapes, scalars: `launch`) and
+    the harness's own (fills, aux buffers, corpora, tolerances)."""
+
     symbol: str
     family: str
     dims: dict[str, int]
-    env: dict[str, int]  # dims + numeric instance params + sizeof_<key>
+    env: dict[str, int]  # dims + the contract's constants (numeric instance params, sizeof_<key>): prepare's view
     buffers: list[BufferSpec]
     scalars: list[ScalarSpec]
     blobs: list[BlobSpec]
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    dynamic_smem: int
-    param_types: list[str]  # per parameter, in order: ptr/i32/.../bytes
-    abi: list[tuple[int, int]]  # expected (offset, size) per parameter
+    contract: Contract  # the runtime's, of the record the manifest signs (symbol_contract)
+    launch: Launch  # contract.at(dims)
     corpora: list[str]
     tolerance: dict[str, tuple[float, float]] = field(default_factory=dict)  # per output name
     exact: bool = False
     aux: list[BufferSpec] = field(default_factory=list)  # qualify.aux buffers (not kernel parameters)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return self.launch.grid
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return self.launch.block
+
+    @property
+    def dynamic_smem(self) -> int:
+        return self.launch.shared_mem
+
+    @property
+    def param_types(self) -> list[str]:
+        """Per parameter, in order: ptr/i32/.../bytes."""
+        return [p.type for p in self.contract.record.params]
+
+    @property
+    def abi(self) -> list[tuple[int, int]]:
+        """(offset, size) per parameter: the record's ABI census."""
+        return [(p.offset, p.size) for p in self.contract.record.params]
+
+    def bind(self, addresses: dict[str, int], blobs: dict[str, bytes]) -> Bound:
+        """The launch packed around these device addresses (every kernel pointer's) and blobs, through the contract
+        (Contract.bind_at: blob sizes, null addresses and overlaps refused as an engine's bind refuses them)."""
+        return self.contract.bind_at(self.launch, addresses, blobs)
 
     @property
     def all_buffers(self) -> list[BufferSpec]:
@@ -180,25 +214,38 @@ def expected_abi(params: list[Param], base: int = 0) -> list[tuple[int, int]]:
     return out
 
 
-def _dtype_of(p: Param, sym: Symbol, where: str) -> str:
+def _dtype(p: Param, sym: Symbol) -> str:
+    """An aux buffer's dtype token: a dtype, or an instance key naming one (as the contract resolves a pointer's)."""
     token = p.dtype or ""
-    if token in DTYPES:
-        return token
-    v = sym.params_env.get(token)
-    if isinstance(v, str) and v in DTYPES:
-        return v
-    raise SpecError(f"{where}: parameter {p.name!r} dtype {token!r} is neither a dtype nor an instance key naming one")
+    return token if token in DTYPES else str(sym.params_env.get(token, token))
 
 
-def base_env(sym: Symbol, dims: dict[str, int]) -> dict[str, int]:
-    env: dict[str, int] = {k: v for k, v in sym.params_env.items() if isinstance(v, int)}
-    env.update({f"sizeof_{k}": DTYPES[v][1] for k, v in sym.params_env.items() if isinstance(v, str) and v in DTYPES})
-    env.update(dims)
-    return env
+_CONTRACTS: dict[tuple, tuple[Symbol, Family, Contract]] = {}
+_CONTRACT_ENTRIES = 512  # compiled contracts kept (a split check evaluates one symbol at many dims)
 
 
-def evaluate(sym: Symbol, fam: Family, dims: dict[str, int] | None = None) -> LaunchSpec:
-    """The concrete launch of `sym` at `dims` (default: the family's qualification dims)."""
+def symbol_contract(sym: Symbol, fam: Family, layout: list[list[int]] | None = None,
+                    state_capacity: int = 0) -> Contract:
+    """The runtime's compiled Contract of the record the manifest signs for `sym` (qualify/contract.py
+    runtime_symbol), with `layout` as its ABI census (default: the catalog's own, expected_abi) and the module's
+    compiled state capacity (0: none). Compiled once per (symbol, family, layout, capacity)."""
+    census = [list(x) for x in (layout if layout is not None else expected_abi(fam.params))]
+    key = (id(sym), id(fam), tuple(map(tuple, census)), state_capacity)
+    hit = _CONTRACTS.get(key)
+    if hit is not None and hit[0] is sym and hit[1] is fam:  # ids are not reused while the entry holds both
+        return hit[2]
+    c = Contract(runtime_symbol(sym, fam, census, state_capacity))
+    if len(_CONTRACTS) >= _CONTRACT_ENTRIES:
+        _CONTRACTS.pop(next(iter(_CONTRACTS)))
+    _CONTRACTS[key] = (sym, fam, c)
+    return c
+
+
+def evaluate(sym: Symbol, fam: Family, dims: dict[str, int] | None = None, *, layout: list[list[int]] | None = None,
+             state_capacity: int = 0) -> LaunchSpec:
+    """The concrete launch of `sym` at `dims` (default: the family's qualification dims): grid, block, dynamic
+    shared memory, shapes and scalar values from the runtime Contract of its signed record (symbol_contract, with
+    `layout` and `state_capacity` as there); fills, aux buffers, corpora and tolerances from the catalog."""
     where = f"family {fam.name} (symbol {sym.name})"
     q = fam.qualify
     if q.skip:
@@ -206,23 +253,25 @@ def evaluate(sym: Symbol, fam: Family, dims: dict[str, int] | None = None) -> La
     if not fam.params:
         raise SpecError(f"{where}: no params declared (the launch spec is the parameter list)")
     dims = dict(q.dims if dims is None else dims)
-    env = base_env(sym, dims)
+    if layout is not None and len(layout) != len(fam.params):  # the contract could place no parameter
+        raise SpecError(f"{where}: the ABI census has {len(layout)} slots for {len(fam.params)} parameters")
+    for p in fam.params:  # a record the manifest could not carry (its codec refuses a pointer without a shape)
+        if p.type == "ptr" and not p.shape:
+            raise SpecError(f"{where}: pointer parameter {p.name!r} has no shape")
+    try:
+        contract = symbol_contract(sym, fam, layout, state_capacity)
+        launch = contract.at({d: dims[d] for d in contract.dims if d in dims})
+    except LaunchRefused as exc:
+        raise SpecError(f"{where}: {exc}") from None
+    env = {**contract.constants, **dims}  # what prepare hooks and aux shapes see
 
-    def ev(e, what: str) -> int:
-        try:
-            v = expr.evaluate(e, env)
-        except expr.ExprError as exc:
-            raise SpecError(f"{where}: {what}: {exc}") from None
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise SpecError(f"{where}: {what} must be an integer, got {v!r}")
-        return v
-
-    def pointer(i: int, p: Param, aux: bool) -> BufferSpec:
+    def buffer(i: int, p: Param, dt: str, shape: tuple, aux: bool) -> BufferSpec:
         kind = "aux buffer" if aux else "parameter"
-        dt = _dtype_of(p, sym, where)
-        if not p.shape:
-            raise SpecError(f"{where}: pointer {kind} {p.name!r} has no shape")
-        shape = tuple(ev(s, f"shape of {p.name!r}") for s in p.shape)
+        if dt not in DTYPES:
+            raise SpecError(f"{where}: {kind} {p.name!r} dtype {p.dtype!r} is neither a dtype nor an instance key "
+                            "naming one")
+        if any(type(s) is not int for s in shape):
+            raise SpecError(f"{where}: shape of {p.name!r} must be integers, got {shape}")
         if any(s < 1 for s in shape):
             raise SpecError(f"{where}: {kind} {p.name!r} has an empty shape {shape}")
         fill = Fill.parse(p.fill) if p.fill else None
@@ -237,45 +286,31 @@ def evaluate(sym: Symbol, fam: Family, dims: dict[str, int] | None = None) -> La
             raise SpecError(f"{where}: {kind} {p.name!r} needs {b.nbytes} bytes (> {MAX_BUFFER_BYTES}): shrink qualify.dims")
         return b
 
-    buffers, scalars, blobs, types = [], [], [], []
-    for i, p in enumerate(fam.params):
-        types.append(p.type)
-        if p.type == "ptr":
-            buffers.append(pointer(i, p, aux=False))
+    def aux_shape(p: Param) -> tuple:  # aux buffers are the harness's own, not the kernel's: not in the contract
+        if not p.shape:
+            raise SpecError(f"{where}: pointer aux buffer {p.name!r} has no shape")
+        try:
+            return tuple(expr.evaluate(x, env) for x in p.shape)
+        except expr.ExprError as exc:
+            raise SpecError(f"{where}: shape of {p.name!r}: {exc}") from None
+
+    buffers, scalars, blobs = [], [], []
+    for i, (p, rp) in enumerate(zip(fam.params, contract.record.params, strict=True)):
+        if p.type == "ptr":  # the record's dtype: the one an engine's tensors are held to
+            buffers.append(buffer(i, p, rp.dtype, launch.shapes[p.name], aux=False))
         elif p.type == "bytes":
-            blobs.append(BlobSpec(i, p.name, p.size or 0, p.align or 1))
+            blobs.append(BlobSpec(i, p.name, rp.size, blob_align(rp.size)))
         else:
-            if p.value is None:
-                raise SpecError(f"{where}: scalar parameter {p.name!r} has no value")
-            if isinstance(p.value, float):
-                val: int | float = p.value
-            else:
-                try:
-                    val = expr.evaluate(p.value, env)
-                except expr.ExprError as exc:
-                    raise SpecError(f"{where}: value of {p.name!r}: {exc}") from None
-            if p.type in ("f32", "f64"):
-                val = float(val)
-            elif not isinstance(val, int):
-                raise SpecError(f"{where}: integer parameter {p.name!r} got {val!r}")
-            else:
-                lo, hi = {"i32": (-(2**31), 2**31 - 1), "u32": (0, 2**32 - 1), "i64": (-(2**63), 2**63 - 1),
-                          "u64": (0, 2**64 - 1), "ptr": (0, 2**64 - 1)}[p.type]
-                if not lo <= val <= hi:
-                    raise SpecError(f"{where}: value {val} of {p.name!r} does not fit {p.type}")
-            scalars.append(ScalarSpec(i, p.name, p.type, val))
+            scalars.append(ScalarSpec(i, p.name, *launch.scalars[p.name]))
     clash = {a.name for a in q.aux} & {p.name for p in fam.params}
     if clash:
         raise SpecError(f"{where}: aux buffer(s) {sorted(clash)} share a name with a kernel parameter")
-    aux = [pointer(-1, a, aux=True) for a in q.aux]
+    aux = [buffer(-1, a, _dtype(a, sym), aux_shape(a), aux=True) for a in q.aux]
     if aux and not any(b.prepared for b in buffers):
         raise SpecError(f"{where}: aux buffers need a prepared pointer param (an input without a fill, built by "
                         "qualify.prepare) through which the kernel reaches them")
     if not any(b.is_output for b in buffers + aux):
         raise SpecError(f"{where}: no output parameter (role out or inout): nothing to check")
-    grid = tuple(ev(g, f"grid[{k}]") for k, g in enumerate(fam.launch.grid)) + (1,) * (3 - len(fam.launch.grid))
-    if any(g < 1 for g in grid) or grid[0] > 2**31 - 1 or grid[1] > 65535 or grid[2] > 65535:
-        raise SpecError(f"{where}: grid {grid} is out of range")
     if q.batch_dim is not None and q.batch_dim not in dims:
         raise SpecError(f"{where}: batch_dim {q.batch_dim!r} is not one of the dims {sorted(dims)}")
     if q.reference is not None and not re.match(r"^[\w.]+:\w+$", q.reference):
@@ -289,8 +324,7 @@ def evaluate(sym: Symbol, fam: Family, dims: dict[str, int] | None = None) -> La
             tol[b.name] = (q.rtol if q.rtol is not None else rt, q.atol if q.atol is not None else at)
     return LaunchSpec(
         symbol=sym.name, family=fam.name, dims=dims, env=env, buffers=buffers, scalars=scalars, blobs=blobs,
-        grid=grid, block=tuple(sym.block), dynamic_smem=sym.dynamic_smem, param_types=types,  # type: ignore[arg-type]
-        abi=expected_abi(fam.params), corpora=list(q.corpora), tolerance=tol, exact=q.exact, aux=aux,
+        contract=contract, launch=launch, corpora=list(q.corpora), tolerance=tol, exact=q.exact, aux=aux,
     )
 
 
@@ -334,5 +368,5 @@ def from_bytes(data: bytes, dtype: str) -> np.ndarray:
 
 __all__ = [
     "BlobSpec", "BufferSpec", "Fill", "LaunchSpec", "ScalarSpec", "SpecError", "TOLERANCES",
-    "as_f64", "batch_axis", "batch_sizes", "evaluate", "expected_abi", "from_bytes", "leading_rows",
+    "as_f64", "batch_axis", "batch_sizes", "evaluate", "expected_abi", "from_bytes", "leading_rows", "symbol_contract",
 ]

@@ -179,7 +179,7 @@ def check(run, fn, inputs: dict[str, np.ndarray], prepare, checked: list):
         finally:
             inst.free()
 
-    out = prove(run.fam.split, dict(run.fam.qualify.dims), lambda d: S.evaluate(run.sym, run.fam, d), inputs, launch)
+    out = prove(run.fam.split, dict(run.fam.qualify.dims), run.spec_at, inputs, launch)
     run.add(CHECK, out.passed, out.digest, out.detail)
     return None if out.passed else run.reject(CHECK, f"{run.name}: {out.reason}")
 

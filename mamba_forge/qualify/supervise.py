@@ -57,6 +57,7 @@ class WorkerSettings:
     command: list[str] = field(default_factory=lambda: list(DEFAULT_WORKER))
     sanitize_tool: str | None = None
     env: dict[str, str] | None = None
+    state_capacity: int = 0  # the build's compiled MF_STATE_CAP: the contract the qualifier launches through holds it
 
     @property
     def time_scale(self) -> float:
@@ -93,7 +94,7 @@ def run_groups(groups: list[Group], ws: WorkerSettings, on_event: OnEvent | None
         rem = set(remaining)
         job_groups = [g.job(rem) for g in groups if any(s["name"] in rem for s in g.symbols)]
         job = {"device": ws.device, "level": ws.level, "seed": ws.seed, "timeout_s": ws.timeout_s,
-               "time_scale": ws.time_scale,
+               "time_scale": ws.time_scale, "state_capacity": ws.state_capacity,
                "catalog": str(ws.catalog), "build_dir": str(ws.build_dir), "sanitize": sanitize, "groups": job_groups}
         before = len(out.results)
         _one_worker(job, rem, ws, out, where, on_event)

@@ -52,8 +52,16 @@ class SymbolRun:
         self.fam = catalog.module(self.sym.module).family(self.sym.family)
         self.module = module
         self.seed = symbol_seed(job["seed"], self.name)
+        cap = int(job.get("state_capacity", 0))  # the build's; it binds only where the module was compiled with it
+        self.state_capacity = cap if cap and catalog.module(self.sym.module).module.state_capacity else 0
         self.result = SymbolResult(self.name, group["module"], group["target"], "rejected", seed=self.seed,
                                    block=list(self.sym.block), dynamic_smem=self.sym.dynamic_smem)
+
+    def spec_at(self, dims: dict[str, int] | None = None) -> S.LaunchSpec:
+        """The launch at `dims` (default: the qualification dims) through the runtime Contract of the record the
+        manifest will sign: this symbol's live ABI census (once admitted) and the build's state capacity."""
+        return S.evaluate(self.sym, self.fam, dims, layout=self.result.params or None,
+                          state_capacity=self.state_capacity)
 
     @property
     def checks(self) -> list[CheckResult]:
@@ -90,7 +98,7 @@ class SymbolRun:
         if self.job.get("sanitize") and q.batch_dim and q.dims.get(q.batch_dim, 0) > SANITIZE_BATCH:
             dims = {**q.dims, q.batch_dim: SANITIZE_BATCH}
         try:
-            spec = S.evaluate(self.sym, self.fam, dims)
+            spec = self.spec_at(dims)
         except S.SpecError as exc:
             if q.skip:
                 return self.reject("untested", f"{self.name}: not launched by the qualifier: {q.skip}")
@@ -234,7 +242,7 @@ class SymbolRun:
             for small in S.batch_sizes(full):
                 sdims = {**spec.dims, q.batch_dim: small}
                 try:
-                    sspec = S.evaluate(self.sym, self.fam, sdims)
+                    sspec = self.spec_at(sdims)
                     sin = {}
                     fb = {b.name: b for b in spec.all_buffers}
                     for b in sspec.all_buffers:

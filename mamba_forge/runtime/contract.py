@@ -34,10 +34,11 @@ names the dim ``d_state``; the schema records no capacity-bound dim, so the name
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from mamba_forge.core.vocab import DTYPE_SIZES
 from mamba_forge.runtime.args import INT_RANGES, blob_align, check_tensor, param_packer, scalar_value
+from mamba_forge.runtime.contract_at import Bound, Launch, LaunchAt, _bound, blob_bytes
 from mamba_forge.runtime.contract_memo import (  # noqa: F401  (MEMO_ENTRIES, _MISSING: re-exported)
     _BLOB,
     _DERIVED,
@@ -67,31 +68,14 @@ _READS = ("in", "inout")
 
 
 
-class Bound(NamedTuple):
-    """A checked launch: what driver.PackedParams and cuLaunchKernel take."""
-
-    values: list  # (type, value) per parameter, in order
-    aligns: tuple[int, ...]  # by-value blob alignment per parameter (0: not a blob)
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_mem: int
-    owner: str  # the first tensor's framework ("torch", "cupy", ...): streams.default_stream's owner
-    ordinal: int  # the device the tensors are on
-
-
-def _bound(fields: tuple) -> Bound:
-    return tuple.__new__(Bound, fields)  # skips NamedTuple's Python-level __new__
-
-
-
-
-class Contract(LaunchMemo):
+class Contract(LaunchMemo, LaunchAt):
     """A symbol's launch contract, compiled: see the module docstring for the rules."""
 
     def __init__(self, symbol: RuntimeSymbol):  # type: ignore[valid-type]
         self.symbol = name = symbol.name
+        self.record = symbol  # what it was compiled from
         self.dims = dims = tuple(symbol.dims)
-        constants = dict(symbol.constants)
+        self.constants = constants = dict(symbol.constants)
         if clash := set(dims) & set(constants):
             raise LaunchRefused(f"{name}: {sorted(clash)} are both dims and constants")
         if not 1 <= len(symbol.grid) <= 3:
@@ -208,13 +192,7 @@ class Contract(LaunchMemo):
                 values[i] = ("ptr", ptr)
                 numels[j] = numel
             elif how == _BLOB:
-                if not isinstance(v, (bytes, bytearray, memoryview)):
-                    raise LaunchRefused(f"{what} is a {type(v).__name__}; the parameter is a {extra}-byte blob "
-                                        "(e.g. a CUtensorMap): pass bytes")
-                data = v if type(v) is bytes else bytes(v)
-                if len(data) != extra:
-                    raise LaunchRefused(f"{what} is {len(data)} bytes; the parameter is exactly {extra} bytes")
-                values[i] = ("bytes", data)
+                values[i] = ("bytes", blob_bytes(v, extra, what))
             elif how == _DERIVED:
                 given_derived[extra] = scalar_value(ptype, v, what)
             else:
@@ -238,20 +216,8 @@ class Contract(LaunchMemo):
         if seen != len(kwargs):
             raise LaunchRefused(f"{name} takes no argument {', '.join(self._unknown(kwargs))}; "
                                 f"it takes {', '.join(self.accepted)}")
-        if self._capacity_at >= 0 and not 1 <= dims[self._capacity_at] <= self.state_capacity:
-            raise LaunchRefused(f"{name}: d_state = {dims[self._capacity_at]} (from "
-                                f"{self.derivations[CAPACITY_DIM]}) must be 1..{self.state_capacity}, the state "
-                                f"capacity it was built with (rebuild with --state-cap to go higher)")
-        try:
-            out = self._evaluate(*dims)
-        except (ArithmeticError, ValueError) as exc:
-            raise LaunchRefused(f"{name}: the contract cannot be evaluated at {self._at(dims)} "
-                                f"({type(exc).__name__}: {exc})") from None
+        grid, out = self._geometry(dims)
         ng = self._ngrid
-        grid = out[:ng] + self._grid_pad
-        for g, limit in zip(grid, GRID_LIMITS):  # noqa: B905 - equal lengths
-            if type(g) is not int or not 1 <= g <= limit:
-                raise LaunchRefused(self._bad_grid(grid, dims))
         for have, count in zip(numels, out[ng:]):  # noqa: B905 - out continues with the derived scalars
             if 0 <= have < count:  # have -1: the null pointer
                 raise LaunchRefused(self._too_small(numels, out[ng:], dims))
@@ -266,6 +232,25 @@ class Contract(LaunchMemo):
                     v = scalar_value(ptype, v, f"{self._plan[i][5]} (= {d}, {self.derivations[d]})")
                 values[i] = (ptype, v)
         return _bound((values, self._aligns, grid, self._block, self._smem, owner, device))
+
+    def _geometry(self, dims: list) -> tuple[tuple, tuple]:
+        """(grid, every expression's value: grid, element counts, derived scalars) at these dims, after the state
+        capacity check; bind and the tensorless launch (contract_at.LaunchAt.at) both evaluate through here."""
+        name = self.symbol
+        if self._capacity_at >= 0 and not 1 <= dims[self._capacity_at] <= self.state_capacity:
+            raise LaunchRefused(f"{name}: d_state = {dims[self._capacity_at]} (from "
+                                f"{self.derivations[CAPACITY_DIM]}) must be 1..{self.state_capacity}, the state "
+                                f"capacity it was built with (rebuild with --state-cap to go higher)")
+        try:
+            out = self._evaluate(*dims)
+        except (ArithmeticError, ValueError) as exc:
+            raise LaunchRefused(f"{name}: the contract cannot be evaluated at {self._at(dims)} "
+                                f"({type(exc).__name__}: {exc})") from None
+        grid = out[:self._ngrid] + self._grid_pad
+        for g, limit in zip(grid, GRID_LIMITS):  # noqa: B905 - equal lengths
+            if type(g) is not int or not 1 <= g <= limit:
+                raise LaunchRefused(self._bad_grid(grid, dims))
+        return grid, out
 
     def _check_memory(self, values: list, numels: list, null: str) -> None:
         """Before any launch: no tensor at address 0 (but the one `null` parameter), no output overlapping
@@ -357,4 +342,4 @@ def contract(symbol: RuntimeSymbol) -> Contract:  # type: ignore[valid-type]
     return c
 
 
-__all__ = ["CAPACITY_DIM", "GRID_LIMITS", "MEMO_ENTRIES", "Bound", "Contract", "contract"]
+__all__ = ["CAPACITY_DIM", "GRID_LIMITS", "MEMO_ENTRIES", "Bound", "Contract", "Launch", "contract"]

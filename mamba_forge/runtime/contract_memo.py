@@ -14,7 +14,7 @@ from mamba_forge.runtime.tensors import TORCH_DTYPE_TOKENS
 from mamba_forge.runtime.tensors import TORCH_TYPES as _TORCH_TYPES
 
 if TYPE_CHECKING:
-    from mamba_forge.runtime.contract import Bound
+    from mamba_forge.runtime.contract_at import Bound
 
 _MISSING = object()
 _PTR, _BLOB, _GIVEN, _DIM_SOURCE, _DERIVED = range(5)  # how a parameter is bound (below _DIM_SOURCE: required)
