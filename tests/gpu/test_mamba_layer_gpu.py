@@ -48,9 +48,12 @@ def _scan_inputs(b, L, d, n, r, dtype, seed):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
-@pytest.mark.parametrize("b,L", [(1, 1), (3, 7), (2, 256), (64, 33), (1, 2048)])
-def test_scan_tokens_equals_the_decode_step_bit_for_bit(mft, kernels, dtype, b, L):  # noqa: F811
-    d, n, r = 256, 16, 16
+# batch 1..256, L in {1, 7, 256, 2048} (issue 23); d_inner 70 and dt_rank 13: the scalar-load path (rows not in
+# whole quads), d_inner 256: the vector path; L past one 16-step tile with a partial last tile
+@pytest.mark.parametrize("b,L,d,r", [(1, 1, 256, 16), (3, 7, 256, 16), (256, 7, 256, 16), (256, 1, 256, 16),
+                                     (2, 256, 256, 16), (64, 33, 256, 16), (1, 2048, 256, 16), (3, 37, 70, 13)])
+def test_scan_tokens_equals_the_decode_step_bit_for_bit(mft, kernels, dtype, b, L, d, r):  # noqa: F811
+    n = 16
     x = _scan_inputs(b, L, d, n, r, DT[dtype], seed=b * 1000 + L)
     ops = torch.ops.mamba_forge
     state = x["state"].clone()
