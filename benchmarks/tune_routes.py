@@ -206,6 +206,7 @@ def _tokens(dt: str) -> tuple[str, str, str | None]:
 
 def measure_key(torch, kernels, layout: str, dt: str, shapes, ms_list, reps: int) -> list[dict]:
     """One entry per (key, class) served at the shapes: every serving rung of the class, checked and timed."""
+    from mamba_forge.runtime.errors import LaunchRefused
     from mamba_forge.runtime.routes import NoRoute
 
     a_tok, c_tok, mathopt = _tokens(dt)
@@ -253,10 +254,19 @@ def measure_key(torch, kernels, layout: str, dt: str, shapes, ms_list, reps: int
                 continue
             run = {x.symbol: launcher(A, B, torch.empty((M, N), dtype=tdt, device="cuda"), x.symbol)
                    for x in serving}  # each rung its own C, so every output is compared with the reference's
-            want = run[ref]().view(bits)
-            row = {"served": route(M, N, K).symbol, "rungs": {}}
+            outs = {}
             for sym, fn in run.items():
-                if not torch.equal(fn().view(bits), want):
+                try:
+                    outs[sym] = fn().view(bits)
+                except LaunchRefused as exc:  # a launch the runtime refuses here: not a candidate, the run goes on
+                    print(f"{sym} refused at {name} M={M}: {exc}")
+            if ref not in outs:
+                continue
+            row = {"served": route(M, N, K).symbol, "reference": ref, "rungs": {}}
+            for sym, fn in run.items():
+                if sym not in outs:
+                    continue
+                if not torch.equal(outs[sym], outs[ref]):
                     e["dropped"][sym] = f"differs from {ref} at {name} M {M}"
                     print(f"MISMATCH: {sym} differs from its class reference {ref} at {name} M={M}; dropped")
                     continue
@@ -332,6 +342,12 @@ def main(argv=None) -> int:
                "reps": a.reps, "tie": a.tie, "entries": []}
     for layout, dt in a.keys:
         results["entries"] += measure_key(torch, kernels, layout, dt, shapes, a.ms, a.reps)
+    return emit(results, a, started)
+
+
+def emit(results: dict, a: argparse.Namespace, started: float) -> int:
+    """Write the table and the timings into the output folder (and kernels/, with --write), record the summary
+    rows; exit status 1 when a rung was dropped for differing from its class reference."""
     text = render_table(results)
     out = a.out or (Path(tempfile.mkdtemp(prefix="mf-tune-")) if a.smoke else OUT)
     out.mkdir(parents=True, exist_ok=True)
@@ -339,7 +355,13 @@ def main(argv=None) -> int:
     write_atomic(out / TABLE.name, text)
     print(f"wrote {out / TABLE.name} and {out / TIMINGS} ({time.perf_counter() - started:.0f} s)")
     if a.write:
-        check_table(text)
+        from mamba_forge.core.errors import CatalogError
+
+        try:
+            check_table(text)
+        except CatalogError as exc:
+            print(f"not written: the catalog refuses the table ({exc}); {TABLE} is unchanged")
+            return 2
         write_atomic(TABLE, text)
         print(f"replaced {TABLE}: re-qualify to carry it into a manifest")
     if not a.no_record:

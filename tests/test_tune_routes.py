@@ -9,11 +9,16 @@ import io
 import json
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_benchmark_cli import BENCHMARKS, load_bench
 
 from mamba_forge.core.errors import CatalogError
+from mamba_forge.core.schema import QSymbol
+from mamba_forge.qualify.assemble import route_table
+from mamba_forge.runtime.errors import LaunchRefused
+from mamba_forge.runtime.routes import select
 
 tr = load_bench(BENCHMARKS / "tune_routes.py")
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
@@ -125,6 +130,17 @@ def test_a_table_the_catalog_refuses_is_never_written(tmp_path):
         tr.check_table(tr.render_table(res), KERNELS / "catalog.toml")
 
 
+def test_write_leaves_the_table_alone_when_the_catalog_refuses_the_new_one(tmp_path, monkeypatch, capsys):
+    res = _results()
+    res["entries"][0]["class"] = "no-such-class"
+    monkeypatch.setattr(tr, "TABLE", tmp_path / "route_tuning.toml")
+    tr.TABLE.write_text("# the previous table\n")
+    args = tr.parse_args(["--bundle", "b", "--key", "k", "--out", str(tmp_path / "out"), "--write", "--no-record"])
+    assert tr.emit(res, args, 0.0) == 2
+    assert tr.TABLE.read_text() == "# the previous table\n"
+    assert "not written: the catalog refuses" in capsys.readouterr().out
+
+
 def test_the_committed_table_starts_with_the_tuners_header():
     assert (KERNELS / "route_tuning.toml").read_text().startswith(tr.HEADER)
 
@@ -156,3 +172,129 @@ def test_arguments():
         with contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit) as exc:
             tr.parse_args([*req, *bad])
         assert exc.value.code == 2, bad
+
+
+# ---- the device side on the CPU: real torch (CPU), a stand-in for the loaded kernels, fake GPU times ------------
+
+
+class _CpuTorch:
+    """torch with the device arguments dropped and no-op CUDA housekeeping: measure_key's tensors on the CPU."""
+
+    def __init__(self, torch):
+        self._t = torch
+        self.cuda = SimpleNamespace(empty_cache=lambda: None)
+        self.backends = SimpleNamespace(cuda=SimpleNamespace(matmul=SimpleNamespace(allow_tf32=None)))
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+    def Generator(self, device=None):  # noqa: N802 - torch's name
+        return self._t.Generator()
+
+    def rand(self, *a, device=None, **kw):
+        return self._t.rand(*a, **kw)
+
+    def empty(self, *a, device=None, **kw):
+        return self._t.empty(*a, **kw)
+
+
+class _Kernels:
+    """The loaded kernels as measure_key uses them: the route table of every nn rung but Blackwell's (so wgmma-k16
+    serves 16-bit nn), the selector, and a GEMM through torch; `off` rung flips one bit of its C."""
+
+    def __init__(self, torch, cat, off: str = "", refuse: str = ""):
+        self.torch, self.off, self.refuse, self.last = torch, off, refuse, None
+        self.manifest = SimpleNamespace(routes=route_table(cat.routes, [
+            QSymbol(name=n, module="M", target="sm_90a", family="f", status="admitted") for n in cat.symbols]))
+
+    def gemm_route(self, m, n, k, a, b=None, c=None, layout="nn", *, bias=False, symbol=None):
+        return select(self.manifest.routes, m, n, k, a, b or a, c or a, layout, bias=bias, symbol=symbol,
+                      serves=lambda s: "_sm100_" not in s)
+
+    def gemm(self, A, B, out, *, layout, math, symbol):
+        assert self.gemm_route(A.shape[0], B.shape[1], A.shape[1], "bf16", symbol=symbol).symbol == symbol
+        if symbol == self.refuse and A.shape[0] > 64:
+            raise LaunchRefused(f"{symbol}: a tensor map this shape cannot have")
+        out.copy_((A.float() @ B.float()).to(out.dtype))
+        if symbol == self.off:
+            out.view(self.torch.int16)[0, 0] ^= 1
+        self.last = symbol
+        return out
+
+
+def _speed(symbol: str, m: int, n: int) -> float:
+    """Fake GPU ms: the skinny rungs lead at small M (n32 on narrow N), the large tiles at large M."""
+    if "skinny" in symbol:
+        lead = ("m64n32" in symbol and n < 128) or ("m64n64" in symbol and n >= 128)
+        return 0.004 + m * (1.5e-5 if lead else 2e-5)
+    return 0.008 + m * 1e-6 + (0.0001 if "tmastore" in symbol or "wg1" in symbol else 0.0)
+
+
+def _device_run(monkeypatch, off: str = "", refuse: str = ""):
+    torch = pytest.importorskip("torch")
+    from mamba_forge.catalog.model import load_catalog
+
+    cat = load_catalog(KERNELS / "catalog.toml")
+    kern, shim, times = _Kernels(torch, cat, off, refuse), _CpuTorch(torch), []
+
+    def median_ms(fn, reps, warmup=5):  # one call: ours sets kern.last; cuBLAS (torch.matmul) does not
+        kern.last = None
+        fn()
+        m, n = times[-1]
+        return _speed(kern.last, m, n) if kern.last else 0.0075 + m * 1e-6
+
+    def capture_graph(fn, inner):
+        out = fn()
+        times.append((out.shape[0], out.shape[1]) if hasattr(out, "shape") else times[-1])
+        return SimpleNamespace(replay=fn)
+
+    monkeypatch.setattr(tr, "median_ms", median_ms)
+    monkeypatch.setattr(tr, "capture_graph", capture_graph)
+    shapes = [("d64 x_proj", 96, 128), ("d64 in_proj", 256, 64)]
+    return tr.measure_key(shim, kern, "nn", "bf16", shapes, [1, 64, 300], 5)
+
+
+def test_measure_key_checks_times_and_feeds_a_table_the_catalog_accepts(monkeypatch, tmp_path, capsys):
+    (entry,) = _device_run(monkeypatch)
+    assert entry["key"] == ["nn", "bf16", "bf16", "bf16"] and entry["class"] == "wgmma-k16" and not entry["dropped"]
+    x_proj = next(s for s in entry["shapes"] if s["name"] == "d64 x_proj")
+    assert sorted(x_proj["M"]) == ["1", "300", "64"]
+    row = x_proj["M"]["1"]
+    # every wgmma-k16 rung; a graph replay runs INNER calls, so a figure is the replay's time / INNER
+    assert len(row["rungs"]) == 7 and row["cublas"] == pytest.approx((0.0075 + 1e-6) / tr.INNER)
+    assert row["served"] == "gemm_bi_nn_sm90a_wgmma_skinny_m64n64_s12_bf16"  # the class order's pick at M 1
+    results = {"gpu": "CPU stand-in", "date": "2026-05-01 12:00 UTC", "inner": 10, "reps": 5, "tie": 0.02,
+               "entries": [entry]}
+    table = tomllib.loads(tr.render_table(results))
+    rules = [(r["symbol"].removeprefix(P).removesuffix("_bf16"), r["n"][0], r["m"]) for r in table["tune"][0]["rules"]]
+    assert rules == [("skinny_m64n32_s18", 96, [1, 138]), ("ws2_m128n256_s4", 96, [139, 0]),  # isqrt(64 * 300)
+                     ("skinny_m64n64_s12", 256, [1, 138]), ("ws2_m128n256_s4", 256, [139, 0])]
+    monkeypatch.setattr(tr, "TABLE", tmp_path / "kernels" / "route_tuning.toml")
+    tr.TABLE.parent.mkdir()
+    recorded = []
+    monkeypatch.setattr(tr, "append", recorded.extend)
+    args = tr.parse_args(["--bundle", "b", "--key", "k", "--out", str(tmp_path / "out"), "--write"])
+    assert tr.emit(results, args, 0.0) == 0
+    assert tr.TABLE.read_text() == (tmp_path / "out" / "route_tuning.toml").read_text() == tr.render_table(results)
+    assert json.loads((tmp_path / "out" / tr.TIMINGS).read_text()) == results
+    assert len(recorded) == 7 and recorded[-1]["goal"] == "every projection GEMM at least 0.9x cuBLAS"
+
+
+def test_a_rung_off_its_class_bits_is_dropped_and_the_run_fails(monkeypatch, tmp_path, capsys):
+    off = "gemm_bi_nn_sm90a_wgmma_skinny_m64n32_s18_bf16"
+    (entry,) = _device_run(monkeypatch, off=off)
+    assert list(entry["dropped"]) == [off] and "at d64 x_proj M 1" in entry["dropped"][off]
+    assert all(off not in row["rungs"] for s in entry["shapes"] for row in s["M"].values())
+    results = {"gpu": "CPU stand-in", "date": "d", "inner": 10, "reps": 5, "tie": 0.02, "entries": [entry]}
+    args = tr.parse_args(["--bundle", "b", "--key", "k", "--out", str(tmp_path), "--no-record"])
+    assert tr.emit(results, args, 0.0) == 1
+    assert f"DROPPED {off}" in capsys.readouterr().out
+
+
+def test_a_launch_the_runtime_refuses_leaves_that_rung_out_and_the_run_goes_on(monkeypatch, capsys):
+    wg1 = f"{P}wg1_bf16"
+    (entry,) = _device_run(monkeypatch, refuse=wg1)
+    rows = [(s["name"], int(m), row) for s in entry["shapes"] for m, row in s["M"].items()]
+    assert len(rows) == 6 and not entry["dropped"]
+    assert all((wg1 in row["rungs"]) == (m <= 64) for _name, m, row in rows)
+    assert f"{wg1} refused at d64 x_proj M=300" in capsys.readouterr().out
