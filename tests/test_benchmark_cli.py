@@ -1,6 +1,7 @@
-"""Every benchmarks/bench_*.py (found by glob: a new one cannot be missed) imports without a GPU, torch or CuPy,
-answers --help, and takes --smoke (one small shape, seconds, nothing recorded) through a `parse_args(argv)` and a
-`main(argv=None)` (issue 28). The GPU side, each benchmark run with --smoke, is tests/gpu/test_benchmarks_smoke.py.
+"""Every benchmarks/bench_*.py and tune_*.py (found by glob: a new one cannot be missed) imports without a GPU,
+torch or CuPy, answers --help, and takes --smoke (one small shape, seconds, nothing recorded) through a
+`parse_args(argv)` and a `main(argv=None)` (issue 28). The GPU side, each benchmark run with --smoke, is
+tests/gpu/test_benchmarks_smoke.py.
 
 The contract a benchmark keeps: a module-level `parser()` (its argparse.ArgumentParser), `parse_args(argv)` and
 `main(argv=None)`; torch and CuPy are imported inside main, after the arguments are parsed."""
@@ -22,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
-BENCH_FILES = sorted(BENCHMARKS.glob("bench_*.py"))
+BENCH_FILES = sorted(BENCHMARKS.glob("bench_*.py")) + sorted(BENCHMARKS.glob("tune_*.py"))  # tune_*.py: tuners
 HEAVY = ("torch", "cupy")  # imported inside main() only: -h and the CLI checks run on a machine without them
 
 

@@ -20,7 +20,7 @@ from mamba_forge.core.errors import CatalogError
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 FAMILY_FILES = sorted(str(p.relative_to(KERNELS)) for p in KERNELS.rglob("*.toml")
-                      if p.name not in ("catalog.toml", "routes.toml"))
+                      if p.name not in ("catalog.toml", "routes.toml", "route_tuning.toml"))
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +97,8 @@ def test_editing_any_family_file_is_a_full_load(cat, family_file):
 EDITS = {
     "root": lambda root: (root / "catalog.toml").write_text((root / "catalog.toml").read_text() + "\n"),
     "routes": lambda root: (root / "routes.toml").write_text((root / "routes.toml").read_text() + "\n#\n"),
+    "route tuning": lambda root: (root / "route_tuning.toml").write_text(
+        (root / "route_tuning.toml").read_text() + "\n#\n"),
     "source": lambda root: (root / "fixed" / "activation.cu").write_text(
         (root / "fixed" / "activation.cu").read_text() + "\n// edited\n"),
     "header": lambda root: (root / "include" / "mf" / "common.cuh").write_text(

@@ -60,8 +60,11 @@ def _routes():
             {"symbol": "tiny_tma_unmapped_bf16", "eq_class": "", "mode": "force"}]
     f32 = [{"symbol": "tiny_gemm_f32", "eq_class": "chain", "bias": True}]
     bf16_f32out = [{"symbol": "tiny_gemm_bf16", "eq_class": "t", "bias": True}]
+    # tuned (kernels/route_tuning.toml): at N 512, K 128 the m64n64 rung serves M <= 16 too, in m64n32's place
+    tuning = [{"eq_class": "k16", "symbol": f"{SKINNY}_m64n64_bf16", "n_min": 512, "n_max": 512, "k_min": 128,
+               "k_max": 128, "m_min": 1, "m_max": 16}]
     return [{"layout": "nn", "a": "bf16", "b": "bf16", "c": "bf16", "symbols": [r["symbol"] for r in bf16],
-             "rungs": bf16},
+             "rungs": bf16, "tuning": tuning},
             {"layout": "nn", "a": "f32", "b": "f32", "c": "f32", "symbols": ["tiny_gemm_f32"], "rungs": f32},
             {"layout": "tn", "a": "f32", "b": "f32", "c": "f32", "symbols": ["tiny_gemm_f32"], "rungs": f32},
             {"layout": "nt", "a": "bf16", "b": "bf16", "c": "bf16", "symbols": ["tiny_gemm_bf16"],
@@ -105,6 +108,30 @@ def test_the_route_picks_the_rung_and_its_family_builds_the_maps(tiny, fake_enco
     b_map = struct.unpack("<QQQQQ", v["tmB"][1][:40])
     assert a_map[:3] == (A.data_ptr(), M, 128) and b_map[:3] == (B.data_ptr(), 128, 256)
     assert b_map[3] == tma.skinny_b_box_cols(bn)  # the BN = 32 rung reads B through a 32-column box
+
+
+@pytest.mark.parametrize("M,N,K,want", [(1, 512, 128, "m64n64"), (16, 512, 128, "m64n64"), (17, 512, 128, "m64n64"),
+                                         (1, 256, 128, "m64n32"), (1, 512, 136, "m64n32")])
+def test_the_signed_tuning_rule_picks_the_rung_inside_its_ranges(tiny, M, N, K, want):
+    """The route table's tuning rule travels through the signed manifest and its runtime table: inside its
+    (N, K, M) ranges its rung launches; outside them the class's M ranges decide."""
+    k, fake = _load(tiny)
+    C = T.matrix(M, N, dtype="bf16")
+    k.gemm(T.matrix(M, K, dtype="bf16"), T.matrix(K, N, dtype="bf16"), C)
+    assert [r["fn"] for r in fake.launches] == [f"{SKINNY}_{want}_bf16"]
+
+
+def test_the_report_shows_the_tuning_rules(tiny, capsys):
+    import json
+
+    from mamba_forge.cli import main
+
+    assert main(["report", str(tiny.manifest), "--json"]) == 0
+    routes = json.loads(capsys.readouterr().out)["result"]["routes"]
+    nn = next(r for r in routes if (r["layout"], r["a"]) == ("nn", "bf16"))
+    assert nn["tuning"] == [{"eq_class": "k16", "symbol": f"{SKINNY}_m64n64_bf16", "n_min": 512, "n_max": 512,
+                             "k_min": 128, "k_max": 128, "m_min": 1, "m_max": 16}]
+    assert all("tuning" not in r for r in routes if r is not nn)  # an untuned route: no key, as before tuning
 
 
 def test_maps_are_built_once_per_operand_addresses_whatever_the_output(tiny, fake_encode):

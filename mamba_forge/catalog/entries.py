@@ -295,6 +295,7 @@ class CatalogHeader(_Model):
     schema_: int = Field(alias="schema")
     name: str = "catalog"
     routes: list[str] = Field(default_factory=list, max_length=16)  # GEMM route files (catalog/routes.py)
+    route_tuning: list[str] = Field(default_factory=list, max_length=16)  # rung tuning (catalog/route_tuning.py)
 
 
 class RootFile(_Model):

@@ -87,7 +87,7 @@ class Catalog(BaseModel):
     path: Path
     name: str
     modules: tuple[ModuleSpec, ...]
-    route_files: tuple[str, ...] = ()
+    route_files: tuple[str, ...] = ()  # route and route tuning files (in the digest)
     routes: tuple = ()  # mamba_forge.catalog.routes.Route records, in file order
     files_sha256: str = ""  # a narrowed catalog's digest: the whole catalog's (see narrowed)
 

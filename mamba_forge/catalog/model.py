@@ -321,8 +321,9 @@ def _load(path: Path, raw: bytes, inputs: Inputs) -> Catalog:
             )
         )
     catalog = Catalog(path=path, name=root.catalog.name, modules=tuple(modules))
-    if not root.catalog.routes:
+    if not root.catalog.routes and not root.catalog.route_tuning:
         return catalog
+    from mamba_forge.catalog.route_tuning import apply_tuning
     from mamba_forge.catalog.routes import expand_routes
 
     routes = []
@@ -333,7 +334,12 @@ def _load(path: Path, raw: bytes, inputs: Inputs) -> Catalog:
     dup = next((k for k in keys if keys.count(k) > 1), None)
     if dup:
         raise CatalogError(f"{path}: GEMM key {' '.join(dup)} is routed by two route files")
-    return catalog.model_copy(update={"route_files": tuple(root.catalog.routes), "routes": tuple(routes)})
+    routes = tuple(routes)
+    for rel in root.catalog.route_tuning:
+        tpath = inside_catalog(base, rel, f"{path}: route tuning file", inputs)
+        routes = apply_tuning(_read_toml(tpath, inputs), tpath, routes, catalog)
+    files = tuple(root.catalog.routes) + tuple(root.catalog.route_tuning)  # both in the catalog's digest
+    return catalog.model_copy(update={"route_files": files, "routes": routes})
 
 
 def default_catalog_path() -> Path:

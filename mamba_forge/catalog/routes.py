@@ -136,6 +136,7 @@ class Route:
     c: str
     classes: tuple[RouteClass, ...]
     force: tuple[RouteRung, ...]
+    tuning: tuple = ()  # route_tuning.TuneRule records: which rung of a class serves first at which (N, K, M)
 
     @property
     def key(self) -> tuple[str, str, str, str]:

@@ -202,6 +202,28 @@ class QRung:
 
 
 @record
+class QTune:
+    """One rule of a route's tuning table (kernels/route_tuning.toml, mamba_forge/catalog/route_tuning.py): within
+    class `eq_class`, at an (N, K, M) inside these ranges (max 0: unbounded), the selector takes `symbol` first."""
+
+    eq_class: str
+    symbol: str
+    n_min: int = 1
+    n_max: int = 0
+    k_min: int = 1
+    k_max: int = 0
+    m_min: int = 1
+    m_max: int = 0
+
+    def _check(self) -> str | None:
+        for dim in ("n", "k", "m"):
+            lo, hi = getattr(self, f"{dim}_min"), getattr(self, f"{dim}_max")
+            if lo < 1 or hi < 0 or (hi and hi < lo):
+                return f"tuning rule for {self.symbol}: {dim} = [{lo}, {hi}] is not a range"
+        return None
+
+
+@record
 class QRoute:
     layout: str
     a: str
@@ -209,6 +231,9 @@ class QRoute:
     c: str
     symbols: list[str]  # the admitted rungs' symbols, in order (auto rungs class by class, then force rungs)
     rungs: list[QRung] = field(default_factory=list)
+    # the key's tuning rules whose rungs this manifest holds; None (left out of the manifest, so a manifest signed
+    # before tuning existed projects to the same runtime table) when there are none
+    tuning: list[QTune] | None = None
 
 
 class _ManifestMethods:
@@ -320,7 +345,7 @@ def param_kind(type_: str) -> str:
 __all__ = [
     "BUILD_SCHEMA", "INDEX_VERSION", "MANIFEST_VERSION", "QUALIFIED_SCHEMA", "RUNTIME_KEYS",
     "Artifact", "BuildManifest", "IndexEntry", "ModuleBuild", "Param", "QArtifact", "QCheck", "QDevice",
-    "QResources", "QRoute", "QRung", "QSymbol", "QToolchain", "QualifiedManifest", "ReleaseIndex", "Resources",
-    "RuntimeSymbol", "RuntimeTable", "SchemaError", "SymbolBuild", "Toolchain", "Verdict", "param_kind",
+    "QResources", "QRoute", "QRung", "QSymbol", "QToolchain", "QTune", "QualifiedManifest", "ReleaseIndex",
+    "Resources", "RuntimeSymbol", "RuntimeTable", "SchemaError", "SymbolBuild", "Toolchain", "Verdict", "param_kind",
     "runtime_table",
 ]

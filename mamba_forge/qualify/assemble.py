@@ -18,6 +18,7 @@ from mamba_forge.core.schema import (
     QRung,
     QSymbol,
     QToolchain,
+    QTune,
     QualifiedManifest,
 )
 from mamba_forge.manifest.qualified import timestamps
@@ -117,15 +118,18 @@ def _symbol_record(m: ModuleBuild, s, rec: SymbolResult | None, cat, catalog, st
 
 def route_table(routes, symbols: list[QSymbol]) -> list[QRoute]:
     """The manifest's [[routes]]: per catalog route key, its rungs whose symbols this manifest holds on its device
-    (admitted or rejected: the runtime serves the admitted ones and reports the rejected), in route order.
-    Keys with no such rung are left out."""
+    (admitted or rejected: the runtime serves the admitted ones and reports the rejected), in route order, and the
+    key's tuning rules for those rungs (catalog/route_tuning.py). Keys with no such rung are left out."""
     here = {s.name for s in symbols if s.status in ("admitted", "rejected")}
     table = []
     for r in routes:
         rungs = [QRung(symbol=x.symbol, eq_class=x.eq_class, mode=x.mode, m_min=x.m_min, m_max=x.m_max,
                        needs=dict(x.needs), bias=x.bias) for x in r.rungs() if x.symbol in here]
+        tuning = [QTune(eq_class=t.eq_class, symbol=t.symbol, n_min=t.n[0], n_max=t.n[1], k_min=t.k[0],
+                        k_max=t.k[1], m_min=t.m[0], m_max=t.m[1]) for t in r.tuning if t.symbol in here]
         if rungs:
-            table.append(QRoute(layout=r.layout, a=r.a, b=r.b, c=r.c, symbols=[x.symbol for x in rungs], rungs=rungs))
+            table.append(QRoute(layout=r.layout, a=r.a, b=r.b, c=r.c, symbols=[x.symbol for x in rungs], rungs=rungs,
+                                tuning=tuning or None))
     return table
 
 

@@ -12,9 +12,11 @@ mode, M range, divisibility needs and bias flag. Which of them serve (admitted, 
    when one of its admitted **auto** rungs that serves every M (``m = [1, 0]``) fits (N, K) (and M's
    divisibility for ``tn``, where M is a feature dimension) and the bias request: so which class serves never
    depends on M;
-2. within that class takes the first fitting rung whose M range holds M. The rungs of a class were proven
-   bit-identical on the device (the qualifier's ``route-equivalence`` check), so a row's bits do not depend on
-   M or on which rung served it;
+2. within that class takes the rung of the route's tuning rule (``tuning``: kernels/route_tuning.toml, measured
+   by benchmarks/tune_routes.py) whose N, K and M ranges hold the shape, when that rung fits and serves here;
+   else the first fitting rung whose M range holds M. The rungs of a class were proven bit-identical on the
+   device (the qualifier's ``route-equivalence`` check), so a row's bits do not depend on M, N, K or on which
+   rung served it;
 3. ``symbol=`` asks for one rung by name (force rungs serve only that way) and refuses one that does not fit.
 """
 
@@ -68,7 +70,21 @@ def _serves_all(rung: QRung) -> bool:
 
 
 def _in_range(rung: QRung, m: int) -> bool:
-    return rung.m_min <= m and (rung.m_max == 0 or m <= rung.m_max)
+    return _within(rung.m_min, rung.m_max, m)
+
+
+def _tuned(route: QRoute, eq_class: str, fitting: list[QRung], m: int, n: int, k: int) -> QRung | None:
+    """The fitting rung a tuning rule of this class names for (N, K, M), or None (the class's own order serves).
+    Rules of a class never overlap (checked when the catalog loads), so the first that holds is the only one."""
+    for t in route.tuning or ():
+        if t.eq_class == eq_class and _within(t.n_min, t.n_max, n) and _within(t.k_min, t.k_max, k) \
+                and _within(t.m_min, t.m_max, m):
+            return next((r for r in fitting if r.symbol == t.symbol), None)
+    return None
+
+
+def _within(lo: int, hi: int, v: int) -> bool:
+    return lo <= v and (hi == 0 or v <= hi)
 
 
 def _lists(table: Iterable[QRoute], key: tuple[str, str, str, str]) -> list[tuple[QRoute, bool]]:
@@ -128,12 +144,14 @@ def select(
         for rung in route.rungs:
             if rung.mode == "auto" and ok(rung.symbol):
                 classes.setdefault(rung.eq_class, []).append(rung)
-        for rungs in classes.values():
+        for eq_class, rungs in classes.items():
             fitting = [r for r in rungs if _fits(r, m, n, k, layout, bias)]
             tried += [r.symbol for r in rungs]
             if not any(_serves_all(r) for r in fitting):
                 continue  # this class cannot serve every M at this (N, K): never let M pick the class
-            return _answer(route, next(r for r in fitting if _in_range(r, max(m, 1))), cast)
+            rung = _tuned(route, eq_class, fitting, max(m, 1), n, k) \
+                or next(r for r in fitting if _in_range(r, max(m, 1)))
+            return _answer(route, rung, cast)
     raise NoRoute(
         f"no admitted GEMM symbol serves {layout} {a}x{b}->{c} at N={n}, K={k}"
         + (" with a bias" if bias else "")

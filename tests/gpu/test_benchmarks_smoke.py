@@ -1,5 +1,6 @@
-"""Every benchmarks/bench_*.py (found by glob, as tests/test_benchmark_cli.py finds them) run with --smoke in a
-fresh process on the GPU: it exits 0 and leaves benchmarks/results/ as it found it (a smoke run records nothing).
+"""Every benchmarks/bench_*.py and tune_*.py (found by glob, as tests/test_benchmark_cli.py finds them) run with
+--smoke in a fresh process on the GPU: it exits 0 and leaves benchmarks/results/ as it found it (a smoke run
+records nothing).
 
 A benchmark with a --bundle option gets MF_RUNTIME_BUNDLE and MF_RUNTIME_KEY; one that cannot run without a
 bundle (the option required, or SMOKE_NEEDS_BUNDLE in the module) is skipped when they are not set.
