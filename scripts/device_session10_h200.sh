@@ -5,7 +5,7 @@
 # causal-conv1d from .peers/) built in the background meanwhile (their sm_90 builds, 26 and 40 MB packed, are over
 # what a call brings back); then BENCHES (python files under benchmarks/, with their arguments, ';'-separated) while time is left.
 # Carried: .whl, .keys, .peers. Env: QUALIFY_FLAGS, DEADLINE, TESTS, TEST_S, BENCHES; 0 turns off: QUALIFY, PEERS,
-# SCAN, PROFILE; 1 turns on: NCU_SCAN.
+# SCAN, PROFILE; 1 turns on: NCU_SCAN, TUNE.
 set -uo pipefail
 WHL=${WHL:-.whl}
 DEADLINE=${DEADLINE:-570}
@@ -27,6 +27,11 @@ run bundle 60 mamba-forge bundle manifests/h200.toml --build build -o /tmp/h200.
 run verify 60 mamba-forge verify /tmp/h200.tar.gz
 export MF_RUNTIME_BUNDLE=/tmp/h200.tar.gz MF_RUNTIME_KEY=manifests/keys
 [ "${SCAN:-1}" != 0 ] && TAILN=12 run bench_scan 60 python3 benchmarks/bench_scan_tokens.py --bundle /tmp/h200.tar.gz --key manifests/keys
+# TUNE=1: the GEMM route tuner on this bundle, writing kernels/route_tuning.toml (re-qualify to carry it)
+if [ "${TUNE:-0}" != 0 ]; then
+  TAILN=30 run tune_routes 240 python3 benchmarks/tune_routes.py --bundle /tmp/h200.tar.gz --key manifests/keys --write
+  cp kernels/route_tuning.toml "$OUT/" ; cp -r benchmarks/results/route_tuning "$OUT/" 2>/dev/null
+fi
 TAILN=60 run tests_gpu $(( $(left) > 300 ? ${TEST_S:-150} : $(left) - 150 )) python3 -m pytest -p no:cacheprovider \
   -n 4 -v --timeout ${TEST_TIMEOUT:-120} -rfE --tb=short ${TESTS:-tests/gpu/test_mamba_layer_gpu.py}
 [ "${PROFILE:-1}" != 0 ] && TAILN=8 run profile_host 60 python3 scripts/profile_host_path.py --bundle /tmp/h200.tar.gz \
