@@ -4,7 +4,7 @@
 # verify; the GPU tests named by TESTS; the token-scan benchmark; the host-path profile; the peers (mamba-ssm and
 # causal-conv1d from .peers/) built in the background meanwhile (their sm_90 builds, 26 and 40 MB packed, are over
 # what a call brings back); then BENCHES (python files under benchmarks/, with their arguments, ';'-separated) while time is left.
-# Carried: .whl, .keys, .peers. Env: QUALIFY_FLAGS, DEADLINE, TESTS, TEST_S, BENCHES; 0 turns off: QUALIFY, PEERS,
+# Carried: .whl, .keys, .peers. Env: QUALIFY_FLAGS, DEADLINE, TESTS, TESTS_K (pytest -k), TEST_S, BENCHES; 0 turns off: QUALIFY, PEERS,
 # SCAN, PROFILE; 1 turns on: NCU_SCAN, TUNE.
 set -uo pipefail
 WHL=${WHL:-.whl}
@@ -33,7 +33,8 @@ if [ "${TUNE:-0}" != 0 ]; then
   cp kernels/route_tuning.toml "$OUT/" ; cp -r benchmarks/results/route_tuning "$OUT/" 2>/dev/null
 fi
 TAILN=60 run tests_gpu $(( $(left) > 300 ? ${TEST_S:-150} : $(left) - 150 )) python3 -m pytest -p no:cacheprovider \
-  -n 4 -v --timeout ${TEST_TIMEOUT:-120} -rfE --tb=short ${TESTS:-tests/gpu/test_mamba_layer_gpu.py}
+  -n 4 -v --timeout ${TEST_TIMEOUT:-120} -rfE --tb=short ${TESTS:-tests/gpu/test_mamba_layer_gpu.py} \
+  ${TESTS_K:+-k "$TESTS_K"}
 [ "${PROFILE:-1}" != 0 ] && TAILN=8 run profile_host 60 python3 scripts/profile_host_path.py --bundle /tmp/h200.tar.gz \
   --key manifests/keys --calls ${PROFILE_CALLS:-2000}
 # NCU_SCAN=1: the token scan's first launch (B8 D2048 L2048) under Nsight Compute: throughput, stall reasons, occupancy
