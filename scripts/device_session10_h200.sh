@@ -5,7 +5,7 @@
 # causal-conv1d from .peers/) built in the background meanwhile (their sm_90 builds, 26 and 40 MB packed, are over
 # what a call brings back); then BENCHES (python files under benchmarks/, with their arguments, ';'-separated) while time is left.
 # Carried: .whl, .keys, .peers. Env: QUALIFY_FLAGS, DEADLINE, TESTS, TESTS_K (pytest -k), TEST_S, BENCHES; 0 turns off: QUALIFY, PEERS,
-# SCAN, PROFILE; 1 turns on: NCU_SCAN, TUNE.
+# SCAN, PROFILE; 1 turns on: NCU_SCAN, TUNE, DECODE_STEP.
 set -uo pipefail
 WHL=${WHL:-.whl}
 DEADLINE=${DEADLINE:-570}
@@ -41,6 +41,8 @@ TAILN=60 run tests_gpu $(( $(left) > 300 ? ${TEST_S:-150} : $(left) - 150 )) pyt
 [ "${NCU_SCAN:-0}" != 0 ] && command -v ncu >/dev/null && TAILN=80 run ncu_scan 120 ncu --section SpeedOfLight \
   --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats -k regex:ssm_scan_tokens \
   -c 1 python3 benchmarks/bench_scan_tokens.py --bundle /tmp/h200.tar.gz --key manifests/keys --reps 1
+# DECODE_STEP=1: the decode step against Triton's selective_state_update (mamba-ssm's source, by file path)
+[ "${DECODE_STEP:-0}" != 0 ] && TAILN=20 run bench_decode_step 120 python3 benchmarks/bench_decode_step.py
 IFS=';' read -ra benches <<<"${BENCHES:-}"
 for b in "${benches[@]}"; do
   [ -z "$b" ] && continue
