@@ -50,8 +50,10 @@ EXPECTED = [
     ("accumulates_into_output", {"uninitialized"}, "depend on the poison"),
     # correct to rounding, other bits than its route class's reference (routes.toml beside the fixture)
     ("pairwise_gemm", {"route-equivalence"}, "differs in some bit from the class reference control_gemm_chain"),
-    # placement (src/placement.cu): the same bits run after run alone, others on other SMs
-    ("smid_ordered_row_sum", {"placement"}, "depend on where its blocks run"),
+    # placement (src/placement.cu): the same bits run after run alone, others on other SMs. Alone on the GPU the
+    # placement check decides; beside other work (pytest -n 4 qualifies this catalog in every worker at once) a
+    # plain rerun may already land its blocks elsewhere, and the repeat check decides first (seen on the H200)
+    ("smid_ordered_row_sum", {"placement", "repeat"}, ""),
     # its fold starts where the cycle counter says: another start on the next run, or under another placement
     ("clock_ordered_row_sum", {"repeat", "placement"}, ""),
     # split (src/split.cu): its first position of each call is an fma, so a chunked run differs from one call
@@ -119,7 +121,7 @@ def test_controls_admitted_with_every_check(negative_manifest, name):
 
 
 @pytest.mark.parametrize(("name", "status", "classes"), [
-    ("smid_ordered_row_sum", "rejected", {"placement-variant"}),
+    ("smid_ordered_row_sum", "rejected", {"placement-variant", "nondeterministic"}),  # as in EXPECTED
     ("clock_ordered_row_sum", "rejected", {"nondeterministic", "placement-variant"}),
     ("smid_rotated_tree_row_sum", "admitted", {""}),
     ("control_tree_row_sum", "admitted", {""}),
