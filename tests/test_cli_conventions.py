@@ -17,6 +17,7 @@ from runtime_support import build_tiny, keypair, qualified_body, sign_body, writ
 
 from mamba_forge import cli, schemas
 from mamba_forge.cli import main
+from mamba_forge.cli.cmd_qualify import auto_qualify_jobs
 from mamba_forge.manifest.toml_io import write
 from mamba_forge.runtime import signing
 
@@ -229,6 +230,14 @@ def test_every_command_json_validates(capsys, tiny, tmp_path):
     assert envelope(capsys, "schema", "verify")[1]["result"]["title"] == "mamba-forge verify --json"
     rc, doc, _ = envelope(capsys, "qualify", "--build", tiny.build, "--dry-run")
     assert rc == 0 and doc["result"]["symbols"] == _admitted(tiny.build) > 0
+    # --jobs 0 (the default): one worker per two CPUs, 2 to 8; an explicit count is kept
+    assert doc["result"]["jobs_per_gpu"] == auto_qualify_jobs()
+    rc, doc, _ = envelope(capsys, "qualify", "--build", tiny.build, "--dry-run", "-j", "3")
+    assert rc == 0 and doc["result"]["jobs_per_gpu"] == 3
+
+
+def test_auto_qualify_jobs_bounds():
+    assert [auto_qualify_jobs(n) for n in (1, 2, 4, 6, 16, 17, 128)] == [2, 2, 2, 3, 8, 8, 8]
 
 
 @pytest.mark.parametrize(("argv", "code"), [

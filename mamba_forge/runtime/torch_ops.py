@@ -77,7 +77,7 @@ SCAN_FAMILY = "ssm_parallel_scan_fwd_nosave"  # kernels/fixed/scan.toml
 CONV_TOKENS_FAMILY = "conv1d_tokens_silu"  # kernels/fixed/tokens.toml
 SCAN_TOKENS_FAMILY = "ssm_scan_tokens"
 # scan_tokens at L = 1 (a decode step) runs the production decode step instead: the same per-element arithmetic
-# (mf/tokens.cuh follows mf/decode.cuh at LANES = 2; equal bit for bit, tests/gpu/test_mamba_layer_gpu.py and
+# (mf/tokens.cuh reproduces mf/decode.cuh at LANES = 2; equal bit for bit, tests/gpu/test_mamba_layer_gpu.py and
 # tests/test_tokens_emulated.py), at 2 lanes x 64-thread blocks sized for one token rather than 16-step tiles
 SCAN_STEP_FAMILY = "ssm_step_forward_fused"  # kernels/fixed/scan.toml
 RMS_NORM_ADD_FAMILY = "rmsnorm_forward_resadd_f32in"  # kernels/fixed/norm.toml
