@@ -48,3 +48,10 @@ bench() {  # bench NAME [LIMIT_S]: one benchmark (they append to benchmarks/resu
     *) echo "unknown benchmark $b" ;;
   esac
 }
+
+session_start() {  # the start of a session script: results packed on exit, the carried wheels (WHL) installed,
+  # the GPU named in the log
+  archive_results
+  install_wheels "$WHL" || exit 1
+  nvidia-smi --query-gpu=index,name,driver_version,clocks.sm --format=csv,noheader
+}

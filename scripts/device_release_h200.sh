@@ -12,10 +12,7 @@ set -uo pipefail
 WHL=${WHL:-.whl}
 DEADLINE=${DEADLINE:-570}
 source "$(dirname "$0")/device_common.sh"
-archive_results
-
-install_wheels "$WHL" || exit 1
-nvidia-smi --query-gpu=index,name,driver_version,clocks.sm --format=csv,noheader
+session_start
 run build 240 mamba-forge build --arch sm_90a --out build -q -j 16
 TAILN=30 run qualify ${QUALIFY_S:-330} mamba-forge qualify --device 0 --build build --level full ${QUALIFY_FLAGS:-} \
   --sign-key .keys/release.key --out manifests/h200.toml

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# The tenth session's calls on one H200 (under 10 minutes each), most important first: build for sm_90a, full
-# qualification signed with the release key (.keys/release.key) into manifests/h200.toml + .runtime.json, bundle,
-# verify; the GPU tests named by TESTS; the token-scan benchmark; the host-path profile; the peers (mamba-ssm and
-# causal-conv1d from .peers/) built in the background meanwhile (their sm_90 builds, 26 and 40 MB packed, are over
-# what a call brings back); then BENCHES (python files under benchmarks/, with their arguments, ';'-separated) while time is left.
-# Carried: .whl, .keys, .peers. Env: QUALIFY_FLAGS, DEADLINE, TESTS, TESTS_K (pytest -k), TEST_S, BENCHES; 0 turns off: QUALIFY, PEERS,
-# SCAN, PROFILE; 1 turns on: NCU_SCAN, TUNE, DECODE_STEP.
+# One device call on one H200 (under 10 minutes), most important first (the session script since the tenth
+# session; the older per-session scripts were folded into it): build for sm_90a, full qualification signed with the
+# release key (.keys/release.key) into manifests/h200.toml + .runtime.json, bundle, verify; the token-scan benchmark;
+# the route tuner (TUNE); the GPU tests named by TESTS; the decode step against Triton (DECODE_STEP); the peers
+# (mamba-ssm and causal-conv1d from .peers/) built in the background meanwhile (their sm_90 builds, 26 and 40 MB
+# packed, are over what a call brings back); then BENCHES (python files under benchmarks/, with their arguments,
+# ';'-separated) while time is left.
+# Carried: .whl, .keys, .peers. Env: QUALIFY_FLAGS, DEADLINE, TESTS, TESTS_K (pytest -k), TEST_S, TEST_TIMEOUT,
+# BENCHES; 0 turns off: QUALIFY, PEERS, SCAN, PROFILE; 1 turns on: NCU_SCAN, TUNE, DECODE_STEP.
 set -uo pipefail
 WHL=${WHL:-.whl}
 DEADLINE=${DEADLINE:-570}
 source "$(dirname "$0")/device_common.sh"
-archive_results
-install_wheels "$WHL" || exit 1
-nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+session_start
 if [ "${PEERS:-1}" != 0 ]; then
   ( MAX_JOBS=8 bash benchmarks/peers/build_mamba_ssm.sh causal_conv1d-1.7.0 >"$OUT/peer_conv.txt" 2>&1 ) &
   ( MAX_JOBS=8 bash benchmarks/peers/build_mamba_ssm.sh >"$OUT/peer_mamba.txt" 2>&1 ) &
