@@ -7,26 +7,35 @@
 # packed, are over what a call brings back); then BENCHES (python files under benchmarks/, with their arguments,
 # ';'-separated) while time is left.
 # Carried: .whl, .keys, .peers. Env: QUALIFY_FLAGS, DEADLINE, TESTS, TESTS_K (pytest -k), TEST_S, TEST_TIMEOUT,
-# BENCHES; 0 turns off: QUALIFY, PEERS, SCAN, PROFILE; 1 turns on: NCU_SCAN, TUNE, DECODE_STEP.
+# BENCHES, BUILD_DIR (a carried build), PEER_CONV=0; 0 turns off: QUALIFY, PEERS, SCAN (late: after the tests),
+# PROFILE; 1 turns on: NCU_SCAN, TUNE, DECODE_STEP, SANITIZE_TIMING.
 set -uo pipefail
 WHL=${WHL:-.whl}
 DEADLINE=${DEADLINE:-570}
 source "$(dirname "$0")/device_common.sh"
 session_start
-if [ "${PEERS:-1}" != 0 ]; then
-  ( MAX_JOBS=8 bash benchmarks/peers/build_mamba_ssm.sh causal_conv1d-1.7.0 >"$OUT/peer_conv.txt" 2>&1 ) &
+mamba_pid=
+if [ "${PEERS:-1}" != 0 ]; then  # PEER_CONV=0: mamba-ssm only (causal-conv1d takes 5.5 min, for the block benchmarks)
+  [ "${PEER_CONV:-1}" != 0 ] && ( MAX_JOBS=8 bash benchmarks/peers/build_mamba_ssm.sh causal_conv1d-1.7.0 \
+    >"$OUT/peer_conv.txt" 2>&1 ) &
   ( MAX_JOBS=8 bash benchmarks/peers/build_mamba_ssm.sh >"$OUT/peer_mamba.txt" 2>&1 ) &
+  mamba_pid=$!
 fi
-run build 240 mamba-forge build --arch sm_90a --out build -q -j 16 || exit 1
+# BUILD_DIR: a carried build (the CPU machine's cubins reproduce the device's byte for byte) instead of building here
+BUILD=${BUILD_DIR:-build}
+[ -n "${BUILD_DIR:-}" ] || run build 240 mamba-forge build --arch sm_90a --out build -q -j 16 || exit 1
 if [ "${QUALIFY:-1}" != 0 ]; then  # QUALIFY=0: bundle the committed manifest (the kernels did not change)
-  TAILN=30 run qualify 330 mamba-forge qualify --device 0 --build build --level full ${QUALIFY_FLAGS:-} \
+  TAILN=30 run qualify 330 mamba-forge qualify --device 0 --build "$BUILD" --level full ${QUALIFY_FLAGS:-} \
     --sign-key .keys/release.key --out manifests/h200.toml
   cp manifests/h200.toml manifests/h200.runtime.json "$OUT/"
 fi
-run bundle 60 mamba-forge bundle manifests/h200.toml --build build -o /tmp/h200.tar.gz
+run bundle 60 mamba-forge bundle manifests/h200.toml --build "$BUILD" -o /tmp/h200.tar.gz
 run verify 60 mamba-forge verify /tmp/h200.tar.gz
 export MF_RUNTIME_BUNDLE=/tmp/h200.tar.gz MF_RUNTIME_KEY=manifests/keys
-[ "${SCAN:-1}" != 0 ] && TAILN=12 run bench_scan 60 python3 benchmarks/bench_scan_tokens.py --bundle /tmp/h200.tar.gz --key manifests/keys
+scan_bench() { [ -n "$mamba_pid" ] && wait "$mamba_pid"
+  TAILN=12 run bench_scan 60 python3 benchmarks/bench_scan_tokens.py --bundle /tmp/h200.tar.gz --key manifests/keys; }
+# SCAN=late: after the GPU tests (the peer's build has finished by then), else right here, waiting for the peer
+[ "${SCAN:-1}" != 0 ] && [ "${SCAN:-1}" != late ] && scan_bench
 # TUNE=1: the GEMM route tuner on this bundle, writing kernels/route_tuning.toml (re-qualify to carry it)
 if [ "${TUNE:-0}" != 0 ]; then
   TAILN=30 run tune_routes 240 python3 benchmarks/tune_routes.py --bundle /tmp/h200.tar.gz --key manifests/keys --write
@@ -35,6 +44,10 @@ fi
 TAILN=60 run tests_gpu $(( $(left) > 300 ? ${TEST_S:-150} : $(left) - 150 )) python3 -m pytest -p no:cacheprovider \
   -n 4 -v --timeout ${TEST_TIMEOUT:-120} -rfE --tb=short ${TESTS:-tests/gpu/test_mamba_layer_gpu.py} \
   ${TESTS_K:+-k "$TESTS_K"}
+[ "${SCAN:-1}" = late ] && scan_bench
+# SANITIZE_TIMING=1: a full qualification with the sanitizer passes, into /tmp (not committed): its time only
+[ "${SANITIZE_TIMING:-0}" != 0 ] && TAILN=20 run qualify_sanitize 200 mamba-forge qualify --device 0 --build "$BUILD" \
+  --level full --sanitize ${QUALIFY_FLAGS_SAN:-} --out /tmp/sanitize/h200-full-sanitize.toml
 [ "${PROFILE:-1}" != 0 ] && TAILN=8 run profile_host 60 python3 scripts/profile_host_path.py --bundle /tmp/h200.tar.gz \
   --key manifests/keys --calls ${PROFILE_CALLS:-2000}
 # NCU_SCAN=1: the token scan's first launch (B8 D2048 L2048) under Nsight Compute: throughput, stall reasons, occupancy
