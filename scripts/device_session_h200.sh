@@ -32,6 +32,9 @@ fi
 run bundle 60 mamba-forge bundle manifests/h200.toml --build "$BUILD" -o /tmp/h200.tar.gz
 run verify 60 mamba-forge verify /tmp/h200.tar.gz
 export MF_RUNTIME_BUNDLE=/tmp/h200.tar.gz MF_RUNTIME_KEY=manifests/keys
+# SANITIZE_TIMING=1: a full qualification with the sanitizer passes, into /tmp (not committed): its time only
+[ "${SANITIZE_TIMING:-0}" != 0 ] && TAILN=20 run qualify_sanitize 200 mamba-forge qualify --device 0 --build "$BUILD" \
+  --level full --sanitize ${QUALIFY_FLAGS_SAN:-} --out /tmp/sanitize/h200-full-sanitize.toml
 scan_bench() { [ -n "$mamba_pid" ] && wait "$mamba_pid"
   TAILN=12 run bench_scan 60 python3 benchmarks/bench_scan_tokens.py --bundle /tmp/h200.tar.gz --key manifests/keys; }
 # SCAN=late: after the GPU tests (the peer's build has finished by then), else right here, waiting for the peer
@@ -45,9 +48,6 @@ TAILN=60 run tests_gpu $(( $(left) > 300 ? ${TEST_S:-150} : $(left) - 150 )) pyt
   -n 4 -v --timeout ${TEST_TIMEOUT:-120} -rfE --tb=short ${TESTS:-tests/gpu/test_mamba_layer_gpu.py} \
   ${TESTS_K:+-k "$TESTS_K"}
 [ "${SCAN:-1}" = late ] && scan_bench
-# SANITIZE_TIMING=1: a full qualification with the sanitizer passes, into /tmp (not committed): its time only
-[ "${SANITIZE_TIMING:-0}" != 0 ] && TAILN=20 run qualify_sanitize 200 mamba-forge qualify --device 0 --build "$BUILD" \
-  --level full --sanitize ${QUALIFY_FLAGS_SAN:-} --out /tmp/sanitize/h200-full-sanitize.toml
 [ "${PROFILE:-1}" != 0 ] && TAILN=8 run profile_host 60 python3 scripts/profile_host_path.py --bundle /tmp/h200.tar.gz \
   --key manifests/keys --calls ${PROFILE_CALLS:-2000}
 # NCU_SCAN=1: the token scan's first launch (B8 D2048 L2048) under Nsight Compute: throughput, stall reasons, occupancy
