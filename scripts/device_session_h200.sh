@@ -33,7 +33,7 @@ run bundle 60 mamba-forge bundle manifests/h200.toml --build "$BUILD" -o /tmp/h2
 run verify 60 mamba-forge verify /tmp/h200.tar.gz
 export MF_RUNTIME_BUNDLE=/tmp/h200.tar.gz MF_RUNTIME_KEY=manifests/keys
 # SANITIZE_TIMING=1: a full qualification with the sanitizer passes, into /tmp (not committed): its time only
-[ "${SANITIZE_TIMING:-0}" != 0 ] && TAILN=20 run qualify_sanitize 200 mamba-forge qualify --device 0 --build "$BUILD" \
+[ "${SANITIZE_TIMING:-0}" != 0 ] && TAILN=20 run qualify_sanitize ${SANITIZE_S:-150} mamba-forge qualify --device 0 --build "$BUILD" \
   --level full --sanitize ${QUALIFY_FLAGS_SAN:-} --out /tmp/sanitize/h200-full-sanitize.toml
 scan_bench() { [ -n "$mamba_pid" ] && wait "$mamba_pid"
   TAILN=12 run bench_scan 60 python3 benchmarks/bench_scan_tokens.py --bundle /tmp/h200.tar.gz --key manifests/keys; }
@@ -44,7 +44,7 @@ if [ "${TUNE:-0}" != 0 ]; then
   TAILN=30 run tune_routes 240 python3 benchmarks/tune_routes.py --bundle /tmp/h200.tar.gz --key manifests/keys --write
   cp kernels/route_tuning.toml "$OUT/" ; cp -r benchmarks/results/route_tuning "$OUT/" 2>/dev/null
 fi
-TAILN=60 run tests_gpu $(( $(left) > 300 ? ${TEST_S:-150} : $(left) - 150 )) python3 -m pytest -p no:cacheprovider \
+TAILN=60 run tests_gpu $(( $(left) - 15 < ${TEST_S:-150} ? $(left) - 15 : ${TEST_S:-150} )) python3 -m pytest -p no:cacheprovider \
   -n 4 -v --timeout ${TEST_TIMEOUT:-120} -rfE --tb=short ${TESTS:-tests/gpu/test_mamba_layer_gpu.py} \
   ${TESTS_K:+-k "$TESTS_K"}
 [ "${SCAN:-1}" = late ] && scan_bench
