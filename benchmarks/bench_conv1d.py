@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from common import device_values, reps_or_smoke  # benchmarks/common.py
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,18 +43,6 @@ KINDS = {
     "bwd": ("conv1d_bwd_tiled", (), 4, 0.70),
 }
 FILLS = {"x": (-2.0, 2.0), "pre": (-4.0, 4.0), "dout": (-1.0, 1.0), "weight": (-1.0, 1.0), "bias": (-1.0, 1.0)}
-
-
-def device_values(count: int, dtype: str, lo: float = -1.0, hi: float = 1.0):
-    """Uniform values of `dtype` generated on the GPU (bf16 as uint16 bit patterns)."""
-    import cupy as cp  # device arrays only: kernels launch through mamba_forge.gpu
-
-    x = cp.random.uniform(lo, hi, count, dtype=cp.float32)
-    if dtype == "f32":
-        return x
-    if dtype == "f16":
-        return x.astype(cp.float16)
-    return (x.view(cp.uint32) >> 16).astype(cp.uint16)  # truncation: a valid bf16 value
 
 
 def shape_text(dims: dict) -> str:
@@ -93,12 +82,7 @@ def parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = parser()
-    a = ap.parse_args(argv)
-    if a.smoke:
-        a.reps, a.no_write = SMOKE_REPS, True
-    elif a.reps < 20:
-        ap.error("--reps must be at least 20")
-    return a
+    return reps_or_smoke(ap, ap.parse_args(argv), reps=SMOKE_REPS, no_write=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,12 +19,12 @@ for the conv1d forwards and AdamW (and >= 0.70 for the conv1d backward, bench_co
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import sys
 from pathlib import Path
 
 import numpy as np
 import summary  # benchmarks/summary.py
+from common import append_table, device_values, reps_or_smoke, utc_stamp  # benchmarks/common.py
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,18 +40,6 @@ SMOKE_REPS = 5
 # bench_scan.py encodes its goal-less rows).
 GOALS = {"conv1d_burnin_forward_nosave_tiled": 0.85, "conv1d_burnin_forward_tiled": 0.85, "conv1d_bwd_tiled": 0.70,
          "adamw_step": 0.85, "adamw_step_capturable": 0.85, "adamw_step_multi": 0.85}
-
-
-def device_values(count: int, dtype: str, lo: float = -1.0, hi: float = 1.0):
-    """Uniform values of `dtype` generated on the GPU (bf16 as uint16 bit patterns)."""
-    import cupy as cp  # device arrays only: kernels launch through mamba_forge.gpu
-
-    x = cp.random.uniform(lo, hi, count, dtype=cp.float32)
-    if dtype == "f32":
-        return x
-    if dtype == "f16":
-        return x.astype(cp.float16)
-    return (x.view(cp.uint32) >> 16).astype(cp.uint16)  # truncation: a valid bf16 value
 
 
 # ---- cases: (kernel, shape text, bytes moved, setup() -> launch callable) ----------------------------------
@@ -172,12 +160,7 @@ def parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = parser()
-    a = ap.parse_args(argv)
-    if a.smoke:
-        a.reps, a.params, a.no_write = SMOKE_REPS, 1, True
-    elif a.reps < 20:
-        ap.error("--reps must be at least 20")
-    return a
+    return reps_or_smoke(ap, ap.parse_args(argv), reps=SMOKE_REPS, params=1, no_write=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,17 +193,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ratio']:6.2f}")
     if not a.no_write and rows:
         out = ROOT / "benchmarks" / "results" / "conv_optim.md"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        new = not out.exists()
-        date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
-        with out.open("a", encoding="utf-8") as f:
-            if new:
-                f.write("# conv1d and training-step kernels vs device-to-device copy (same run)\n\n"
-                        "| date | GPU | kernel | shape | GB/s | copy GB/s | ratio |\n"
-                        "| --- | --- | --- | --- | --- | --- | --- |\n")
-            for r in rows:
-                f.write(f"| {date} | {gpu} | {r['kernel']} | {r['shape']} | {r['gbs']:.0f} | {r['copy_gbs']:.0f} | "
-                        f"{r['ratio']:.2f} |\n")
+        date = utc_stamp("%Y-%m-%d")
+        append_table(out, "# conv1d and training-step kernels vs device-to-device copy (same run)\n\n"
+                          "| date | GPU | kernel | shape | GB/s | copy GB/s | ratio |\n"
+                          "| --- | --- | --- | --- | --- | --- | --- |\n",
+                     (f"| {date} | {gpu} | {r['kernel']} | {r['shape']} | {r['gbs']:.0f} | {r['copy_gbs']:.0f} | "
+                      f"{r['ratio']:.2f} |\n" for r in rows))
         print(f"appended {len(rows)} rows to {out.relative_to(ROOT)}")
         summary.append(summary_records(rows, gpu))
         print(f"appended {len(rows)} records to {summary.SUMMARY.relative_to(ROOT)}")

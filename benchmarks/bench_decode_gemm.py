@@ -18,12 +18,12 @@ table, appends it to benchmarks/results/decode_gemm.md and records to benchmarks
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from common import append_table, cuda_device, smoke, utc_stamp  # benchmarks/common.py
 from summary import append, record  # benchmarks/summary.py
 from timing import copy_seconds, median_ms_queued  # benchmarks/timing.py
 
@@ -120,10 +120,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    a = parser().parse_args(argv)
-    if a.smoke:
-        a.no_record = True
-    return a
+    return smoke(parser().parse_args(argv), no_record=True)
 
 
 def main(argv=None) -> int:
@@ -135,9 +132,7 @@ def main(argv=None) -> int:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    torch.cuda.init()
-    torch.zeros(1, device="cuda")
-    props = torch.cuda.get_device_properties(0)
+    props = cuda_device()
     gpu = props.name
     dtypes = ["bf16", "f32"] + ([] if args.quick or args.smoke else ["f16"])
     wanted = [f"{n}_{d}" for n in (*WG_SKINNY, WG_LARGE) for d in ("bf16", "f16")]
@@ -149,7 +144,7 @@ def main(argv=None) -> int:
     copy_s = copy_seconds(1 << 30, 20)
     copy_tbs = 2 * (1 << 30) / copy_s / 1e12
     print(f"{gpu}: device copy {copy_tbs:.2f} TB/s (1 GiB, read + write)")
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    date = utc_stamp()
     rows, recs = [], []
     for dt in dtypes:
         tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[dt]
@@ -205,15 +200,10 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     if args.no_record:
         return 0
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    new = not RESULTS.exists()
-    with RESULTS.open("a") as fh:
-        if new:
-            fh.write("# Decode (skinny-M) GEMMs vs torch (cuBLAS), same run\n\n")
-        fh.write(f"\n{date} {gpu}: device copy {copy_tbs:.2f} TB/s\n\n" + HEADER)
-        for r in rows:
-            fh.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.4f} | {r[8]:.0f} | "
-                     f"{r[9]:.4f} | {r[10]:.3f} | {100 * r[11]:.1f} |\n")
+    append_table(RESULTS, "# Decode (skinny-M) GEMMs vs torch (cuBLAS), same run\n\n",
+                 [f"\n{date} {gpu}: device copy {copy_tbs:.2f} TB/s\n\n" + HEADER]
+                 + [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.4f} | {r[8]:.0f} | "
+                    f"{r[9]:.4f} | {r[10]:.3f} | {100 * r[11]:.1f} |\n" for r in rows])
     append(recs)
     print(f"wrote {len(rows)} rows to {RESULTS} and {len(recs)} records to the summary")
     return 0

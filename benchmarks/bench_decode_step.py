@@ -20,7 +20,6 @@ Writes: rows appended to benchmarks/results/scan.md and records in benchmarks/re
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import statistics
 import sys
 import tempfile
@@ -34,7 +33,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_scan import _nerr, _peer_ssu, copy_bandwidth, f64, p  # noqa: E402
+from bench_scan import _nerr, _peer_ssu, copy_bandwidth, decode_inputs, f64, p  # noqa: E402
+from common import smoke, utc_stamp  # noqa: E402  (benchmarks/common.py)
 from summary import append as summary_append  # noqa: E402
 from summary import record  # noqa: E402
 from timing import capture_graph, median_ms  # noqa: E402  (benchmarks/timing.py)
@@ -98,16 +98,8 @@ def step_bytes(b: int) -> int:
 def decode_batch(o: DecodeOps, ssu, names: list[str], bsz: int, inner: int, rounds: int):
     import torch
 
-    g = torch.Generator(device="cuda").manual_seed(bsz)
     bf = torch.bfloat16
-
-    def U(*s, lo=-1.0, hi=1.0, dtype=bf):
-        return (torch.rand(*s, generator=g, device="cuda") * (hi - lo) + lo).to(dtype)
-
-    s0 = U(bsz, D, N, dtype=torch.float32)
-    u, dt, z = U(bsz, D), U(bsz, D, lo=-4.0, hi=0.0), U(bsz, D, lo=-3.0, hi=3.0)
-    dt_bias, A_log, Dp = U(D, dtype=torch.float32), U(D, N, lo=-1.0, hi=1.5, dtype=torch.float32), U(D, dtype=torch.float32)
-    x_dbl = U(bsz, R + 2 * N)
+    s0, u, dt, z, dt_bias, A_log, Dp, x_dbl = decode_inputs(bsz, D, N, R)
     dims = {"batch": bsz, "d_inner": D, "d_state": N, "dt_rank": R}
     want = ref.ssm_step_forward_fused(
         {"state": f64(s0).ravel(), "u": f64(u).ravel(), "dt": f64(dt).ravel(), "dt_bias": f64(dt_bias),
@@ -172,10 +164,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    a = parser().parse_args(argv)
-    if a.smoke:
-        a.inner, a.rounds, a.no_write = 4, 1, True
-    return a
+    return smoke(parser().parse_args(argv), inner=4, rounds=1, no_write=True)
 
 
 def main(argv=None) -> int:
@@ -228,7 +217,7 @@ def _print(rows, names):
 
 
 def _write(rows, names, gpu):
-    date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M")
+    date = utc_stamp()
     recs = []
     with RESULTS.open("a") as f:
         for bsz, res, tp, floor in rows:

@@ -14,12 +14,12 @@ benchmarks/results/summary.json (goal >= 0.85x cuBLAS TF32, resp. fp32). Not a t
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import sys
 from pathlib import Path
 
 import summary  # benchmarks/summary.py
+from common import append_table, cuda_device, shapes, utc_stamp  # benchmarks/common.py
 from timing import gemm_iters_or_smoke, median_ms  # benchmarks/timing.py
 
 from mamba_forge.gpu import tma
@@ -76,16 +76,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    torch.cuda.init()
-    torch.zeros(1, device="cuda")
-    props = torch.cuda.get_device_properties(0)
+    props = cuda_device()
     gpu, sms = props.name, props.multi_processor_count
     cat, where = build_modules(("TriadSm90a", "TriadSm80", "Fixed"), prefix="mf-bench-f32-", on_rejected=print)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    date = utc_stamp()
     stream = torch.cuda.current_stream().cuda_stream
     rows, records = [], []
-    for M, N, K in shapes:
+    for M, N, K in shapes(args.shapes):
         g = torch.Generator(device="cuda").manual_seed(0)
         A = torch.randn((M, K), generator=g, device="cuda")
         B = torch.randn((N, K), generator=g, device="cuda")  # NT: B is [N, K] (torch Linear's weight)
@@ -157,14 +154,9 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     if args.smoke:
         return 0
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    new = not RESULTS.exists()
-    with RESULTS.open("a") as fh:
-        if new:
-            fh.write("# f32-storage GEMMs (TF32 wgmma) vs torch.matmul (cuBLAS), same run\n\n" + HEADER)
-        for r in rows:
-            fh.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.3f} | {r[8]:.1f} | "
-                     f"{r[9]:.1f} | {r[10]:.3f} |\n")
+    append_table(RESULTS, "# f32-storage GEMMs (TF32 wgmma) vs torch.matmul (cuBLAS), same run\n\n" + HEADER,
+                 (f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.3f} | {r[8]:.1f} | "
+                  f"{r[9]:.1f} | {r[10]:.3f} |\n" for r in rows))
     print(f"wrote {len(rows)} rows to {RESULTS}")
     if records and not args.no_summary:
         summary.append(records)

@@ -14,11 +14,11 @@ against cuBLAS, goal >= 0.9x cuBLAS; summary_records below) to benchmarks/result
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 from pathlib import Path
 
-from summary import append, record  # benchmarks/summary.py
+from common import cuda_device, load_signed, shapes, utc_stamp, write_results  # benchmarks/common.py
+from summary import record  # benchmarks/summary.py
 from timing import gemm_iters_or_smoke, median_ms  # benchmarks/timing.py
 
 RESULTS = Path(__file__).parent / "results" / "gemm_sm90a.md"
@@ -64,25 +64,19 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from mamba_forge.runtime import load
-
-    torch.cuda.init()
-    torch.zeros(1, device="cuda")
-    gpu = torch.cuda.get_device_properties(0).name
-    keys = sorted(Path(args.key).glob("*.pub")) if Path(args.key).is_dir() else [Path(args.key)]
-    kernels = load(args.bundle, trusted_keys=keys)
+    gpu = cuda_device().name
+    kernels = load_signed(args.bundle, args.key)
     admitted = rungs(kernels)
     if not admitted:
         raise SystemExit(f"{args.bundle}: no admitted TriadSm90a rung on {gpu}; qualify the module on this GPU first")
     dtypes = ["bf16", "f16"] if args.dtype == "both" else [args.dtype]
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     wanted = [w for w in args.symbols.split(",") if w]
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    date = utc_stamp()
     rows = []
     for dt in dtypes:
         tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dt]
         names = [(n, fam) for n, fam in admitted if n.endswith("_" + dt) and (not wanted or any(w in n for w in wanted))]
-        for M, N, K in shapes:
+        for M, N, K in shapes(args.shapes):
             g = torch.Generator(device="cuda").manual_seed(0)
             flops = 2.0 * M * N * K
             cublas = {}
@@ -120,19 +114,9 @@ def main(argv=None) -> int:
                       f"cuBLAS {row[9]:7.1f}  ratio {row[10]:.3f}{ok}")
     if args.smoke:
         return 0
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    new = not RESULTS.exists()
-    with RESULTS.open("a") as fh:
-        if new:
-            fh.write("# Hopper wgmma GEMM vs torch.matmul (cuBLAS), same run\n\n" + HEADER)
-        for r in rows:
-            fh.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.3f} | {r[8]:.1f} | "
-                     f"{r[9]:.1f} | {r[10]:.3f} |\n")
-    print(f"wrote {len(rows)} rows to {RESULTS}")
-    records = summary_records(rows, gpu)
-    if records:
-        append(records)
-        print(f"recorded {len(records)} results in benchmarks/results/summary.json")
+    write_results(RESULTS, "# Hopper wgmma GEMM vs torch.matmul (cuBLAS), same run\n\n" + HEADER,
+                  [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.3f} | {r[8]:.1f} | "
+                   f"{r[9]:.1f} | {r[10]:.3f} |\n" for r in rows], summary_records(rows, gpu))
     return 0
 
 

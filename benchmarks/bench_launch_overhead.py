@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 import summary  # noqa: E402 - benchmarks/summary.py
+from common import smoke  # noqa: E402 - benchmarks/common.py
 from runtime_fakes import FakeTorchTensor as T  # noqa: E402
 from runtime_fakes import gemm_wgmma, softplus, ssm_step  # noqa: E402
 
@@ -250,10 +251,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    a = parser().parse_args(argv)
-    if a.smoke:
-        a.batches, a.calls, a.no_write = 3, 50, True
-    return a
+    return smoke(parser().parse_args(argv), batches=3, calls=50, no_write=True)
 
 
 def main(argv=None) -> int:

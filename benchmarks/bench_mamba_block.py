@@ -69,15 +69,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     a = parse_args(argv)
     import torch
+    from common import register_signed
     from summary import append, record
     from timing import capture_graph, median_ms
 
     import mamba_forge.runtime.torch as mft
-    from mamba_forge.runtime import load
 
-    keys = sorted(Path(a.key).glob("*.pub")) if Path(a.key).is_dir() else [Path(a.key)]
-    kernels = load(a.bundle, trusted_keys=keys)
-    mft.register(kernels)
+    kernels = register_signed(a.bundle, a.key)
     Peer, fast, why = peer_module()
     gpu = torch.cuda.get_device_name()
     bf = torch.bfloat16

@@ -22,12 +22,12 @@ Conv1d forward and AdamW kernels, where the catalog has them, run at their own q
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import sys
 from pathlib import Path
 
 import numpy as np
 import summary  # benchmarks/summary.py
+from common import append_table, reps_or_smoke, utc_stamp  # benchmarks/common.py
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,12 +155,7 @@ def parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = parser()
-    a = ap.parse_args(argv)
-    if a.smoke:
-        a.reps, a.no_write = SMOKE_REPS, True
-    elif a.reps < 20:
-        ap.error("--reps must be at least 20")
-    return a
+    return reps_or_smoke(ap, ap.parse_args(argv), reps=SMOKE_REPS, no_write=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,20 +188,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['copy_gbs']:10.0f} {r['ratio']:6.2f} {peer:>6}")
     if not a.no_write:
         out = ROOT / "benchmarks" / "results" / "memory_bound.md"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        new = not out.exists()
-        date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
-        with out.open("a", encoding="utf-8") as f:
-            if new:
-                f.write("# Memory-bound Fixed kernels vs device-to-device copy (same run)\n\n"
-                        "Written by benchmarks/bench_memory_bound.py. Bytes = inputs read + outputs written; "
-                        "ratio = kernel GB/s / copy GB/s.\n\n"
-                        "| date | GPU | kernel | shape | MB moved | us | GB/s | copy GB/s | ratio |\n"
-                        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
-            for r in rows:
-                peer = "" if r["peer"] is None else f" torch peer {r['peer']:.2f}x"
-                f.write(f"| {date} | {gpu} | {r['kernel']} | {r['shape']} | {r['bytes'] / 1e6:.1f} | {r['us']:.1f} | "
-                        f"{r['gbs']:.0f} | {r['copy_gbs']:.0f} | {r['ratio']:.2f}{peer} |\n")
+        date = utc_stamp("%Y-%m-%d")
+
+        def line(r: dict) -> str:
+            peer = "" if r["peer"] is None else f" torch peer {r['peer']:.2f}x"
+            return (f"| {date} | {gpu} | {r['kernel']} | {r['shape']} | {r['bytes'] / 1e6:.1f} | {r['us']:.1f} | "
+                    f"{r['gbs']:.0f} | {r['copy_gbs']:.0f} | {r['ratio']:.2f}{peer} |\n")
+
+        append_table(out, "# Memory-bound Fixed kernels vs device-to-device copy (same run)\n\n"
+                          "Written by benchmarks/bench_memory_bound.py. Bytes = inputs read + outputs written; "
+                          "ratio = kernel GB/s / copy GB/s.\n\n"
+                          "| date | GPU | kernel | shape | MB moved | us | GB/s | copy GB/s | ratio |\n"
+                          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+                     map(line, rows))
         print(f"appended {len(rows)} rows to {out}")
         if rows:
             summary.append(summary_records(rows, gpu))

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 
+from common import smoke  # noqa: E402  (benchmarks/common.py)
 from scan_ops import (  # noqa: E402, F401  (benchmarks/scan_ops.py: the kernel side, re-exported)
     REPS,
     Ours,
@@ -39,6 +40,7 @@ from scan_ops import (  # noqa: E402, F401  (benchmarks/scan_ops.py: the kernel 
     bitwise_repeat,
     check_subset,
     copy_bandwidth,
+    decode_inputs,
     f64,
     floors_ms,
     make_inputs,
@@ -93,10 +95,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    a = parser().parse_args(argv)
-    if a.smoke:
-        a.no_write = True
-    return a
+    return smoke(parser().parse_args(argv), no_write=True)
 
 
 def main(argv=None) -> int:
@@ -181,16 +180,8 @@ def _seq_case(o: Ours, ssc, shape_t, bw, sms):
 def _decode_case(o: Ours, ssu, bsz, bw, d=2048, n=16, r=128):
     import torch
 
-    g = torch.Generator(device="cuda").manual_seed(bsz)
     bf = torch.bfloat16
-
-    def U(*s, lo=-1.0, hi=1.0, dtype=bf):
-        return (torch.rand(*s, generator=g, device="cuda") * (hi - lo) + lo).to(dtype)
-
-    state = U(bsz, d, n, dtype=torch.float32)
-    u, dt, z = U(bsz, d), U(bsz, d, lo=-4.0, hi=0.0), U(bsz, d, lo=-3.0, hi=3.0)
-    dt_bias, A_log, D = U(d, dtype=torch.float32), U(d, n, lo=-1.0, hi=1.5, dtype=torch.float32), U(d, dtype=torch.float32)
-    x_dbl = U(bsz, r + 2 * n)
+    state, u, dt, z, dt_bias, A_log, D, x_dbl = decode_inputs(bsz, d, n, r)
     out = torch.empty(bsz, d, dtype=bf, device="cuda")
     dims = {"batch": bsz, "d_inner": d, "d_state": n, "dt_rank": r}
     ref.check_launch("ssm_step_forward_fused", dims, o.cap)

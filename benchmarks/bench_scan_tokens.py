@@ -35,15 +35,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     a = parse_args(argv)
     import torch
+    from common import register_signed
     from mamba_peer import load_selective_scan_cuda
     from summary import append, record
     from timing import median_ms
 
-    import mamba_forge.runtime.torch as mft
-    from mamba_forge.runtime import load
-
-    keys = sorted(Path(a.key).glob("*.pub")) if Path(a.key).is_dir() else [Path(a.key)]
-    mft.register(load(a.bundle, trusted_keys=keys))
+    register_signed(a.bundle, a.key)
     ssc, why = load_selective_scan_cuda()
     ops, bf, gpu = torch.ops.mamba_forge, torch.bfloat16, torch.cuda.get_device_name()
     shapes = [(1, 256, 128, 16)] if a.smoke else [(8, 2048, 2048, 16), (4, 4096, 4096, 16), (1, 2048, 2048, 16)]

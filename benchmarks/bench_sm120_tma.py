@@ -11,12 +11,12 @@ benchmarks/results/summary.json. Not a test.
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import sys
 from pathlib import Path
 
-from summary import append, record  # benchmarks/summary.py
+from common import cuda_device, shapes, utc_stamp, write_results  # benchmarks/common.py
+from summary import record  # benchmarks/summary.py
 from timing import gemm_iters_or_smoke, median_ms  # benchmarks/timing.py
 
 from mamba_forge.gpu import tma
@@ -56,14 +56,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    torch.cuda.init()
-    torch.zeros(1, device="cuda")
-    gpu = torch.cuda.get_device_properties(0).name
+    gpu = cuda_device().name
     cat, where = build_modules(MODULES, prefix="mf-bench-sm120-")
     wanted = [w for w in args.symbols.split(",") if w]
     names = sorted(n for n in where if n.startswith("gemm_bi_nn_sm120_tma_") and "_f16" not in n
                    and (not wanted or any(w in n for w in wanted)))
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
+    date = utc_stamp()
     stream = torch.cuda.current_stream().cuda_stream
     rows = []
 
@@ -82,7 +80,7 @@ def main(argv=None) -> int:
         grid = (math.ceil(M / sym.params_env["BM"]) * math.ceil(N / sym.params_env["BN"]),)
         return bind(fn, grid, sym.block, items, smem=sym.dynamic_smem, stream=stream)
 
-    for M, N, K in (tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")):
+    for M, N, K in shapes(args.shapes):
         flops = 2.0 * M * N * K
         g = torch.Generator(device="cuda").manual_seed(0)
         A32, B32 = torch.randn((M, K), generator=g, device="cuda"), torch.randn((K, N), generator=g, device="cuda")
@@ -109,19 +107,9 @@ def main(argv=None) -> int:
                   f"  ratio {ms_t / ms:.3f}{flag}")
     if args.smoke:
         return 0
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    new = not RESULTS.exists()
-    with RESULTS.open("a") as fh:
-        if new:
-            fh.write("# CC 12.x TMA tiles vs their cp.async twins (sm_90a check builds), same run\n\n" + HEADER)
-        for r in rows:
-            fh.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]:.3f} | {r[7]:.1f} | {r[8]} | "
-                     f"{r[9]:.3f} | {r[10]:.3f} |\n")
-    print(f"wrote {len(rows)} rows to {RESULTS}")
-    records = summary_records(rows, gpu)
-    if records:
-        append(records)
-        print(f"recorded {len(records)} results in benchmarks/results/summary.json")
+    write_results(RESULTS, "# CC 12.x TMA tiles vs their cp.async twins (sm_90a check builds), same run\n\n" + HEADER,
+                  [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]:.3f} | {r[7]:.1f} | {r[8]} | "
+                   f"{r[9]:.3f} | {r[10]:.3f} |\n" for r in rows], summary_records(rows, gpu))
     return 0
 
 

@@ -65,18 +65,36 @@ class Ours:
         return bind(self.ops.fn(name), grid, block, args, stream=torch.cuda.current_stream)
 
 
-def make_inputs(b, d, L, n, seed=0):
+def uniform(seed: int):
+    """U(*shape, lo=-1.0, hi=1.0, dtype=bf16): uniform values on the GPU from one generator seeded with `seed`."""
     import torch
 
     g = torch.Generator(device="cuda").manual_seed(seed)
-    bf = torch.bfloat16
 
-    def U(*shape, lo=-1.0, hi=1.0, dtype=bf):
+    def U(*shape, lo=-1.0, hi=1.0, dtype=torch.bfloat16):
         return (torch.rand(*shape, generator=g, device="cuda") * (hi - lo) + lo).to(dtype)
 
+    return U
+
+
+def make_inputs(b, d, L, n, seed=0):
+    import torch
+
+    U = uniform(seed)
     return dict(u=U(b, d, L), delta=U(b, d, L, lo=-4.0, hi=0.0), A_log=U(d, n, lo=-1.0, hi=1.5, dtype=torch.float32),
                 B=U(b, n, L), C=U(b, n, L), D=U(d, dtype=torch.float32), z=U(b, d, L, lo=-3.0, hi=3.0),
                 delta_bias=U(d, dtype=torch.float32), dout=U(b, d, L))
+
+
+def decode_inputs(bsz, d, n, r):
+    """One decode step's inputs at batch `bsz` (seeded with it): (state, u, dt, z, dt_bias, A_log, D, x_dbl)."""
+    import torch
+
+    U, f32 = uniform(bsz), torch.float32
+    state = U(bsz, d, n, dtype=f32)
+    u, dt, z = U(bsz, d), U(bsz, d, lo=-4.0, hi=0.0), U(bsz, d, lo=-3.0, hi=3.0)
+    dt_bias, A_log, D = U(d, dtype=f32), U(d, n, lo=-1.0, hi=1.5, dtype=f32), U(d, dtype=f32)
+    return state, u, dt, z, dt_bias, A_log, D, U(bsz, r + 2 * n)
 
 
 def ours_forward(o: Ours, x, save: bool):

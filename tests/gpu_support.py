@@ -269,3 +269,19 @@ def build_modules(kinds, *, kernels: Sequence[str] = (), target: str = "sm_90a",
             elif on_rejected is not None:
                 on_rejected(f"{s.name}: not admitted ({s.verdict.reason})")
     return cat, where
+
+
+def reference_outputs(family, spec, inputs) -> dict:
+    """The float64 outputs of `family`'s reference (its qualify.reference, module:function) for a launch spec:
+    `inputs` by buffer name (a buffer not given is NaN), the spec's scalars and dims."""
+    import importlib
+
+    import numpy as np
+
+    from mamba_forge.qualify import spec as S
+
+    mod, fn = family.qualify.reference.split(":")
+    args = {b.name: S.as_f64(inputs[b.name], b.dtype) if b.name in inputs else np.full(b.count, np.nan)
+            for b in spec.buffers}
+    args.update({s.name: s.value for s in spec.scalars})
+    return getattr(importlib.import_module(mod), fn)(args, dict(spec.dims))

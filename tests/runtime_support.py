@@ -295,22 +295,32 @@ def write_with_runtime_table(body: dict, private, manifest: Path) -> bytes:
     return doc
 
 
-def signed_tiny(root: Path, extra_families: str = "", routes: list | None = None):
-    """The tiny catalog (plus extra_families) built for sm_90a, its qualified body (with `routes` as its route table
-    when given), signed by a fresh release key into root/build/h200.toml: SimpleNamespace(root, cat, bm, build, priv,
-    pub, body, manifest)."""
+def tiny_qualified(root: Path, extra_families: str = "", *, build_manifest: bool = False):
+    """The tiny catalog (plus extra_families) built for sm_90a into root/build (with its build manifest.toml written
+    there, as the CLI writes it, when `build_manifest`), a fresh release key pair in root/keys and the qualified body,
+    not yet signed: SimpleNamespace(root, cat, bm, build, priv, pub, kid, key_path, body)."""
     from types import SimpleNamespace
 
     cat = write_tiny_catalog(root / "cat", extra_families)
     bm = build_tiny(cat, root / "build", root / "cache")
-    priv, pub, _ = keypair(root / "keys", "release")
-    body = qualified_body(bm, cat)
+    if build_manifest:
+        from mamba_forge.manifest.toml_io import write
+
+        write(root / "build" / "manifest.toml", bm)
+    priv, pub, kid = keypair(root / "keys", "release")
+    return SimpleNamespace(root=root, cat=cat, bm=bm, build=root / "build", priv=priv, pub=pub, kid=kid,
+                           key_path=root / "keys" / "release.key", body=qualified_body(bm, cat))
+
+
+def signed_tiny(root: Path, extra_families: str = "", routes: list | None = None):
+    """tiny_qualified's build, its body (with `routes` as its route table when given) signed as the qualifier does
+    into root/build/h200.toml (`manifest`)."""
+    t = tiny_qualified(root, extra_families)
     if routes is not None:
-        body["routes"] = routes
-    manifest = root / "build" / "h200.toml"
-    write_with_runtime_table(body, priv, manifest)
-    return SimpleNamespace(root=root, cat=cat, bm=bm, build=root / "build", priv=priv, pub=pub, body=body,
-                           manifest=manifest)
+        t.body["routes"] = routes
+    t.manifest = root / "build" / "h200.toml"
+    write_with_runtime_table(t.body, t.priv, t.manifest)
+    return t
 
 
 def keypair(folder: Path, name: str):

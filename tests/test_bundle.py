@@ -7,10 +7,13 @@ import gzip
 import io
 import shutil
 import tarfile
-from types import SimpleNamespace
 
 import pytest
-from runtime_support import FakeBackend, build_tiny, keypair, qualified_body, sign_body, write_tiny_catalog
+from runtime_support import (
+    FakeBackend,
+    sign_body,
+    tiny_qualified,
+)
 
 from mamba_forge.cli import main
 from mamba_forge.runtime import ArtifactRefused, load
@@ -24,16 +27,12 @@ def _isolated_trust(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bundle")
-    cat = write_tiny_catalog(root / "cat")
-    bm = build_tiny(cat, root / "build", root / "cache")
-    priv, pub, _ = keypair(root / "keys", "release")
-    body = qualified_body(bm, cat)
-    manifests = root / "manifests"
-    manifests.mkdir()
-    (manifests / "h200.toml").write_bytes(sign_body(body, priv))
-    (root / "build" / "unrelated.txt").write_text("a build folder holds more than the bundle takes")
-    return SimpleNamespace(root=root, build=root / "build", pub=pub, priv=priv, body=body, manifest=manifests / "h200.toml")
+    t = tiny_qualified(tmp_path_factory.mktemp("bundle"))
+    t.manifest = t.root / "manifests" / "h200.toml"
+    t.manifest.parent.mkdir()
+    t.manifest.write_bytes(sign_body(t.body, t.priv))
+    (t.build / "unrelated.txt").write_text("a build folder holds more than the bundle takes")
+    return t
 
 
 def bundle(capsys, tiny, out, build=None):

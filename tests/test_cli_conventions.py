@@ -8,17 +8,15 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from types import SimpleNamespace
 
 import jsonschema
 import pytest
 import tomli_w
-from runtime_support import build_tiny, keypair, qualified_body, sign_body, write_tiny_catalog
+from runtime_support import sign_body, tiny_qualified
 
 from mamba_forge import cli, schemas
 from mamba_forge.cli import main
 from mamba_forge.cli.cmd_qualify import auto_qualify_jobs
-from mamba_forge.manifest.toml_io import write
 from mamba_forge.runtime import signing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,15 +39,10 @@ def _isolated(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("conv")
-    cat = write_tiny_catalog(root / "cat")
-    bm = build_tiny(cat, root / "build", root / "cache")
-    write(root / "build" / "manifest.toml", bm)
-    priv, pub, kid = keypair(root / "keys", "release")
-    body = qualified_body(bm, cat)
-    (root / "build" / "h200.toml").write_bytes(sign_body(body, priv))
-    return SimpleNamespace(root=root, cat=cat, build=root / "build", pub=pub, priv=priv, body=body,
-                           key_path=root / "keys" / "release.key", manifest=root / "build" / "h200.toml")
+    t = tiny_qualified(tmp_path_factory.mktemp("conv"), build_manifest=True)
+    t.manifest = t.build / "h200.toml"
+    t.manifest.write_bytes(sign_body(t.body, t.priv))
+    return t
 
 
 def _admitted(build: Path, every: bool = False) -> int:

@@ -11,12 +11,14 @@ import re
 import shutil
 import tomllib
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import tomli_w
 from rich.console import Console
-from runtime_support import build_tiny, keypair, qualified_body, write_tiny_catalog, write_with_runtime_table
+from runtime_support import (
+    tiny_qualified,
+    write_with_runtime_table,
+)
 
 from mamba_forge import cli
 from mamba_forge.catalog.targets import DEFAULT_TARGETS
@@ -31,16 +33,10 @@ H200 = ROOT / "manifests" / "h200.toml"
 @pytest.fixture(scope="module")
 def fx(tmp_path_factory):
     """The tiny catalog built for sm_90a (build/manifest.toml written as the CLI does), qualified, signed."""
-    from mamba_forge.manifest.toml_io import write
-
-    root = tmp_path_factory.mktemp("newcomer")
-    cat = write_tiny_catalog(root / "cat")
-    bm = build_tiny(cat, root / "build", root / "cache")
-    write(root / "build" / "manifest.toml", bm)
-    priv, pub, _ = keypair(root / "keys", "release")
-    manifest = root / "build" / "h200.toml"
-    write_with_runtime_table(qualified_body(bm, cat), priv, manifest)
-    return SimpleNamespace(root=root, cat=cat, build=root / "build", manifest=manifest, pub=pub)
+    t = tiny_qualified(tmp_path_factory.mktemp("newcomer"), build_manifest=True)
+    t.manifest = t.build / "h200.toml"
+    write_with_runtime_table(t.body, t.priv, t.manifest)
+    return t
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,7 @@ from types import SimpleNamespace
 import pytest
 from runtime_support import (
     FakeBackend,
-    build_tiny,
-    keypair,
-    qualified_body,
-    write_tiny_catalog,
+    tiny_qualified,
     write_with_runtime_table,
 )
 
@@ -27,12 +24,10 @@ SEED = 20261129
 
 @pytest.fixture(scope="module")
 def signed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fuzz")
-    cat = write_tiny_catalog(root / "cat")
-    bm = build_tiny(cat, root / "build", root / "cache")
-    priv, pub, _ = keypair(root / "keys", "release")
+    t = tiny_qualified(tmp_path_factory.mktemp("fuzz"))
+    root, pub = t.root, t.pub
     signed_path = root / "build" / "signed.toml"
-    doc = write_with_runtime_table(qualified_body(bm, cat), priv, signed_path)
+    doc = write_with_runtime_table(t.body, t.priv, signed_path)
     table = runtime_table_path(signed_path).read_bytes()
     for name in ("fuzzed", "tail", "table"):  # the runtime table beside each manifest name the tests write
         runtime_table_path(root / "build" / f"{name}.toml").write_bytes(table)

@@ -6,13 +6,17 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from types import SimpleNamespace
 
 import pytest
-from runtime_support import H200, REJECTED, build_tiny, keypair, qualified_body, sign_body, write_tiny_catalog
+from runtime_support import (
+    H200,
+    REJECTED,
+    qualified_body,
+    sign_body,
+    tiny_qualified,
+)
 
 from mamba_forge.cli import main
-from mamba_forge.manifest.toml_io import write
 from mamba_forge.runtime import signing
 
 
@@ -24,15 +28,10 @@ def _isolated_trust(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rvm")
-    cat = write_tiny_catalog(root / "cat")
-    bm = build_tiny(cat, root / "build", root / "cache")
-    write(root / "build" / "manifest.toml", bm)
-    priv, pub, kid = keypair(root / "keys", "release")
-    body = qualified_body(bm, cat)
-    (root / "build" / "h200.toml").write_bytes(sign_body(body, priv))
-    return SimpleNamespace(root=root, cat=cat, bm=bm, build=root / "build", priv=priv, pub=pub, kid=kid, body=body,
-                           key_path=root / "keys" / "release.key", manifest=root / "build" / "h200.toml")
+    t = tiny_qualified(tmp_path_factory.mktemp("rvm"), build_manifest=True)
+    t.manifest = t.build / "h200.toml"
+    t.manifest.write_bytes(sign_body(t.body, t.priv))
+    return t
 
 
 def run(capsys, *argv):

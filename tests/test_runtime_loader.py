@@ -11,7 +11,6 @@ import sys
 import warnings
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,11 +20,10 @@ from runtime_support import (
     H200,
     REJECTED,
     FakeBackend,
-    build_tiny,
     keypair,
     qualified_body,
     sign_body,
-    write_tiny_catalog,
+    tiny_qualified,
     write_with_runtime_table,
 )
 
@@ -63,15 +61,10 @@ def _isolated_trust(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    cat = write_tiny_catalog(root / "cat")
-    bm = build_tiny(cat, root / "build", root / "cache")
-    priv, pub, kid = keypair(root / "keys", "release")
-    body = qualified_body(bm, cat)
-    manifest = root / "build" / "h200.toml"
-    doc = write_with_runtime_table(body, priv, manifest)  # as the qualifier writes it: h200.runtime.json beside
-    return SimpleNamespace(root=root, cat=cat, bm=bm, build=root / "build", priv=priv, pub=pub, kid=kid, body=body,
-                           doc=doc, manifest=manifest)
+    t = tiny_qualified(tmp_path_factory.mktemp("tiny"))
+    t.manifest = t.build / "h200.toml"
+    t.doc = write_with_runtime_table(t.body, t.priv, t.manifest)  # as the qualifier writes it: h200.runtime.json beside
+    return t
 
 
 def _write(tiny, tmp_path, body=None, doc=None, name="m.toml"):

@@ -67,21 +67,23 @@ def check_owner_mode(path: Path, st: os.stat_result, *, uid: int | None = None, 
         raise PathRefused(f"{what} {path} has mode {stat.S_IMODE(st.st_mode):04o}: group- or world-writable")
 
 
-def check_trusted_dir(path: Path, *, uid: int | None = None, what: str = "trust folder") -> Path:
+def _check_trusted(path: Path, uid: int | None, what: str, is_kind, kind: str) -> Path:
+    """check_components, then `path` itself (not followed) is of the kind (`is_kind` of its mode; else refused as
+    not `kind`) and passes check_owner_mode."""
     path = check_components(path, uid=uid, what=what)
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise PathRefused(f"{what} {path} is not a folder")
+    if not is_kind(st.st_mode):
+        raise PathRefused(f"{what} {path} is not {kind}")
     check_owner_mode(path, st, uid=uid, what=what)
     return path
 
 
+def check_trusted_dir(path: Path, *, uid: int | None = None, what: str = "trust folder") -> Path:
+    return _check_trusted(path, uid, what, stat.S_ISDIR, "a folder")
+
+
 def check_trusted_file(path: Path, *, uid: int | None = None, what: str = "trusted key") -> Path:
-    path = check_components(path, uid=uid, what=what)
-    st = os.lstat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise PathRefused(f"{what} {path} is not a regular file")
-    check_owner_mode(path, st, uid=uid, what=what)
+    path = _check_trusted(path, uid, what, stat.S_ISREG, "a regular file")
     check_owner_mode(path.parent, os.lstat(path.parent), uid=uid, what=f"the folder of {what}")
     return path
 

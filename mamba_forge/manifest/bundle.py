@@ -36,14 +36,21 @@ class BundleError(ForgeError):
     exit_code = 1
 
 
-def _verified(manifest: Path, keys, build: Path | None) -> Verified:
+def _qualified(manifest: Path, error: type[ForgeError], otherwise: str, **kw) -> Verified:
+    """The verified per-device (qualified) manifest at `manifest`, every artifact hashed; a failed check, or another
+    kind of manifest (said as f"{manifest} is a {kind}{otherwise}"), raises `error`."""
     try:
-        v = open_verified(manifest, keys=keys, build=build, hash_all=True, follow_index=False)
+        v = open_verified(manifest, hash_all=True, follow_index=False, **kw)
     except LoadError as exc:
-        raise BundleError(str(exc)) from None
+        raise error(str(exc)) from None
     if v.kind != "qualified":
-        raise BundleError(f"{manifest} is a {v.kind}, not a qualified manifest; bundle a per-device manifest")
+        raise error(f"{manifest} is a {v.kind}{otherwise}")
     return v
+
+
+def _verified(manifest: Path, keys, build: Path | None) -> Verified:
+    return _qualified(manifest, BundleError, ", not a qualified manifest; bundle a per-device manifest", keys=keys,
+                      build=build)
 
 
 def bundle_files(v: Verified) -> list[tuple[str, bytes]]:
@@ -177,12 +184,7 @@ def index_record(manifests: list[Path], out: Path, *, keys, now: datetime | None
     dev_key = development_key
     for m in manifests:
         m = Path(m)
-        try:
-            v = open_verified(m, keys=keys, hash_all=True, follow_index=False, now=now)
-        except LoadError as exc:
-            raise ManifestError(str(exc)) from None
-        if v.kind != "qualified":
-            raise ManifestError(f"{m} is a {v.kind}; merge takes per-device qualified manifests or bundles")
+        v = _qualified(m, ManifestError, "; merge takes per-device qualified manifests or bundles", keys=keys, now=now)
         dev = v.manifest.device
         ident = (dev.name, dev.cc, dev.sm_count)
         if ident in seen:

@@ -17,7 +17,6 @@ list the qualifier uses), with fresh random inputs per test (the seed is printed
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_support.py
 
-from gpu_support import bits, empty_device, from_device, kernels, to_device  # noqa: E402
+from gpu_support import bits, empty_device, from_device, kernels, reference_outputs, to_device  # noqa: E402
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
 from mamba_forge.core.vocab import DTYPE_SIZES  # noqa: E402
@@ -63,14 +62,6 @@ OPTIM_SPEC_NAMES = [n for n in SPEC_NAMES if not n.startswith("conv1d_") and FAM
 SCALAR_NP = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64, "f32": np.float32, "f64": np.float64}
 
 
-@pytest.fixture
-def rng(request):
-    seed = int(np.random.SeedSequence().entropy % (2**63))
-    request.node.user_properties.append(("seed", seed))
-    print(f"seed {seed}")
-    return np.random.default_rng(seed)
-
-
 # ---- launching from the catalog spec ------------------------------------------------------------------------
 
 
@@ -105,12 +96,7 @@ def launch(name: str, dims, inputs, offset: int = 0, grid=None, scalars: dict | 
 
 
 def reference(name: str, spec: S.LaunchSpec, inputs) -> dict[str, np.ndarray]:
-    fam = FAMILIES[BY_NAME[name].family]
-    mod, fn = fam.qualify.reference.split(":")
-    args = {b.name: S.as_f64(inputs[b.name], b.dtype) if b.name in inputs else np.full(b.count, np.nan)
-            for b in spec.buffers}
-    args.update({s.name: s.value for s in spec.scalars})
-    return getattr(importlib.import_module(mod), fn)(args, dict(spec.dims))
+    return reference_outputs(FAMILIES[BY_NAME[name].family], spec, inputs)
 
 
 def values(raw: bytes, dtype: str) -> np.ndarray:

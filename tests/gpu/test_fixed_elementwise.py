@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_support.py
 
-from gpu_support import bits, empty_device, from_device, kernels, to_device  # noqa: E402
+from gpu_support import bits, empty_device, from_device, kernels, reference_outputs, to_device  # noqa: E402
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
 from mamba_forge.core.vocab import DTYPE_SIZES  # noqa: E402
@@ -67,14 +67,6 @@ def odd_dims(fam) -> dict[str, int]:
     return dict(ODD[tuple(sorted(fam.qualify.dims))])
 
 
-@pytest.fixture
-def rng(request):
-    seed = int(np.random.SeedSequence().entropy % (2**63))
-    request.node.user_properties.append(("seed", seed))
-    print(f"seed {seed}")
-    return np.random.default_rng(seed)
-
-
 # ---- launching a symbol from its catalog spec -----------------------------------------------------------
 
 
@@ -112,14 +104,7 @@ def launch(name: str, dims: dict[str, int], inputs: dict[str, np.ndarray], offse
 
 
 def reference(name: str, spec: S.LaunchSpec, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import importlib
-
-    fam = FAMILIES[BY_NAME[name].family]
-    mod, fn = fam.qualify.reference.split(":")
-    args = {b.name: S.as_f64(inputs[b.name], b.dtype) if b.name in inputs else np.full(b.count, np.nan)
-            for b in spec.buffers}
-    args.update({s.name: s.value for s in spec.scalars})
-    return getattr(importlib.import_module(mod), fn)(args, dict(spec.dims))
+    return reference_outputs(FAMILIES[BY_NAME[name].family], spec, inputs)
 
 
 def as_values(raw: bytes, dtype: str) -> np.ndarray:

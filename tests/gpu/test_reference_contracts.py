@@ -50,14 +50,6 @@ SUMSQ = ("grad_sumsq_partial_f32", "grad_region_sumsq_partial_f32", "grad_spans_
 DTYPES = ("f32", "bf16", "f16")
 
 
-@pytest.fixture
-def rng(request):
-    seed = int(np.random.SeedSequence().entropy % (2**63))
-    request.node.user_properties.append(("seed", seed))
-    print(f"seed {seed}")
-    return np.random.default_rng(seed)
-
-
 def spec_of(name: str, dims: dict | None = None) -> S.LaunchSpec:
     sym = CAT.symbols[name]
     return S.evaluate(sym, CAT.module(sym.module).family(sym.family), dims)

@@ -1,0 +1,100 @@
+"""Small pieces the bench_*.py scripts share (run as `python benchmarks/bench_*.py`, so this module is importable as
+`common`): the --smoke and --reps rules of their argument parsing, shape lists, the date stamp of their result
+tables, appending to a results/*.md table (and the summary records beside it), random device values, and loading a
+signed bundle. torch and CuPy are imported inside the functions, so this module imports on a machine without them
+(tests/test_benchmark_cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def smoke(a: argparse.Namespace, **values) -> argparse.Namespace:
+    """With --smoke, set `values` on parsed args `a` (fewer samples, nothing written). Returns `a`."""
+    if a.smoke:
+        for name, value in values.items():
+            setattr(a, name, value)
+    return a
+
+
+def reps_or_smoke(ap: argparse.ArgumentParser, a: argparse.Namespace, **values) -> argparse.Namespace:
+    """The bandwidth benchmarks' rule on parsed args `a` of parser `ap`: --smoke sets `values`; otherwise --reps
+    must be at least 20 (fewer samples give no stable median). Returns `a`."""
+    if not a.smoke and a.reps < 20:
+        ap.error("--reps must be at least 20")
+    return smoke(a, **values)
+
+
+def shapes(text: str) -> list[tuple[int, ...]]:
+    """'4096x4096x4096,1024x4096x4096' -> [(4096, 4096, 4096), (1024, 4096, 4096)]."""
+    return [tuple(int(v) for v in s.split("x")) for s in text.split(",")]
+
+
+def utc_stamp(fmt: str = "%Y-%m-%d %H:%M") -> str:
+    """Now, UTC, as the result tables date their rows."""
+    return datetime.datetime.now(datetime.UTC).strftime(fmt)
+
+
+def append_table(path: Path, intro: str, lines: Iterable[str]) -> None:
+    """Append `lines` (each ending in a newline) to the results table at `path`, writing `intro` (its title and
+    header) first when the file is new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with path.open("a", encoding="utf-8") as f:
+        if new:
+            f.write(intro)
+        f.writelines(lines)
+
+
+def device_values(count: int, dtype: str, lo: float = -1.0, hi: float = 1.0):
+    """Uniform values of `dtype` generated on the GPU (bf16 as uint16 bit patterns)."""
+    import cupy as cp  # device arrays only: kernels launch through mamba_forge.gpu
+
+    x = cp.random.uniform(lo, hi, count, dtype=cp.float32)
+    if dtype == "f32":
+        return x
+    if dtype == "f16":
+        return x.astype(cp.float16)
+    return (x.view(cp.uint32) >> 16).astype(cp.uint16)  # truncation: a valid bf16 value
+
+
+def load_signed(bundle: str, key: str):
+    """The runtime's kernels from a signed bundle or manifest, trusting `key` (a public key file, or a folder whose
+    *.pub files are all trusted)."""
+    from mamba_forge.runtime import load
+
+    keys = sorted(Path(key).glob("*.pub")) if Path(key).is_dir() else [Path(key)]
+    return load(bundle, trusted_keys=keys)
+
+
+def register_signed(bundle: str, key: str):
+    """load_signed's kernels, registered as the torch.ops.mamba_forge operators (mamba_forge.runtime.torch)."""
+    import mamba_forge.runtime.torch as mft
+
+    kernels = load_signed(bundle, key)
+    mft.register(kernels)
+    return kernels
+
+
+def cuda_device():
+    """torch's CUDA context made (an allocation, so first-use costs stay out of any timing); device 0's properties."""
+    import torch
+
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    return torch.cuda.get_device_properties(0)
+
+
+def write_results(path: Path, intro: str, lines: list[str], records: list[dict]) -> None:
+    """append_table(path, intro, lines), then `records` (if any) into benchmarks/results/summary.json, saying what
+    was written."""
+    import summary  # benchmarks/summary.py
+
+    append_table(path, intro, lines)
+    print(f"wrote {len(lines)} rows to {path}")
+    if records:
+        summary.append(records)
+        print(f"recorded {len(records)} results in benchmarks/results/summary.json")
