@@ -1,7 +1,7 @@
 """Verification with no GPU: a signed qualified manifest, release index or bundle becomes one verified record.
 
-The body's layout is the schema's (mamba_forge/manifest/schema.py, read by the one codec); on top of it this
-module checks what the schema cannot say: the signature against trusted keys (canonical [signature] table
+The body's layout is the schema's (mamba_forge/core/schema.py, read by the one codec, core/codec.py); on top of
+it this module checks what the schema cannot say: the signature against trusted keys (canonical [signature] table
 included), expiry, development_key agreement with the [signature] table, the runtime table's binding to the
 signed body, and every artifact's size and sha256 (completeness of a bundle). An index is resolved here too: the
 loader hands :func:`open_verified` the device at hand and gets the matching entry's manifest back, verified,
