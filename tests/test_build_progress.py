@@ -55,7 +55,7 @@ def test_header_first_then_a_line_per_program_with_an_estimate(cat, tmp_path, mo
     assert rc == 0, err
     lines = err.splitlines()
     assert lines[0] == ("build: 2 programs, 20 symbols for 2 targets (sm_90a, sm_80); 0 cached, 2 to compile "
-                        "with 1 worker (about 35 s, a first guess)"), lines
+                        "with 1 worker (about 5 s, a first guess)"), lines
     units = [UNIT.match(line) for line in lines[1:]]
     assert all(units) and [m.group(1) for m in units] == ["1", "2"], lines
     assert units[0].group(3).endswith(" s") and units[0].group(4), lines[1]  # timed, with what remains

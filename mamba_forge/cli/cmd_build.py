@@ -111,10 +111,10 @@ def build(
 
 
 # A program's compile time before any has finished here, by its symbols: the default catalog's 41 programs (2083
-# symbols) for the 8 default targets took 32 min on 2 cores (issue #26), about 1.8 s of one core a symbol. A rough
-# prior (the GEMM programs take longer a symbol than the elementwise ones), replaced by the mean of the finished
-# programs as soon as there is one.
-PRIOR_SECONDS_PER_SYMBOL = 1.8
+# symbols) for the 8 default targets took 240 s on 2 cores with a cold cache (2026-12-03; 32 min on a shared
+# machine on 2026-12-01), about 0.23 s of one core a symbol. A rough prior (the GEMM programs take longer a symbol
+# than the elementwise ones), replaced by the mean of the finished programs as soon as there is one.
+PRIOR_SECONDS_PER_SYMBOL = 0.23
 
 
 def _prior(plan) -> float | None:
