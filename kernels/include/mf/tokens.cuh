@@ -73,6 +73,30 @@ MF_DEVICE void tok_load4(const T* __restrict__ p, bool vec, int nv, float (&o)[4
   }
 }
 
+// B, C quad e of a tile (NS slices): its timestep l and slot q in the staged row (B quads fill [0, 4 NS), C quads
+// [4 NS, 8 NS), so the step loop's offsets do not depend on d_state), where it starts in x_dbl, and how many of
+// its four elements are in range (`nv`: 0 past the sequence or past d_state).
+template <typename T, int NS> struct TokBCQuad {
+  int l, q, nv;
+  const T* src;
+};
+
+template <typename T, int NS>
+MF_DEVICE TokBCQuad<T, NS> tok_bc_quad(const T* __restrict__ x_dbl, int e, long long b, long long L, long long l0,
+                                       int d_state, int dt_rank, int x_dbl_stride) {
+  static_assert(NS > 0, "at least one slice");
+  TokBCQuad<T, NS> o;
+  o.l = e / (8 * NS);
+  o.q = e % (8 * NS);
+  const bool isb = o.q < 4 * NS;
+  const int n0 = 4 * (isb ? o.q : o.q - 4 * NS);
+  const bool lok = l0 + o.l < L;
+  o.nv = lok ? min(max(d_state - n0, 0), 4) : 0;
+  const long long row = b * L + (lok ? l0 + o.l : 0);
+  o.src = x_dbl + row * x_dbl_stride + dt_rank + (isb ? 0 : d_state) + n0;
+  return o;
+}
+
 template <typename T, int NS>
 MF_DEVICE void tok_scan_load(TokScanTile<T, NS>& r, const T* __restrict__ u, const T* __restrict__ dt,
                              const T* __restrict__ xz, const T* __restrict__ x_dbl, long long b, long long L,
@@ -87,17 +111,12 @@ MF_DEVICE void tok_scan_load(TokScanTile<T, NS>& r, const T* __restrict__ u, con
     tok_load4(dt + row * d_inner + cg, vec, nv, r.dt);
     tok_load4(xz + row * 2 * d_inner + d_inner + cg, vec, nv, r.z);
   }
+  if constexpr (NS > 0) {
 #pragma unroll
-  constexpr int NSD = NS > 0 ? NS : 1;
-  for (int k = 0; k < kTokBCQuads * NS; ++k) {
-    const int e = t + k * kTokThreads;
-    const int l = e / (8 * NSD), q = e % (8 * NSD);
-    const bool isb = q < 4 * NSD;
-    const int n0 = 4 * (isb ? q : q - 4 * NSD);
-    const bool lok = l0 + l < L;
-    const int nv = lok ? min(max(d_state - n0, 0), 4) : 0;
-    const long long row = b * L + (lok ? l0 + l : 0);
-    tok_load4(x_dbl + row * x_dbl_stride + dt_rank + (isb ? 0 : d_state) + n0, vec, nv, r.bc[k]);
+    for (int k = 0; k < kTokBCQuads * NS; ++k) {
+      const auto bq = tok_bc_quad<T, NS>(x_dbl, t + k * kTokThreads, b, L, l0, d_state, dt_rank, x_dbl_stride);
+      tok_load4(bq.src, vec, bq.nv, r.bc[k]);
+    }
   }
 }
 
@@ -122,13 +141,12 @@ MF_DEVICE void tok_scan_stage(const TokScanTile<T, NS>& r, TokScanSmem& s, int b
   ddp[1] = make_float4(dd[4], dd[5], dd[6], dd[7]);
   usp[0] = make_float4(us[0], us[1], us[2], us[3]);
   usp[1] = make_float4(us[4], us[5], us[6], us[7]);
+  if constexpr (NS > 0) {
 #pragma unroll
-  constexpr int NSD = NS > 0 ? NS : 1;
-  for (int k = 0; k < kTokBCQuads * NS; ++k) {
-    const int e = t + k * kTokThreads;
-    const int ls = e / (8 * NSD), q = e % (8 * NSD);
-    // B quads fill [0, 16 NS), C quads [16 NS, 32 NS): the step loop's offsets do not depend on d_state
-    *reinterpret_cast<float4*>(&s.bc[buf][ls][4 * q]) = make_float4(r.bc[k][0], r.bc[k][1], r.bc[k][2], r.bc[k][3]);
+    for (int k = 0; k < kTokBCQuads * NS; ++k) {
+      const int e = t + k * kTokThreads, ls = e / (8 * NS), q = e % (8 * NS);  // as tok_bc_quad
+      *reinterpret_cast<float4*>(&s.bc[buf][ls][4 * q]) = make_float4(r.bc[k][0], r.bc[k][1], r.bc[k][2], r.bc[k][3]);
+    }
   }
 }
 
@@ -145,16 +163,10 @@ MF_DEVICE void tok_scan_fill(TokScanSmem& s, int buf, const float (&bias)[4], co
   const int t = threadIdx.x;
 #pragma unroll 2
   for (int k = 0; k < kTokBCQuads * NS; ++k) {
-    const int e = t + k * kTokThreads;
-    const int l = e / (8 * NS), q = e % (8 * NS);
-    const bool isb = q < 4 * NS;
-    const int n0 = 4 * (isb ? q : q - 4 * NS);
-    const bool lok = l0 + l < L;
-    const int nv = lok ? min(max(d_state - n0, 0), 4) : 0;
-    const long long row = b * L + (lok ? l0 + l : 0);
+    const auto bq = tok_bc_quad<T, NS>(x_dbl, t + k * kTokThreads, b, L, l0, d_state, dt_rank, x_dbl_stride);
     float v[4];
-    tok_load4(x_dbl + row * x_dbl_stride + dt_rank + (isb ? 0 : d_state) + n0, vec, nv, v);
-    *reinterpret_cast<float4*>(&s.bc[buf][l][4 * q]) = make_float4(v[0], v[1], v[2], v[3]);
+    tok_load4(bq.src, vec, bq.nv, v);
+    *reinterpret_cast<float4*>(&s.bc[buf][bq.l][4 * bq.q]) = make_float4(v[0], v[1], v[2], v[3]);
   }
 }
 
