@@ -75,10 +75,6 @@ class TuneRule:
     m: tuple[int, int]
 
 
-def holds(lo: int, hi: int, v: int) -> bool:
-    return lo <= v and (hi == 0 or v <= hi)
-
-
 def _meet(a: tuple[int, int], b: tuple[int, int]) -> bool:
     """Whether two ranges share a value (hi 0: unbounded)."""
     return (a[1] == 0 or b[0] <= a[1]) and (b[1] == 0 or a[0] <= b[1])
@@ -138,4 +134,4 @@ def apply_tuning(data: Any, path: Path, routes: tuple, catalog) -> tuple:
     return tuple(out)
 
 
-__all__ = ["DIMS", "TuneFile", "TuneRule", "apply_tuning", "holds"]
+__all__ = ["DIMS", "TuneFile", "TuneRule", "apply_tuning"]
