@@ -31,7 +31,6 @@ import dataclasses
 import datetime
 import json
 import math
-import os
 import sys
 import tempfile
 import time
@@ -42,6 +41,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from summary import append, record  # noqa: E402  (benchmarks/summary.py)
 from timing import capture_graph, median_ms  # noqa: E402  (benchmarks/timing.py)
+
+from mamba_forge.core.fsio import write_atomic  # noqa: E402  (temporary file + rename, fsynced)
 
 TABLE = HERE.parent / "kernels" / "route_tuning.toml"
 CATALOG = HERE.parent / "kernels" / "catalog.toml"
@@ -180,20 +181,6 @@ def check_table(text: str, catalog_path: Path = CATALOG) -> None:
     cat = load_catalog(catalog_path)
     untuned = tuple(dataclasses.replace(r, tuning=()) for r in cat.routes)
     apply_tuning(tomllib.loads(text), catalog_path.parent / TABLE.name, untuned, cat)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path` (no partial file, no backup)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ---- the device side ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
@@ -154,7 +155,7 @@ def test_the_write_replaces_the_file_whole_and_leaves_nothing_beside_it(tmp_path
     def broken(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(tr.os, "replace", broken)
+    monkeypatch.setattr(os, "replace", broken)  # core.fsio.write_atomic renames through os.replace
     with pytest.raises(OSError, match="disk full"):
         tr.write_atomic(path, "newer\n")
     assert path.read_text() == "new\n" and sorted(p.name for p in tmp_path.iterdir()) == ["route_tuning.toml"]
