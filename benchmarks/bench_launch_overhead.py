@@ -149,7 +149,7 @@ def cpu_gemm_records(batches: int, calls: int) -> list[dict]:
     maps = {"tmA": bytes(128), "tmB": bytes(128)}
     # the cache key as rgemm._tensor_maps builds it (C's address only for the maps that describe C): a miss would
     # encode real maps through the driver, which has no context here (CUDA_ERROR_NOT_INITIALIZED on the H200)
-    with_c = rgemm.TENSOR_MAPS[sym.family].endswith("_tmastore")
+    with_c = sym.tensor_maps.endswith("_tmastore")
     rgemm._MAPS[(sym.name, A.data_ptr(), B.data_ptr(), C.data_ptr() if with_c else 0, M, N, K)] = maps
     kw = {"C": C, "A": A, "B": B, "M": M, "N": N, "K": K, **maps}
     gemm_us = per_call_us(lambda: rgemm.gemm(kernels, A, B, C), batches, calls)

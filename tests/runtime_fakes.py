@@ -168,10 +168,12 @@ def params(*specs: dict) -> list[Param]:
 
 
 def symbol(name: str, family: str, dtype: str, ps: list[Param], grid: list[str], dims: list[str], *,
-           block=(256, 1, 1), constants: dict | None = None, state_capacity: int = 64, dynamic_smem: int = 0):
+           block=(256, 1, 1), constants: dict | None = None, state_capacity: int = 64, dynamic_smem: int = 0,
+           tensor_maps: str = ""):
     return RuntimeSymbol(name=name, module="Fixed", target="sm_90a", family=family, dtype=dtype, status="admitted",
                          block=list(block), grid=grid, dynamic_smem=dynamic_smem, dims=dims,
-                         constants=dict(constants or {}), state_capacity=state_capacity, params=ps)
+                         constants=dict(constants or {}), state_capacity=state_capacity, params=ps,
+                         tensor_maps=tensor_maps)
 
 
 def softplus(dtype: str = "f32"):
@@ -265,7 +267,7 @@ def gemm_wgmma(dtype: str = "bf16"):
         {"name": "K", "type": "i32", "value": "K"},
     ), ["min(ceil_div(M, BM) * ceil_div(N, BN), 132)"], ["K", "M", "N"], block=(256, 1, 1),
         constants={"BM": 128, "BN": 128, "NC": 1, "STAGES": 5, "TMASTORE": 0, "sizeof_T": 2}, state_capacity=0,
-        dynamic_smem=5 * 256 * 128 + 16 * 5 + 1024)
+        dynamic_smem=5 * 256 * 128 + 16 * 5 + 1024, tensor_maps="prepare_gemm_nn")
 
 
 def typed_scalars():

@@ -211,7 +211,7 @@ name = "tiny_tma_unmapped"
 instantiate = "TINY_GEMM_TMA"
 variants = ["bf16"]
 launch = { block = 128, grid = ["ceil_div(N, 64)"] }
-""" + _TMA_PARAMS + """qualify = { dims = { M = 64, N = 64, K = 64 }, prepare = "mamba_forge.gpu.tma:prepare_gemm_nn" }
+""" + _TMA_PARAMS + """qualify = { dims = { M = 64, N = 64, K = 64 } }
 """
 
 

@@ -203,15 +203,14 @@ def test_launch_overhead_cpu_gemm_case_needs_no_driver(monkeypatch):
     mamba_forge.runtime.gemm._tensor_maps looks up: with the key wrong, every call encoded real maps through the
     driver (CUDA_ERROR_NOT_INITIALIZED on the H200, no libcuda here). An encode that is reached fails the test."""
     from mamba_forge.gpu import tma
-    from mamba_forge.runtime import gemm as rgemm
 
     mod = load_bench(BENCHMARKS / "bench_launch_overhead.py")
 
     def no_encode(*a, **k):
         raise AssertionError("the CPU case encoded a tensor map: its prebuilt maps were missed")
 
-    for hook in set(rgemm.TENSOR_MAPS.values()):
-        monkeypatch.setattr(tma, hook, no_encode)
+    for hook in list(tma.TENSOR_MAP_HOOKS):
+        monkeypatch.setitem(tma.TENSOR_MAP_HOOKS, hook, no_encode)
     (rec,) = mod.cpu_gemm_records(1, 3)
     assert rec["symbol"] == "nn bf16 route:kernels.gemm(cpu,fake)" and rec["ours"] > 0
 

@@ -17,7 +17,10 @@ from runtime_fakes import FakeTorchTensor as T
 from runtime_support import GEMM_TOML, FakeBackend, signed_tiny
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
+from mamba_forge.core import codec
+from mamba_forge.core.schema import QSymbol, SchemaError
 from mamba_forge.gpu import tma
+from mamba_forge.qualify.contract import tensor_map_hook
 from mamba_forge.runtime import LaunchRefused, load
 from mamba_forge.runtime import gemm as rgemm
 
@@ -195,7 +198,7 @@ def test_a_force_rung_serves_by_name_only(tiny):
     A, B, C = T.matrix(4, 64, dtype="bf16"), T.matrix(64, 64, dtype="bf16"), T.matrix(4, 64, dtype="bf16")
     k.gemm(A, B, C)
     assert fake.launches[-1]["fn"] == f"{SKINNY}_m64n32_bf16"
-    with pytest.raises(LaunchRefused, match="knows no tensor-map rule for its family tiny_tma_unmapped"):
+    with pytest.raises(LaunchRefused, match="tiny_tma_unmapped_bf16 takes tmA, tmB but its record names no tensor-map"):
         k.gemm(A, B, C, symbol="tiny_tma_unmapped_bf16")
     assert len(fake.launches) == 1
 
@@ -307,9 +310,37 @@ def test_the_map_rules_are_the_catalogs_prepare_hooks():
             if "bias" in by:
                 assert rung.bias and list(by["bias"].shape) == ["N"] and by["bias"].dtype == by["C"].dtype, sym.name
     assert seen, "no TMA rungs in the catalog's routes?"
-    assert {f: f"mamba_forge.gpu.tma:{h}" for f, h in rgemm.TENSOR_MAPS.items()} == seen
-    for hook in rgemm.TENSOR_MAPS.values():
-        assert callable(getattr(tma, hook))
+    # the record an engine loads names the hook the family qualified with (its contract, signed), and the runtime
+    # resolves that name in tma's table of hooks only
+    for name, prepare in seen.items():
+        fam = next(cat.module(s.module).family(s.family) for s in cat.symbols.values() if s.family == name)
+        hook = tensor_map_hook(fam)
+        assert f"mamba_forge.gpu.tma:{hook}" == prepare, name
+        assert tma.TENSOR_MAP_HOOKS[hook] is getattr(tma, hook)
+    assert set(tma.TENSOR_MAP_HOOKS) == {p.partition(":")[2] for p in seen.values()}
+
+
+def test_a_record_without_or_with_a_foreign_tensor_map_hook_is_refused(monkeypatch):
+    """The hook comes from the signed record: none (a manifest qualified before records named one) and a name tma's
+    table lacks (any other attribute of the module included) are refused before any map is built."""
+    kern = SimpleNamespace(name="g", family="f", symbol=SimpleNamespace(tensor_maps="", constants={}))
+    A = SimpleNamespace(data_ptr=lambda: 16)
+    monkeypatch.setattr(rgemm, "TORCH_TYPES", (SimpleNamespace,))
+    with pytest.raises(LaunchRefused, match="names no tensor-map hook"):
+        rgemm._tensor_maps(kern, A, A, A, 1, 1, 1, ("tmA",))
+    for name in ("encode_2d", "prepare_nothing"):
+        kern.symbol.tensor_maps = name
+        with pytest.raises(LaunchRefused, match="mamba_forge.gpu.tma does not have"):
+            rgemm._tensor_maps(kern, A, A, A, 1, 2, 3, ("tmA",))
+
+
+def test_the_record_schema_refuses_a_hook_that_is_not_a_hook_name():
+    bad = {"name": "s", "module": "M", "target": "sm_90a", "family": "f", "status": "admitted",
+           "tensor_maps": "os:system"}
+    with pytest.raises(SchemaError, match="not a tensor-map hook name"):
+        codec.from_dict(QSymbol, bad, where="m.toml")
+    assert codec.from_dict(QSymbol, {**bad, "tensor_maps": "prepare_gemm_nn"}, where="m.toml").tensor_maps == \
+        "prepare_gemm_nn"
 
 
 def test_only_the_named_pointer_may_be_null_and_no_dim_comes_from_it(tiny):

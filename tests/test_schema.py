@@ -28,6 +28,7 @@ from mamba_forge.core.schema import (
     runtime_table,
 )
 from mamba_forge.core.vocab import DTYPES
+from mamba_forge.qualify.contract import tensor_map_hook
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "manifests" / "h200.toml"
@@ -62,7 +63,8 @@ def _v2_symbol(s: dict, cat, cap: int) -> dict:
     items = list(out.items())
     extra = {"grid": grid, "dynamic_smem": s["dynamic_smem"], "dynamic_smem_expr": _e(fam.launch.dynamic_smem),
              "dims": sorted(used - set(constants)), "constants": constants,
-             "state_capacity": cap if spec.module.state_capacity else 0, "params": params}
+             "state_capacity": cap if spec.module.state_capacity else 0, "params": params,
+             "tensor_maps": tensor_map_hook(fam)}
     return dict(items[:i] + list(extra.items()) + items[i + 1:])
 
 

@@ -11,6 +11,7 @@ Literal[...] and nested records; every record is keyword-constructed (kw_only). 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import field
 from pathlib import PurePosixPath
 from typing import Literal
@@ -161,6 +162,17 @@ class _SymbolMethods:
         """The ABI census as manifest_version 1 wrote it: [offset, size] per parameter."""
         return [[p.offset, p.size] for p in self.params]  # type: ignore[attr-defined]
 
+    def _check(self) -> str | None:
+        hook = self.tensor_maps  # type: ignore[attr-defined]
+        if hook and not TENSOR_MAP_HOOK.fullmatch(hook):
+            return (f"symbol {self.name}: tensor_maps {hook!r} is not a tensor-map hook name "  # type: ignore[attr-defined]
+                    "(prepare_<lowercase words>, a function of mamba_forge.gpu.tma)")
+        return None
+
+
+# A symbol's tensor-map hook: a function name in mamba_forge.gpu.tma (the runtime also checks that module has it)
+TENSOR_MAP_HOOK = re.compile(r"prepare_[a-z0-9_]{1,64}")
+
 
 @record
 class QSymbol(_SymbolMethods):
@@ -181,6 +193,9 @@ class QSymbol(_SymbolMethods):
     constants: dict[str, int] = field(default_factory=dict)  # fixed names the expressions use (BM, sizeof_T)
     state_capacity: int = 0  # compiled state capacity where the module takes one; 0 when not
     params: list[Param] = field(default_factory=list)
+    # the mamba_forge.gpu.tma hook that builds its by-value tensor maps (the family's qualify.prepare), "" for none:
+    # the one place an engine learns it, so it cannot disagree with what was qualified
+    tensor_maps: str = ""
     deterministic: bool = True
     seed: int | None = None  # the random seed of the inputs
     resources: QResources | None = None

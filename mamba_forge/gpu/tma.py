@@ -280,3 +280,11 @@ def gemm_tensor_maps_tf32(layout: str, a_ptr: int, b_ptr: int, M: int, N: int, K
 
 def prepare_gemm_nt_tf32(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
     return gemm_tensor_maps_tf32("nt", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"])
+
+
+# The hooks a signed record may name in `tensor_maps` (runtime/gemm.py): by name, so a record cannot reach any
+# other attribute of this module.
+TENSOR_MAP_HOOKS = {f.__name__: f for f in (
+    prepare_gemm_nn, prepare_gemm_nn_skinny, prepare_gemm_nt, prepare_gemm_tn, prepare_gemm_nn_tmastore,
+    prepare_gemm_nt_tmastore, prepare_gemm_tn_tmastore, prepare_padded_tiles_16bit, prepare_padded_tiles_f32,
+    prepare_gemm_nt_tf32)}

@@ -64,7 +64,20 @@ def family_contract(sym: Symbol, fam: Family, layout: list[list[int]], state_cap
     return {
         "grid": grid, "dynamic_smem_expr": _text(fam.launch.dynamic_smem), "dims": sorted(used - set(constants)),
         "constants": constants, "state_capacity": state_capacity, "params": params,
+        "tensor_maps": tensor_map_hook(fam),
     }
+
+
+def tensor_map_hook(fam: Family) -> str:
+    """The family's tensor-map hook (its qualify.prepare, a function of mamba_forge.gpu.tma) where it takes
+    by-value blobs; "" otherwise (no blobs, or a prepare that builds something else, e.g. a pointer table)."""
+    prepare = fam.qualify.prepare if fam.qualify is not None else None
+    module, _, name = (prepare or "").partition(":")
+    takes_blobs = any(param_kind(p.type) == "blob" for p in fam.params)
+    return name if takes_blobs and module == TENSOR_MAP_MODULE else ""
+
+
+TENSOR_MAP_MODULE = "mamba_forge.gpu.tma"
 
 
 def runtime_symbol(sym: Symbol, fam: Family, layout: list[list[int]], state_capacity: int) -> RuntimeSymbol:
@@ -77,4 +90,4 @@ def runtime_symbol(sym: Symbol, fam: Family, layout: list[list[int]], state_capa
                          **family_contract(sym, fam, layout, state_capacity))
 
 
-__all__ = ["constants_of", "contract", "family_contract", "runtime_symbol"]
+__all__ = ["TENSOR_MAP_MODULE", "constants_of", "contract", "family_contract", "runtime_symbol", "tensor_map_hook"]

@@ -12,8 +12,9 @@ keyword contract, so nothing reaches the GPU unchecked:
 2. the rung: :func:`mamba_forge.runtime.routes.select` through ``Kernels.gemm_route`` (``symbol=`` names one,
    the only way to reach a force rung); the rung itself serves, never a fallback of it (a fallback is another
    class: the bits would depend on what was rejected);
-3. its by-value blobs: the family's tensor maps from the same prepare hook its catalog entry qualified with
-   (:data:`TENSOR_MAPS`, held to the catalog by tests/test_runtime_gemm.py), at this call's addresses and shape;
+3. its by-value blobs: the tensor maps from the hook its signed record names (``tensor_maps``: the family's
+   qualify.prepare, the one the qualifier launched it with; a function of mamba_forge.gpu.tma), at this call's
+   addresses and shape;
 4. the launch: the rung's keyword contract (runtime/contract.py) with M, N, K given, the bias pointer null when
    there is none (the GEMM ABI's "none": kernels/fixed/gemm.toml, kernels/triad/*.toml).
 
@@ -37,28 +38,6 @@ from mamba_forge.runtime.tensors import TORCH_DTYPE_TOKENS, TORCH_TYPES, describ
 if TYPE_CHECKING:
     from mamba_forge.runtime.loader import Kernel, Kernels
 
-# rung family -> the mamba_forge.gpu.tma prepare hook that builds its tensor maps (the family's qualify.prepare)
-TENSOR_MAPS = {
-    "gemm_bi_nn_sm90a_wgmma_skinny": "prepare_gemm_nn_skinny",
-    "gemm_bi_nn_sm90a_wgmma_ws2": "prepare_gemm_nn",
-    "gemm_bi_nn_sm90a_wgmma_wg1": "prepare_gemm_nn",
-    "gemm_bi_nn_sm90a_wgmma_ws2_tmastore": "prepare_gemm_nn_tmastore",
-    "gemm_bi_nt_sm90a_wgmma_ws2": "prepare_gemm_nt",
-    "gemm_bi_nt_sm90a_wgmma_ws2_tmastore": "prepare_gemm_nt_tmastore",
-    "gemm_bi_tn_sm90a_wgmma_ws2": "prepare_gemm_tn",
-    "gemm_bi_tn_sm90a_wgmma_ws2_tmastore": "prepare_gemm_tn_tmastore",
-    "gemm_bi_nt_sm90a_wgmma_tf32": "prepare_gemm_nt_tf32",
-    "gemm_bi_nn_sm100_tcgen_c4": "prepare_gemm_nn",
-    "gemm_bi_nn_sm120_tma": "prepare_padded_tiles_16bit",
-    "gemm_bi_nn_sm120_tma_f32out": "prepare_padded_tiles_16bit",
-    "gemm_bi_nn_sm120_tma_tf32_v1": "prepare_padded_tiles_f32",
-    "gemm_bi_nn_sm120_tma_tf32_v1_pair": "prepare_padded_tiles_f32",
-    "gemm_bi_nn_sm120_tma_tf32_v1_producer": "prepare_padded_tiles_f32",
-    "gemm_bi_nn_sm120_tma_fma_v1_fixed_nobias": "prepare_padded_tiles_f32",
-    "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias": "prepare_padded_tiles_f32",
-    "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias_k4": "prepare_padded_tiles_f32",
-    "gemm_bi_nn_sm120_tma_fma_v1_fixed_postbias_t256": "prepare_padded_tiles_f32",
-}
 BIAS = "bias"  # the GEMM ABI's optional pointer (null = none)
 CACHE_ENTRIES = 4096  # routes (per Kernels) and tensor maps; a full cache is emptied (decode reuses few shapes)
 CALL_ENTRIES = 1024  # remembered calls per Kernels (Kernels._gemm_calls), least recently used out first
@@ -219,7 +198,7 @@ def _gemm(kernels: Kernels, key, A, B, out, bias, layout: str, math, symbol, str
         if key is not None:  # launched: every check that the key decides passed
             calls = kernels._gemm_calls
             size = DTYPE_SIZES
-            maps_of_c = TENSOR_MAPS.get(kern.family, "").endswith("_tmastore")  # as _tensor_maps keys its cache
+            maps_of_c = kern.symbol.tensor_maps.endswith("_tmastore")  # as _tensor_maps keys its cache
             entry = (kern, plan[0], plan[1], maps_of_c, M, N, K, M * N * size[ct], ar * ac * size[at],
                      br * bc * size[bt], N * size[ct])
             with _lock:
@@ -273,10 +252,10 @@ def _launch(kern: Kernel, plan: tuple, A, B, C, bias, M: int, N: int, K: int, st
 
 
 def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs) -> dict[str, bytes]:
-    hook = TENSOR_MAPS.get(kern.family)
-    if hook is None:
-        raise LaunchRefused(f"{kern.name} takes {', '.join(blobs)} but mamba_forge.runtime.gemm knows no tensor-map "
-                            f"rule for its family {kern.family}; launch it with its own maps")
+    hook = kern.symbol.tensor_maps
+    if not hook:
+        raise LaunchRefused(f"{kern.name} takes {', '.join(blobs)} but its record names no tensor-map hook (a manifest "
+                            "qualified before records carried one): re-qualify, or launch it with its own maps")
     torch_types = TORCH_TYPES
     a = A.data_ptr() if type(A) in torch_types else describe(A, "A").ptr
     b = B.data_ptr() if type(B) in torch_types else describe(B, "B").ptr
@@ -292,8 +271,12 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs) -> dict[s
     ptrs = {"A": a, "B": b, "C": c}
 
     dims = {**kern.symbol.constants, "M": M, "N": N, "K": K}
+    build_maps = tma.TENSOR_MAP_HOOKS.get(hook)
+    if build_maps is None:
+        raise LaunchRefused(f"{kern.name}: its record names the tensor-map hook {hook!r}, which "
+                            "mamba_forge.gpu.tma does not have (a manifest from another version?)")
     try:
-        maps = getattr(tma, hook)(ptrs, {}, dims)
+        maps = build_maps(ptrs, {}, dims)
     except tma.TmaError as exc:
         raise LaunchRefused(f"{kern.name}: {exc}") from None
     missing = [b for b in blobs if b not in maps]
@@ -309,4 +292,4 @@ _MAPS: dict[tuple, dict[str, bytes]] = {}  # (rung, addresses, M, N, K) -> its t
 _lock = threading.Lock()  # inserts into Kernels._gemm_calls
 
 
-__all__ = ["TENSOR_MAPS", "gemm", "gemm_dims"]
+__all__ = ["gemm", "gemm_dims"]
