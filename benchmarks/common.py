@@ -1,7 +1,7 @@
 """Small pieces the bench_*.py scripts share (run as `python benchmarks/bench_*.py`, so this module is importable as
 `common`): the --smoke and --reps rules of their argument parsing, shape lists, the date stamp of their result
-tables, appending to a results/*.md table (and the summary records beside it), random device values, and loading a
-signed bundle. torch and CuPy are imported inside the functions, so this module imports on a machine without them
+tables, appending to a results/*.md table (and the summary records beside it), random device tensors, and loading
+a signed bundle. torch is imported inside the functions, so this module imports on a machine without it
 (tests/test_benchmark_cli.py)."""
 
 from __future__ import annotations
@@ -49,16 +49,23 @@ def append_table(path: Path, intro: str, lines: Iterable[str]) -> None:
         f.writelines(lines)
 
 
-def device_values(count: int, dtype: str, lo: float = -1.0, hi: float = 1.0):
-    """Uniform values of `dtype` generated on the GPU (bf16 as uint16 bit patterns)."""
-    import cupy as cp  # device arrays only: kernels launch through mamba_forge.gpu
+def torch_dtype(token: str):
+    """The torch dtype of a catalog dtype token."""
+    import torch
 
-    x = cp.random.uniform(lo, hi, count, dtype=cp.float32)
-    if dtype == "f32":
-        return x
-    if dtype == "f16":
-        return x.astype(cp.float16)
-    return (x.view(cp.uint32) >> 16).astype(cp.uint16)  # truncation: a valid bf16 value
+    return {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16,
+            "i32": torch.int32, "i64": torch.int64, "u32": torch.uint32, "u8": torch.uint8}[token]
+
+
+def device_values(count: int, dtype: str, lo: float = -1.0, hi: float = 1.0):
+    """A torch CUDA tensor of `count` values of `dtype` uniform in [lo, hi), drawn on the GPU (integer dtypes: zeros,
+    as counters and steps start)."""
+    import torch
+
+    tdt = torch_dtype(dtype)
+    if not tdt.is_floating_point:
+        return torch.zeros(count, dtype=tdt, device="cuda")
+    return (torch.rand(count, device="cuda") * (hi - lo) + lo).to(tdt)
 
 
 def load_signed(bundle: str, key: str):

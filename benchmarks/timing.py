@@ -1,7 +1,8 @@
 """CUDA-event timing shared by the benchmark scripts (run as `python benchmarks/bench_*.py`, so this module is
 importable as `timing`). Every figure is a median over launches each bracketed by a pair of events, after
 warm-up calls, on the legacy default stream that torch, CuPy and mamba_forge.gpu (stream None) all use here.
-Kernels are launched through mamba_forge.gpu (tests/gpu_support.py: bind / launch)."""
+Kernels are launched through the public runtime (mamba_forge.runtime: signed bundles, or benchmarks/built.py's
+fresh builds)."""
 
 from __future__ import annotations
 
