@@ -26,7 +26,7 @@ import argparse
 from pathlib import Path
 
 from built import built_kernels, launcher_at, uniform_tensors  # benchmarks/built.py
-from common import cuda_device, reps_or_smoke  # benchmarks/common.py
+from common import bandwidth_parser, cuda_device  # benchmarks/common.py
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,17 +48,12 @@ def shape_text(dims: dict) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
-    ap.add_argument("--only", default="", help="run only symbols whose name contains this")
-    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/summary.json")
-    ap.add_argument("--smoke", action="store_true", help="one small shape, 5 launches; seconds, nothing recorded")
-    return ap
+    return bandwidth_parser(__doc__, "one small shape, 5 launches; seconds, nothing recorded",
+                            "benchmarks/results/summary.json", reps=SMOKE_REPS)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = parser()
-    return reps_or_smoke(ap, ap.parse_args(argv), reps=SMOKE_REPS, no_write=True)
+    return parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,13 @@ from pathlib import Path
 import numpy as np
 import summary  # benchmarks/summary.py
 from built import built_kernels, launcher_at, uniform_tensors  # benchmarks/built.py
-from common import append_table, cuda_device, device_values, reps_or_smoke, utc_stamp  # benchmarks/common.py
+from common import (  # benchmarks/common.py
+    append_table,
+    bandwidth_parser,
+    cuda_device,
+    device_values,
+    utc_stamp,
+)
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,19 +104,14 @@ def optim_cases(millions: int):
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
-    ap.add_argument("--only", default="", help="run only kernels whose name contains this")
+    ap = bandwidth_parser(__doc__, "small conv1d shape, 1M parameters, 5 launches; seconds, nothing recorded",
+                          "benchmarks/results/conv_optim.md or summary.json", reps=SMOKE_REPS, params=1)
     ap.add_argument("--params", type=int, default=200, help="millions of parameters for AdamW and the norm")
-    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/conv_optim.md or summary.json")
-    ap.add_argument("--smoke", action="store_true",
-                    help="small conv1d shape, 1M parameters, 5 launches; seconds, nothing recorded")
     return ap
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = parser()
-    return reps_or_smoke(ap, ap.parse_args(argv), reps=SMOKE_REPS, params=1, no_write=True)
+    return parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # scan_ops puts tests/gpu, tests and the peers on the path
 
-from common import smoke, utc_stamp  # noqa: E402  (benchmarks/common.py)
+from common import bench_parser, utc_stamp  # noqa: E402  (benchmarks/common.py)
 from scan_ops import Ours, _peer_ssu, copy_bandwidth, decode_inputs, step_checks, step_kwargs  # noqa: E402
 from summary import append as summary_append  # noqa: E402
 from summary import record  # noqa: E402
@@ -93,17 +93,16 @@ def interleaved_ms(graphs: dict, inner: int, rounds: int, reps: int = 5) -> dict
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__, "batch 1, 4 steps per graph, one round; nothing written",
+                      no_write="print only: no scan.md rows, no summary records", inner=4, rounds=1)
     ap.add_argument("--quick", action="store_true", help="batches 1, 16, 256 only")
-    ap.add_argument("--no-write", action="store_true", help="print only: no scan.md rows, no summary records")
     ap.add_argument("--inner", type=int, default=20, help="steps captured per CUDA graph")
     ap.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds (median over rounds)")
-    ap.add_argument("--smoke", action="store_true", help="batch 1, 4 steps per graph, one round; nothing written")
     return ap
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    return smoke(parser().parse_args(argv), inner=4, rounds=1, no_write=True)
+    return parser().parse_args(argv)
 
 
 def main(argv=None) -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from built import built_kernels  # benchmarks/built.py
-from common import cuda_device, torch_dtype, utc_stamp, write_results  # benchmarks/common.py
+from common import cuda_device, matching, torch_dtype, utc_stamp, write_results  # benchmarks/common.py
 from summary import record  # benchmarks/summary.py
 from timing import copy_seconds, median_ms  # benchmarks/timing.py
 
@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     import torch
 
     gpu = cuda_device().name
-    wanted = [w for w in args.only.split(",") if w]
-    rows = [row for row in ROWS if (not wanted or any(w in row.symbol for w in wanted))
+    picked = matching([row.symbol for row in ROWS], args.only)
+    rows = [row for row in ROWS if row.symbol in picked
             and not (row.kind == "gemm" and args.skip_gemm) and not (row.kind == "matvec" and args.skip_matvec)]
     k = built_kernels(MODULES, kernels=sorted({row.symbol for row in rows}), prefix="mf-bench-gemm-")
     date = utc_stamp()

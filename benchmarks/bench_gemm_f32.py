@@ -21,8 +21,8 @@ from pathlib import Path
 
 import summary  # benchmarks/summary.py
 from built import built_kernels  # benchmarks/built.py
-from common import cuda_device, shapes, utc_stamp, write_results  # benchmarks/common.py
-from timing import gemm_iters_or_smoke, median_ms  # benchmarks/timing.py
+from common import cuda_device, gemm_parser, shapes, utc_stamp, write_results  # benchmarks/common.py
+from timing import median_ms  # benchmarks/timing.py
 
 RESULTS = Path(__file__).parent / "results" / "gemm_f32.md"
 HEADER = ("| date | GPU | symbol | math | M | N | K | ms | TFLOP/s | cuBLAS TFLOP/s | ratio |\n"
@@ -38,17 +38,13 @@ BASELINES = {"tf32": "cuBLAS TF32 (torch, allow_tf32)", "f32": "cuBLAS fp32 (tor
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
+    ap = gemm_parser(__doc__, DEFAULT_SHAPES, SMOKE_SHAPES)
     ap.add_argument("--no-summary", action="store_true", help="do not write benchmarks/results/summary.json")
-    ap.add_argument("--smoke", action="store_true", help=f"{SMOKE_SHAPES} only, 5 samples; nothing written")
     return ap
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = parser()
-    return gemm_iters_or_smoke(ap, ap.parse_args(argv), SMOKE_SHAPES)
+    return parser().parse_args(argv)
 
 
 def main(argv=None) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import summary  # benchmarks/summary.py
 from built import built_kernels, bytes_moved, contract_kwargs  # benchmarks/built.py
-from common import append_table, cuda_device, device_values, reps_or_smoke, torch_dtype, utc_stamp
+from common import append_table, bandwidth_parser, cuda_device, device_values, torch_dtype, utc_stamp
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,17 +129,12 @@ def bench_one(k, fixed, name: str, dims: dict[str, int], reps: int) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
-    ap.add_argument("--only", default="", help="run only kernels whose name contains this")
-    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/memory_bound.md or summary.json")
-    ap.add_argument("--smoke", action="store_true", help="small shapes, 5 launches; seconds, nothing recorded")
-    return ap
+    return bandwidth_parser(__doc__, "small shapes, 5 launches; seconds, nothing recorded",
+                            "benchmarks/results/memory_bound.md or summary.json", reps=SMOKE_REPS)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = parser()
-    return reps_or_smoke(ap, ap.parse_args(argv), reps=SMOKE_REPS, no_write=True)
+    return parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from built import built_kernels  # benchmarks/built.py
-from common import cuda_device, shapes, utc_stamp, write_results  # benchmarks/common.py
+from common import cuda_device, gemm_parser, matching, shapes, utc_stamp, write_results  # benchmarks/common.py
 from summary import record  # benchmarks/summary.py
-from timing import gemm_iters_or_smoke, median_ms  # benchmarks/timing.py
+from timing import median_ms  # benchmarks/timing.py
 
 RESULTS = Path(__file__).parent / "results" / "sm120_tma.md"
 HEADER = ("| date | GPU | symbol | M | N | K | ms | TFLOP/s | twin | twin ms | ratio to twin |\n"
@@ -36,17 +36,11 @@ def kind_of(name: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--shapes", default="4096x4096x4096,1024x4096x4096")
-    ap.add_argument("--symbols", default="", help="comma-separated substrings: only matching TMA symbols")
-    ap.add_argument("--smoke", action="store_true", help=f"{SMOKE_SHAPES} only, 5 samples; nothing written")
-    return ap
+    return gemm_parser(__doc__, "4096x4096x4096,1024x4096x4096", SMOKE_SHAPES, symbols="TMA symbols")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = parser()
-    return gemm_iters_or_smoke(ap, ap.parse_args(argv), SMOKE_SHAPES)
+    return parser().parse_args(argv)
 
 
 def main(argv=None) -> int:
@@ -55,9 +49,8 @@ def main(argv=None) -> int:
 
     gpu = cuda_device().name
     k = built_kernels(MODULES, prefix="mf-bench-sm120-")  # the check builds: every rung launched as k.gemm's
-    wanted = [w for w in args.symbols.split(",") if w]
-    names = sorted(n for n in k.admitted() if n.startswith("gemm_bi_nn_sm120_tma_") and "_f16" not in n
-                   and (not wanted or any(w in n for w in wanted)))
+    names = matching(sorted(n for n in k.admitted() if n.startswith("gemm_bi_nn_sm120_tma_") and "_f16" not in n),
+                     args.symbols)
     date = utc_stamp()
     rows = []
 

@@ -90,12 +90,3 @@ def copy_seconds(nbytes: int, reps: int) -> float:
     torch.cuda.empty_cache()
     return seconds
 
-
-def gemm_iters_or_smoke(ap, a, smoke_shapes: str):
-    """The GEMM benchmarks' rule on parsed args `a` of parser `ap`: --smoke takes `smoke_shapes` at 5 samples;
-    otherwise --iters must be at least 20 (fewer samples give no stable median). Returns `a`."""
-    if a.smoke:
-        a.iters, a.shapes = 5, smoke_shapes
-    elif a.iters < 20:
-        ap.error("--iters must be at least 20")
-    return a

@@ -72,6 +72,22 @@ struct alignas(64) Blob128 { unsigned char b[128]; };  // a CUtensorMap's size a
 }  // namespace tiny
 """
 
+# the (y, x, n) copy ABI's parameters and qualification dims, shared by every copy family below
+_COPY_PARAMS = """params = [
+  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
+  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
+  { name = "n", type = "i64", value = "n" },
+]
+qualify = { dims = { n = 4096 } }
+"""
+
+
+def _copy_family(name: str, extra: str = "", grid: str = "ceil_div(n, 128)") -> str:
+    """A TINY_COPY family in bf16 and f16; `extra`: lines after its variants (a fallback, instances)."""
+    return (f'\n[[family]]\nname = "{name}"\ninstantiate = "TINY_COPY"\nvariants = ["bf16", "f16"]\n{extra}'
+            f'launch = {{ block = 128, grid = ["{grid}"] }}\n' + _COPY_PARAMS)
+
+
 TINY_TOML = """
 [[family]]
 name = "scale"
@@ -86,44 +102,8 @@ params = [
   { name = "n", type = "i64", value = "n" },
 ]
 qualify = { dims = { n = 4096 } }
-
-[[family]]
-name = "fast_copy"
-instantiate = "TINY_COPY"
-variants = ["bf16", "f16"]
-fallback = ["mid_copy_{dtype}", "slow_copy_{dtype}"]
-launch = { block = 128, grid = ["ceil_div(n, 128)"] }
-params = [
-  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
-  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
-  { name = "n", type = "i64", value = "n" },
-]
-qualify = { dims = { n = 4096 } }
-
-[[family]]
-name = "mid_copy"
-instantiate = "TINY_COPY"
-variants = ["bf16", "f16"]
-launch = { block = 128, grid = ["ceil_div(n, 128)"] }
-params = [
-  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
-  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
-  { name = "n", type = "i64", value = "n" },
-]
-qualify = { dims = { n = 4096 } }
-
-[[family]]
-name = "slow_copy"
-instantiate = "TINY_COPY"
-variants = ["bf16", "f16"]
-launch = { block = 128, grid = ["ceil_div(n, 128)"] }
-params = [
-  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
-  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
-  { name = "n", type = "i64", value = "n" },
-]
-qualify = { dims = { n = 4096 } }
-"""
+""" + _copy_family("fast_copy", 'fallback = ["mid_copy_{dtype}", "slow_copy_{dtype}"]\n') \
+    + _copy_family("mid_copy") + _copy_family("slow_copy")
 
 CATALOG_TOML = """
 [catalog]
@@ -149,21 +129,8 @@ REJECTED = {
 
 
 # a multi-tile family (two instances per dtype), for the tile-selection tests
-TILED_TOML = """
-[[family]]
-name = "tiled_copy"
-instantiate = "TINY_COPY"
-variants = ["bf16", "f16"]
-instances = [{ W = 1 }, { W = 2 }]
-symbol = "{name}_w{W}_{dtype}"
-launch = { block = 128, grid = ["ceil_div(n, 128 * W)"] }
-params = [
-  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
-  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
-  { name = "n", type = "i64", value = "n" },
-]
-qualify = { dims = { n = 4096 } }
-"""
+TILED_TOML = _copy_family("tiled_copy", 'instances = [{ W = 1 }, { W = 2 }]\nsymbol = "{name}_w{W}_{dtype}"\n',
+                          "ceil_div(n, 128 * W)")
 
 
 # GEMM rungs for runtime/gemm.py's tests: an exact-f32-like ABI with the optional bias (f32 and bf16, bf16 out),
