@@ -21,7 +21,7 @@ from pathlib import Path
 
 import summary  # benchmarks/summary.py
 from built import built_kernels  # benchmarks/built.py
-from common import cuda_device, gemm_parser, shapes, utc_stamp, write_results  # benchmarks/common.py
+from common import cuda_device, gemm_parser, shapes, table_lines, utc_stamp, write_results  # benchmarks/common.py
 from timing import median_ms  # benchmarks/timing.py
 
 RESULTS = Path(__file__).parent / "results" / "gemm_f32.md"
@@ -110,8 +110,7 @@ def main(argv=None) -> int:
     if args.smoke:
         return 0
     write_results(RESULTS, "# f32-storage GEMMs (TF32 wgmma) vs torch.matmul (cuBLAS), same run\n\n" + HEADER,
-                  [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.3f} | {r[8]:.1f} | "
-                   f"{r[9]:.1f} | {r[10]:.3f} |\n" for r in rows], [] if args.no_summary else records)
+                  table_lines(rows, ("",) * 7 + (".3f", ".1f", ".1f", ".3f")), [] if args.no_summary else records)
     return 0
 
 

@@ -23,6 +23,7 @@ from common import (  # benchmarks/common.py
     load_signed,
     matching,
     shapes,
+    table_lines,
     utc_stamp,
     write_results,
 )
@@ -116,8 +117,7 @@ def main(argv=None) -> int:
     if args.smoke:
         return 0
     write_results(RESULTS, "# Hopper wgmma GEMM vs torch.matmul (cuBLAS), same run\n\n" + HEADER,
-                  [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.3f} | {r[8]:.1f} | "
-                   f"{r[9]:.1f} | {r[10]:.3f} |\n" for r in rows], summary_records(rows, gpu))
+                  table_lines(rows, ("",) * 7 + (".3f", ".1f", ".1f", ".3f")), summary_records(rows, gpu))
     return 0
 
 

@@ -17,7 +17,15 @@ import sys
 from pathlib import Path
 
 from built import built_kernels  # benchmarks/built.py
-from common import cuda_device, gemm_parser, matching, shapes, utc_stamp, write_results  # benchmarks/common.py
+from common import (  # benchmarks/common.py
+    cuda_device,
+    gemm_parser,
+    matching,
+    shapes,
+    table_lines,
+    utc_stamp,
+    write_results,
+)
 from summary import record  # benchmarks/summary.py
 from timing import median_ms  # benchmarks/timing.py
 
@@ -89,8 +97,7 @@ def main(argv=None) -> int:
     if args.smoke:
         return 0
     write_results(RESULTS, "# CC 12.x TMA tiles vs their cp.async twins (sm_90a check builds), same run\n\n" + HEADER,
-                  [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]:.3f} | {r[7]:.1f} | {r[8]} | "
-                   f"{r[9]:.3f} | {r[10]:.3f} |\n" for r in rows], summary_records(rows, gpu))
+                  table_lines(rows, ("",) * 6 + (".3f", ".1f", "", ".3f", ".3f")), summary_records(rows, gpu))
     return 0
 
 

@@ -161,6 +161,12 @@ def cuda_device():
     return torch.cuda.get_device_properties(0)
 
 
+def table_lines(rows, formats: tuple[str, ...]) -> list[str]:
+    """Results-table lines ("| a | b | ... |\n") of tuples `rows`: field i with format spec formats[i] ("": as is);
+    fields past the formats are left out (the summary records' own)."""
+    return ["| " + " | ".join(format(r[i], f) for i, f in enumerate(formats)) + " |\n" for r in rows]
+
+
 def write_results(path: Path, intro: str, lines: list[str], records: list[dict]) -> None:
     """append_table(path, intro, lines), then `records` (if any) into benchmarks/results/summary.json, saying what
     was written."""

@@ -35,6 +35,12 @@ def _session_cache(tmp_path_factory):
 
 
 @pytest.fixture
+def isolated_trust(tmp_path, monkeypatch):
+    """Only keys a test passes are trusted: an empty user trust folder (MAMBA_FORGE_TRUST), not the machine's."""
+    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+
+
+@pytest.fixture
 def fake_tensor_streams(monkeypatch):
     """For tests of fake tensors that claim to be torch's (tests/runtime_fakes.py): the runtime's stream lookup
     sees no torch, as on a machine without it, even when another test module imported a real (CPU) torch, whose

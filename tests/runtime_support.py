@@ -279,14 +279,21 @@ def tiny_qualified(root: Path, extra_families: str = "", *, build_manifest: bool
                            key_path=root / "keys" / "release.key", body=qualified_body(bm, cat))
 
 
-def signed_tiny(root: Path, extra_families: str = "", routes: list | None = None):
-    """tiny_qualified's build, its body (with `routes` as its route table when given) signed as the qualifier does
-    into root/build/h200.toml (`manifest`)."""
-    t = tiny_qualified(root, extra_families)
+def signed_tiny(root: Path, extra_families: str = "", routes: list | None = None, *, build_manifest: bool = False,
+                table: bool = True, manifest: str = "build/h200.toml"):
+    """tiny_qualified's build (build_manifest: as there), its body (with `routes` as its route table when given)
+    signed into root/<manifest> (`manifest`, its bytes `doc`): as the qualifier writes it, its runtime table beside,
+    or with table=False the signed body alone."""
+    t = tiny_qualified(root, extra_families, build_manifest=build_manifest)
     if routes is not None:
         t.body["routes"] = routes
-    t.manifest = root / "build" / "h200.toml"
-    write_with_runtime_table(t.body, t.priv, t.manifest)
+    t.manifest = root / manifest
+    t.manifest.parent.mkdir(parents=True, exist_ok=True)
+    if table:
+        t.doc = write_with_runtime_table(t.body, t.priv, t.manifest)
+    else:
+        t.doc = sign_body(t.body, t.priv)
+        t.manifest.write_bytes(t.doc)
     return t
 
 

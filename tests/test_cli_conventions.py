@@ -12,7 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import tomli_w
-from runtime_support import sign_body, tiny_qualified
+from runtime_support import signed_tiny
 
 from mamba_forge import cli, schemas
 from mamba_forge.cli import main
@@ -39,10 +39,7 @@ def _isolated(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    t = tiny_qualified(tmp_path_factory.mktemp("conv"), build_manifest=True)
-    t.manifest = t.build / "h200.toml"
-    t.manifest.write_bytes(sign_body(t.body, t.priv))
-    return t
+    return signed_tiny(tmp_path_factory.mktemp("conv"), build_manifest=True, table=False)
 
 
 def _admitted(build: Path, every: bool = False) -> int:

@@ -15,10 +15,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 from rich.console import Console
-from runtime_support import (
-    tiny_qualified,
-    write_with_runtime_table,
-)
+from runtime_support import signed_tiny
 
 from mamba_forge import cli
 from mamba_forge.catalog.targets import DEFAULT_TARGETS
@@ -33,10 +30,7 @@ H200 = ROOT / "manifests" / "h200.toml"
 @pytest.fixture(scope="module")
 def fx(tmp_path_factory):
     """The tiny catalog built for sm_90a (build/manifest.toml written as the CLI does), qualified, signed."""
-    t = tiny_qualified(tmp_path_factory.mktemp("newcomer"), build_manifest=True)
-    t.manifest = t.build / "h200.toml"
-    write_with_runtime_table(t.body, t.priv, t.manifest)
-    return t
+    return signed_tiny(tmp_path_factory.mktemp("newcomer"), build_manifest=True)
 
 
 @pytest.fixture(autouse=True)

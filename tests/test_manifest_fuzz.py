@@ -9,11 +9,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from runtime_support import (
-    FakeBackend,
-    tiny_qualified,
-    write_with_runtime_table,
-)
+from runtime_support import FakeBackend, signed_tiny
 
 from mamba_forge.runtime import LoadError, load
 from mamba_forge.runtime.sources import runtime_table_path
@@ -24,11 +20,9 @@ SEED = 20261129
 
 @pytest.fixture(scope="module")
 def signed(tmp_path_factory):
-    t = tiny_qualified(tmp_path_factory.mktemp("fuzz"))
-    root, pub = t.root, t.pub
-    signed_path = root / "build" / "signed.toml"
-    doc = write_with_runtime_table(t.body, t.priv, signed_path)
-    table = runtime_table_path(signed_path).read_bytes()
+    t = signed_tiny(tmp_path_factory.mktemp("fuzz"), manifest="build/signed.toml")
+    root, pub, doc = t.root, t.pub, t.doc
+    table = runtime_table_path(t.manifest).read_bytes()
     for name in ("fuzzed", "tail", "table"):  # the runtime table beside each manifest name the tests write
         runtime_table_path(root / "build" / f"{name}.toml").write_bytes(table)
     return SimpleNamespace(build=root / "build", pub=pub, doc=doc, table=table)
