@@ -24,13 +24,7 @@ from pathlib import Path
 import numpy as np
 import summary  # benchmarks/summary.py
 from built import built_kernels, launcher_at, uniform_tensors  # benchmarks/built.py
-from common import (  # benchmarks/common.py
-    append_table,
-    bandwidth_parser,
-    cuda_device,
-    device_values,
-    utc_stamp,
-)
+from common import append_table, bandwidth_parser, cuda_device, device_values, utc_stamp  # benchmarks/common.py
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,16 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from common import (  # benchmarks/common.py
-    cuda_device,
-    gemm_parser,
-    load_signed,
-    matching,
-    shapes,
-    table_lines,
-    utc_stamp,
-    write_results,
-)
+from common import cuda_device, gemm_parser, load_signed, matching, shapes, table_lines, utc_stamp, write_results
 from summary import record  # benchmarks/summary.py
 from timing import median_ms  # benchmarks/timing.py
 

@@ -52,14 +52,20 @@ def matmul_f64(a2: np.ndarray, b2: np.ndarray, bias: np.ndarray | None = None) -
     return c
 
 
-def _gemm(layout: str):
+def _reference(layout: str, product, dtype, name: str, doc: str):
+    """A family's reference for one layout: C = product(op(A), op(B), bias) of the operands read as `dtype`,
+    returned flat in float64."""
     def ref(args: Args, dims: dict[str, int]) -> dict[str, np.ndarray]:
-        a2, b2, bias = _operands(args, dims, layout)
-        return {"C": matmul_f64(a2, b2, bias).reshape(-1)}
+        a2, b2, bias = _operands(args, dims, layout, dtype=dtype)
+        return {"C": np.asarray(product(a2, b2, bias), dtype=np.float64).reshape(-1)}
 
-    ref.__name__ = f"gemm_{layout}"
-    ref.__doc__ = f"float64 reference for layout {layout}: C[M,N] (+ bias), flat."
+    ref.__name__, ref.__doc__ = name, doc
     return ref
+
+
+def _gemm(layout: str):
+    return _reference(layout, matmul_f64, np.float64, f"gemm_{layout}",
+                      f"float64 reference for layout {layout}: C[M,N] (+ bias), flat.")
 
 
 gemm_nn = _gemm("nn")
@@ -124,13 +130,8 @@ def chain_f32(a2: np.ndarray, b2: np.ndarray, bias: np.ndarray | None = None) ->
 
 
 def _chain(layout: str):
-    def ref(args: Args, dims: dict[str, int]) -> dict[str, np.ndarray]:
-        a2, b2, bias = _operands(args, dims, layout, dtype=np.float32)
-        return {"C": chain_f32(a2, b2, bias).astype(np.float64).reshape(-1)}
-
-    ref.__name__ = f"gemm_{layout}_f32_chain"
-    ref.__doc__ = f"exact f32 FFMA-chain reference for layout {layout} (bit for bit): C[M,N] (+ bias), flat."
-    return ref
+    return _reference(layout, chain_f32, np.float32, f"gemm_{layout}_f32_chain",
+                      f"exact f32 FFMA-chain reference for layout {layout} (bit for bit): C[M,N] (+ bias), flat.")
 
 
 gemm_nn_f32_chain = _chain("nn")
