@@ -63,14 +63,9 @@ def _reference(layout: str, product, dtype, name: str, doc: str):
     return ref
 
 
-def _gemm(layout: str):
-    return _reference(layout, matmul_f64, np.float64, f"gemm_{layout}",
-                      f"float64 reference for layout {layout}: C[M,N] (+ bias), flat.")
-
-
-gemm_nn = _gemm("nn")
-gemm_tn = _gemm("tn")
-gemm_nt = _gemm("nt")
+gemm_nn, gemm_tn, gemm_nt = (_reference(x, matmul_f64, np.float64, f"gemm_{x}",
+                                        f"float64 reference for layout {x}: C[M,N] (+ bias), flat.")
+                             for x in ("nn", "tn", "nt"))
 
 
 # ---- exact f32 -------------------------------------------------------------------------------------------------
@@ -129,14 +124,10 @@ def chain_f32(a2: np.ndarray, b2: np.ndarray, bias: np.ndarray | None = None) ->
     return out
 
 
-def _chain(layout: str):
-    return _reference(layout, chain_f32, np.float32, f"gemm_{layout}_f32_chain",
-                      f"exact f32 FFMA-chain reference for layout {layout} (bit for bit): C[M,N] (+ bias), flat.")
-
-
-gemm_nn_f32_chain = _chain("nn")
-gemm_tn_f32_chain = _chain("tn")
-gemm_nt_f32_chain = _chain("nt")
+gemm_nn_f32_chain, gemm_tn_f32_chain, gemm_nt_f32_chain = (
+    _reference(x, chain_f32, np.float32, f"gemm_{x}_f32_chain",
+               f"exact f32 FFMA-chain reference for layout {x} (bit for bit): C[M,N] (+ bias), flat.")
+    for x in ("nn", "tn", "nt"))
 
 
 # ---- TF32 rounding (the Ada TF32-joint pre-RNA pass, kernels/sm89/tf32.toml) ----------------------------------
