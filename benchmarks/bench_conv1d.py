@@ -12,8 +12,9 @@ Shapes (width 4): B4 D4096 L4096 (Mamba-1 2.8B's d_inner at a 4k context) and B8
 every buffer read plus every buffer written once: nosave 2 n sizeof(T) (x in, out), save 3 n sizeof(T), backward
 4 n sizeof(T) (x, pre, dout in, dx out), plus the f32 weight/bias (and dweight/dbias) arrays. Baseline: torch's
 copy of half those bytes (a copy reads and writes each byte: the same total). Timing: CUDA events around each
-launch, 3 warm-up launches, median of --reps (at least 20); the copy is re-timed per (shape, dtype, kind). Each
-kernel is launched at its catalog launch spec (grid and block from mamba_forge.qualify.spec.evaluate).
+launch, 3 warm-up launches, median of --reps (at least 20); the copy is re-timed per (shape, dtype, kind). The
+families are built here (benchmarks/built.py) and each kernel launches through the runtime: its keyword call,
+grid, block and arguments from its contract at the shape.
 Ratio = kernel GB/s / copy GB/s; goal >= 0.85 for the forwards, >= 0.70 for the backward. Prints a table and the
 best symbol per (kind, dtype, shape), and appends records to benchmarks/results/summary.json (benchmarks/summary.py:
 ours = GB/s, baseline = copy GB/s, speedup = the ratio).
@@ -22,17 +23,14 @@ ours = GB/s, baseline = copy GB/s, speedup = the ratio).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-import numpy as np
-from common import device_values, reps_or_smoke  # benchmarks/common.py
+from built import built_kernels, launcher_at, uniform_tensors  # benchmarks/built.py
+from common import bandwidth_parser, cuda_device  # benchmarks/common.py
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
-SIZES = {"f32": 4, "bf16": 2, "f16": 2}
 SHAPES = [{"batch": 4, "d": 4096, "L": 4096, "width": 4}, {"batch": 8, "d": 1536, "L": 6144, "width": 4}]
 SMOKE_SHAPE = {"batch": 1, "d": 256, "L": 1024, "width": 4}
 SMOKE_REPS = 5
@@ -49,69 +47,37 @@ def shape_text(dims: dict) -> str:
     return f"B{dims['batch']} D{dims['d']} L{dims['L']} w{dims['width']}"
 
 
-def symbols_of(fixed, family: str, dtype: str) -> list:
-    return sorted((s for s in fixed.symbols if s.family == family and s.dtype == dtype), key=lambda s: s.name)
-
-
-def bind_from_spec(k, sym, fam, dims):
-    """(launcher, bytes moved): buffers allocated and filled on the GPU, launched at the spec's grid and block."""
-    from mamba_forge.core.vocab import DTYPE_SIZES
-    from mamba_forge.qualify import spec as S
-
-    spec = S.evaluate(sym, fam, dims)
-    args: list = [None] * (len(spec.buffers) + len(spec.scalars))
-    moved = 0
-    for b in spec.buffers:
-        lo, hi = FILLS.get(b.name, (-1.0, 1.0))
-        args[b.index] = device_values(b.count, b.dtype, lo, hi)
-        moved += b.count * DTYPE_SIZES[b.dtype]  # each buffer is read or written once
-    scalar_np = {"i32": np.int32, "i64": np.int64}
-    for s in spec.scalars:
-        args[s.index] = scalar_np[s.type](s.value)
-    return k.bind(sym.name, spec.grid, spec.block, tuple(args), smem=spec.dynamic_smem), moved
-
-
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
-    ap.add_argument("--only", default="", help="run only symbols whose name contains this")
-    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/summary.json")
-    ap.add_argument("--smoke", action="store_true", help="one small shape, 5 launches; seconds, nothing recorded")
-    return ap
+    return bandwidth_parser(__doc__, "one small shape, 5 launches; seconds, nothing recorded",
+                            "benchmarks/results/summary.json", reps=SMOKE_REPS)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = parser()
-    return reps_or_smoke(ap, ap.parse_args(argv), reps=SMOKE_REPS, no_write=True)
+    return parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
 
-    import cupy as cp  # device arrays and their memory pool only; kernels launch through mamba_forge.gpu
     import summary  # benchmarks/summary.py
-    from gpu_support import kernels
+    import torch
 
-    from mamba_forge.catalog.model import default_catalog_path, load_catalog
-    from mamba_forge.gpu import driver as cu
-
-    k = kernels()
-    fixed = load_catalog(default_catalog_path()).module("Fixed")
-    fams = {f.name: f for f in fixed.families}
-    gpu = cu.Device(0).info().name
+    gpu = cuda_device().name
+    families = [f for prod, cands, _, _ in KINDS.values() for f in (prod, *cands)]
+    k = built_kernels(("Fixed",), kernels=[f"{f}_*" for f in families], prefix="mf-bench-conv1d-")
     rows, records = [], []
     print(f"{'kind':10} {'symbol':42} {'shape':20} {'MB':>8} {'us':>8} {'GB/s':>6} {'copy GB/s':>9} {'ratio':>6} goal")
     for dims in [SMOKE_SHAPE] if a.smoke else SHAPES:
         for kind, (prod, cands, _, goal) in KINDS.items():
             for dt in ("bf16", "f16", "f32"):
-                syms = symbols_of(fixed, prod, dt) + [s for c in cands for s in symbols_of(fixed, c, dt)]
-                syms = [s for s in syms if a.only in s.name and k.verdict(s.name).status == "admitted"]
+                syms = [k.symbol(n) for n in sorted(k.admitted()) if a.only in n]
+                syms = [s for fam in (prod, *cands) for s in syms if s.family == fam and s.dtype == dt]
                 copy_t = None
                 for sym in syms:
-                    launch, moved = bind_from_spec(k, sym, fams[sym.family], dims)
+                    launch, moved = launcher_at(k.function(sym.name), dims, uniform_tensors(FILLS))
                     t = time_events(launch, a.reps)
                     del launch
-                    cp.get_default_memory_pool().free_all_blocks()
+                    torch.cuda.empty_cache()
                     if copy_t is None:  # the same bytes for every symbol of this (shape, kind, dtype)
                         copy_t = copy_seconds(moved // 2, a.reps)
                     ratio = copy_t / t

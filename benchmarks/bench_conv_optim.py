@@ -19,16 +19,15 @@ for the conv1d forwards and AdamW (and >= 0.70 for the conv1d backward, bench_co
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 import summary  # benchmarks/summary.py
-from common import append_table, device_values, reps_or_smoke, utc_stamp  # benchmarks/common.py
+from built import built_kernels, launcher_at, uniform_tensors  # benchmarks/built.py
+from common import append_table, bandwidth_parser, cuda_device, device_values, utc_stamp  # benchmarks/common.py
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
 SIZES = {"f32": 4, "bf16": 2, "f16": 2}
 CONV = {"batch": 4, "d": 4096, "L": 4096, "width": 4}
@@ -42,73 +41,31 @@ GOALS = {"conv1d_burnin_forward_nosave_tiled": 0.85, "conv1d_burnin_forward_tile
          "adamw_step": 0.85, "adamw_step_capturable": 0.85, "adamw_step_multi": 0.85}
 
 
-# ---- cases: (kernel, shape text, bytes moved, setup() -> launch callable) ----------------------------------
+# ---- cases: (kernel, shape text, setup(kernels) -> (launch callable, bytes moved)) ------------------------
+# Each kernel is built here (benchmarks/built.py) and launches through the runtime: its keyword call, grid, block
+# and arguments from its contract at the case's dims (literal scalars at their qualified values: AdamW's lr 1e-3,
+# betas 0.9 / 0.999, eps 1e-8, weight decay 0.1, step 10).
+FILLS = {"m": (-0.1, 0.1), "v": (1e-6, 1e-2), "lr": (1e-3, 1e-3)}  # the rest uniform in [-1, 1); counters zero
 
 
-def conv_cases(k, conv=CONV):
-    B, D, L, W = conv["batch"], conv["d"], conv["L"], conv["width"]
-    n = B * D * L
-    shape = f"B{B} D{D} L{L} w{W}"
-    small = D * W * 4 + D * 4
-    cases = []
-    for dt in ("bf16", "f16", "f32"):
-        t = SIZES[dt]
-        tile = 8192 // t  # the forward's timesteps per block (kernels/fixed/conv1d.toml: ceil_div(L, 8192 // sizeof_T))
-
-        def fwd_nosave(dt=dt, tile=tile):
-            x, out = device_values(n, dt), device_values(n, dt)
-            w, b = device_values(D * W, "f32"), device_values(D, "f32")
-            grid = (B * D * -(-L // tile),)
-            args = (out, x, w, b, np.int64(B), np.int64(D), np.int64(L), np.int32(W))
-            return k.bind(f"conv1d_burnin_forward_nosave_tiled_{dt}", grid, (128,), args)
-
-        def fwd_save(dt=dt, tile=tile):
-            x, out, pre = device_values(n, dt), device_values(n, dt), device_values(n, dt)
-            w, b = device_values(D * W, "f32"), device_values(D, "f32")
-            grid = (B * D * -(-L // tile),)
-            args = (out, pre, x, w, b, np.int64(B), np.int64(D), np.int64(L), np.int32(W))
-            return k.bind(f"conv1d_burnin_forward_tiled_{dt}", grid, (128,), args)
-
-        def bwd(dt=dt):
-            x, pre, dout, dx = (device_values(n, dt) for _ in range(4))
-            w = device_values(D * W, "f32")
-            dw, db = device_values(D * W, "f32"), device_values(D, "f32")
-            args = (dx, dw, db, x, w, pre, dout, np.int64(B), np.int64(D), np.int64(L), np.int32(W))
-            return k.bind(f"conv1d_bwd_tiled_{dt}", (D,), (128,), args)
-
-        cases += [
-            (f"conv1d_burnin_forward_nosave_tiled_{dt}", shape, 2 * n * t + small, fwd_nosave),
-            (f"conv1d_burnin_forward_tiled_{dt}", shape, 3 * n * t + small, fwd_save),
-            (f"conv1d_bwd_tiled_{dt}", shape, 4 * n * t + small + D * W * 4 + D * 4, bwd),
-        ]
-    return cases
+def contract_case(name: str, shape: str, dims: dict):
+    return (name, shape, lambda k: launcher_at(k.function(name), dims, uniform_tensors(FILLS)))
 
 
-def optim_cases(k, millions: int):
-    import cupy as cp  # device arrays only: kernels launch through mamba_forge.gpu
+def conv_cases(conv=CONV):
+    shape = f"B{conv['batch']} D{conv['d']} L{conv['L']} w{conv['width']}"
+    return [contract_case(f"{fam}_{dt}", shape, conv) for dt in ("bf16", "f16", "f32")
+            for fam in ("conv1d_burnin_forward_nosave_tiled", "conv1d_burnin_forward_tiled", "conv1d_bwd_tiled")]
 
+
+def optim_cases(millions: int):
     n = millions * 1_000_000
     shape = f"{millions}M params"
-    grid = (min(-(-n // 1024), 8192),)
-    cases = []
-
-    def adamw():
-        p, g, m = device_values(n, "f32"), device_values(n, "f32"), device_values(n, "f32", -0.1, 0.1)
-        v = device_values(n, "f32", 1e-6, 1e-2)
-        args = (p, g, m, v, np.int64(n), np.float32(1e-3), np.float32(0.9), np.float32(0.999), np.float32(1e-8),
-                np.float32(0.1), np.int32(10))
-        return k.bind("adamw_step_f32", grid, (256,), args)
-
-    def adamw_capturable():
-        p, g, m = device_values(n, "f32"), device_values(n, "f32"), device_values(n, "f32", -0.1, 0.1)
-        v = device_values(n, "f32", 1e-6, 1e-2)
-        lr, step, arrivals = cp.full(1, 1e-3, cp.float32), cp.zeros(1, cp.int32), cp.zeros(1, cp.uint32)
-        args = (p, g, m, v, np.int64(n), lr, step, arrivals, np.float32(0.9), np.float32(0.999), np.float32(1e-8),
-                np.float32(0.1))
-        return k.bind("adamw_step_f32_capturable", grid, (256,), args)
 
     def multi(dt):
-        def setup():
+        def setup(k):
+            import torch
+
             # a Mamba-like spread of tensor sizes: many mid-sized matrices plus small vectors
             sizes, left, i = [], n, 0
             while left > 0:
@@ -123,71 +80,53 @@ def optim_cases(k, millions: int):
                 t = (device_values(s, dt), device_values(s, dt), device_values(s, "f32", -0.1, 0.1),
                      device_values(s, "f32", 1e-6, 1e-2))
                 keep.append(t)
-                desc[j] = (t[0].data.ptr, t[1].data.ptr, t[2].data.ptr, t[3].data.ptr, s, 0.1 if j % 4 else 0.0, 0)
-            dd = cp.asarray(desc.view(np.uint8))
-            args = (dd, np.int32(len(sizes)), np.float32(1e-3), np.float32(0.9), np.float32(0.999), np.float32(1e-8),
-                    np.int32(10))
-            launch = k.bind(f"adamw_step_multi_{dt}", (1056,), (256,), args)
+                desc[j] = (*(x.data_ptr() for x in t), s, 0.1 if j % 4 else 0.0, 0)
+            table = torch.from_numpy(desc.view(np.uint8)).cuda()
+            launch, _ = launcher_at(k.function(f"adamw_step_multi_{dt}"), {"tensors": len(sizes)},
+                                    lambda p, count: table)
             launch.keep = keep  # the tensors the descriptors point at live as long as the launcher
-            return launch
+            # each tensor's param and grad (dt) and moments (f32): params and moments read and written, grads read
+            return launch, n * (3 * SIZES[dt] + 16)
 
         return setup
 
-    def sumsq():
-        g, parts = device_values(n, "f32"), cp.zeros(512, cp.float64)  # the contract's fixed 512 partials
-        return k.bind("grad_sumsq_partial_f32", (512,), (256,), (parts, g, np.int64(n)))
-
-    cases += [
-        ("adamw_step_f32", shape, 28 * n, adamw),
-        ("adamw_step_f32_capturable", shape, 28 * n, adamw_capturable),
-        ("adamw_step_multi_bf16", shape, 22 * n, multi("bf16")),
-        ("adamw_step_multi_f32", shape, 28 * n, multi("f32")),
-        ("grad_sumsq_partial_f32", shape, 4 * n + 8 * 512, sumsq),
+    return [contract_case(name, shape, {"n": n})
+            for name in ("adamw_step_f32", "adamw_step_f32_capturable", "grad_sumsq_partial_f32")] + [
+        ("adamw_step_multi_bf16", shape, multi("bf16")),
+        ("adamw_step_multi_f32", shape, multi("f32")),
     ]
-    return cases
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
-    ap.add_argument("--only", default="", help="run only kernels whose name contains this")
+    ap = bandwidth_parser(__doc__, "small conv1d shape, 1M parameters, 5 launches; seconds, nothing recorded",
+                          "benchmarks/results/conv_optim.md or summary.json", reps=SMOKE_REPS, params=1)
     ap.add_argument("--params", type=int, default=200, help="millions of parameters for AdamW and the norm")
-    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/conv_optim.md or summary.json")
-    ap.add_argument("--smoke", action="store_true",
-                    help="small conv1d shape, 1M parameters, 5 launches; seconds, nothing recorded")
     return ap
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = parser()
-    return reps_or_smoke(ap, ap.parse_args(argv), reps=SMOKE_REPS, params=1, no_write=True)
+    return parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
 
-    import cupy as cp  # device arrays and their memory pool only; kernels launch through mamba_forge.gpu
-    from gpu_support import kernels
+    import torch
 
-    from mamba_forge.catalog.model import default_catalog_path, load_catalog
-    from mamba_forge.gpu import driver as cu
-
-    k = kernels()
-    gpu = cu.Device(0).info().name
-    syms = {s.name: s for s in load_catalog(default_catalog_path()).module("Fixed").symbols}  # family and dtype
+    gpu = cuda_device().name
+    cases = [c for c in conv_cases(SMOKE_CONV if a.smoke else CONV) + optim_cases(a.params) if a.only in c[0]]
+    k = built_kernels(("Fixed",), kernels=[c[0] for c in cases], prefix="mf-bench-conv-optim-")  # only those
     rows = []
     print(f"{'kernel':42} {'shape':22} {'MB':>9} {'us':>9} {'GB/s':>7} {'copy GB/s':>10} {'ratio':>6}")
-    for name, shape, moved, setup in conv_cases(k, SMOKE_CONV if a.smoke else CONV) + optim_cases(k, a.params):
-        if a.only not in name:
-            continue
-        launch = setup()
+    for name, shape, setup in cases:
+        launch, moved = setup(k)
         t = time_events(launch, a.reps)
         del launch
-        cp.get_default_memory_pool().free_all_blocks()
+        torch.cuda.empty_cache()
         tc = copy_seconds(moved // 2, a.reps)
+        sym = k.function(name)
         r = {"kernel": name, "shape": shape, "mb": moved / 1e6, "us": t * 1e6, "gbs": moved / t / 1e9,
-             "copy_gbs": moved / tc / 1e9, "ratio": tc / t, "family": syms[name].family,
-             "dtype": syms[name].dtype or "-"}
+             "copy_gbs": moved / tc / 1e9, "ratio": tc / t, "family": sym.family, "dtype": sym.dtype or "-"}
         rows.append(r)
         print(f"{name:42} {shape:22} {r['mb']:9.1f} {r['us']:9.1f} {r['gbs']:7.0f} {r['copy_gbs']:10.0f} "
               f"{r['ratio']:6.2f}")

@@ -6,7 +6,9 @@ bf16 (f16 with --f16 or briefly by default at two shapes) and exact f32; M in {1
 {(4096, 4096), (8192, 8192), (8192, 2048), (2048, 4096)}. CUDA-event timing of 10 back-to-back launches per
 sample (timing.median_ms_queued: the host's launch overhead stays out of a 20 us kernel's time), warm-up first,
 median of --iters.
-Each of our symbols is checked once per shape against torch in float64 (a wrong result aborts the run). Prints a
+Each of our symbols is built here (benchmarks/built.py) and launches through the runtime (`kernels.gemm(...,
+symbol=NAME)`: tensor maps, grid and arguments from its contract), checked once per shape against torch in
+float64 (a wrong result aborts the run). Prints a
 table, appends it to benchmarks/results/decode_gemm.md and records to benchmarks/results/summary.json
 (benchmarks/summary.py). Not a test.
 
@@ -21,20 +23,11 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
+from built import built_kernels  # benchmarks/built.py
 from common import append_table, cuda_device, smoke, utc_stamp  # benchmarks/common.py
 from summary import append, record  # benchmarks/summary.py
 from timing import copy_seconds, median_ms_queued  # benchmarks/timing.py
-
-from mamba_forge.catalog.model import default_catalog_path, load_catalog
-from mamba_forge.core import expr
-from mamba_forge.gpu import tma
-from mamba_forge.qualify.assemble import route_table
-from mamba_forge.runtime.routes import select
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gpu_support import bind, build_modules, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
 
 RESULTS = Path(__file__).parent / "results" / "decode_gemm.md"
 HEADER = ("| date | GPU | dtype | symbol | M | N | K | ms | GB/s | cuBLAS ms | vs cuBLAS | % copy BW |\n"
@@ -52,44 +45,10 @@ F32_ROUTED = ("gemm_bi_f32_f32_async_m128n128_bk16_s3", "gemm_bi_f32_f32_n128_s2
 ROUTE_FAMILY = "gemm_route"  # summary rows for the rung the route table serves at each (M, N, K)
 
 
-def build_symbols(names: list[str]):
-    """Build only the modules holding `names` for sm_90a; {symbol: (cubin path, catalog symbol)} (admitted only)."""
-    cat = load_catalog(default_catalog_path())
-    _, where = build_modules(sorted({cat.symbols[n].module for n in names}), kernels=names, prefix="mf-bench-decode-")
-    missing = [n for n in names if n not in where]
-    if missing:
-        raise SystemExit(f"not built or not admitted: {missing}")
-    return cat, {n: (where[n], cat.symbols[n]) for n in names}
-
-
-def grid_of(cat, sym, M, N, K) -> tuple[int, ...]:
-    fam = cat.module(sym.module).family(sym.family)
-    e = {k: v for k, v in sym.params_env.items() if isinstance(v, int)}
-    e.update({"M": M, "N": N, "K": K})
-    return tuple(int(expr.evaluate(g, e)) for g in fam.launch.grid)
-
-
-def launcher(torch, cat, found, name, A, B, C, bias=None):
-    cubin, sym = found[name]
-    fn = load_cubin(cubin).function(name)
-    M, K = A.shape
-    N = B.shape[1]
-    stream = torch.cuda.current_stream().cuda_stream
-    ptrs = [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr())]
-    if "_sm90a_wgmma_" in name:
-        box = tma.skinny_b_box_cols(sym.params_env["BN"]) if "_skinny_" in name else tma.BOX
-        maps = tma.gemm_tensor_maps("nn", A.data_ptr(), B.data_ptr(), M, N, K, b_box_cols=box)
-        args = [maps["tmA"], maps["tmB"], *ptrs]
-    else:  # the Fixed ABI: C, A, B, bias (null: none)
-        args = [*ptrs, ("ptr", bias.data_ptr() if bias is not None else 0)]
-    args += [("i32", M), ("i32", N), ("i32", K)]
-    return bind(fn, grid_of(cat, sym, M, N, K), sym.block, args, smem=sym.dynamic_smem, stream=stream)
-
-
-def route_records(table, found, times: dict, dt: str, M: int, N: int, K: int, ms_ref: float, gpu: str) -> list[dict]:
-    """The issue's figure for this (M, N, K): the rung the route table serves here (every built rung serving, as
-    on a device that admitted them all), timed above; symbol "nn <dt> route -> <rung>" so each M's pick shows."""
-    rung = select(table, M, N, K, dt, dt, dt, "nn", serves=lambda s: s in found).symbol
+def route_records(kernels, times: dict, dt: str, M: int, N: int, K: int, ms_ref: float, gpu: str) -> list[dict]:
+    """The issue's figure for this (M, N, K): the rung the route table serves here (kernels.gemm_route, every built
+    rung serving, as on a device that admitted them all), timed above; the record's baseline name says which."""
+    rung = kernels.gemm_route(M, N, K, dt).symbol
     if rung not in times:
         print(f"     route picks {rung}, not timed here")
         return []
@@ -138,8 +97,10 @@ def main(argv=None) -> int:
     wanted = [f"{n}_{d}" for n in (*WG_SKINNY, WG_LARGE) for d in ("bf16", "f16")]
     wanted += [*F32_DECODE, *F32_SKINNY, F32_LARGE, *F32_ROUTED, "matvec_bi_bf16_bf16", "matvec_bi_f16_f16",
                "matvec_bi_f32_f32"]
-    cat, found = build_symbols(wanted)
-    table = route_table(cat.routes, [SimpleNamespace(name=n, status="admitted") for n in found])
+    k = built_kernels(("TriadSm90a", "Fixed"), kernels=wanted, prefix="mf-bench-decode-")
+    missing = [n for n in wanted if n not in k.admitted()]
+    if missing:
+        raise SystemExit(f"not built or not admitted: {missing}")
 
     copy_s = copy_seconds(1 << 30, 20)
     copy_tbs = 2 * (1 << 30) / copy_s / 1e12
@@ -168,7 +129,10 @@ def main(argv=None) -> int:
                 best, times = None, {}
                 for name in names:
                     C = torch.empty((M, N), dtype=tdt, device="cuda")
-                    run = launcher(torch, cat, found, name, A, B, C)
+
+                    def run(A=A, B=B, C=C, name=name):
+                        k.gemm(A, B, out=C, symbol=name)
+
                     ms = times[name] = median_ms_queued(run, iters)
                     check(torch, name, C, A, B, tol)
                     gbs = nbytes / ms / 1e6
@@ -180,7 +144,7 @@ def main(argv=None) -> int:
                     goal = ">=1.0x cuBLAS and >=85% copy" if headline else ">=0.9x cuBLAS"
                     met = (ms_ref / ms >= 1.0 and row[11] >= 0.85) if headline else ms_ref / ms >= 0.9
                     shape = f"M{M}xN{N}xK{K}"
-                    fam = cat.symbols[name].family
+                    fam = k.symbol(name).family
                     recs.append(record(family=fam, symbol=name, shape=shape, dtype=dt, ours=round(ms, 5),
                                        baseline=round(ms_ref, 5), baseline_name="cuBLAS (torch)", unit="ms",
                                        goal=goal, met=met, gpu=gpu))
@@ -195,7 +159,7 @@ def main(argv=None) -> int:
                     del C
                 if best is not None:
                     print(f"     best skinny/decode {best[0]}: x{ms_ref / best[1]:.2f} cuBLAS")
-                recs.extend(route_records(table, found, times, dt, M, N, K, ms_ref, gpu))
+                recs.extend(route_records(k, times, dt, M, N, K, ms_ref, gpu))
             del B
             torch.cuda.empty_cache()
     if args.no_record:

@@ -13,7 +13,9 @@ interleaved rounds (default 9), each timing every graph (median of 5 replays) in
 median over rounds, per step (interleaved_ms: one contender timed in a block let clock drift rank). Checks per symbol
 and batch: out and state of one step against the float64 reference, and the step repeated from the same state
 bitwise equal. Floor: the bytes one step moves (state read + written, A_log, x_dbl, u/dt/z/out, dt_bias, D) at the
-torch device-copy bandwidth measured in the same run.
+torch device-copy bandwidth measured in the same run. The decode-step symbols are built here (benchmarks/scan_ops.py
+Ours, benchmarks/built.py) and each step is the runtime's keyword launch (grid, block and arguments from the
+symbol's contract), captured in the graph.
 Writes: rows appended to benchmarks/results/scan.md and records in benchmarks/results/summary.json.
 """
 
@@ -22,19 +24,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "gpu"))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # scan_ops puts tests/gpu, tests and the peers on the path
 
-from bench_scan import _nerr, _peer_ssu, copy_bandwidth, decode_inputs, f64, p  # noqa: E402
-from common import smoke, utc_stamp  # noqa: E402  (benchmarks/common.py)
+from common import bench_parser, utc_stamp  # noqa: E402  (benchmarks/common.py)
+from scan_ops import Ours, _peer_ssu, copy_bandwidth, decode_inputs, step_checks, step_kwargs  # noqa: E402
 from summary import append as summary_append  # noqa: E402
 from summary import record  # noqa: E402
 from timing import capture_graph, median_ms  # noqa: E402  (benchmarks/timing.py)
@@ -49,83 +45,26 @@ FAMILY = "ssm_step_forward_fused_v"
 BASELINE = "mamba-ssm Triton selective_state_update (graphs)"
 
 
-class DecodeOps:
-    """Only the decode-step symbols of the scan module (a one-module catalog over kernels/fixed, filtered with
-    the build's --kernels globs, so the build takes seconds), launched on torch's current stream."""
-
-    def __init__(self, cap: int = 64, target: str = "sm_90a"):
-        from test_scan import scan_catalog_path
-
-        from mamba_forge.build.builder import BuildRequest, build
-        from mamba_forge.catalog.model import load_catalog
-        from mamba_forge.catalog.targets import get_target
-
-        self.cap = cap
-        cat = load_catalog(scan_catalog_path())
-        self.out = Path(tempfile.mkdtemp(prefix="mf-decode-"))
-        self.manifest = build(BuildRequest(cat, [get_target(target)], self.out, state_capacity=cap,
-                                           kernels=("ssm_step_forward_fused*",)))
-        fixed = load_catalog(scan_catalog_path()).module("Fixed")
-        self.symbols = {s.name: s for s in fixed.symbols}
-        self.families = {f.name: f for f in fixed.families}
-        self.verdicts = {s.name: s.verdict for _, s in self.manifest.symbols()}
-        self.candidates = sorted(n for n, s in self.symbols.items() if s.family == FAMILY and s.dtype == "bf16")
-
-    def fn(self, name: str):
-        from gpu_support import load_cubin
-
-        mod = next(m for m, _ in self.manifest.symbols())
-        cubin = next(a for a in mod.artifacts if a.code == "cubin")
-        return load_cubin(self.out / cubin.path).function(name)
-
-    def bind(self, name: str, dims: dict, args: list):
-        """A zero-argument launcher (grid and block from the catalog spec, parameters packed once)."""
-        import torch
-        from gpu_support import bind
-
-        from mamba_forge.qualify import spec as S
-
-        sym = self.symbols[name]
-        sp = S.evaluate(sym, self.families[sym.family], dims)
-        ref.check_launch(sym.family, dims, self.cap)
-        return bind(self.fn(name), sp.grid, sp.block, args, stream=torch.cuda.current_stream), sp
-
-
 def step_bytes(b: int) -> int:
     return (b * D * N * 4 * 2 + D * N * 4 + b * (R + 2 * N) * 2 + 4 * b * D * 2 + 2 * D * 4)
 
 
-def decode_batch(o: DecodeOps, ssu, names: list[str], bsz: int, inner: int, rounds: int):
+def decode_batch(o: Ours, ssu, names: list[str], bsz: int, inner: int, rounds: int):
     import torch
 
-    bf = torch.bfloat16
     s0, u, dt, z, dt_bias, A_log, Dp, x_dbl = decode_inputs(bsz, D, N, R)
     dims = {"batch": bsz, "d_inner": D, "d_state": N, "dt_rank": R}
-    want = ref.ssm_step_forward_fused(
-        {"state": f64(s0).ravel(), "u": f64(u).ravel(), "dt": f64(dt).ravel(), "dt_bias": f64(dt_bias),
-         "A_log": f64(A_log).ravel(), "x_dbl": f64(x_dbl).ravel(), "Dp": f64(Dp), "z": f64(z).ravel()}, dims)
+    ref.check_launch("ssm_step_forward_fused", dims, o.cap)
     res, graphs = {}, {}
     for name in names:
         state = s0.clone()
-        out = torch.empty(bsz, D, dtype=bf, device="cuda")
-        args = [p(out), p(state), p(u), p(dt), p(dt_bias), p(A_log), p(x_dbl), p(Dp), p(z), np.int32(bsz), np.int32(D),
-                np.int32(N), np.int32(R), np.int32(R + 2 * N)]
-        fn, sp = o.bind(name, dims, args)
-        fn()
-        torch.cuda.synchronize()
-        err_out, err_state = _nerr(f64(out).ravel(), want["out"]), _nerr(f64(state).ravel(), want["state"])
-        o1, st1 = out.clone(), state.clone()
-        rep = True
-        for _ in range(4):
-            state.copy_(s0)
-            out.fill_(float("nan"))
-            fn()
-            torch.cuda.synchronize()
-            rep = rep and torch.equal(out.view(torch.int16), o1.view(torch.int16)) and \
-                torch.equal(state.view(torch.int32), st1.view(torch.int32))
+        out = torch.empty(bsz, D, dtype=torch.bfloat16, device="cuda")
+        fn = o.bind(name, **step_kwargs(out, state, u, dt, z, dt_bias, A_log, Dp, x_dbl))
+        (err_out, err_state), rep = step_checks(fn, out, state, s0, u, dt, z, dt_bias, A_log, Dp, x_dbl)
         graphs[name] = (capture_graph(fn, inner), (state, out))  # the buffers live as long as the graph
         ok = rep and err_out <= 1e-2 and err_state <= 2e-5  # bf16 out, f32 state (tests/gpu/test_scan.py's bounds)
-        res[name] = dict(ok=ok, err_out=err_out, err_state=err_state, grid=sp.grid, block=sp.block)
+        at = o.kernels.function(name).contract.at(dims)  # the launch geometry its contract gives here
+        res[name] = dict(ok=ok, err_out=err_out, err_state=err_state, grid=at.grid, block=at.block)
     if ssu is not None:
         state = s0.clone()
         A = -torch.exp(A_log)
@@ -154,17 +93,16 @@ def interleaved_ms(graphs: dict, inner: int, rounds: int, reps: int = 5) -> dict
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__, "batch 1, 4 steps per graph, one round; nothing written",
+                      no_write="print only: no scan.md rows, no summary records", inner=4, rounds=1)
     ap.add_argument("--quick", action="store_true", help="batches 1, 16, 256 only")
-    ap.add_argument("--no-write", action="store_true", help="print only: no scan.md rows, no summary records")
     ap.add_argument("--inner", type=int, default=20, help="steps captured per CUDA graph")
     ap.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds (median over rounds)")
-    ap.add_argument("--smoke", action="store_true", help="batch 1, 4 steps per graph, one round; nothing written")
     return ap
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    return smoke(parser().parse_args(argv), inner=4, rounds=1, no_write=True)
+    return parser().parse_args(argv)
 
 
 def main(argv=None) -> int:
@@ -173,9 +111,11 @@ def main(argv=None) -> int:
 
     dev = torch.cuda.get_device_properties(0)
     gpu = dev.name
-    o = DecodeOps(64)
-    bad = {n: v.reason for n, v in o.verdicts.items() if v.status != "admitted"}
-    names = [n for n in [CURRENT] + o.candidates if n not in bad]
+    bad = {}  # the decode-step symbols of the scan module only (the build's --kernels glob): seconds to build
+    o = Ours(64, kernels=("ssm_step_forward_fused*",), on_rejected=bad.__setitem__)
+    candidates = sorted(n for n in o.kernels.admitted() if o.kernels.symbol(n).family == FAMILY
+                        and o.kernels.symbol(n).dtype == "bf16")
+    names = [n for n in [CURRENT] + candidates if n not in bad]
     ssu, why = _peer_ssu()
     bw = copy_bandwidth()
     torch.cuda.empty_cache()

@@ -7,8 +7,9 @@ benchmarks/results/summary.json. Not a test.
 
     python benchmarks/bench_gemm.py [--iters 30] [--only tc128,f32_f32] [--skip-matvec] [--skip-gemm] [--smoke]
 
-Rows: ``ROWS`` below lists (symbol, kind, baseline) entries; another family adds its rows by appending
-``Row`` entries (a custom ``launch`` hook takes over when its ABI is not (C, A, B, bias, M, N, K)).
+Rows: ``ROWS`` below lists (symbol, kind, baseline) entries; another family adds its rows by appending ``Row``
+entries. The symbols are built here (benchmarks/built.py) and every one launches through the runtime
+(`kernels.gemm(..., symbol=NAME)`: grid and arguments from its contract, the bias null).
 Baselines: ``bf16`` / ``f16`` = torch.matmul in that dtype; ``f32`` = fp32 with TF32 off; ``tf32`` = fp32 with
 TF32 on. Matvec rows also report the fraction of the device-to-device copy bandwidth measured in the same run.
 """
@@ -16,20 +17,14 @@ TF32 on. Matvec rows also report the fraction of the device-to-device copy bandw
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-from summary import append, record  # benchmarks/summary.py
-from timing import median_ms  # benchmarks/timing.py
-
-from mamba_forge.core import expr
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gpu_support import bind, build_modules, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
+from built import built_kernels  # benchmarks/built.py
+from common import cuda_device, matching, torch_dtype, utc_stamp, write_results  # benchmarks/common.py
+from summary import record  # benchmarks/summary.py
+from timing import copy_seconds, median_ms  # benchmarks/timing.py
 
 RESULTS = Path(__file__).parent / "results" / "gemm.md"
 HEADER = ("| date | GPU | symbol | M | N | K | ms | ours | cuBLAS | unit | ratio | copy fraction |\n"
@@ -50,7 +45,6 @@ class Row:
     baseline: str  # "bf16", "f16", "f32" (TF32 off), "tf32"
     a: str = ""  # storage dtype of A/B and of C (filled from the catalog when empty)
     c: str = ""
-    launch: Callable | None = None  # launch(row, tensors, m, n, k) -> None, for a non-standard ABI
     shapes: list[tuple[int, int, int]] | None = None
 
 
@@ -101,92 +95,59 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    torch.cuda.init()
-    props = torch.cuda.get_device_properties(0)
-    gpu = props.name
-    cat, where = build_modules(MODULES, prefix="mf-bench-gemm-")
-    tdt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
-
-    # copy bandwidth in the same run: 1 GiB device-to-device, read + write counted
-    src = torch.randn(256 * 1024 * 1024, device="cuda")
-    dst = torch.empty_like(src)
-    copy_ms = median_ms(lambda src=src, dst=dst: dst.copy_(src), args.iters)
-    copy_gbs = 2 * src.numel() * 4 / copy_ms / 1e6
-    del src, dst
+    gpu = cuda_device().name
+    picked = matching([row.symbol for row in ROWS], args.only)
+    rows = [row for row in ROWS if row.symbol in picked
+            and not (row.kind == "gemm" and args.skip_gemm) and not (row.kind == "matvec" and args.skip_matvec)]
+    k = built_kernels(MODULES, kernels=sorted({row.symbol for row in rows}), prefix="mf-bench-gemm-")
+    date = utc_stamp()
+    copy_gbs = 2 * (1 << 30) / copy_seconds(1 << 30, args.iters) / 1e9  # 1 GiB device-to-device, read + write
     print(f"{gpu}: device-to-device copy {copy_gbs:.0f} GB/s (read + write)")
-
-    def fn_of(name: str):
-        return load_cubin(where[name]).function(name)
-
-    wanted = [w for w in args.only.split(",") if w]
     results = []
-    for row in ROWS:
-        if wanted and not any(w in row.symbol for w in wanted):
-            continue
-        if (row.kind == "gemm" and args.skip_gemm) or (row.kind == "matvec" and args.skip_matvec):
-            continue
-        if row.symbol not in where:
+    for row in rows:
+        if row.symbol not in k.admitted():
             print(f"{row.symbol}: not admitted here, skipped")
             continue
-        sym = cat.symbols[row.symbol]
-        fam = cat.module(sym.module).family(sym.family)
-        env = sym.params_env
-        a_dt = row.a or env.get(fam.params[1].dtype, fam.params[1].dtype)
-        c_dt = row.c or env.get(fam.params[0].dtype, fam.params[0].dtype)
+        sym = k.symbol(row.symbol)
+        dtypes = {p.name: p.dtype for p in sym.params}  # the record's: the dtypes its contract holds tensors to
+        a_dt, c_dt = row.a or dtypes["A"], row.c or dtypes["C"]
         shapes = row.shapes or (GEMM_SHAPES if row.kind == "gemm" else MATVEC_SHAPES)
         if args.smoke:
             shapes = [SMOKE_GEMM if row.kind == "gemm" else SMOKE_MATVEC]
-        for m, n, k in shapes:
-            gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
-            A = torch.randn(m, k, device="cuda", generator=gen).to(tdt[a_dt])
-            B = torch.randn(k, n, device="cuda", generator=gen).to(tdt[a_dt])
-            C = torch.empty(m, n, device="cuda", dtype=tdt[c_dt])
-            if row.launch is not None:
-                def ours(row=row, A=A, B=B, C=C, m=m, n=n, k=k):
-                    row.launch(row, (C, A, B), m, n, k)
-            else:
-                f = fn_of(row.symbol)
-                genv = {kk: v for kk, v in env.items() if isinstance(v, int)} | {"M": m, "N": n, "K": k}
-                grid = tuple(int(expr.evaluate(e, genv)) for e in fam.launch.grid)
-                grid = grid + (1,) * (3 - len(grid))
-                kargs = (np.uint64(C.data_ptr()), np.uint64(A.data_ptr()), np.uint64(B.data_ptr()), np.uint64(0),
-                         np.int32(m), np.int32(n), np.int32(k))
+        for m, n, kk in shapes:
+            gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + kk)
+            A = torch.randn(m, kk, device="cuda", generator=gen).to(torch_dtype(a_dt))
+            B = torch.randn(kk, n, device="cuda", generator=gen).to(torch_dtype(a_dt))
+            C = torch.empty(m, n, device="cuda", dtype=torch_dtype(c_dt))
 
-                ours = bind(f, grid, sym.block, kargs, smem=sym.dynamic_smem)
+            def ours(A=A, B=B, C=C, math="tf32" if row.baseline == "tf32" else None, name=row.symbol):
+                k.gemm(A, B, out=C, math=math, symbol=name)  # the rung's contract: grid, arguments, null bias
 
-            base_dt = torch.float32 if row.baseline == "tf32" else tdt[row.baseline]
+            base_dt = torch.float32 if row.baseline == "tf32" else torch_dtype(row.baseline)
             Ab, Bb = A.to(base_dt), B.to(base_dt)
             torch.backends.cuda.matmul.allow_tf32 = row.baseline == "tf32"
             ms = median_ms(ours, args.iters)
             base_ms = median_ms(lambda Ab=Ab, Bb=Bb: torch.matmul(Ab, Bb), args.iters)
             torch.backends.cuda.matmul.allow_tf32 = False
             if row.kind == "gemm":
-                unit, ours_v, base_v = "TFLOP/s", 2 * m * n * k / ms / 1e9, 2 * m * n * k / base_ms / 1e9
+                unit, ours_v, base_v = "TFLOP/s", 2 * m * n * kk / ms / 1e9, 2 * m * n * kk / base_ms / 1e9
                 frac = ""
             else:
-                nbytes = (m * k + k * n) * A.element_size() + m * n * C.element_size()
+                nbytes = (m * kk + kk * n) * A.element_size() + m * n * C.element_size()
                 unit, ours_v, base_v = "GB/s", nbytes / ms / 1e6, nbytes / base_ms / 1e6
                 frac = f"{ours_v / copy_gbs:.2f}"
             ratio = base_ms / ms
-            results.append((row.symbol, m, n, k, ms, ours_v, base_v, unit, ratio, frac, base_ms, sym.family, row.kind,
-                            row.baseline))
-            print(f"{row.symbol:52s} {m:6d}x{n:6d}x{k:6d} {ms:9.4f} ms {ours_v:9.1f} {unit:8s} "
+            results.append((row.symbol, m, n, kk, ms, ours_v, base_v, unit, ratio, frac, base_ms, sym.family,
+                            row.kind, row.baseline))
+            print(f"{row.symbol:52s} {m:6d}x{n:6d}x{kk:6d} {ms:9.4f} ms {ours_v:9.1f} {unit:8s} "
                   f"cuBLAS({row.baseline}) {base_v:9.1f}  ratio {ratio:5.2f} {frac}")
             del A, B, C, Ab, Bb
     if not args.no_write and results:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        new = not RESULTS.exists()
-        with RESULTS.open("a") as fh:
-            if new:
-                fh.write("# Portable batch-invariant GEMM / matvec vs cuBLAS (benchmarks/bench_gemm.py)\n\n" + HEADER)
-            for sym_name, m, n, k, ms, ov, bv, unit, ratio, frac, *_ in results:
-                fh.write(f"| {date} | {gpu} | {sym_name} | {m} | {n} | {k} | {ms:.4f} | {ov:.1f} | {bv:.1f} | "
-                         f"{unit} | {ratio:.2f} | {frac} |\n")
-        print(f"appended {len(results)} rows to {RESULTS}")
-        records = summary_records(results, gpu, copy_gbs)
-        append(records)
-        print(f"recorded {len(records)} results in benchmarks/results/summary.json")
+        write_results(RESULTS, "# Portable batch-invariant GEMM / matvec vs cuBLAS (benchmarks/bench_gemm.py)\n\n"
+                      + HEADER, [f"| {date} | {gpu} | {sym_name} | {m} | {n} | {kk} | {ms:.4f} | {ov:.1f} | {bv:.1f} | "
+                                 f"{unit} | {ratio:.2f} | {frac} |\n"
+                                 for sym_name, m, n, kk, ms, ov, bv, unit, ratio, frac, *_ in results],
+                      summary_records(results, gpu, copy_gbs))
     return 0
 
 

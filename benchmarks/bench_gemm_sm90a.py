@@ -17,9 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from common import cuda_device, load_signed, shapes, utc_stamp, write_results  # benchmarks/common.py
+from common import cuda_device, gemm_parser, load_signed, matching, shapes, table_lines, utc_stamp, write_results
 from summary import record  # benchmarks/summary.py
-from timing import gemm_iters_or_smoke, median_ms  # benchmarks/timing.py
+from timing import median_ms  # benchmarks/timing.py
 
 RESULTS = Path(__file__).parent / "results" / "gemm_sm90a.md"
 HEADER = ("| date | GPU | symbol | layout | M | N | K | ms | TFLOP/s | cuBLAS TFLOP/s | ratio |\n"
@@ -44,20 +44,13 @@ def rungs(kernels) -> list[tuple[str, str]]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bundle", required=True, help="signed bundle or manifest to load")
-    ap.add_argument("--key", required=True, help="trusted public key (file or folder)")
-    ap.add_argument("--iters", type=int, default=30)
+    ap = gemm_parser(__doc__, DEFAULT_SHAPES, SMOKE_SHAPES, signed=True, symbols="symbols")
     ap.add_argument("--dtype", choices=["bf16", "f16", "both"], default="bf16")
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
-    ap.add_argument("--symbols", default="", help="comma-separated substrings: only matching symbols")
-    ap.add_argument("--smoke", action="store_true", help=f"{SMOKE_SHAPES} only, 5 samples; nothing written")
     return ap
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = parser()
-    return gemm_iters_or_smoke(ap, ap.parse_args(argv), SMOKE_SHAPES)
+    return parser().parse_args(argv)
 
 
 def main(argv=None) -> int:
@@ -70,12 +63,12 @@ def main(argv=None) -> int:
     if not admitted:
         raise SystemExit(f"{args.bundle}: no admitted TriadSm90a rung on {gpu}; qualify the module on this GPU first")
     dtypes = ["bf16", "f16"] if args.dtype == "both" else [args.dtype]
-    wanted = [w for w in args.symbols.split(",") if w]
     date = utc_stamp()
     rows = []
     for dt in dtypes:
         tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dt]
-        names = [(n, fam) for n, fam in admitted if n.endswith("_" + dt) and (not wanted or any(w in n for w in wanted))]
+        picked = matching([n for n, _ in admitted if n.endswith("_" + dt)], args.symbols)
+        names = [(n, fam) for n, fam in admitted if n in picked]
         for M, N, K in shapes(args.shapes):
             g = torch.Generator(device="cuda").manual_seed(0)
             flops = 2.0 * M * N * K
@@ -115,8 +108,7 @@ def main(argv=None) -> int:
     if args.smoke:
         return 0
     write_results(RESULTS, "# Hopper wgmma GEMM vs torch.matmul (cuBLAS), same run\n\n" + HEADER,
-                  [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]:.3f} | {r[8]:.1f} | "
-                   f"{r[9]:.1f} | {r[10]:.3f} |\n" for r in rows], summary_records(rows, gpu))
+                  table_lines(rows, ("",) * 7 + (".3f", ".1f", ".1f", ".3f")), summary_records(rows, gpu))
     return 0
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from common import bench_parser  # noqa: E402  (benchmarks/common.py)
+
 PEER_ROOT = Path(os.environ.get("MAMBA_PEER_DIR", "/tmp/peers"))
 
 
@@ -53,10 +55,7 @@ def peer_decode_cache(peer, inference_params_cls, batch: int):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bundle", required=True, help="signed bundle or manifest to load")
-    p.add_argument("--key", required=True, help="trusted public key (file or folder)")
-    p.add_argument("--smoke", action="store_true", help="one small shape, seconds; nothing recorded")
+    p = bench_parser(__doc__, "one small shape, seconds; nothing recorded", signed=True)
     p.add_argument("--d-models", default="1024,2560")
     p.add_argument("--reps", type=int, default=20)
     return p

@@ -24,6 +24,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from common import bench_parser  # noqa: E402  (benchmarks/common.py)
+
 TIME_GOAL = 1.0  # ours / peer GPU time
 TIME_STRETCH = 0.8
 
@@ -49,10 +51,7 @@ def _ints(text: str) -> list[int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bundle", required=True, help="signed bundle or manifest to load")
-    p.add_argument("--key", required=True, help="trusted public key (file or folder)")
-    p.add_argument("--smoke", action="store_true", help="one small shape, seconds; nothing recorded")
+    p = bench_parser(__doc__, "one small shape, seconds; nothing recorded", signed=True)
     p.add_argument("--d-models", type=_ints, default=[1024, 2560])
     p.add_argument("--shapes", type=_shapes, default=[(8, 2048), (4, 4096)], help="BxL items (default 8x2048,4x4096)")
     p.add_argument("--reps", type=int, default=20, help="timed forward+backward calls per figure (median)")

@@ -5,8 +5,8 @@
 --smoke: every kernel at a small shape (SMOKE_ROWS, SMOKE_FLAT; the catalog's at their qualification dims), 5
 launches per figure; seconds, nothing recorded.
 
-Each kernel is launched from its catalog spec (mamba_forge.qualify.spec.evaluate: grid, block, parameters) at a
-shape whose tensors are well above the H200's 50 MB L2. Bytes moved = inputs read + outputs written (in/out
+Each kernel is built here (benchmarks/built.py) and launched through the runtime (its keyword call: grid, block
+and every argument from its contract) at a shape whose tensors are well above the H200's 50 MB L2. Bytes moved = inputs read + outputs written (in/out
 buffers count twice). Baseline: torch's device-to-device copy of half those bytes (a copy reads and writes
 each byte, so it moves the same total). Timing: CUDA events around each launch, warm-up first, median of
 --reps. The ratio is the kernel's GB/s over the copy's GB/s. Kernels whose reads and writes differ in width
@@ -22,16 +22,14 @@ Conv1d forward and AdamW kernels, where the catalog has them, run at their own q
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-import numpy as np
 import summary  # benchmarks/summary.py
-from common import append_table, reps_or_smoke, utc_stamp  # benchmarks/common.py
+from built import built_kernels, bytes_moved, contract_kwargs  # benchmarks/built.py
+from common import append_table, bandwidth_parser, cuda_device, device_values, torch_dtype, utc_stamp
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
 M = 1 << 20
 ROWS = {"rows": 16384, "dim": 4096}  # f32 [rows, dim] = 256 MB
@@ -60,25 +58,19 @@ TORCH_PEERS = {
 # Every kernel here, the catalog's conv1d forwards and AdamW included: >= 0.85 of the copy's bandwidth
 # (benchmarks/results/README.md; bench_conv1d.py and bench_conv_optim.py hold those two families to the same).
 GOAL = 0.85
-SCALAR_NP = {"i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64, "f32": np.float32, "f64": np.float64}
 
 
 def device_fill(count: int, dtype: str, positive: bool):
-    """Device values of `dtype` drawn on the GPU (bf16 as uint16 bit patterns), without host traffic."""
-    import cupy as cp  # device arrays only: kernels launch through mamba_forge.gpu
+    """A torch CUDA tensor of normal values of `dtype` drawn on the GPU (|x| + 0.5 where `positive`); counters and
+    steps zero (adamw_step_capturable's arrivals must start at 0)."""
+    import torch
 
-    x = cp.random.standard_normal(count, dtype=cp.float32)
-    if positive:
-        x = cp.abs(x) + 0.5
-    if dtype == "f32":
-        return x
-    if dtype == "f16":
-        return x.astype(cp.float16)
-    if dtype == "bf16":
-        return (x.view(cp.uint32) >> 16).astype(cp.uint16)  # truncation to bf16: a valid bf16 value
-    if dtype in ("i32", "i64", "u32"):  # counters and steps: zero (adamw_step_capturable's arrivals must start at 0)
-        return cp.zeros(count, dtype={"i32": cp.int32, "i64": cp.int64, "u32": cp.uint32}[dtype])
-    raise ValueError(f"no device fill for {dtype}")
+    if dtype in ("i32", "i64", "u32"):
+        return device_values(count, dtype)
+    if dtype not in ("f32", "bf16", "f16"):
+        raise ValueError(f"no device fill for {dtype}")
+    x = torch.randn(count, device="cuda")
+    return (x.abs() + 0.5 if positive else x).to(torch_dtype(dtype))
 
 
 MIN_BYTES = 256 * M  # well above the 50 MB L2
@@ -108,24 +100,16 @@ def catalog_extras(fixed, min_bytes: int = MIN_BYTES) -> list[tuple[str, dict[st
 
 
 def bench_one(k, fixed, name: str, dims: dict[str, int], reps: int) -> dict:
-    from mamba_forge.qualify import spec as S
+    """One kernel at `dims` through the runtime (its keyword launch, every argument from its contract), timed
+    against the copy of the bytes it moves (and its torch peer, where TORCH_PEERS has one)."""
+    from mamba_forge.qualify.spec import Fill
 
-    sym = next(s for s in fixed.symbols if s.name == name)
-    spec = S.evaluate(sym, fixed.family(sym.family), dims)
-    dev, moved = {}, 0
-    for b in spec.buffers:
-        positive = b.fill is not None and b.fill.kind == "positive"
-        dev[b.name] = device_fill(b.count, b.dtype, positive)
-        moved += b.nbytes * (2 if b.role == "inout" else 1)
-    args: list = [None] * (len(spec.buffers) + len(spec.scalars))
-    for b in spec.buffers:
-        args[b.index] = dev[b.name]
-    for s in spec.scalars:
-        args[s.index] = SCALAR_NP[s.type](s.value)
-    launch = k.bind(name, spec.grid, spec.block, args, smem=spec.dynamic_smem)
-    t = time_events(launch, reps)
-    del launch
-    dev.clear()
+    kern = k.function(name)
+    positive = {p.name for p in fixed.family(kern.family).params if p.fill and Fill.parse(p.fill).kind == "positive"}
+    kwargs = contract_kwargs(kern, dims, lambda p, count: device_fill(count, p.dtype, p.name in positive))
+    moved = bytes_moved(kern, kwargs)  # in/out buffers count twice
+    t = time_events(lambda: kern(**kwargs), reps)
+    kwargs.clear()
     tc = copy_seconds(moved // 2, reps)
     peer = None
     if name in TORCH_PEERS:
@@ -140,38 +124,30 @@ def bench_one(k, fixed, name: str, dims: dict[str, int], reps: int) -> dict:
         peer = tp / t
     shape = " ".join(f"{k_}={v}" for k_, v in dims.items())
     return {"kernel": name, "shape": shape, "bytes": moved, "us": t * 1e6, "gbs": moved / t / 1e9,
-            "copy_gbs": moved / tc / 1e9, "ratio": tc / t, "peer": peer, "family": sym.family,
-            "dtype": sym.dtype or "-"}  # the casts and the like declare no single dtype
+            "copy_gbs": moved / tc / 1e9, "ratio": tc / t, "peer": peer, "family": kern.family,
+            "dtype": kern.dtype or "-"}  # the casts and the like declare no single dtype
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=25, help="timed launches per kernel (median; at least 20)")
-    ap.add_argument("--only", default="", help="run only kernels whose name contains this")
-    ap.add_argument("--no-write", action="store_true", help="do not append to benchmarks/results/memory_bound.md or summary.json")
-    ap.add_argument("--smoke", action="store_true", help="small shapes, 5 launches; seconds, nothing recorded")
-    return ap
+    return bandwidth_parser(__doc__, "small shapes, 5 launches; seconds, nothing recorded",
+                            "benchmarks/results/memory_bound.md or summary.json", reps=SMOKE_REPS)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = parser()
-    return reps_or_smoke(ap, ap.parse_args(argv), reps=SMOKE_REPS, no_write=True)
+    return parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
 
-    from gpu_support import kernels
-
     from mamba_forge.catalog.model import default_catalog_path, load_catalog
-    from mamba_forge.gpu import driver as cu
 
+    gpu = cuda_device().name
     fixed = load_catalog(default_catalog_path()).module("Fixed")
-    k = kernels()
-    gpu = cu.Device(0).info().name
     ours = {n for n, _ in BENCH}
     bench = [(n, SMOKE_ROWS if d is ROWS else SMOKE_FLAT) for n, d in BENCH] if a.smoke else BENCH
     todo = [(n, d) for n, d in bench + catalog_extras(fixed, 0 if a.smoke else MIN_BYTES) if a.only in n]
+    k = built_kernels(("Fixed",), kernels=[n for n, _ in todo], prefix="mf-bench-memory-")
     rows = []
     print(f"{'kernel':40} {'shape':28} {'MB':>8} {'us':>9} {'GB/s':>8} {'copy GB/s':>10} {'ratio':>6} {'peer':>6}")
     for name, dims in todo:

@@ -16,14 +16,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "peers"))
 
+from common import bench_parser  # noqa: E402  (benchmarks/common.py)
+
 PEER = "mamba-ssm 2.3.2.post1 selective_scan_cuda.fwd"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bundle", required=True)
-    p.add_argument("--key", required=True)
-    p.add_argument("--smoke", action="store_true", help="one small shape, seconds; nothing recorded")
+    p = bench_parser(__doc__, "one small shape, seconds; nothing recorded", signed=True)
     p.add_argument("--reps", type=int, default=20)
     return p
 

@@ -1,7 +1,9 @@
 """CC 12.x TMA tiles (gemm_bi_nn_sm120_tma_*) against the cp.async tiles of the same math, through their sm_90a
 check builds (run on the H200; the CC 12.x numbers need a CC 12.x GPU). Per symbol: median ms, TFLOP/s, and the
 ratio to its cp.async twin (bf16/f16 -> gemm_bi_nn_fixed_sm89_tc128_s3_v1, TF32 -> the Ada RNA tile, exact f32 ->
-the Sm120 copyplan tile), with a bitwise check against the twin so a fast wrong kernel cannot post a number.
+the Sm120 copyplan tile), with a bitwise check against the twin so a fast wrong kernel cannot post a number. The
+modules are built here (benchmarks/built.py) and every tile launches through the runtime (`kernels.gemm(...,
+symbol=NAME)`: tensor maps, grid and arguments from its contract).
 Appends rows to benchmarks/results/sm120_tma.md and records (ms against the twin; summary_records below) to
 benchmarks/results/summary.json. Not a test.
 
@@ -11,18 +13,13 @@ benchmarks/results/summary.json. Not a test.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
-from common import cuda_device, shapes, utc_stamp, write_results  # benchmarks/common.py
+from built import built_kernels  # benchmarks/built.py
+from common import cuda_device, gemm_parser, matching, shapes, table_lines, utc_stamp, write_results
 from summary import record  # benchmarks/summary.py
-from timing import gemm_iters_or_smoke, median_ms  # benchmarks/timing.py
-
-from mamba_forge.gpu import tma
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gpu_support import bind, build_modules, load_cubin  # noqa: E402  (tests/gpu_support.py: cubins and the one launch path)
+from timing import median_ms  # benchmarks/timing.py
 
 RESULTS = Path(__file__).parent / "results" / "sm120_tma.md"
 HEADER = ("| date | GPU | symbol | M | N | K | ms | TFLOP/s | twin | twin ms | ratio to twin |\n"
@@ -39,17 +36,11 @@ def kind_of(name: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--shapes", default="4096x4096x4096,1024x4096x4096")
-    ap.add_argument("--symbols", default="", help="comma-separated substrings: only matching TMA symbols")
-    ap.add_argument("--smoke", action="store_true", help=f"{SMOKE_SHAPES} only, 5 samples; nothing written")
-    return ap
+    return gemm_parser(__doc__, "4096x4096x4096,1024x4096x4096", SMOKE_SHAPES, symbols="TMA symbols")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = parser()
-    return gemm_iters_or_smoke(ap, ap.parse_args(argv), SMOKE_SHAPES)
+    return parser().parse_args(argv)
 
 
 def main(argv=None) -> int:
@@ -57,28 +48,18 @@ def main(argv=None) -> int:
     import torch
 
     gpu = cuda_device().name
-    cat, where = build_modules(MODULES, prefix="mf-bench-sm120-")
-    wanted = [w for w in args.symbols.split(",") if w]
-    names = sorted(n for n in where if n.startswith("gemm_bi_nn_sm120_tma_") and "_f16" not in n
-                   and (not wanted or any(w in n for w in wanted)))
+    k = built_kernels(MODULES, prefix="mf-bench-sm120-")  # the check builds: every rung launched as k.gemm's
+    names = matching(sorted(n for n in k.admitted() if n.startswith("gemm_bi_nn_sm120_tma_") and "_f16" not in n),
+                     args.symbols)
     date = utc_stamp()
-    stream = torch.cuda.current_stream().cuda_stream
     rows = []
 
-    def runner(name, A, B, C, bias, M, N, K):
-        sym = cat.symbols[name]
-        fn = load_cubin(where[name]).function(name)
-        items = []
-        if any(p.name == "tmA" for p in cat.module(sym.module).family(sym.family).params):
-            e = sym.params_env
-            maps = tma.padded_tile_maps(A.data_ptr(), B.data_ptr(), M, N, K, e["BM"], e["BN"], e["BK"], A.element_size())
-            items = [("bytes", maps["tmA"]), ("bytes", maps["tmB"])]
-        items += [("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr())]
-        if "postbias" in name:
-            items.append(("ptr", bias.data_ptr()))
-        items += [("i32", M), ("i32", N), ("i32", K)]
-        grid = (math.ceil(M / sym.params_env["BM"]) * math.ceil(N / sym.params_env["BN"]),)
-        return bind(fn, grid, sym.block, items, smem=sym.dynamic_smem, stream=stream)
+    def runner(name, A, B, C, bias):
+        """The rung through the runtime's GEMM call (its tensor maps, grid and arguments from its contract); the
+        postbias rungs add the zero bias (their chain then gives the nobias bits)."""
+        mode = "tf32" if kind_of(name) == "tf32" else None
+        b = bias if "postbias" in name else None
+        return lambda: k.gemm(A, B, out=C, bias=b, math=mode, symbol=name)
 
     for M, N, K in shapes(args.shapes):
         flops = 2.0 * M * N * K
@@ -93,23 +74,22 @@ def main(argv=None) -> int:
             twin = TWINS[kind].format(dtype="bf16")
             if twin not in twin_ms:
                 Ct = torch.empty((M, N), dtype=torch.bfloat16 if kind == "half" else torch.float32, device="cuda")
-                run_t = runner(twin, A, B, Ct, bias, M, N, K)
+                run_t = runner(twin, A, B, Ct, bias)
                 twin_ms[twin] = (median_ms(run_t, args.iters), Ct)
             ms_t, Ct = twin_ms[twin]
             C = torch.empty((M, N), dtype=out_dt, device="cuda")
-            ms = median_ms(runner(name, A, B, C, bias, M, N, K), args.iters)
+            ms = median_ms(runner(name, A, B, C, bias), args.iters)
             same = torch.equal((C.to(Ct.dtype) if C.dtype != Ct.dtype else C).view(torch.int16 if Ct.dtype == torch.bfloat16
                                else torch.int32), Ct.view(torch.int16 if Ct.dtype == torch.bfloat16 else torch.int32))
             flag = "" if same else "  NOT BITWISE EQUAL TO THE TWIN"
-            rows.append((date, gpu, name, M, N, K, ms, flops / ms / 1e9, twin, ms_t, ms_t / ms, cat.symbols[name].family,
+            rows.append((date, gpu, name, M, N, K, ms, flops / ms / 1e9, twin, ms_t, ms_t / ms, k.symbol(name).family,
                          same))  # the table writes the first 11; the summary records use the rest
             print(f"{name:58s} {M:5d} {N:5d} {K:5d} {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOP/s  twin {ms_t:8.3f} ms"
                   f"  ratio {ms_t / ms:.3f}{flag}")
     if args.smoke:
         return 0
     write_results(RESULTS, "# CC 12.x TMA tiles vs their cp.async twins (sm_90a check builds), same run\n\n" + HEADER,
-                  [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]:.3f} | {r[7]:.1f} | {r[8]} | "
-                   f"{r[9]:.3f} | {r[10]:.3f} |\n" for r in rows], summary_records(rows, gpu))
+                  table_lines(rows, ("",) * 6 + (".3f", ".1f", "", ".3f", ".3f")), summary_records(rows, gpu))
     return 0
 
 

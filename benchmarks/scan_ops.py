@@ -1,5 +1,7 @@
 """The selective-scan benchmark's kernel side (benchmarks/bench_scan.py's, and bench_decode_step.py's through it): our
-scan module launched on torch's current stream (Ours, ours_forward, ours_backward), the inputs, the float64 reference
+scan module built here and launched through the runtime on torch's current stream (Ours, ours_forward,
+ours_backward, step_kwargs: each launch a symbol's keyword call, grid and arguments from its contract), the
+inputs, the float64 reference
 check on a subset of channels, bitwise repeatability, the bandwidth and SFU floors, and the mamba-ssm peers
 (benchmarks/peers/mamba_peer.py). bench_scan.py re-exports every name here. torch is imported inside the functions,
 so this module imports on a machine without it.
@@ -14,10 +16,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-for _path in (ROOT / "tests" / "gpu", ROOT / "tests", ROOT / "benchmarks" / "peers"):  # test_scan, gpu_support, peers
+for _path in (ROOT / "tests" / "gpu", ROOT / "tests", ROOT / "benchmarks" / "peers"):  # test_scan, its imports, peers
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from built import built_kernels  # noqa: E402  (benchmarks/built.py)
 from timing import capture_graph, median_ms  # noqa: E402  (benchmarks/timing.py)
 
 from mamba_forge.references import scan as ref  # noqa: E402
@@ -26,12 +29,6 @@ if TYPE_CHECKING:
     import torch
 
 REPS = 20  # timed launches per figure (median)
-
-
-def p(t: torch.Tensor | None) -> np.uint64:
-    return np.uint64(0 if t is None else t.data_ptr())
-
-
 
 
 def time_graph_ms(fn, inner=20, reps=20) -> float:
@@ -49,20 +46,28 @@ def copy_bandwidth() -> float:
 
 
 class Ours:
-    """The scan module (tests/gpu/test_scan.py's ScanOps), launched through mamba_forge.gpu on torch's current stream."""
+    """The scan module built alone (tests/gpu/test_scan.py's one-module catalog over kernels/fixed/scan.*, with
+    `kernels` only those symbols) at state capacity `cap`, served as runtime Kernels (benchmarks/built.py)."""
 
-    def __init__(self, cap=64):
-        from test_scan import ScanOps
+    def __init__(self, cap=64, kernels=None, on_rejected=None):
+        from test_scan import scan_catalog_path
 
-        self.ops = ScanOps(cap)
+        self.kernels = built_kernels(("Fixed",), kernels=kernels, catalog=scan_catalog_path(), state_capacity=cap,
+                                     prefix="mf-bench-scan-", on_rejected=on_rejected)
         self.cap = cap
 
-    def bind(self, name, grid, block, args):
-        """A zero-argument launcher with the parameters packed once (the timed loop pays only the launch)."""
-        import torch
-        from gpu_support import bind
+    def bind(self, name, **kwargs):
+        """A zero-argument launcher: `name`'s keyword launch with these arguments (its contract checks them, derives
+        the grid and packs them at every call; the stream is torch's current one, a graph capture's included)."""
+        kern = self.kernels.function(name)
+        return lambda: kern(**kwargs)
 
-        return bind(self.ops.fn(name), grid, block, args, stream=torch.cuda.current_stream)
+
+def step_kwargs(out, state, u, dt, z, dt_bias, A_log, D, x_dbl) -> dict:
+    """The decode step's keyword arguments (ssm_step_forward_fused*) for decode_inputs' tensors."""
+    (bsz, d), (n, r) = u.shape, (A_log.shape[1], x_dbl.shape[1] - 2 * A_log.shape[1])
+    return dict(out=out, state=state, u=u, dt=dt, dt_bias=dt_bias, A_log=A_log, x_dbl=x_dbl, Dp=D, z=z, batch=bsz,
+                d_inner=d, d_state=n, dt_rank=r, x_dbl_stride=r + 2 * n)
 
 
 def uniform(seed: int):
@@ -97,6 +102,13 @@ def decode_inputs(bsz, d, n, r):
     return state, u, dt, z, dt_bias, A_log, D, U(bsz, r + 2 * n)
 
 
+def _scan_inputs(x) -> dict:
+    """The scan kernels' shared inputs and dims (forward and backward name them alike) from make_inputs' tensors."""
+    b, d, L = x["u"].shape
+    return dict(u=x["u"], delta=x["delta"], A_log=x["A_log"], Bm=x["B"], Cm=x["C"], Dp=x["D"], z=x["z"],
+                delta_bias=x["delta_bias"], batch=b, d_inner=d, d_state=x["A_log"].shape[1], L=L, delta_softplus=1)
+
+
 def ours_forward(o: Ours, x, save: bool):
     import torch
 
@@ -106,13 +118,10 @@ def ours_forward(o: Ours, x, save: bool):
     out = torch.empty_like(x["u"])
     last = torch.empty(b, d, n, device="cuda")
     saved = torch.empty(b, d, -(-L // 256), n, device="cuda") if save else None
-    tail = [p(x["u"]), p(x["delta"]), p(x["A_log"]), p(x["B"]), p(x["C"]), p(x["D"]), p(x["z"]), p(x["delta_bias"]),
-            np.int32(b), np.int32(d), np.int32(n), np.int64(L), np.int32(1)]
-    grid = (-(-b * d // 4),)
     if save:
-        fn = o.bind("ssm_parallel_scan_fwd_bf16", grid, (128,), [p(out), p(last), p(saved)] + tail)
+        fn = o.bind("ssm_parallel_scan_fwd_bf16", out=out, last_state=last, saved=saved, **_scan_inputs(x))
     else:
-        fn = o.bind("ssm_parallel_scan_fwd_nosave_bf16", grid, (128,), [p(out), p(last)] + tail)
+        fn = o.bind("ssm_parallel_scan_fwd_nosave_bf16", out=out, last_state=last, **_scan_inputs(x))
     return fn, dict(out=out, last=last, saved=saved)
 
 
@@ -129,20 +138,13 @@ def ours_backward(o: Ours, x, saved, fold: bool):
              dA_part=torch.empty(b, d, n, device="cuda"), dD_part=torch.empty(b, d, device="cuda"),
              dbias_part=torch.empty(b, d, device="cuda"), dB=torch.empty_like(x["B"]), dC=torch.empty_like(x["C"]),
              dD=torch.empty(d, device="cuda"), dbias=torch.empty(d, device="cuda"), dA_log=torch.empty(d, n, device="cuda"))
-    args = [p(r[k]) for k in ("du", "ddelta", "dz", "dB_part", "dC_part", "dA_part", "dD_part", "dbias_part")]
-    args += [p(x["dout"]), p(saved), p(x["u"]), p(x["delta"]), p(x["A_log"]), p(x["B"]), p(x["C"]), p(x["D"]), p(x["z"]),
-             p(x["delta_bias"]), np.int32(b), np.int32(d), np.int32(n), np.int64(L), np.int32(1)]
-    nl = n * L
-    rgrid = (min(-(-b * nl // 256), 4096),)
-
+    parts = {k: r[k] for k in ("du", "ddelta", "dz", "dB_part", "dC_part", "dA_part", "dD_part", "dbias_part")}
     launches = [
-        o.bind(fam + "_bf16", (b * d // w,), (32 * w,), args),
-        o.bind("ssm_reduce_d_BC_groups_bf16", rgrid, (256,), [p(r["dB"]), p(r["dB_part"]), np.int32(b), np.int32(d // w), np.int64(nl)]),
-        o.bind("ssm_reduce_d_BC_groups_bf16", rgrid, (256,), [p(r["dC"]), p(r["dC_part"]), np.int32(b), np.int32(d // w), np.int64(nl)]),
-        o.bind("ssm_reduce_d_D", (-(-d // 256),), (256,), [p(r["dD"]), p(r["dD_part"]), np.int32(b), np.int32(d)]),
-        o.bind("ssm_reduce_d_D", (-(-d // 256),), (256,), [p(r["dbias"]), p(r["dbias_part"]), np.int32(b), np.int32(d)]),
-        o.bind("ssm_reduce_d_a_log", (-(-d * n // 256),), (256,),
-               [p(r["dA_log"]), p(r["dA_part"]), p(x["A_log"]), np.int32(b), np.int64(d * n)]),
+        o.bind(fam + "_bf16", **parts, dout=x["dout"], saved=saved, **_scan_inputs(x)),
+        *(o.bind("ssm_reduce_d_BC_groups_bf16", out=r[g], part=r[g + "_part"], batch=b, groups=d // w, d_state=n, L=L)
+          for g in ("dB", "dC")),
+        *(o.bind("ssm_reduce_d_D", out=r[g], part=r[g + "_part"], batch=b, d_inner=d) for g in ("dD", "dbias")),
+        o.bind("ssm_reduce_d_a_log", out=r["dA_log"], part=r["dA_part"], A_log=x["A_log"], batch=b, dn=d * n),
     ]
 
     def fn():
@@ -175,6 +177,32 @@ def check_subset(x, fw, bw, nb=1, nd=16):
         errs["dD_part"] = _nerr(f64(bw["dD_part"][:nb, :nd]), gr["dD"])
         errs["dbias_part"] = _nerr(f64(bw["dbias_part"][:nb, :nd]), gr["dbias"])
     return errs
+
+
+def step_checks(fn, out, state, s0, u, dt, z, dt_bias, A_log, D, x_dbl) -> tuple[tuple[float, float], bool]:
+    """One decode step `fn` (writing out and state in place) from state s0 against the float64 reference, then
+    repeated from s0 four times: ((normwise error of out, of state), every repeat bitwise equal to the first)."""
+    import torch
+
+    state.copy_(s0)
+    fn()
+    torch.cuda.synchronize()
+    (bsz, d), n = u.shape, A_log.shape[1]
+    want = ref.ssm_step_forward_fused(
+        {"state": f64(s0).ravel(), "u": f64(u).ravel(), "dt": f64(dt).ravel(), "dt_bias": f64(dt_bias),
+         "A_log": f64(A_log).ravel(), "x_dbl": f64(x_dbl).ravel(), "Dp": f64(D), "z": f64(z).ravel()},
+        {"batch": bsz, "d_inner": d, "d_state": n, "dt_rank": x_dbl.shape[1] - 2 * n})
+    errs = (_nerr(f64(out).ravel(), want["out"]), _nerr(f64(state).ravel(), want["state"]))
+    o1, st1 = out.clone(), state.clone()
+    rep = True
+    for _ in range(4):
+        state.copy_(s0)
+        out.fill_(float("nan"))
+        fn()
+        torch.cuda.synchronize()
+        rep = rep and torch.equal(out.view(torch.int16), o1.view(torch.int16)) and \
+            torch.equal(state.view(torch.int32), st1.view(torch.int32))
+    return errs, rep
 
 
 def _nerr(got, want) -> float:
@@ -226,4 +254,4 @@ def _peer_ssu():
 
 
 __all__ = ["REPS", "Ours", "bitwise_repeat", "check_subset", "copy_bandwidth", "f64", "floors_ms", "make_inputs",
-           "ours_backward", "ours_forward", "p", "time_graph_ms"]
+           "ours_backward", "ours_forward", "step_checks", "step_kwargs", "time_graph_ms"]

@@ -1,7 +1,8 @@
 """CUDA-event timing shared by the benchmark scripts (run as `python benchmarks/bench_*.py`, so this module is
 importable as `timing`). Every figure is a median over launches each bracketed by a pair of events, after
 warm-up calls, on the legacy default stream that torch, CuPy and mamba_forge.gpu (stream None) all use here.
-Kernels are launched through mamba_forge.gpu (tests/gpu_support.py: bind / launch)."""
+Kernels are launched through the public runtime (mamba_forge.runtime: signed bundles, or benchmarks/built.py's
+fresh builds)."""
 
 from __future__ import annotations
 
@@ -89,12 +90,3 @@ def copy_seconds(nbytes: int, reps: int) -> float:
     torch.cuda.empty_cache()
     return seconds
 
-
-def gemm_iters_or_smoke(ap, a, smoke_shapes: str):
-    """The GEMM benchmarks' rule on parsed args `a` of parser `ap`: --smoke takes `smoke_shapes` at 5 samples;
-    otherwise --iters must be at least 20 (fewer samples give no stable median). Returns `a`."""
-    if a.smoke:
-        a.iters, a.shapes = 5, smoke_shapes
-    elif a.iters < 20:
-        ap.error("--iters must be at least 20")
-    return a

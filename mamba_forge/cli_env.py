@@ -177,23 +177,24 @@ def cache_dir(as_json: JsonOpt = False) -> None:
 @cache_app.command("size")
 def cache_size(as_json: JsonOpt = False) -> None:
     """Bytes and entry count of the cache."""
-    from mamba_forge.build import cache_admin
-
-    root = cache_admin.cache_root()
-    used = cache_admin.usage(root)
-    _show(as_json, {"path": str(root), "bytes": used.bytes, "entries": used.entries},
-          f"{used.bytes} bytes in {used.entries} entries ({root})")
+    _cache_counts(as_json, "usage", "", "{bytes} bytes in {entries} entries ({root})")
 
 
 @cache_app.command("clean")
 def cache_clean(as_json: JsonOpt = False) -> None:
     """Remove every cache entry (the folder and its 0700 mode stay). Refuses an unsafe folder."""
+    _cache_counts(as_json, "clean", "removed_", "removed {entries} entries, {bytes} bytes ({root})")
+
+
+def _cache_counts(as_json: bool, op: str, prefix: str, text: str) -> None:
+    """cache_admin.<op>(the cache folder)'s bytes and entries, shown as <prefix>bytes, <prefix>entries (JSON) or
+    `text` (its {bytes}, {entries} and {root} filled in)."""
     from mamba_forge.build import cache_admin
 
     root = cache_admin.cache_root()
-    gone = cache_admin.clean(root)
-    _show(as_json, {"path": str(root), "removed_bytes": gone.bytes, "removed_entries": gone.entries},
-          f"removed {gone.entries} entries, {gone.bytes} bytes ({root})")
+    n = getattr(cache_admin, op)(root)
+    _show(as_json, {"path": str(root), f"{prefix}bytes": n.bytes, f"{prefix}entries": n.entries},
+          text.format(bytes=n.bytes, entries=n.entries, root=root))
 
 
 @cache_app.command("prune")

@@ -35,6 +35,27 @@ def _session_cache(tmp_path_factory):
 
 
 @pytest.fixture
+def isolated_trust(tmp_path, monkeypatch):
+    """Only keys a test passes are trusted: an empty user trust folder (MAMBA_FORGE_TRUST), not the machine's."""
+    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+
+
+@pytest.fixture
+def cli_consoles(isolated_trust, monkeypatch):
+    """For CLI tests: isolated_trust, and consoles(width=None, **stdout_options), which gives the CLI fresh rich
+    consoles writing to whatever sys.stdout and sys.stderr are then (pytest's capture), `width` columns each."""
+    from rich.console import Console
+
+    from mamba_forge import cli
+
+    def consoles(width: int | None = None, **stdout_options) -> None:
+        monkeypatch.setattr(cli, "out", Console(width=width, **stdout_options))
+        monkeypatch.setattr(cli, "err", Console(stderr=True, width=width))
+
+    return consoles
+
+
+@pytest.fixture
 def fake_tensor_streams(monkeypatch):
     """For tests of fake tensors that claim to be torch's (tests/runtime_fakes.py): the runtime's stream lookup
     sees no torch, as on a machine without it, even when another test module imported a real (CPU) torch, whose

@@ -271,6 +271,19 @@ def build_modules(kinds, *, kernels: Sequence[str] = (), target: str = "sm_90a",
     return cat, where
 
 
+def fixed_families(*files: str):
+    """The Fixed module's families declared in these catalog files (relative to kernels/, e.g. "fixed/norm.toml")
+    and their symbols: ({name: Family}, [Symbol] in catalog order)."""
+    import tomllib
+
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+
+    fixed = load_catalog(default_catalog_path()).module("Fixed")
+    names = {f["name"] for rel in files for f in tomllib.loads((fixed.root / rel).read_text())["family"]}
+    fams = {f.name: f for f in fixed.families if f.name in names}
+    return fams, [s for s in fixed.symbols if s.family in fams]
+
+
 def reference_outputs(family, spec, inputs) -> dict:
     """The float64 outputs of `family`'s reference (its qualify.reference, module:function) for a launch spec:
     `inputs` by buffer name (a buffer not given is NaN), the spec's scalars and dims."""

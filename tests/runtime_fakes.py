@@ -8,6 +8,7 @@ are RuntimeSymbols shaped like the catalog families they are named after (kernel
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 
 from mamba_forge.core.schema import Param, RuntimeSymbol
@@ -184,6 +185,16 @@ def softplus(dtype: str = "f32"):
     ), ["min(ceil_div(n, 2048), 4096)"], ["n"], constants={"sizeof_T": SIZES[dtype]})
 
 
+def two_outputs():
+    """Two outputs and one input of n f32 elements each: the record of the pointer-overlap tests."""
+    return symbol("split_f32", "split", "f32", params(
+        {"name": "a", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
+        {"name": "b", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
+        {"name": "x", "type": "ptr", "dtype": "f32", "shape": ["n"]},
+        {"name": "n", "type": "i64", "value": "n"},
+    ), ["ceil_div(n, 256)"], ["n"])
+
+
 def conv1d(dtype: str = "bf16"):
     return symbol(f"conv1d_burnin_forward_nosave_tiled_{dtype}", "conv1d_burnin_forward_nosave_tiled", dtype, params(
         {"name": "out", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["batch*d*L"]},
@@ -219,26 +230,14 @@ def ssm_step(dtype: str = "f32", state_capacity: int = 64):
 
 
 def reduce_bc_tmajor(dtype: str = "f32"):
-    """ssm_reduce_d_BC_groups_tmajor: a 3-D grid; d_state carried by a scalar, L too."""
-    return symbol(f"ssm_reduce_d_BC_groups_tmajor_{dtype}", "ssm_reduce_d_BC_groups_tmajor", dtype, params(
-        {"name": "out", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["batch * L * d_state"]},
-        {"name": "part", "type": "ptr", "dtype": "f32", "shape": ["batch * groups * d_state * L"]},
-        {"name": "batch", "type": "i32", "value": "batch"},
-        {"name": "groups", "type": "i32", "value": "groups"},
-        {"name": "d_state", "type": "i32", "value": "d_state"},
-        {"name": "L", "type": "i64", "value": "L"},
-    ), ["ceil_div(L, 32)", "ceil_div(d_state, 32)", "batch"], ["L", "batch", "d_state", "groups"], block=(32, 8, 1))
+    """ssm_reduce_d_BC_groups_tmajor, the catalog's record: a 3-D grid; d_state carried by a scalar, L too."""
+    return catalog_record(f"ssm_reduce_d_BC_groups_tmajor_{dtype}")
 
 
 def reduce_bc(dtype: str = "f32"):
-    """ssm_reduce_d_BC_groups: d_state and L carried by no scalar (dim-only arguments), nl = d_state * L derived."""
-    return symbol(f"ssm_reduce_d_BC_groups_{dtype}", "ssm_reduce_d_BC_groups", dtype, params(
-        {"name": "out", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["batch * d_state * L"]},
-        {"name": "part", "type": "ptr", "dtype": "f32", "shape": ["batch * groups * d_state * L"]},
-        {"name": "batch", "type": "i32", "value": "batch"},
-        {"name": "groups", "type": "i32", "value": "groups"},
-        {"name": "nl", "type": "i64", "value": "d_state * L"},
-    ), ["min(ceil_div(batch * d_state * L, 256), 4096)"], ["L", "batch", "d_state", "groups"])
+    """ssm_reduce_d_BC_groups, the catalog's record: d_state and L carried by no scalar (dim-only arguments),
+    nl = d_state * L derived."""
+    return catalog_record(f"ssm_reduce_d_BC_groups_{dtype}")
 
 
 def rmsnorm(dtype: str = "bf16"):
@@ -284,13 +283,25 @@ def catalog_records():
     """(RuntimeSymbol, qualification dims) for every catalog symbol: the record the qualifier launches through and
     the manifest signs (qualify/contract.py runtime_symbol), at the catalog's own ABI layout and a state capacity
     of 64 where the module takes one."""
-    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+    cat = _catalog()
+    for cs in cat.symbols.values():
+        yield catalog_record(cs.name), dict(cat.module(cs.module).family(cs.family).qualify.dims)
+
+
+def catalog_record(name: str):
+    """catalog_records' record of the catalog symbol `name`."""
     from mamba_forge.qualify.contract import runtime_symbol
     from mamba_forge.qualify.spec import expected_abi
 
-    cat = load_catalog(default_catalog_path())
-    for cs in cat.symbols.values():
-        spec = cat.module(cs.module)
-        fam = spec.family(cs.family)
-        yield (runtime_symbol(cs, fam, [list(x) for x in expected_abi(fam.params)],
-                              64 if spec.module.state_capacity else 0), dict(fam.qualify.dims))
+    cat = _catalog()
+    cs = cat.symbols[name]
+    spec = cat.module(cs.module)
+    fam = spec.family(cs.family)
+    return runtime_symbol(cs, fam, [list(x) for x in expected_abi(fam.params)], 64 if spec.module.state_capacity else 0)
+
+
+@functools.cache
+def _catalog():
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+
+    return load_catalog(default_catalog_path())

@@ -72,6 +72,22 @@ struct alignas(64) Blob128 { unsigned char b[128]; };  // a CUtensorMap's size a
 }  // namespace tiny
 """
 
+# the (y, x, n) copy ABI's parameters and qualification dims, shared by every copy family below
+_COPY_PARAMS = """params = [
+  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
+  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
+  { name = "n", type = "i64", value = "n" },
+]
+qualify = { dims = { n = 4096 } }
+"""
+
+
+def _copy_family(name: str, extra: str = "", grid: str = "ceil_div(n, 128)") -> str:
+    """A TINY_COPY family in bf16 and f16; `extra`: lines after its variants (a fallback, instances)."""
+    return (f'\n[[family]]\nname = "{name}"\ninstantiate = "TINY_COPY"\nvariants = ["bf16", "f16"]\n{extra}'
+            f'launch = {{ block = 128, grid = ["{grid}"] }}\n' + _COPY_PARAMS)
+
+
 TINY_TOML = """
 [[family]]
 name = "scale"
@@ -86,44 +102,8 @@ params = [
   { name = "n", type = "i64", value = "n" },
 ]
 qualify = { dims = { n = 4096 } }
-
-[[family]]
-name = "fast_copy"
-instantiate = "TINY_COPY"
-variants = ["bf16", "f16"]
-fallback = ["mid_copy_{dtype}", "slow_copy_{dtype}"]
-launch = { block = 128, grid = ["ceil_div(n, 128)"] }
-params = [
-  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
-  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
-  { name = "n", type = "i64", value = "n" },
-]
-qualify = { dims = { n = 4096 } }
-
-[[family]]
-name = "mid_copy"
-instantiate = "TINY_COPY"
-variants = ["bf16", "f16"]
-launch = { block = 128, grid = ["ceil_div(n, 128)"] }
-params = [
-  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
-  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
-  { name = "n", type = "i64", value = "n" },
-]
-qualify = { dims = { n = 4096 } }
-
-[[family]]
-name = "slow_copy"
-instantiate = "TINY_COPY"
-variants = ["bf16", "f16"]
-launch = { block = 128, grid = ["ceil_div(n, 128)"] }
-params = [
-  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
-  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
-  { name = "n", type = "i64", value = "n" },
-]
-qualify = { dims = { n = 4096 } }
-"""
+""" + _copy_family("fast_copy", 'fallback = ["mid_copy_{dtype}", "slow_copy_{dtype}"]\n') \
+    + _copy_family("mid_copy") + _copy_family("slow_copy")
 
 CATALOG_TOML = """
 [catalog]
@@ -149,21 +129,8 @@ REJECTED = {
 
 
 # a multi-tile family (two instances per dtype), for the tile-selection tests
-TILED_TOML = """
-[[family]]
-name = "tiled_copy"
-instantiate = "TINY_COPY"
-variants = ["bf16", "f16"]
-instances = [{ W = 1 }, { W = 2 }]
-symbol = "{name}_w{W}_{dtype}"
-launch = { block = 128, grid = ["ceil_div(n, 128 * W)"] }
-params = [
-  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] },
-  { name = "x", type = "ptr", dtype = "T", shape = ["n"] },
-  { name = "n", type = "i64", value = "n" },
-]
-qualify = { dims = { n = 4096 } }
-"""
+TILED_TOML = _copy_family("tiled_copy", 'instances = [{ W = 1 }, { W = 2 }]\nsymbol = "{name}_w{W}_{dtype}"\n',
+                          "ceil_div(n, 128 * W)")
 
 
 # GEMM rungs for runtime/gemm.py's tests: an exact-f32-like ABI with the optional bias (f32 and bf16, bf16 out),
@@ -312,14 +279,21 @@ def tiny_qualified(root: Path, extra_families: str = "", *, build_manifest: bool
                            key_path=root / "keys" / "release.key", body=qualified_body(bm, cat))
 
 
-def signed_tiny(root: Path, extra_families: str = "", routes: list | None = None):
-    """tiny_qualified's build, its body (with `routes` as its route table when given) signed as the qualifier does
-    into root/build/h200.toml (`manifest`)."""
-    t = tiny_qualified(root, extra_families)
+def signed_tiny(root: Path, extra_families: str = "", routes: list | None = None, *, build_manifest: bool = False,
+                table: bool = True, manifest: str = "build/h200.toml"):
+    """tiny_qualified's build (build_manifest: as there), its body (with `routes` as its route table when given)
+    signed into root/<manifest> (`manifest`, its bytes `doc`): as the qualifier writes it, its runtime table beside,
+    or with table=False the signed body alone."""
+    t = tiny_qualified(root, extra_families, build_manifest=build_manifest)
     if routes is not None:
         t.body["routes"] = routes
-    t.manifest = root / "build" / "h200.toml"
-    write_with_runtime_table(t.body, t.priv, t.manifest)
+    t.manifest = root / manifest
+    t.manifest.parent.mkdir(parents=True, exist_ok=True)
+    if table:
+        t.doc = write_with_runtime_table(t.body, t.priv, t.manifest)
+    else:
+        t.doc = sign_body(t.body, t.priv)
+        t.manifest.write_bytes(t.doc)
     return t
 
 

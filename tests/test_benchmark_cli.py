@@ -215,6 +215,30 @@ def test_launch_overhead_cpu_gemm_case_needs_no_driver(monkeypatch):
     assert rec["symbol"] == "nn bf16 route:kernels.gemm(cpu,fake)" and rec["ours"] > 0
 
 
+@pytest.mark.parametrize("name, samples, smoke", [
+    ("bench_gemm_f32", "--iters", {"iters": 5, "shapes": "1024x1024x1024"}),
+    ("bench_gemm_sm90a", "--iters", {"iters": 5, "shapes": "1024x1024x1024"}),
+    ("bench_sm120_tma", "--iters", {"iters": 5, "shapes": "1024x1024x1024"}),
+    ("bench_conv1d", "--reps", {"reps": 5, "no_write": True}),
+    ("bench_memory_bound", "--reps", {"reps": 5, "no_write": True}),
+    ("bench_conv_optim", "--reps", {"reps": 5, "params": 1, "no_write": True}),
+    ("bench_decode_step", None, {"inner": 4, "rounds": 1, "no_write": True}),
+])
+def test_shared_parsers_apply_each_benchmarks_rules(name, samples, smoke):
+    """benchmarks/common.py's parsers: --smoke sets the script's values (and writes nothing); the GEMM and
+    bandwidth benchmarks refuse fewer than 20 timed samples (no stable median) unless --smoke."""
+    mod = load_bench(BENCHMARKS / f"{name}.py")
+    req = placeholder_args(mod.parser())
+    few = [samples, "19"] if samples else []
+    a = mod.parse_args([*req, "--smoke", *few])
+    assert {k: getattr(a, k) for k in smoke} == smoke
+    if samples:
+        with contextlib.redirect_stderr(io.StringIO()) as err, pytest.raises(SystemExit) as exc:
+            mod.parse_args([*req, *few])
+        assert exc.value.code == 2 and f"{samples} must be at least 20" in err.getvalue()
+        assert getattr(mod.parse_args([*req, samples, "20"]), samples[2:]) == 20
+
+
 def test_mamba_train_arguments():
     mod = load_bench(BENCHMARKS / "bench_mamba_train.py")
     req = ["--bundle", "b", "--key", "k"]

@@ -11,7 +11,6 @@ import json
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -282,7 +281,7 @@ def test_conv_optim_met_follows_the_goal(kernel, family, goal):
         bandwidth_ok(r, row)
 
 
-def test_conv_optim_conv1d_records_are_bench_conv1d_s(monkeypatch):
+def test_conv_optim_conv1d_records_are_bench_conv1d_s():
     """Same symbol, shape text and goal as bench_conv1d.py's records; every family the script runs has a goal
     but the gradient norm (the families from the catalog, as main() looks them up)."""
     from mamba_forge.catalog.model import default_catalog_path, load_catalog
@@ -291,8 +290,7 @@ def test_conv_optim_conv1d_records_are_bench_conv1d_s(monkeypatch):
         assert bench_conv_optim.GOALS[prod] == goal
     assert bench_conv1d.shape_text(bench_conv1d.SHAPES[0]) == f"B{bench_conv_optim.CONV['batch']} " \
         f"D{bench_conv_optim.CONV['d']} L{bench_conv_optim.CONV['L']} w{bench_conv_optim.CONV['width']}"
-    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))  # optim_cases imports it; nothing runs
-    cases = bench_conv_optim.conv_cases(None) + bench_conv_optim.optim_cases(None, 1)
+    cases = bench_conv_optim.conv_cases() + bench_conv_optim.optim_cases(1)  # nothing runs before setup(kernels)
     assert {c[1] for c in cases[:9]} == {bench_conv1d.shape_text(bench_conv1d.SHAPES[0])}
     syms = {s.name: s for s in load_catalog(default_catalog_path()).module("Fixed").symbols}
     families = {syms[name].family for name, *_ in cases}
@@ -356,17 +354,21 @@ def test_decode_gemm_route_records_follow_the_route_table():
     import bench_decode_gemm as bdg
 
     from mamba_forge.catalog.model import default_catalog_path, load_catalog
+    from mamba_forge.qualify.assemble import route_table
+    from mamba_forge.runtime.routes import select
 
     cat = load_catalog(default_catalog_path())
     names = [f"{n}_bf16" for n in (*bdg.WG_SKINNY, bdg.WG_LARGE)] + [*bdg.F32_DECODE, *bdg.F32_SKINNY, *bdg.F32_ROUTED]
     names = [n for n in names if n in cat.symbols]
-    found = dict.fromkeys(names)
-    table = bdg.route_table(cat.routes, [SimpleNamespace(name=n, status="admitted") for n in found])
+    table = route_table(cat.routes, [SimpleNamespace(name=n, status="admitted") for n in names])
+    # Kernels.gemm_route's answer on a device that admitted every built rung (as benchmarks/built.py serves them)
+    kernels = SimpleNamespace(gemm_route=lambda m, n, k, a: select(table, m, n, k, a, a, a, "nn",
+                                                                   serves=lambda s: s in names))
     picks = {}
     for dt in ("bf16", "f32"):
         for m in (1, 16, 17, 64, 65, 256):
             times = {n: 0.010 for n in names}
-            (r,) = bdg.route_records(table, found, times, dt, m, 8192, 8192, 0.0095, GPU)
+            (r,) = bdg.route_records(kernels, times, dt, m, 8192, 8192, 0.0095, GPU)
             fields_ok([r])
             assert r["family"] == bdg.ROUTE_FAMILY and r["symbol"] == f"nn {dt} route" and r["shape"] == f"M{m}xN8192xK8192"
             picks[dt, m] = r["baseline_name"].split("served by ")[1]
@@ -375,4 +377,4 @@ def test_decode_gemm_route_records_follow_the_route_table():
     assert picks["bf16", 64] != picks["bf16", 65]
     assert all(p in names for p in picks.values())
     # a pick that was not timed gives no record (never another rung's time)
-    assert bdg.route_records(table, found, {}, "bf16", 1, 8192, 8192, 0.01, GPU) == []
+    assert bdg.route_records(kernels, {}, "bf16", 1, 8192, 8192, 0.01, GPU) == []

@@ -7,10 +7,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from rich.console import Console
 from runtime_support import write_tiny_catalog
 
-from mamba_forge import cli
 from mamba_forge.cli import main
 from mamba_forge.progress import Progress, about
 
@@ -33,10 +31,8 @@ def cat(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _log_console(tmp_path, monkeypatch):
-    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
-    monkeypatch.setattr(cli, "out", Console(width=80))
-    monkeypatch.setattr(cli, "err", Console(stderr=True, width=80))
+def _log_console(cli_consoles):
+    cli_consoles(80)
 
 
 def _build(capsys, *argv) -> tuple[int, str, str]:

@@ -9,28 +9,18 @@ import shutil
 import tarfile
 
 import pytest
-from runtime_support import (
-    FakeBackend,
-    sign_body,
-    tiny_qualified,
-)
+from runtime_support import FakeBackend, signed_tiny
 
 from mamba_forge.cli import main
 from mamba_forge.runtime import ArtifactRefused, load
 from mamba_forge.runtime.sources import read_tar_bundle
 
-
-@pytest.fixture(autouse=True)
-def _isolated_trust(tmp_path, monkeypatch):
-    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+pytestmark = pytest.mark.usefixtures("isolated_trust")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    t = tiny_qualified(tmp_path_factory.mktemp("bundle"))
-    t.manifest = t.root / "manifests" / "h200.toml"
-    t.manifest.parent.mkdir()
-    t.manifest.write_bytes(sign_body(t.body, t.priv))
+    t = signed_tiny(tmp_path_factory.mktemp("bundle"), manifest="manifests/h200.toml", table=False)
     (t.build / "unrelated.txt").write_text("a build folder holds more than the bundle takes")
     return t
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 import tomli_w
-from runtime_support import sign_body, tiny_qualified
+from runtime_support import signed_tiny
 
-from mamba_forge import cli, schemas
+from mamba_forge import schemas
 from mamba_forge.cli import main
 from mamba_forge.cli.cmd_qualify import auto_qualify_jobs
 from mamba_forge.runtime import signing
@@ -25,24 +25,17 @@ HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+def _isolated(cli_consoles, tmp_path, monkeypatch):
     monkeypatch.setenv("MAMBA_FORGE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(signing.KEY_ENV, raising=False)
     monkeypatch.setenv("COLUMNS", "80")
-    from rich.console import Console
-
     # what a person sees on an 80-column terminal (no colour codes); off a terminal the report is one line per item
-    monkeypatch.setattr(cli, "out", Console(width=80, force_terminal=True, color_system=None))
-    monkeypatch.setattr(cli, "err", Console(stderr=True, width=80))
+    cli_consoles(80, force_terminal=True, color_system=None)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    t = tiny_qualified(tmp_path_factory.mktemp("conv"), build_manifest=True)
-    t.manifest = t.build / "h200.toml"
-    t.manifest.write_bytes(sign_body(t.body, t.priv))
-    return t
+    return signed_tiny(tmp_path_factory.mktemp("conv"), build_manifest=True, table=False)
 
 
 def _admitted(build: Path, every: bool = False) -> int:

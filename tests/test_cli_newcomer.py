@@ -14,13 +14,8 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from rich.console import Console
-from runtime_support import (
-    tiny_qualified,
-    write_with_runtime_table,
-)
+from runtime_support import signed_tiny
 
-from mamba_forge import cli
 from mamba_forge.catalog.targets import DEFAULT_TARGETS
 from mamba_forge.cli import main
 from mamba_forge.cli.common import article, plural
@@ -33,20 +28,15 @@ H200 = ROOT / "manifests" / "h200.toml"
 @pytest.fixture(scope="module")
 def fx(tmp_path_factory):
     """The tiny catalog built for sm_90a (build/manifest.toml written as the CLI does), qualified, signed."""
-    t = tiny_qualified(tmp_path_factory.mktemp("newcomer"), build_manifest=True)
-    t.manifest = t.build / "h200.toml"
-    write_with_runtime_table(t.body, t.priv, t.manifest)
-    return t
+    return signed_tiny(tmp_path_factory.mktemp("newcomer"), build_manifest=True)
 
 
 @pytest.fixture(autouse=True)
-def _log_console(tmp_path, monkeypatch):
+def _log_console(cli_consoles, tmp_path, monkeypatch):
     """stdout as a log or a pipe sees it: not a terminal, 80 columns."""
-    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
     monkeypatch.setenv("MAMBA_FORGE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(signing.KEY_ENV, raising=False)
-    monkeypatch.setattr(cli, "out", Console(width=80))
-    monkeypatch.setattr(cli, "err", Console(stderr=True, width=80))
+    cli_consoles(80)
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:

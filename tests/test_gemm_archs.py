@@ -268,19 +268,20 @@ def test_check_gemm_accepts_supported_shapes():
     tma.check_gemm("tn", 520, 392, 331)  # TN: K is a row count, any value
 
 
-@pytest.mark.parametrize("layout,M,N,K,match", [
-    ("nn", 64, 64, 100, "K = 100"),
-    ("nt", 64, 64, 12, "K = 12"),
-    ("nn", 64, 60, 64, "N = 60"),
-    ("tn", 63, 64, 64, "M = 63"),
-    ("nn", 0, 64, 64, "M = 0"),
-    ("nn", 64, 64, 0, "K = 0"),
-    ("nn", 2**31, 64, 64, "out of range"),
-    ("xx", 64, 64, 64, "unknown GEMM layout"),
-])
-def test_check_gemm_refuses(layout, M, N, K, match):
+# (layout, M, N, K, what the refusal names): check_gemm's, and the TF32 wgmma rungs' check_gemm_tf32 (NT only,
+# K % 4, any M and N; tests/test_gemm_tf32_wgmma_cpu.py)
+GEMM_REFUSALS = (("nn", 64, 64, 100, "K = 100"), ("nt", 64, 64, 12, "K = 12"), ("nn", 64, 60, 64, "N = 60"),
+                 ("tn", 63, 64, 64, "M = 63"), ("nn", 0, 64, 64, "M = 0"), ("nn", 64, 64, 0, "K = 0"),
+                 ("nn", 2**31, 64, 64, "out of range"), ("xx", 64, 64, 64, "unknown GEMM layout"))
+TF32_REFUSALS = (("nn", 64, 64, 64, "NT only"), ("tn", 64, 64, 64, "NT only"), ("nt", 64, 64, 6, "K = 6"),
+                 ("nt", 0, 64, 64, "M = 0"), ("nt", 64, 0, 64, "N = 0"), ("nt", 2**31, 64, 64, "out of range"))
+
+
+@pytest.mark.parametrize("check,layout,M,N,K,match", [("check_gemm", *c) for c in GEMM_REFUSALS]
+                         + [("check_gemm_tf32", *c) for c in TF32_REFUSALS])
+def test_check_gemm_refuses(check, layout, M, N, K, match):
     with pytest.raises(tma.TmaError, match=match):
-        tma.check_gemm(layout, M, N, K)
+        getattr(tma, check)(layout, M, N, K)
 
 
 def test_check_gemm_refuses_non_integers():

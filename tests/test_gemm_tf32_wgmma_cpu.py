@@ -61,17 +61,7 @@ def test_host_checks_accept_supported_shapes():
     tma.check_matrix(256, 3, 4, "A", element_bytes=4)
 
 
-@pytest.mark.parametrize("layout,M,N,K,match", [
-    ("nn", 64, 64, 64, "NT only"),
-    ("tn", 64, 64, 64, "NT only"),
-    ("nt", 64, 64, 6, "K = 6"),
-    ("nt", 0, 64, 64, "M = 0"),
-    ("nt", 64, 0, 64, "N = 0"),
-    ("nt", 2**31, 64, 64, "out of range"),
-])
-def test_host_checks_refuse(layout, M, N, K, match):
-    with pytest.raises(tma.TmaError, match=match):
-        tma.check_gemm_tf32(layout, M, N, K)
+# check_gemm_tf32's refusals: tests/test_gemm_archs.py test_check_gemm_refuses (with check_gemm's)
 
 
 @pytest.mark.parametrize("ptr,rows,cols,match", [(260, 4, 4, "16-byte aligned"), (0, 4, 4, "16-byte aligned"),

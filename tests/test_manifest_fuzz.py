@@ -9,11 +9,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from runtime_support import (
-    FakeBackend,
-    tiny_qualified,
-    write_with_runtime_table,
-)
+from runtime_support import FakeBackend, signed_tiny
 
 from mamba_forge.runtime import LoadError, load
 from mamba_forge.runtime.sources import runtime_table_path
@@ -24,11 +20,9 @@ SEED = 20261129
 
 @pytest.fixture(scope="module")
 def signed(tmp_path_factory):
-    t = tiny_qualified(tmp_path_factory.mktemp("fuzz"))
-    root, pub = t.root, t.pub
-    signed_path = root / "build" / "signed.toml"
-    doc = write_with_runtime_table(t.body, t.priv, signed_path)
-    table = runtime_table_path(signed_path).read_bytes()
+    t = signed_tiny(tmp_path_factory.mktemp("fuzz"), manifest="build/signed.toml")
+    root, pub, doc = t.root, t.pub, t.doc
+    table = runtime_table_path(t.manifest).read_bytes()
     for name in ("fuzzed", "tail", "table"):  # the runtime table beside each manifest name the tests write
         runtime_table_path(root / "build" / f"{name}.toml").write_bytes(table)
     return SimpleNamespace(build=root / "build", pub=pub, doc=doc, table=table)
@@ -99,20 +93,26 @@ def _tail_mutations(doc: bytes, rng: random.Random) -> list[bytes]:
     return out
 
 
+def _loaded(signed, backend, manifest, written, mutations) -> list[int]:
+    """The indices of the mutations (each written to `written` in turn) with which load(manifest) succeeded."""
+    accepted = []
+    for i, m in enumerate(mutations):
+        written.write_bytes(m)
+        try:
+            load(manifest, trusted_keys=[signed.pub], backend=backend)
+        except LoadError:
+            continue
+        accepted.append(i)
+    return accepted
+
+
 def test_mutations_of_the_signature_table_are_refused(signed, monkeypatch, tmp_path):
     """The canonical-form check leaves no slack in the [signature] table."""
     monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
     fake = FakeBackend()
     path = signed.build / "tail.toml"
     mutations = _tail_mutations(signed.doc, random.Random(SEED + 1))
-    accepted = []
-    for i, m in enumerate(mutations):
-        path.write_bytes(m)
-        try:
-            load(path, trusted_keys=[signed.pub], backend=fake)
-        except LoadError:
-            continue
-        accepted.append(i)
+    accepted = _loaded(signed, fake, path, path, mutations)
     assert not accepted, f"{len(accepted)} of {len(mutations)} signature-table mutations were loaded"
     assert len(mutations) > 200 and fake.loaded == []
 
@@ -126,16 +126,8 @@ def test_mutations_of_the_runtime_table_are_refused(signed, monkeypatch, tmp_pat
     table = runtime_table_path(path)
     load(path, trusted_keys=[signed.pub], backend=FakeBackend()).function("scale_f32")
     rng = random.Random(SEED + 2)
-    accepted = []
     try:
-        for i in range(300):
-            m, _ = _mutate(signed.table, rng)
-            table.write_bytes(m)
-            try:
-                load(path, trusted_keys=[signed.pub], backend=fake)
-            except LoadError:
-                continue
-            accepted.append(i)
+        accepted = _loaded(signed, fake, path, table, (_mutate(signed.table, rng)[0] for _ in range(300)))
     finally:
         table.write_bytes(signed.table)
     assert not accepted, f"runtime-table mutations {accepted[:10]} were loaded"

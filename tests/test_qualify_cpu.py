@@ -359,40 +359,52 @@ def test_digest_and_first_difference():
 
 # ---- isolation with a fake worker ---------------------------------------------------------------------------
 
-FAKE_WORKER = textwrap.dedent(
+def fake_worker_script(per_symbol: str, *, checks: str = "[]", before: str = "", after: str = "") -> str:
+    """A stand-in qualify worker (python source): reads its job, says hello from a fake GPU, and per symbol emits
+    start, runs `per_symbol` (source at the loop body's indentation, `n` the symbol's name), then an admitting
+    result with `checks`; `before` runs after the job is read, `after` once done is emitted."""
+    return textwrap.dedent(
+        '''
+        import json, os, signal, sys, time
+        job = json.load(open(sys.argv[sys.argv.index("--job") + 1]))
+        def emit(**e):
+            print(json.dumps(e), flush=True)
+        BEFORE
+        emit(event="hello", device={"name": "Fake GPU", "cc": "9.0", "sm_count": 2, "driver_version": 13000})
+        for g in job["groups"]:
+            emit(event="module", module=g["module"], target=g["target"], load="cubin")
+            for s in g["symbols"]:
+                n = s["name"]
+                emit(event="start", symbol=n, module=g["module"], target=g["target"])
+                PER_SYMBOL
+                emit(event="result", symbol=n, module=g["module"], target=g["target"], status="admitted", check="",
+                     reason="", seed=7, checks=CHECKS, resources={"registers": 8, "static_smem": 0, "local_bytes": 0,
+                     "max_threads": 256, "blocks_per_sm": 8}, params=[[0, 8]])
+        emit(event="done")
+        AFTER
+        '''
+    ).replace("BEFORE", before).replace("PER_SYMBOL", textwrap.indent(textwrap.dedent(per_symbol), " " * 8).lstrip()) \
+        .replace("CHECKS", checks).replace("AFTER", after)
+
+
+FAKE_WORKER = fake_worker_script(
     '''
-    import json, os, signal, sys, time
-    job = json.load(open(sys.argv[sys.argv.index("--job") + 1]))
-    def emit(**e):
-        print(json.dumps(e), flush=True)
-    emit(event="hello", device={"name": "Fake GPU", "cc": "9.0", "sm_count": 2, "driver_version": 13000})
-    for g in job["groups"]:
-        emit(event="module", module=g["module"], target=g["target"], load="cubin")
-        for s in g["symbols"]:
-            n = s["name"]
-            emit(event="start", symbol=n, module=g["module"], target=g["target"])
-            if n.startswith("crash"):
-                os.kill(os.getpid(), signal.SIGSEGV)
-            if n.startswith("hang"):
-                time.sleep(3600)
-            if n.startswith("fault"):
-                emit(event="fault", symbol=n, result="CUDA_ERROR_ILLEGAL_ADDRESS",
-                     reason=n + ": cuStreamSynchronize failed with CUDA_ERROR_ILLEGAL_ADDRESS")
-                sys.exit(3)
-            if n.startswith("garble"):
-                print(json.dumps({"event": "result", "symbol": n, "status": "admitted"}), flush=True)
-                time.sleep(3600)
-            if n.startswith("racy"):
-                print("========= Race reported between Write access at racy_kernel+0x10", flush=True)
-            emit(event="result", symbol=n, module=g["module"], target=g["target"], status="admitted", check="",
-                 reason="", seed=7, checks=[{"name": "repeat", "passed": True, "digest": os.environ.get("FAKE_DIGEST", "d0"),
-                 "detail": "5 runs"}], resources={"registers": 8, "static_smem": 0, "local_bytes": 0,
-                 "max_threads": 256, "blocks_per_sm": 8}, params=[[0, 8]])
-    emit(event="done")
-    if os.environ.get("FAKE_SUMMARY"):
-        print("========= ERROR SUMMARY: 2 errors", flush=True)
-    '''
-)
+    if n.startswith("crash"):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if n.startswith("hang"):
+        time.sleep(3600)
+    if n.startswith("fault"):
+        emit(event="fault", symbol=n, result="CUDA_ERROR_ILLEGAL_ADDRESS",
+             reason=n + ": cuStreamSynchronize failed with CUDA_ERROR_ILLEGAL_ADDRESS")
+        sys.exit(3)
+    if n.startswith("garble"):
+        print(json.dumps({"event": "result", "symbol": n, "status": "admitted"}), flush=True)
+        time.sleep(3600)
+    if n.startswith("racy"):
+        print("========= Race reported between Write access at racy_kernel+0x10", flush=True)
+    ''',
+    checks='[{"name": "repeat", "passed": True, "digest": os.environ.get("FAKE_DIGEST", "d0"), "detail": "5 runs"}]',
+    after='if os.environ.get("FAKE_SUMMARY"):\n    print("========= ERROR SUMMARY: 2 errors", flush=True)')
 
 
 @pytest.fixture()

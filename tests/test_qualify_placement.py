@@ -272,10 +272,11 @@ class _RefusingPlacer(FakePlacer):
         return parts, note
 
 
-@pytest.mark.parametrize("at", ["enter", "launch"])
-def test_a_refused_green_context_is_skipped_and_noted_not_a_rejection(emulated, monkeypatch, at):  # noqa: F811
-    ctx, _ = emulated
-    ctx.placer = _RefusingPlacer(ctx, "CUDA_ERROR_INVALID_HANDLE", at)
+def _refusing(env, monkeypatch, result: str, at: str):
+    """The `emulated` fixture's context with a placer whose green contexts fail with `result` at `at` (entering,
+    or a launch on their streams: cu.launch asks the stream first)."""
+    ctx, _ = env
+    ctx.placer = _RefusingPlacer(ctx, result, at)
     real = cu.launch
 
     def launch(fn, grid, block, params, *, smem=0, stream=None):
@@ -284,6 +285,12 @@ def test_a_refused_green_context_is_skipped_and_noted_not_a_rejection(emulated, 
         real(fn, grid, block, params, smem=smem, stream=stream)
 
     monkeypatch.setattr(cu, "launch", launch)
+    return ctx
+
+
+@pytest.mark.parametrize("at", ["enter", "launch"])
+def test_a_refused_green_context_is_skipped_and_noted_not_a_rejection(emulated, monkeypatch, at):  # noqa: F811
+    ctx = _refusing(emulated, monkeypatch, "CUDA_ERROR_INVALID_HANDLE", at)
     r = _run(ctx, "control_tree_row_sum")
     assert r.status == "admitted", r.reason
     rec = next(c for c in r.checks if c.name == "placement")
@@ -292,16 +299,7 @@ def test_a_refused_green_context_is_skipped_and_noted_not_a_rejection(emulated, 
 
 
 def test_a_sticky_error_in_a_green_context_is_the_symbols_fault(emulated, monkeypatch):  # noqa: F811
-    ctx, _ = emulated
-    ctx.placer = _RefusingPlacer(ctx, "CUDA_ERROR_ILLEGAL_ADDRESS", "launch")
-    real = cu.launch
-
-    def launch(fn, grid, block, params, *, smem=0, stream=None):
-        if getattr(stream, "refuse", None):
-            stream.refuse()
-        real(fn, grid, block, params, smem=smem, stream=stream)
-
-    monkeypatch.setattr(cu, "launch", launch)
+    ctx = _refusing(emulated, monkeypatch, "CUDA_ERROR_ILLEGAL_ADDRESS", "launch")
     with pytest.raises(cu.CudaError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
         _run(ctx, "control_tree_row_sum")
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import itertools
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from test_qualify_cpu import fake_worker_script
 from test_qualify_emulated import FakeStream, _run, emulated  # noqa: F401 - the fixture is used by name
 
 from mamba_forge.gpu import driver as cu
@@ -160,30 +160,14 @@ def test_the_familys_timeout_wins_over_the_scaled_budget(emulated, monkeypatch):
 
 # ---- the parent: a worker slow to exit after it reported the hang --------------------------------------------
 
-SLOW_EXIT_WORKER = textwrap.dedent(
+SLOW_EXIT_WORKER = fake_worker_script(
     '''
-    import json, sys, time
-    job = json.load(open(sys.argv[sys.argv.index("--job") + 1]))
-    def emit(**e):
-        print(json.dumps(e), flush=True)
-    if job["timeout_s"] is not None or job["time_scale"] != 1:
-        sys.exit(7)  # the settings did not arrive as the parent holds them
-    emit(event="hello", device={"name": "Fake GPU", "cc": "9.0", "sm_count": 2, "driver_version": 13000})
-    for g in job["groups"]:
-        emit(event="module", module=g["module"], target=g["target"], load="cubin")
-        for s in g["symbols"]:
-            n = s["name"]
-            emit(event="start", symbol=n, module=g["module"], target=g["target"])
-            if n.startswith("hang"):
-                emit(event="timeout", symbol=n, seconds=2.0,
-                     reason=n + ": timed out after 2 s (launch budget 2 s: 50 x the first launch's 3 ms + 1 s)")
-                time.sleep(3600)  # as an exit that waits on the driver tearing down a spinning kernel
-            emit(event="result", symbol=n, module=g["module"], target=g["target"], status="admitted", check="",
-                 reason="", seed=7, checks=[], resources={"registers": 8, "static_smem": 0, "local_bytes": 0,
-                 "max_threads": 256, "blocks_per_sm": 8}, params=[[0, 8]])
-    emit(event="done")
-    '''
-)
+    if n.startswith("hang"):
+        emit(event="timeout", symbol=n, seconds=2.0,
+             reason=n + ": timed out after 2 s (launch budget 2 s: 50 x the first launch's 3 ms + 1 s)")
+        time.sleep(3600)  # as an exit that waits on the driver tearing down a spinning kernel
+    ''',
+    before='if job["timeout_s"] is not None or job["time_scale"] != 1:\n    sys.exit(7)  # the settings did not arrive as the parent holds them')
 
 
 def test_a_reported_hang_costs_seconds_even_when_the_worker_is_slow_to_exit(tmp_path):

@@ -104,12 +104,15 @@ def test_conv_rejects_bad_width():
         rc.conv1d_step(np.zeros((1, 1, 0)), np.zeros((1, 1)), np.zeros((1, 0)), np.zeros(1), 0)
 
 
+def _conv_inputs(rng, batch: int, d: int, L: int, width: int):
+    """(x, weight, bias) of a depthwise conv1d, drawn from `rng` in that order (x in [-2, 2), the rest in [-1, 1))."""
+    return rng.uniform(-2, 2, (batch, d, L)), rng.uniform(-1, 1, (d, width)), rng.uniform(-1, 1, d)
+
+
 @pytest.mark.parametrize("width", [1, 2, 3, 4])
 def test_conv_backward_matches_literal_loop_and_finite_differences(width):
-    rng = np.random.default_rng(20 + width)
-    batch, d, L = 2, 2, 6
-    x = rng.uniform(-2, 2, (batch, d, L))
-    w, b = rng.uniform(-1, 1, (d, width)), rng.uniform(-1, 1, d)
+    rng, (batch, d, L) = np.random.default_rng(20 + width), (2, 2, 6)
+    x, w, b = _conv_inputs(rng, batch, d, L, width)
     dout = rng.uniform(-1, 1, (batch, d, L))
     pre = rc.conv1d_pre(x, w, b, width)
     dx, dw, db = rc.conv1d_backward(x, w, pre, dout, width)
@@ -150,10 +153,8 @@ def test_conv_backward_matches_literal_loop_and_finite_differences(width):
 
 @pytest.mark.parametrize("width", [1, 2, 3, 4])
 def test_conv_step_reproduces_forward(width):
-    rng = np.random.default_rng(30 + width)
     batch, d, L = 3, 4, 8
-    x = rng.uniform(-2, 2, (batch, d, L))
-    w, b = rng.uniform(-1, 1, (d, width)), rng.uniform(-1, 1, d)
+    x, w, b = _conv_inputs(np.random.default_rng(30 + width), batch, d, L, width)
     want = rc.silu(rc.conv1d_pre(x, w, b, width))
     state = np.zeros((batch, d, width - 1))
     for t in range(L):

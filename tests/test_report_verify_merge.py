@@ -13,7 +13,7 @@ from runtime_support import (
     REJECTED,
     qualified_body,
     sign_body,
-    tiny_qualified,
+    signed_tiny,
 )
 
 from mamba_forge.cli import main
@@ -21,17 +21,13 @@ from mamba_forge.runtime import signing
 
 
 @pytest.fixture(autouse=True)
-def _isolated_trust(tmp_path, monkeypatch):
-    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+def _isolated_trust(isolated_trust, monkeypatch):  # tests/conftest.py's, and no signing key from the environment
     monkeypatch.delenv(signing.KEY_ENV, raising=False)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    t = tiny_qualified(tmp_path_factory.mktemp("rvm"), build_manifest=True)
-    t.manifest = t.build / "h200.toml"
-    t.manifest.write_bytes(sign_body(t.body, t.priv))
-    return t
+    return signed_tiny(tmp_path_factory.mktemp("rvm"), build_manifest=True, table=False)
 
 
 def run(capsys, *argv):

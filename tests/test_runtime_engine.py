@@ -26,15 +26,10 @@ from mamba_forge.runtime.errors import FamilyUnavailable, IncompleteOnDevice, Ti
 from mamba_forge.runtime.families import BUILT_ONLY, CHECKED, NOT_HERE, tile_label
 from mamba_forge.runtime.families import REJECTED as KIND_REJECTED
 
-pytestmark = pytest.mark.usefixtures("fake_tensor_streams")  # tests/conftest.py
+pytestmark = pytest.mark.usefixtures("fake_tensor_streams", "isolated_trust")  # tests/conftest.py
 
 T = FakeTorchTensor
 N = 1000
-
-
-@pytest.fixture(autouse=True)
-def _isolated_trust(tmp_path, monkeypatch):
-    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
 
 
 @pytest.fixture(scope="module")

@@ -24,14 +24,9 @@ from mamba_forge.qualify.contract import tensor_map_hook
 from mamba_forge.runtime import LaunchRefused, load
 from mamba_forge.runtime import gemm as rgemm
 
-pytestmark = pytest.mark.usefixtures("fake_tensor_streams")  # tests/conftest.py
+pytestmark = pytest.mark.usefixtures("fake_tensor_streams", "isolated_trust")  # tests/conftest.py
 
 SKINNY = "gemm_bi_nn_sm90a_wgmma_skinny"
-
-
-@pytest.fixture(autouse=True)
-def _isolated_trust(tmp_path, monkeypatch):
-    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import types
 
 import pytest
 from runtime_fakes import FakeTorchTensor as T
-from runtime_fakes import catalog_records, gemm_wgmma, params, rmsnorm, softplus, ssm_step, symbol
+from runtime_fakes import catalog_records, gemm_wgmma, params, rmsnorm, softplus, ssm_step, symbol, two_outputs
 
 from mamba_forge.core import expr
 from mamba_forge.runtime import contract as rcontract
@@ -187,15 +187,6 @@ def test_blobs_are_read_every_call_and_checked():
 # ---- the per-call pointer checks on a memo hit ------------------------------------------------------------------
 
 
-def _two_outputs():
-    return symbol("split_f32", "split", "f32", params(
-        {"name": "a", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
-        {"name": "b", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
-        {"name": "x", "type": "ptr", "dtype": "f32", "shape": ["n"]},
-        {"name": "n", "type": "i64", "value": "n"},
-    ), ["ceil_div(n, 256)"], ["n"])
-
-
 BASE = 0x7E00_0000_0000
 
 
@@ -215,7 +206,7 @@ def test_null_and_overlap_are_refused_on_a_memo_hit():
     assert c.args({"y": T(1024, ptr=BASE), "x": T(1024, ptr=BASE)})[0][:2] == [BASE, BASE]  # in place
     assert c.args({"y": T(1024, ptr=BASE), "x": T(1024, ptr=BASE + 4096)})  # adjacent
     assert len(c._memo) == key_count  # every call above was a hit
-    two = Contract(_two_outputs())
+    two = Contract(two_outputs())
     far = BASE + (1 << 30)
     assert two.args({"a": T(1024, ptr=BASE), "b": T(1024, ptr=BASE + 4096), "x": T(1024, ptr=far)})
     for b_at in (BASE, BASE + 4, BASE + 4092):

@@ -23,8 +23,7 @@ from runtime_support import (
     keypair,
     qualified_body,
     sign_body,
-    tiny_qualified,
-    write_with_runtime_table,
+    signed_tiny,
 )
 
 from mamba_forge.core.codec import from_dict, runtime_table_bytes
@@ -53,18 +52,12 @@ def _table(body: dict) -> bytes:
     return runtime_table_bytes(from_dict(QualifiedManifest, body))
 
 
-@pytest.fixture(autouse=True)
-def _isolated_trust(tmp_path, monkeypatch):
-    """Only keys a test passes are trusted: an empty user trust folder."""
-    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+pytestmark = pytest.mark.usefixtures("isolated_trust")  # tests/conftest.py: only keys a test passes are trusted
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    t = tiny_qualified(tmp_path_factory.mktemp("tiny"))
-    t.manifest = t.build / "h200.toml"
-    t.doc = write_with_runtime_table(t.body, t.priv, t.manifest)  # as the qualifier writes it: h200.runtime.json beside
-    return t
+    return signed_tiny(tmp_path_factory.mktemp("tiny"))  # as the qualifier writes it: h200.runtime.json beside
 
 
 def _write(tiny, tmp_path, body=None, doc=None, name="m.toml"):

@@ -178,39 +178,30 @@ def test_dependabot_updates_actions_and_pip():
 
 
 @pytest.mark.parametrize(
-    ("old", "new", "problem"),
+    ("which", "old", "new", "problem"),
     [
-        ("actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0", "actions/checkout@v6", "unpinned"),
-        ("actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0", "actions/checkout@main", "unpinned"),
-        ("actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0",
+        ("ci", "actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0", "actions/checkout@v6", "unpinned"),
+        ("ci", "actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0", "actions/checkout@main",
+         "unpinned"),
+        ("ci", "actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0",
          "actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803", "unpinned"),  # no tag comment
-        ("actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0",
+        ("ci", "actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af803 # v6.1.0",
          "actions/checkout@d23441a48e516b6c34aea4fa41551a30e30af8 # v6.1.0", "unpinned"),  # short SHA
-        ("          cache: pip\n", "", "cache: pip"),
-        ('python-version: ["3.11", "3.13"]', 'python-version: ["3.12"]', "3.11 and 3.13"),
-        ("python -m pytest -q tests/test_wheel.py", "echo skipped", "installed-wheel smoke test"),
-        ("contents: read", "contents: write", "least-privilege"),
+        ("ci", "          cache: pip\n", "", "cache: pip"),
+        ("ci", 'python-version: ["3.11", "3.13"]', 'python-version: ["3.12"]', "3.11 and 3.13"),
+        ("ci", "python -m pytest -q tests/test_wheel.py", "echo skipped", "installed-wheel smoke test"),
+        ("ci", "contents: read", "contents: write", "least-privilege"),
+        ("release", "pydist/*.whl\n", "\n", "attests the wheel"),
+        ("release", "python -m build --outdir pydist .", "echo none", "builds the wheel and sdist"),
+        ("release", "dist/release.pub pydist/* ", "dist/release.pub ", "uploads the wheel"),
     ],
 )
-def test_conventions_check_has_teeth(old, new, problem):
-    text = CI.read_text()
-    assert old in text
-    broken = text.replace(old, new, 1)
-    assert any(problem in x for x in conventions_problems(broken, RELEASE.read_text()))
-
-
-@pytest.mark.parametrize(
-    ("old", "new", "problem"),
-    [
-        ("pydist/*.whl\n", "\n", "attests the wheel"),
-        ("python -m build --outdir pydist .", "echo none", "builds the wheel and sdist"),
-        ("dist/release.pub pydist/* ", "dist/release.pub ", "uploads the wheel"),
-    ],
-)
-def test_release_conventions_check_has_teeth(old, new, problem):
-    text = RELEASE.read_text()
-    assert old in text
-    assert any(problem in x for x in conventions_problems(CI.read_text(), text.replace(old, new, 1)))
+def test_conventions_check_has_teeth(which, old, new, problem):
+    """Each convention broken once, in the CI or the release workflow: the check names it."""
+    texts = {"ci": CI.read_text(), "release": RELEASE.read_text()}
+    assert old in texts[which]
+    texts[which] = texts[which].replace(old, new, 1)
+    assert any(problem in x for x in conventions_problems(texts["ci"], texts["release"]))
 
 
 def test_workflows_do_what_the_issue_asks():

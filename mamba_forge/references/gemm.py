@@ -52,19 +52,20 @@ def matmul_f64(a2: np.ndarray, b2: np.ndarray, bias: np.ndarray | None = None) -
     return c
 
 
-def _gemm(layout: str):
+def _reference(layout: str, product, dtype, name: str, doc: str):
+    """A family's reference for one layout: C = product(op(A), op(B), bias) of the operands read as `dtype`,
+    returned flat in float64."""
     def ref(args: Args, dims: dict[str, int]) -> dict[str, np.ndarray]:
-        a2, b2, bias = _operands(args, dims, layout)
-        return {"C": matmul_f64(a2, b2, bias).reshape(-1)}
+        a2, b2, bias = _operands(args, dims, layout, dtype=dtype)
+        return {"C": np.asarray(product(a2, b2, bias), dtype=np.float64).reshape(-1)}
 
-    ref.__name__ = f"gemm_{layout}"
-    ref.__doc__ = f"float64 reference for layout {layout}: C[M,N] (+ bias), flat."
+    ref.__name__, ref.__doc__ = name, doc
     return ref
 
 
-gemm_nn = _gemm("nn")
-gemm_tn = _gemm("tn")
-gemm_nt = _gemm("nt")
+gemm_nn, gemm_tn, gemm_nt = (_reference(x, matmul_f64, np.float64, f"gemm_{x}",
+                                        f"float64 reference for layout {x}: C[M,N] (+ bias), flat.")
+                             for x in ("nn", "tn", "nt"))
 
 
 # ---- exact f32 -------------------------------------------------------------------------------------------------
@@ -123,19 +124,10 @@ def chain_f32(a2: np.ndarray, b2: np.ndarray, bias: np.ndarray | None = None) ->
     return out
 
 
-def _chain(layout: str):
-    def ref(args: Args, dims: dict[str, int]) -> dict[str, np.ndarray]:
-        a2, b2, bias = _operands(args, dims, layout, dtype=np.float32)
-        return {"C": chain_f32(a2, b2, bias).astype(np.float64).reshape(-1)}
-
-    ref.__name__ = f"gemm_{layout}_f32_chain"
-    ref.__doc__ = f"exact f32 FFMA-chain reference for layout {layout} (bit for bit): C[M,N] (+ bias), flat."
-    return ref
-
-
-gemm_nn_f32_chain = _chain("nn")
-gemm_tn_f32_chain = _chain("tn")
-gemm_nt_f32_chain = _chain("nt")
+gemm_nn_f32_chain, gemm_tn_f32_chain, gemm_nt_f32_chain = (
+    _reference(x, chain_f32, np.float32, f"gemm_{x}_f32_chain",
+               f"exact f32 FFMA-chain reference for layout {x} (bit for bit): C[M,N] (+ bias), flat.")
+    for x in ("nn", "tn", "nt"))
 
 
 # ---- TF32 rounding (the Ada TF32-joint pre-RNA pass, kernels/sm89/tf32.toml) ----------------------------------

@@ -17,7 +17,6 @@ import pytest
 from harden_support import make_fixture, one_line_error
 from runtime_support import write_tiny_catalog
 
-from mamba_forge import cli
 from mamba_forge.cli import main
 from mamba_forge.cli.common import MAX_JOBS
 from mamba_forge.cli.streams import printable
@@ -37,13 +36,9 @@ def tiny_cat(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    from rich.console import Console
-
-    monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
+def _isolated(cli_consoles, tmp_path, monkeypatch):
     monkeypatch.setenv("MAMBA_FORGE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(cli, "out", Console())  # the real consoles: they write to whatever sys.stdout is now
-    monkeypatch.setattr(cli, "err", Console(stderr=True))
+    cli_consoles()  # the real consoles: they write to whatever sys.stdout is now
 
 
 class _Failing(io.TextIOBase):

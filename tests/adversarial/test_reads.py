@@ -32,20 +32,19 @@ def _no_user_trust(tmp_path, monkeypatch):
 
 
 def _hostile(tmp_path, kind: str, limit: int):
+    return _hostile_at(tmp_path / "in.toml", kind, limit)
+
+
+def _hostile_at(p, kind: str, limit: int):
+    """At path p: a FIFO, a link to /dev/zero or /dev/null, a folder, or (any other kind) a sparse file one byte
+    above `limit` (no disk, no memory). Returns p."""
     if kind == "fifo":
-        p = tmp_path / "in.toml"
         os.mkfifo(p)
-    elif kind == "dev-zero":
-        p = tmp_path / "in.toml"
-        os.symlink("/dev/zero", p)
-    elif kind == "dev-null":
-        p = tmp_path / "in.toml"
-        os.symlink("/dev/null", p)
+    elif kind in ("dev-zero", "dev-null"):
+        os.symlink("/" + kind.replace("-", "/"), p)
     elif kind == "folder":
-        p = tmp_path / "in.toml"
         p.mkdir()
-    else:  # a sparse file one byte above the cap: no disk, no memory
-        p = tmp_path / "in.toml"
+    else:
         with open(p, "wb") as f:
             f.truncate(limit + 1)
     return p
@@ -111,13 +110,7 @@ def test_runtime_table_that_is_not_a_file(tmp_path, fx, kind):
     shutil.copytree(fx.build, build)
     table = build / "h200.runtime.json"
     table.unlink()
-    if kind == "fifo":
-        os.mkfifo(table)
-    elif kind == "dev-zero":
-        os.symlink("/dev/zero", table)
-    else:
-        with open(table, "wb") as f:
-            f.truncate(MAX_MANIFEST_BYTES + 1)
+    _hostile_at(table, kind, MAX_MANIFEST_BYTES)
     with pytest.raises(ArtifactRefused, match="runtime table"):
         load(build / "h200.toml", trusted_keys=[fx.pub], backend=FakeBackend())
 
@@ -330,14 +323,7 @@ def test_truncated_tar(tmp_path, fx, cut):
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "oversize-sparse"])
 def test_tar_path_that_is_not_a_file(tmp_path, fx, kind):
-    p = tmp_path / "b.tar.gz"
-    if kind == "fifo":
-        os.mkfifo(p)
-    elif kind == "dev-zero":
-        os.symlink("/dev/zero", p)
-    else:
-        with open(p, "wb") as f:
-            f.truncate((1 << 31) + 1)
+    p = _hostile_at(tmp_path / "b.tar.gz", kind, 1 << 31)
     with pytest.raises(ArtifactRefused, match="regular file|larger than"):
         load(p, trusted_keys=[fx.pub], backend=FakeBackend())
 

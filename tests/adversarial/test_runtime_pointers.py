@@ -5,7 +5,7 @@ memory, and an output may be exactly its input (in place)."""
 from __future__ import annotations
 
 import pytest
-from runtime_fakes import FakeCAI, softplus
+from runtime_fakes import FakeCAI, softplus, two_outputs
 
 from mamba_forge.runtime.contract import contract
 from mamba_forge.runtime.errors import LaunchRefused
@@ -39,24 +39,13 @@ def test_in_place_output_exactly_its_input_binds():
     assert contract(softplus()).bind({"y": FakeCAI((N,), ptr=BASE), "x": FakeCAI((N,), ptr=BASE)})
 
 
-def _two_outputs():
-    from runtime_fakes import params, symbol
-
-    return symbol("split_f32", "split", "f32", params(
-        {"name": "a", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
-        {"name": "b", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
-        {"name": "x", "type": "ptr", "dtype": "f32", "shape": ["n"]},
-        {"name": "n", "type": "i64", "value": "n"},
-    ), ["ceil_div(n, 256)"], ["n"])
-
-
 @pytest.mark.parametrize("b_at", [BASE, BASE + 4, BASE + 4092])
 def test_outputs_aliasing_each_other_refused(b_at):
     args = {"a": FakeCAI((N,), ptr=BASE), "b": FakeCAI((N,), ptr=b_at), "x": FakeCAI((N,), ptr=BASE + (1 << 30))}
     with pytest.raises(LaunchRefused, match="outputs alias each other"):
-        contract(_two_outputs()).bind(args)
+        contract(two_outputs()).bind(args)
 
 
 def test_separate_outputs_bind():
     args = {"a": FakeCAI((N,), ptr=BASE), "b": FakeCAI((N,), ptr=BASE + 4096), "x": FakeCAI((N,), ptr=BASE + 8192)}
-    assert contract(_two_outputs()).bind(args)
+    assert contract(two_outputs()).bind(args)

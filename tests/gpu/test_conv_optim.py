@@ -25,9 +25,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_support.py
 
-from gpu_support import bits, empty_device, from_device, kernels, reference_outputs, to_device  # noqa: E402
+from gpu_support import bits, empty_device, fixed_families, from_device, kernels, reference_outputs, to_device  # noqa: E402
 
-from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
 from mamba_forge.core.vocab import DTYPE_SIZES  # noqa: E402
 from mamba_forge.gpu import driver as cu  # noqa: E402
 from mamba_forge.qualify import fills  # noqa: E402
@@ -42,18 +41,8 @@ DTYPES = ("f32", "bf16", "f16")
 NP_T = {"f32": np.float32, "bf16": S.NP_DTYPES["bf16"], "f16": np.float16}
 
 
-def _ours():
-    import tomllib
-
-    fixed = load_catalog(default_catalog_path()).module("Fixed")
-    names = set()
-    for rel in OUR_FILES:
-        names |= {f["name"] for f in tomllib.loads((fixed.root / rel).read_text())["family"]}
-    fams = {f.name: f for f in fixed.families if f.name in names}
-    return fams, {s.name: s for s in fixed.symbols if s.family in fams}
-
-
-FAMILIES, BY_NAME = _ours()
+FAMILIES, _SYMBOLS = fixed_families(*OUR_FILES)
+BY_NAME = {s.name: s for s in _SYMBOLS}
 CONV_NAMES = sorted(n for n in BY_NAME if n.startswith("conv1d_"))
 SPEC_NAMES = sorted(n for n in BY_NAME if not FAMILIES[BY_NAME[n].family].qualify.skip)
 # Families whose inputs come from a prepare hook (the multi-tensor descriptor tables) are launched by their own

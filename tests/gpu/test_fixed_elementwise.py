@@ -23,9 +23,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_support.py
 
-from gpu_support import bits, empty_device, from_device, kernels, reference_outputs, to_device  # noqa: E402
+from gpu_support import bits, empty_device, fixed_families, from_device, kernels, reference_outputs, to_device  # noqa: E402
 
-from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
 from mamba_forge.core.vocab import DTYPE_SIZES  # noqa: E402
 from mamba_forge.qualify import fills  # noqa: E402
 from mamba_forge.qualify import spec as S  # noqa: E402
@@ -35,19 +34,7 @@ pytestmark = pytest.mark.gpu
 OUR_FILES = ("fixed/activation.toml", "fixed/norm.toml", "fixed/elementwise.toml")
 
 
-def _ours():
-    import tomllib
-
-    fixed = load_catalog(default_catalog_path()).module("Fixed")
-    names = set()
-    for rel in OUR_FILES:
-        names |= {f["name"] for f in tomllib.loads((fixed.root / rel).read_text())["family"]}
-    fams = {f.name: f for f in fixed.families if f.name in names}
-    syms = [s for s in fixed.symbols if s.family in fams]
-    return fams, syms
-
-
-FAMILIES, SYMBOLS = _ours()
+FAMILIES, SYMBOLS = fixed_families(*OUR_FILES)
 BY_NAME = {s.name: s for s in SYMBOLS}
 NAMES = [s.name for s in SYMBOLS]
 

@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +25,9 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/torch_checks.py
 from test_runtime_gpu import bundle, kernels  # noqa: E402,F401  (module fixtures: the signed bundle, load())
+from torch_checks import descent_ratio  # noqa: E402
 
 F = torch.nn.functional
 DT = {"bf16": torch.bfloat16, "f32": torch.float32}
@@ -209,13 +213,5 @@ def test_a_step_along_the_gradient_lowers_the_loss_as_predicted(mft):
     h, _ = _inputs(4, 300, 256, torch.float32, seed=9)
     with torch.no_grad():
         target = teacher(h)
-    loss0 = F.mse_loss(m(h), target)
-    loss0.backward()
-    gn2 = sum(float(p.grad.double().pow(2).sum()) for p in m.parameters())
-    eps = 1e-3 * float(loss0.detach()) / gn2
-    with torch.no_grad():
-        for p in m.parameters():
-            p -= eps * p.grad
-        loss1 = F.mse_loss(m(h), target)
-    ratio = (float(loss0.detach()) - float(loss1)) / (eps * gn2)
+    ratio = descent_ratio(m, h, target)
     assert 0.9 < ratio < 1.1, ratio
