@@ -181,7 +181,7 @@ def test_an_inconsistent_declaration_is_refused(tmp_path, case):
     assert expected in msg and "family[0] (name=scale)" in msg, msg
 
 
-CONVERTED = ("activation", "conv1d", "elementwise", "norm", "optim", "tokens")
+CONVERTED = ("activation", "conv1d", "elementwise", "norm", "optim", "scan", "tokens")
 
 
 def test_the_fixed_families_have_no_hand_written_entry_point():
