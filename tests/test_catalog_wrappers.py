@@ -9,24 +9,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from test_catalog import ROOT, error_of
 
 from mamba_forge.build.jobs import compose
 from mamba_forge.catalog import wrappers
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
-from mamba_forge.core.errors import CatalogError
-
-ROOT = """
-[catalog]
-schema = 1
-name = "t"
-
-[[module]]
-kind = "M"
-arch = ["sm_80+"]
-sources = ["k.cu"]
-families = ["f.toml"]
-include = []
-"""
 
 SOURCE = """
 #include <cuda_bf16.h>
@@ -68,7 +55,7 @@ SCALE_K3_BF16 = (
 )
 
 
-def make(tmp_path: Path, family: str = FAMILY, root: str = ROOT) -> Path:
+def make(tmp_path: Path, family: str = FAMILY, root: str = ROOT) -> Path:  # test_catalog's root, our source
     (tmp_path / "k.cu").write_text(SOURCE)
     (tmp_path / "f.toml").write_text(textwrap.dedent(family))
     (tmp_path / "catalog.toml").write_text(textwrap.dedent(root))
@@ -118,66 +105,40 @@ def test_composed_program_holds_the_wrappers_and_compiles(tmp_path):
         assert ".maxntid 128, 1, 1" in entry and f".minnctapersm {min_blocks}" in entry
 
 
-def refusal(tmp_path: Path, family: str, root: str = ROOT) -> str:
-    with pytest.raises(CatalogError) as exc:
-        load_catalog(make(tmp_path, family, root))
-    msg = str(exc.value)
-    assert "\n" not in msg
-    return msg
+def case(old: str, new: str, expected: str, why: str):
+    """A refusal: FAMILY with `old` replaced by `new` is refused with a message holding `expected`."""
+    return pytest.param(old, new, expected, id=why)
 
 
-def edited(old: str, new: str) -> str:
-    assert old in FAMILY
-    return FAMILY.replace(old, new)
+REFUSALS = [
+    case('body = "', 'instantiate = "SCALE"\nbody = "', "names both instantiate", "macro and body"),
+    case('bounds = ["B", { "sm_80+" = 1, "sm_90+" = 2 }]\n', "", "needs bounds", "bounds missing"),
+    case('body = "mf::scale<T, K>"', 'instantiate = "SCALE"', "bounds shape a generated wrapper only", "no body"),
+    case('body = "', 'args = ["T"]\nbody = "', "args are a macro's arguments", "macro args with a body"),
+    case("<T, K>", "<T>(y); evil()", "is not a qualified C name", "body not a name"),
+    case("<T, K>", "<T, BM>", "template argument 'BM' is neither an instance key", "body argument not a key"),
+    case('["B", {', '["B", 1, {', "at most 2 entries", "bounds too long"),
+    case('["B", {', '[{ "sm_80+" = 64 }, {', "bounds[0] (threads)", "threads by arch"),
+    case('"sm_90+" = 2', '"sm_90a" = 2', "not of the form sm_NN+", "gate not sm_NN+"),
+    case('"sm_90+" = 2', '"sm_90+" = 0', "min_blocks 0 for sm_90+", "min blocks zero"),
+    case('{ "sm_80+" = 1, "sm_90+" = 2 }', "{}", "an empty table by arch", "empty arch table"),
+    case('"sm_80+" = 1, ', "", "no entry covers sm_80", "arch table above the module's lowest"),
+    case('block = "B"', 'block = "2 * B"', "fewer than the launch's block of 256", "fewer threads than the block"),
+    case('["B",', '["BM",', "bounds:", "bounds name no key"),
+    case('{ "sm_80+" = 1, "sm_90+" = 2 }', '"K - 3"', "bounds[1] = 0 min blocks", "min blocks below one"),
+    case('name = "a"', 'name = "a) { evil(); } void f(int b"', "is not a C identifier", "param not an identifier"),
+    case('ctype = "mf::Blob"', 'ctype = "mf::Blob*"', "is not a qualified C name", "ctype not a name"),
+    case(', ctype = "mf::Blob"', "", "needs ctype", "bytes without ctype"),
+    case('"f32", value', '"f32", ctype = "float", value', "takes neither shape, role nor ctype", "scalar ctype"),
+    case('type = "f32", value', 'type = "f16", value', "type", "unknown scalar type"),
+    case('"T", shape = ["n"] }', '"E", shape = ["n"] }', "dtype 'E' is neither a dtype token", "unknown dtype"),
+]
 
 
-REFUSALS = {
-    "macro and body": (edited('body = "', 'instantiate = "SCALE"\nbody = "'), "names both instantiate"),
-    "bounds missing": (edited('bounds = ["B", { "sm_80+" = 1, "sm_90+" = 2 }]\n', ""), "needs bounds"),
-    "bounds without body": (
-        edited('body = "mf::scale<T, K>"\n', 'instantiate = "SCALE"\n'),
-        "bounds shape a generated wrapper only",
-    ),
-    "macro args with body": (edited('body = "', 'args = ["T"]\nbody = "'), "args are a macro's arguments"),
-    "body not a name": (edited('"mf::scale<T, K>"', '"mf::scale<T>(y); evil()"'), "is not a qualified C name"),
-    "body argument not a key": (
-        edited('"mf::scale<T, K>"', '"mf::scale<T, BM>"'),
-        "template argument 'BM' is neither an instance key",
-    ),
-    "bounds too long": (edited('bounds = ["B", {', 'bounds = ["B", 1, {'), "at most 2 entries"),
-    "threads by arch": (edited('bounds = ["B", {', 'bounds = [{ "sm_80+" = 64 }, {'), "bounds[0] (threads)"),
-    "gate not sm_NN+": (edited('"sm_90+" = 2', '"sm_90a" = 2'), "not of the form sm_NN+"),
-    "min blocks zero": (edited('"sm_90+" = 2', '"sm_90+" = 0'), "min_blocks 0 for sm_90+"),
-    "empty arch table": (edited('{ "sm_80+" = 1, "sm_90+" = 2 }', "{}"), "an empty table by arch"),
-    "arch table misses the module's lowest": (edited('"sm_80+" = 1, ', ""), "no entry covers sm_80"),
-    "fewer threads than the block": (
-        edited('launch = { block = "B" }', 'launch = { block = "2 * B" }'),
-        "fewer than the launch's block of 256",
-    ),
-    "bounds names no key": (edited('bounds = ["B",', 'bounds = ["BM",'), "bounds:"),
-    "min blocks below one": (edited('{ "sm_80+" = 1, "sm_90+" = 2 }', '"K - 3"'), "bounds[1] = 0 min blocks"),
-    "param not an identifier": (
-        edited('name = "a", type', 'name = "a) { evil(); } void f(int b", type'),
-        "is not a C identifier",
-    ),
-    "ctype not a name": (edited('ctype = "mf::Blob"', 'ctype = "mf::Blob*"'), "is not a qualified C name"),
-    "bytes without ctype": (edited(', ctype = "mf::Blob"', ""), "needs ctype"),
-    "scalar with ctype": (
-        edited('type = "f32", value', 'type = "f32", ctype = "float", value'),
-        "takes neither shape, role nor ctype",
-    ),
-    "unknown scalar type": (edited('type = "f32", value', 'type = "f16", value'), "type"),
-    "unknown pointer dtype": (
-        edited('dtype = "T", shape = ["n"] }', 'dtype = "E", shape = ["n"] }'),
-        "dtype 'E' is neither a dtype token",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", sorted(REFUSALS))
-def test_an_inconsistent_declaration_is_refused(tmp_path, case):
-    family, expected = REFUSALS[case]
-    msg = refusal(tmp_path, family)
+@pytest.mark.parametrize(("old", "new", "expected"), REFUSALS)
+def test_an_inconsistent_declaration_is_refused(tmp_path, old, new, expected):
+    assert FAMILY.count(old) == 1
+    msg = error_of(make(tmp_path, FAMILY.replace(old, new)))
     assert expected in msg and "family[0] (name=scale)" in msg, msg
 
 
