@@ -89,6 +89,17 @@ def entries_cpp(names: Sequence[str]) -> str:
             f"  {calls}\n  return 1;\n}}\n")
 
 
+def generated_wrappers(names: Sequence[str]) -> str:
+    """The named built-in symbols' entry points as the build composes them (mamba_forge/catalog/wrappers.py: the
+    generated extern "C" wrappers), the text NVRTC compiles: here g++ compiles it against the mock."""
+    from mamba_forge.catalog import wrappers
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+
+    cat = load_catalog(default_catalog_path())
+    syms = [cat.symbols[name] for name in names]
+    return "\n".join(wrappers.entry_point(cat.module(s.module).family(s.family), s) or "" for s in syms) + "\n"
+
+
 def compile_emulator(folder: Path, files: Mapping[str, str], source: str, flags: Sequence[str]) -> ctypes.CDLL:
     """g++ -std=c++20 the emulation `source` (with `files` written under `folder` first, relative paths) into a
     shared library; skips without g++ or <barrier>, fails the test with the compiler's message otherwise."""

@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pytest
 
+from mamba_forge.catalog import wrappers
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.qualify import fills
 from mamba_forge.qualify import spec as S
@@ -65,12 +66,17 @@ def test_catalog_declares_every_owed_symbol(fixed):
 
     reference = set((Path(__file__).parent / "data" / "reference-fixed-symbols.txt").read_text().split())
     assert missing(OWED, reference) == []
-    # the bare names are the f32 instantiation, with the same macro arguments as their _f32 twins
+    # the bare names are the f32 instantiation: their _f32 twins' entry point (catalog/wrappers.py) but for the name
     sym = {s.name: s for s in fixed.symbols}
+
+    def entry(name: str) -> str | None:
+        return wrappers.entry_point(fixed.family(sym[name].family), sym[name])
+
     for bare in ("softplus_forward", "rmsnorm_backward", "gate_mul_silu", "residual_add"):
-        assert sym[bare].macro_args == sym[f"{bare}_f32"].macro_args == ["float"]
-    assert sym["rmsnorm_forward"].macro_args == ["float"] and sym["reduce_sum_axis0"].macro_args == ["float"]
-    assert sym["cast_f32_to_bf16"].macro_args == ["float", "__nv_bfloat16"]
+        assert entry(bare) == entry(f"{bare}_f32").replace(f"{bare}_f32", bare)
+        assert sym[bare].params_env == sym[f"{bare}_f32"].params_env == {"T": "f32"}
+    assert sym["rmsnorm_forward"].params_env == sym["reduce_sum_axis0"].params_env == {"T": "f32"}
+    assert sym["cast_f32_to_bf16"].params_env == {"S": "f32", "D": "bf16"}
     assert sym["exp_negate2"].macro_args == []
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from host_emulation import LAUNCH_CPP, compile_emulator, cuda_mock, entries_cpp, run_spec
+from host_emulation import LAUNCH_CPP, compile_emulator, cuda_mock, entries_cpp, generated_wrappers, run_spec
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.core import expr
@@ -345,8 +345,9 @@ def test_every_listed_symbol_is_declared_once_and_instantiated():
     names = sorted(s for s in cat.symbols if s.startswith("ssm_") and not s.startswith(TOKENS_FAMILY + "_"))
     assert names == sorted(EXPECTED)
     src = (ROOT / "kernels/fixed/scan.cu").read_text()
-    for f in fams:
-        assert re.search(rf"#define {f.instantiate}\(NAME", src), f.instantiate
+    for f in fams:  # each extern "C" wrapper is generated (catalog/wrappers.py); its body is in scan.cu
+        name = f.body.split("<")[0].removeprefix("mf::")
+        assert f.instantiate is None and re.search(rf"MF_DEVICE void {name}\(", src), f.body
         assert f.contract and f.qualify.reference == f"mamba_forge.references.scan:{f.name}"
         assert callable(getattr(ref, f.name))
 
@@ -423,35 +424,7 @@ MF_DEVICE float warp_sum(float v) { for (int o = 16; o > 0; o >>= 1) v += __shfl
 }  // namespace mf
 """
 
-_EMU_CPP = r"""#include <thread>
-#include <vector>
-#include <utility>
-#include <cstring>
-#include SCAN_CU
-#define F float
-MF_SSM_STEP_FORWARD(ssm_step_forward, F)
-MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_f32, F, 2, 64, 1, 16)
-MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_l4b128r1_f32, F, 4, 128, 1, 8)
-MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_l2b64r1_f32, F, 2, 64, 1, 16)
-MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_l1b64r1_f32, F, 1, 64, 1, 10)
-MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_l2b64r2_f32, F, 2, 64, 2, 8)
-MF_SSM_BURNIN_FORWARD(ssm_burnin_forward, F)
-MF_SSM_BURNIN_FORWARD_NOSAVE(ssm_burnin_forward_nosave, F)
-MF_SSM_PARALLEL_SCAN_FWD(ssm_parallel_scan_fwd, F)
-MF_SSM_PARALLEL_SCAN_FWD_NOSAVE(ssm_parallel_scan_fwd_nosave, F)
-MF_SSM_PARALLEL_SCAN_BWD(ssm_parallel_scan_bwd_f32, F)
-MF_SSM_PARALLEL_SCAN_BWD_FOLD(ssm_parallel_scan_bwd_fold_f32, F)
-MF_SSM_BACKWARD_LOCAL(ssm_backward_local, F)
-MF_SSM_REDUCE_D_BC_FUSED(ssm_reduce_d_BC_f32, F)
-MF_SSM_REDUCE_D_BC_FUSED_TMAJOR(ssm_reduce_d_BC_tmajor_f32, F)
-MF_SSM_REDUCE_D_BC(ssm_reduce_d_BC_groups_f32, F)
-MF_SSM_REDUCE_D_BC_TMAJOR(ssm_reduce_d_BC_groups_tmajor_f32, F)
-MF_SSM_REDUCE_D_D(ssm_reduce_d_D)
-MF_SSM_REDUCE_D_A_LOG(ssm_reduce_d_a_log)
-MF_SSM_REDUCE_D_A_LOG_CHUNKS(ssm_reduce_d_a_log_chunks)
-
-"""
-_EMU_CPP += LAUNCH_CPP + entries_cpp([
+_EMU_NAMES = [
     "ssm_step_forward",
     "ssm_step_forward_fused_f32",
     "ssm_burnin_forward",
@@ -472,14 +445,16 @@ _EMU_CPP += LAUNCH_CPP + entries_cpp([
     "ssm_reduce_d_D",
     "ssm_reduce_d_a_log",
     "ssm_reduce_d_a_log_chunks",
-])
-
+]
+# scan.cu, then the catalog's generated wrappers of the f32 symbols (the text NVRTC compiles), then the launcher
+_EMU_INCLUDES = "#include <thread>\n#include <vector>\n#include <utility>\n#include <cstring>\n#include SCAN_CU\n"
 
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
     d = tmp_path_factory.mktemp("scan-emu")
-    return compile_emulator(d, {"mock/mf/common.cuh": _MOCK_COMMON}, _EMU_CPP,
+    source = _EMU_INCLUDES + generated_wrappers(_EMU_NAMES) + LAUNCH_CPP + entries_cpp(_EMU_NAMES)
+    return compile_emulator(d, {"mock/mf/common.cuh": _MOCK_COMMON}, source,
                             [f"-I{d / 'mock'}", f'-DSCAN_CU="{ROOT / "kernels/fixed/scan.cu"}"', "-DMF_STATE_CAP=64"])
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from host_emulation import LAUNCH_CPP, compile_emulator, cuda_mock, entries_cpp
+from host_emulation import LAUNCH_CPP, compile_emulator, cuda_mock, entries_cpp, generated_wrappers
 
 from mamba_forge.references import optim as ro
 
@@ -68,26 +68,17 @@ inline __half __float2half_rn(float) { return {0}; }
 inline __half2 __floats2half2_rn(float, float) { return {}; }
 """
 
-_EMU_CPP = r"""
-#include OPTIM_CU
-MF_GRAD_SUMSQ_PARTIAL(grad_sumsq_partial_f32)
-MF_GRAD_REGION_SUMSQ_PARTIAL(grad_region_sumsq_partial_f32)
-MF_GRAD_SPANS_SUMSQ_PARTIAL(grad_spans_sumsq_partial_f32)
-MF_GRAD_CLIP_COEF(grad_clip_coef_f32)
-MF_GRAD_REGION_SCALE_DEV(grad_region_scale_dev_f32)
-MF_GRAD_SPANS_SCALE_DEV(grad_spans_scale_dev_f32)
-
-"""
-_EMU_CPP += LAUNCH_CPP + entries_cpp(["grad_sumsq_partial_f32", "grad_region_sumsq_partial_f32",
-                                      "grad_spans_sumsq_partial_f32", "grad_clip_coef_f32",
-                                      "grad_region_scale_dev_f32", "grad_spans_scale_dev_f32"])
+_EMU_NAMES = ["grad_sumsq_partial_f32", "grad_region_sumsq_partial_f32", "grad_spans_sumsq_partial_f32",
+              "grad_clip_coef_f32", "grad_region_scale_dev_f32", "grad_spans_scale_dev_f32"]
 
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
     d = tmp_path_factory.mktemp("optim-emu")
-    return compile_emulator(d, {"prelude.h": _PRELUDE, "cuda_bf16.h": _BF16, "cuda_fp16.h": _FP16}, _EMU_CPP,
+    # optim.cu, then the catalog's generated wrappers (the text NVRTC compiles), then the launcher
+    source = "#include OPTIM_CU\n" + generated_wrappers(_EMU_NAMES) + LAUNCH_CPP + entries_cpp(_EMU_NAMES)
+    return compile_emulator(d, {"prelude.h": _PRELUDE, "cuda_bf16.h": _BF16, "cuda_fp16.h": _FP16}, source,
                             ["-include", str(d / "prelude.h"), f"-I{d}",
                              f'-DOPTIM_CU="{ROOT / "kernels/fixed/optim.cu"}"'])
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from host_emulation import LAUNCH_CPP, ROOT, compile_emulator, entries_cpp, run_spec
+from host_emulation import LAUNCH_CPP, ROOT, compile_emulator, entries_cpp, generated_wrappers, run_spec
 from test_ref_scan import _MOCK_COMMON
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
@@ -25,23 +25,16 @@ _MOCK = _MOCK_COMMON + r"""
 inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
 """
 
-_EMU_CPP = r"""#include <thread>
-#include <vector>
-#include <utility>
-#include <cstring>
-#include SCAN_CU
-#include TOKENS_CU
-#define F float
-MF_SSM_STEP_FORWARD_FUSED_V(ssm_step_forward_fused_f32, F, 2, 64, 1, 16)
-MF_SSM_SCAN_TOKENS(ssm_scan_tokens_f32, F)
-MF_CONV1D_TOKENS_SILU(conv1d_tokens_silu_f32, F)
-""" + LAUNCH_CPP + entries_cpp(["ssm_step_forward_fused_f32", "ssm_scan_tokens_f32", "conv1d_tokens_silu_f32"])
+_EMU_NAMES = ["ssm_step_forward_fused_f32", "ssm_scan_tokens_f32", "conv1d_tokens_silu_f32"]
+# scan.cu and tokens.cu, then the catalog's generated wrappers (the text NVRTC compiles), then the launcher
+_EMU_INCLUDES = "#include <thread>\n#include <vector>\n#include <utility>\n#include <cstring>\n#include SCAN_CU\n#include TOKENS_CU\n"
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
     d = tmp_path_factory.mktemp("tokens-emu")
-    return compile_emulator(d, {"mock/mf/common.cuh": _MOCK}, _EMU_CPP,
+    source = _EMU_INCLUDES + generated_wrappers(_EMU_NAMES) + LAUNCH_CPP + entries_cpp(_EMU_NAMES)
+    return compile_emulator(d, {"mock/mf/common.cuh": _MOCK}, source,
                             [f"-I{d / 'mock'}", f'-DSCAN_CU="{ROOT / "kernels/fixed/scan.cu"}"',
                              f'-DTOKENS_CU="{ROOT / "kernels/fixed/tokens.cu"}"', "-DMF_STATE_CAP=64"])
 

@@ -1,7 +1,8 @@
 // Activation kernels: softplus forward/backward and the softplus copy, instantiated per dtype by the catalog
-// (kernels/fixed/activation.toml). All three are elementwise over a flat n, computed in f32, 16-byte vectorized
-// with a scalar tail, 2-4 chunks per thread per tile: forward and backward are the flat maps of mf/elementwise.cuh
-// with the ops below; the copy writes two outputs.
+// (kernels/fixed/activation.toml: its params and bounds give each symbol's extern "C" wrapper, which calls the body
+// the family names). All three are elementwise over a flat n, computed in f32, 16-byte vectorized with a scalar
+// tail, 2-4 chunks per thread per tile: forward and backward are the flat maps of mf/elementwise.cuh (mf::map1,
+// mf::map2) with the ops below; the copy (mf::softplus_copy) writes two outputs.
 #include "mf/common.cuh"
 #include "mf/elementwise.cuh"
 
@@ -36,18 +37,3 @@ MF_DEVICE void softplus_copy(T* __restrict__ y, T* __restrict__ x_saved, const T
 }
 
 }  // namespace mf
-
-#define MF_SOFTPLUS_FORWARD(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ y, const T* __restrict__ x, long long n) { \
-    mf::map1<8, mf::OpSoftplus>(y, x, n); \
-  }
-#define MF_SOFTPLUS_BACKWARD(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(256) \
-  NAME(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ x, long long n) { \
-    mf::map2<8, mf::OpSoftplusGrad>(dx, dy, x, n); \
-  }
-#define MF_SOFTPLUS_COPY(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(256) \
-  NAME(T* __restrict__ y, T* __restrict__ x_saved, const T* __restrict__ x, long long n) { \
-    mf::softplus_copy<T>(y, x_saved, x, n); \
-  }

@@ -453,44 +453,17 @@ MF_DEVICE void conv1d_fwd_v(T* out, T* pre, const T* x, const float* weight, con
   }
 }
 
+// The forward families' bodies (their extern "C" wrappers are generated from kernels/fixed/conv1d.toml) run the
+// measured layout (benchmarks/bench_conv1d.py on the H200, 2026-12-01): 128 threads, four interleaved 16-byte
+// chunks per thread per tile, the halo from lane - 1, streaming stores; the tile and grid of the kernels they
+// replaced, and the same bits (the f64 contract). They forward the wrapper's parameters as they come.
+template <typename T, typename... Args>
+MF_DEVICE void conv1d_forward_tiled(Args... args) {  // (out, pre, x, weight, bias, batch, d, L, width)
+  conv1d_fwd_v<T, true, CONV_BLOCK, CONV_FWD_CHUNKS, false, false, true>(args...);
+}
+template <typename T, typename... Args>
+MF_DEVICE void conv1d_forward_nosave_tiled(T* out, Args... args) {  // (out, x, weight, bias, batch, d, L, width)
+  conv1d_fwd_v<T, false, CONV_BLOCK, CONV_FWD_CHUNKS, false, false, true>(out, nullptr, args...);
+}
+
 }  // namespace mf
-
-// The forward families run the measured layout (benchmarks/bench_conv1d.py on the H200, 2026-12-01): 128 threads,
-// four interleaved 16-byte chunks per thread per tile, the halo from lane - 1, streaming stores; the tile and grid of
-// the kernels they replaced, and the same bits (the f64 contract).
-#define MF_CONV1D_FORWARD_TILED(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(mf::CONV_BLOCK) NAME(T* __restrict__ out, T* __restrict__ pre, \
-      const T* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ bias, long long batch, \
-      long long d, long long L, int width) { \
-    mf::conv1d_fwd_v<T, true, mf::CONV_BLOCK, mf::CONV_FWD_CHUNKS, false, false, true>(out, pre, x, weight, bias, \
-                                                                                  batch, d, L, width); \
-  }
-
-#define MF_CONV1D_FORWARD_NOSAVE_TILED(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(mf::CONV_BLOCK) NAME(T* __restrict__ out, const T* __restrict__ x, \
-      const float* __restrict__ weight, const float* __restrict__ bias, long long batch, long long d, long long L, \
-      int width) { \
-    mf::conv1d_fwd_v<T, false, mf::CONV_BLOCK, mf::CONV_FWD_CHUNKS, false, false, true>(out, nullptr, x, weight, \
-                                                                                   bias, batch, d, L, width); \
-  }
-
-#define MF_CONV1D_BWD_TILED(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(mf::CONV_BLOCK) NAME(T* __restrict__ dx, float* __restrict__ dweight, \
-      float* __restrict__ dbias, const T* __restrict__ x, const float* __restrict__ weight, \
-      const T* __restrict__ pre, const T* __restrict__ dout, long long batch, long long d, long long L, int width) { \
-    mf::conv1d_bwd_tiled<T>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, width); \
-  }
-
-#define MF_CONV1D_BWD_SERIAL(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(128) NAME(T* __restrict__ dx, float* __restrict__ dweight, \
-      float* __restrict__ dbias, const T* __restrict__ x, const float* __restrict__ weight, \
-      const T* __restrict__ pre, const T* __restrict__ dout, long long batch, long long d, long long L, int width) { \
-    mf::conv1d_bwd_serial<T>(dx, dweight, dbias, x, weight, pre, dout, batch, d, L, width); \
-  }
-
-#define MF_CONV1D_STEP_SILU(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(mf::CONV_STEP_BLOCK) NAME(T* __restrict__ out, \
-      T* __restrict__ conv_state, const T* __restrict__ x, const float* __restrict__ weight, \
-      const float* __restrict__ bias, long long batch, long long d, int width) { \
-    mf::conv1d_step<T>(out, conv_state, x, weight, bias, batch, d, width); \
-  }

@@ -4,6 +4,9 @@
 // row's arithmetic depends on the number of rows or on which CTA runs it: batch invariant by construction.
 // The weight gradient is not reduced here: each row writes its own contribution dy*x*rstd to a [rows, dim]
 // f32 scratch, which reduce_sum_axis0 (elementwise.cu) folds over rows in a fixed order. No atomics.
+// Each symbol's extern "C" wrapper is written by the catalog from kernels/fixed/norm.toml (params, bounds) and calls
+// the body its family names: rmsnorm_forward<TX, TY> (the f32in variants: TX = f32), rmsnorm_forward_resadd<T>,
+// rmsnorm_backward<TX, TG, TDX>.
 #include "mf/common.cuh"
 #include "mf/elementwise.cuh"
 
@@ -154,30 +157,3 @@ MF_DEVICE void rmsnorm_backward(TDX* __restrict__ dx, float* __restrict__ dw_row
 }
 
 }  // namespace mf
-
-#define MF_RMSNORM_FWD_KERNEL(NAME, TX, TY) \
-  extern "C" __global__ void __launch_bounds__(256) \
-  NAME(TY* __restrict__ y, float* __restrict__ rstd, const TX* __restrict__ x, const float* __restrict__ w, \
-       long long rows, long long dim, float eps) { \
-    mf::rmsnorm_forward<TX, TY>(y, rstd, x, w, rows, dim, eps); \
-  }
-// rmsnorm_forward: input and output in T.
-#define MF_RMSNORM_FORWARD(NAME, T) MF_RMSNORM_FWD_KERNEL(NAME, T, T)
-// rmsnorm_forward_f32in_T: f32 residual-stream input, T output.
-#define MF_RMSNORM_FORWARD_F32IN(NAME, T) MF_RMSNORM_FWD_KERNEL(NAME, float, T)
-#define MF_RMSNORM_FORWARD_RESADD(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(256) \
-  NAME(T* __restrict__ y, float* __restrict__ rstd, float* __restrict__ residual, const T* __restrict__ x, \
-       const float* __restrict__ w, long long rows, long long dim, float eps) { \
-    mf::rmsnorm_forward_resadd<T>(y, rstd, residual, x, w, rows, dim, eps); \
-  }
-#define MF_RMSNORM_BWD_KERNEL(NAME, TX, TG, TDX) \
-  extern "C" __global__ void __launch_bounds__(256) \
-  NAME(TDX* __restrict__ dx, float* __restrict__ dw_rows, const TG* __restrict__ dy, const TX* __restrict__ x, \
-       const float* __restrict__ w, const float* __restrict__ rstd, long long rows, long long dim) { \
-    mf::rmsnorm_backward<TX, TG, TDX>(dx, dw_rows, dy, x, w, rstd, rows, dim); \
-  }
-// rmsnorm_backward: x, dy and dx in T.
-#define MF_RMSNORM_BACKWARD(NAME, T) MF_RMSNORM_BWD_KERNEL(NAME, T, T, T)
-// rmsnorm_backward_f32in_T: f32 residual-stream input x, dy in T, dx in f32 (it joins the f32 residual gradient).
-#define MF_RMSNORM_BACKWARD_F32IN(NAME, T) MF_RMSNORM_BWD_KERNEL(NAME, float, T, float)

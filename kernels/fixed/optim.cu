@@ -367,103 +367,62 @@ MF_DEVICE void adamw_multi(const AdamWTensorDesc* __restrict__ descs, int num_te
   }
 }
 
-}  // namespace mf
+// ---- kernel bodies: each symbol's extern "C" wrapper is generated from kernels/fixed/optim.toml (its params and
+// bounds: mamba_forge/catalog/wrappers.py) and calls the body its family names, with every parameter in order:
+// check_inf_nan, scale_span, grad_clip_coef, adamw_capturable and adamw_multi<T> above, or one of these.
 
-#define MF_CHECK_INF_NAN(NAME) \
-  extern "C" __global__ void __launch_bounds__(mf::OPT_BLOCK) NAME(const float* __restrict__ x, long long n, \
-                                                                   int* __restrict__ found) { \
-    mf::check_inf_nan(x, n, found); \
-  }
+MF_DEVICE void scale_grads_dev(float* __restrict__ g, i64 n, const float* __restrict__ scale) { scale_span(g, n, *scale); }
 
-#define MF_SCALE_GRADS(NAME) \
-  extern "C" __global__ void __launch_bounds__(mf::OPT_BLOCK) NAME(float* __restrict__ g, long long n, float scale) { \
-    mf::scale_span(g, n, scale); \
-  }
+MF_DEVICE void scale_grads_skip(float* __restrict__ g, i64 n, const float* __restrict__ scale,
+                                const int* __restrict__ found) {
+  if (*found != 0) return;
+  scale_span(g, n, *scale);
+}
 
-#define MF_SCALE_GRADS_DEV(NAME) \
-  extern "C" __global__ void __launch_bounds__(mf::OPT_BLOCK) NAME(float* __restrict__ g, long long n, \
-                                                                   const float* __restrict__ scale) { \
-    mf::scale_span(g, n, *scale); \
-  }
-
-#define MF_SCALE_GRADS_SKIP(NAME) \
-  extern "C" __global__ void __launch_bounds__(mf::OPT_BLOCK) NAME(float* __restrict__ g, long long n, \
-      const float* __restrict__ scale, const int* __restrict__ found) { \
-    if (*found != 0) return; \
-    mf::scale_span(g, n, *scale); \
-  }
-
-#define MF_GRAD_SUMSQ_PARTIAL(NAME) \
-  extern "C" __global__ void __launch_bounds__(mf::GRAD_BLOCK) NAME(double* __restrict__ partials, \
-      const float* __restrict__ g, long long n) { \
-    mf::sumsq_partials(partials, [&](double& acc, int p) { mf::sumsq_span(acc, g, n, p); }); \
-  }
+MF_DEVICE void grad_sumsq_partial(double* __restrict__ partials, const float* __restrict__ g, i64 n) {
+  sumsq_partials(partials, [&](double& acc, int p) { sumsq_span(acc, g, n, p); });
+}
 
 // Our span-list twin: each span [offsets[r], offsets[r]+lengths[r]) clamped to [0, n), in list order, each
 // chunked from its own start.
-#define MF_GRAD_SPANS_SUMSQ_PARTIAL(NAME) \
-  extern "C" __global__ void __launch_bounds__(mf::GRAD_BLOCK) NAME(double* __restrict__ partials, \
-      const float* __restrict__ g, long long n, const long long* __restrict__ offsets, \
-      const long long* __restrict__ lengths, int num_spans) { \
-    mf::sumsq_partials(partials, [&](double& acc, int p) { \
-      for (int r = 0; r < num_spans; ++r) { \
-        long long base, len; \
-        if (mf::span_bounds(base, len, offsets, lengths, r, n)) mf::sumsq_span(acc, g + base, len, p); \
-      } \
-    }); \
-  }
+MF_DEVICE void grad_spans_sumsq_partial(double* __restrict__ partials, const float* __restrict__ g, i64 n,
+                                        const i64* __restrict__ offsets, const i64* __restrict__ lengths,
+                                        int num_spans) {
+  sumsq_partials(partials, [&](double& acc, int p) {
+    for (int r = 0; r < num_spans; ++r) {
+      i64 base, len;
+      if (span_bounds(base, len, offsets, lengths, r, n)) sumsq_span(acc, g + base, len, p);
+    }
+  });
+}
 
-#define MF_GRAD_REGION_SUMSQ_PARTIAL(NAME) \
-  extern "C" __global__ void __launch_bounds__(mf::GRAD_BLOCK) NAME(double* __restrict__ partials, \
-      const float* __restrict__ g, long long n, long long stripe_off, int stripe_rows, int stripe_cols, \
-      long long stripe_ld, long long vec_off, long long vec_len) { \
-    const mf::GradRegion reg(stripe_off, stripe_rows, stripe_cols, stripe_ld, vec_off, vec_len); \
-    mf::sumsq_partials(partials, [&](double& acc, int p) { mf::region_sumsq(acc, g, n, reg, p); }); \
-  }
+MF_DEVICE void grad_region_sumsq_partial(double* __restrict__ partials, const float* __restrict__ g, i64 n,
+                                         i64 stripe_off, int stripe_rows, int stripe_cols, i64 stripe_ld,
+                                         i64 vec_off, i64 vec_len) {
+  const GradRegion reg(stripe_off, stripe_rows, stripe_cols, stripe_ld, vec_off, vec_len);
+  sumsq_partials(partials, [&](double& acc, int p) { region_sumsq(acc, g, n, reg, p); });
+}
 
-#define MF_GRAD_CLIP_COEF(NAME) \
-  extern "C" __global__ void __launch_bounds__(mf::GRAD_BLOCK) NAME(float* __restrict__ coef, \
-      float* __restrict__ norm, const double* __restrict__ partials, int num_partials, float max_norm, float eps) { \
-    mf::grad_clip_coef(coef, norm, partials, num_partials, max_norm, eps); \
+MF_DEVICE void grad_spans_scale_dev(float* __restrict__ g, i64 n, const i64* __restrict__ offsets,
+                                    const i64* __restrict__ lengths, int num_spans, const float* __restrict__ coef) {
+  const float c = *coef;
+  for (int r = 0; r < num_spans; ++r) {
+    i64 base, len;
+    if (span_bounds(base, len, offsets, lengths, r, n)) scale_span(g + base, len, c);
   }
+}
 
-#define MF_GRAD_SPANS_SCALE_DEV(NAME) \
-  extern "C" __global__ void __launch_bounds__(mf::OPT_BLOCK) NAME(float* __restrict__ g, long long n, \
-      const long long* __restrict__ offsets, const long long* __restrict__ lengths, int num_spans, \
-      const float* __restrict__ coef) { \
-    const float c = *coef; \
-    for (int r = 0; r < num_spans; ++r) { \
-      long long base, len; \
-      if (mf::span_bounds(base, len, offsets, lengths, r, n)) mf::scale_span(g + base, len, c); \
-    } \
-  }
+MF_DEVICE void grad_region_scale_dev(float* __restrict__ g, i64 n, i64 stripe_off, int stripe_rows, int stripe_cols,
+                                     i64 stripe_ld, i64 vec_off, i64 vec_len, const float* __restrict__ coef) {
+  const GradRegion reg(stripe_off, stripe_rows, stripe_cols, stripe_ld, vec_off, vec_len);
+  region_scale(g, n, reg, *coef);
+}
 
-#define MF_GRAD_REGION_SCALE_DEV(NAME) \
-  extern "C" __global__ void __launch_bounds__(mf::OPT_BLOCK) NAME(float* __restrict__ g, long long n, \
-      long long stripe_off, int stripe_rows, int stripe_cols, long long stripe_ld, long long vec_off, \
-      long long vec_len, const float* __restrict__ coef) { \
-    const mf::GradRegion reg(stripe_off, stripe_rows, stripe_cols, stripe_ld, vec_off, vec_len); \
-    mf::region_scale(g, n, reg, *coef); \
-  }
+MF_DEVICE void adamw_step(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                          float* __restrict__ v, i64 n, float lr, float beta1, float beta2, float eps,
+                          float weight_decay, int step) {
+  const AdamWConsts k = adamw_consts(lr, beta1, beta2, eps, weight_decay, step);
+  adamw_span(p, g, m, v, n, k);
+}
 
-#define MF_ADAMW_STEP(NAME) \
-  extern "C" __global__ void __launch_bounds__(mf::OPT_BLOCK) NAME(float* __restrict__ p, \
-      const float* __restrict__ g, float* __restrict__ m, float* __restrict__ v, long long n, float lr, float beta1, \
-      float beta2, float eps, float weight_decay, int step) { \
-    const mf::AdamWConsts k = mf::adamw_consts(lr, beta1, beta2, eps, weight_decay, step); \
-    mf::adamw_span(p, g, m, v, n, k); \
-  }
-
-#define MF_ADAMW_STEP_CAPTURABLE(NAME) \
-  extern "C" __global__ void __launch_bounds__(mf::OPT_BLOCK) NAME(float* __restrict__ p, \
-      const float* __restrict__ g, float* __restrict__ m, float* __restrict__ v, long long n, \
-      const float* __restrict__ lr, int* __restrict__ step, unsigned int* __restrict__ arrivals, float beta1, \
-      float beta2, float eps, float weight_decay) { \
-    mf::adamw_capturable(p, g, m, v, n, lr, step, arrivals, beta1, beta2, eps, weight_decay); \
-  }
-
-#define MF_ADAMW_STEP_MULTI(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(mf::OPT_BLOCK) NAME(const mf::AdamWTensorDesc* __restrict__ descs, \
-      int num_tensors, float lr, float beta1, float beta2, float eps, int step) { \
-    mf::adamw_multi<T>(descs, num_tensors, lr, beta1, beta2, eps, step); \
-  }
+}  // namespace mf

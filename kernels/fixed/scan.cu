@@ -524,148 +524,85 @@ MF_DEVICE void ssm_reduce_rows(float* __restrict__ out, const float* __restrict_
   }
 }
 
-}  // namespace mf
+// ---- kernel bodies: each symbol's extern "C" wrapper is generated from kernels/fixed/scan.toml (its params and
+// bounds: mamba_forge/catalog/wrappers.py) and calls the body its family names, with every parameter in order:
+// ssm_burnin, ssm_scan_bwd, ssm_reduce_dbc_fused, ssm_reduce_bc and ssm_reduce_rows above, or one of these, which
+// fill in what a family does not take (nullptr for an output it does not save, a block's shared tile).
 
-// ---- instantiation macros (one per family; see kernels/fixed/scan.toml) ----
+// The unfused step: B, C rows of their own (offset 0, stride d_state), no dt bias, no gate.
+template <typename T>
+MF_DEVICE void ssm_step_forward(T* y, float* state, const T* u, const T* delta, const float* A_log, const T* Bm,
+                                const T* Cm, const float* Dp, int batch, int d_inner, int d_state) {
+  ssm_step<T, false>(y, state, u, delta, nullptr, A_log, Bm, Cm, Dp, nullptr, batch, d_inner, d_state, 0, d_state);
+}
 
-#define MF_SSM_STEP_FORWARD(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(128, 1) NAME(T* __restrict__ y, float* __restrict__ state, \
-      const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, const T* __restrict__ Bm, \
-      const T* __restrict__ Cm, const float* __restrict__ Dp, int batch, int d_inner, int d_state) { \
-    mf::ssm_step<T, false>(y, state, u, delta, nullptr, A_log, Bm, Cm, Dp, nullptr, batch, d_inner, d_state, 0, d_state); \
-  }
+// The fused decode step and its candidates (mf::ssm_step_v, kernels/include/mf/decode.cuh): LANES threads per
+// channel, ROWS batch rows per thread; B and C both read from the x_dbl row. Then (Dp, z, batch, d_inner, d_state,
+// dt_rank, x_dbl_stride).
+template <typename T, int LANES, int ROWS, typename... Rest>
+MF_DEVICE void ssm_step_fused(T* out, float* state, const T* u, const T* dt, const float* dt_bias, const float* A_log,
+                              const T* x_dbl, Rest... rest) {
+  ssm_step_v<T, LANES, ROWS, true>(out, state, u, dt, dt_bias, A_log, x_dbl, x_dbl, rest...);
+}
 
-// The fused decode step and its candidates (mf::ssm_step_v, kernels/include/mf/decode.cuh): LANES threads per channel,
-// ROWS batch rows per thread, blocks of BLOCK threads, at least MINB blocks per SM (the register cap: 65536 /
-// (BLOCK * MINB)); same parameters as ssm_step_forward_fused.
-#define MF_SSM_STEP_FORWARD_FUSED_V(NAME, T, LANES, BLOCK, ROWS, MINB) \
-  extern "C" __global__ void __launch_bounds__(BLOCK, MINB) NAME(T* __restrict__ out, float* __restrict__ state, \
-      const T* __restrict__ u, const T* __restrict__ dt, const float* __restrict__ dt_bias, const float* __restrict__ A_log, \
-      const T* __restrict__ x_dbl, const float* __restrict__ Dp, const T* __restrict__ z, int batch, int d_inner, \
-      int d_state, int dt_rank, int x_dbl_stride) { \
-    mf::ssm_step_v<T, LANES, ROWS, true>(out, state, u, dt, dt_bias, A_log, x_dbl, x_dbl, Dp, z, batch, d_inner, d_state, \
-                                         dt_rank, x_dbl_stride); \
-  }
+// ssm_burnin without the saved states; then (u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state,
+// L, delta_softplus).
+template <typename T, typename... Rest>
+MF_DEVICE void ssm_burnin_nosave(T* out, float* state, Rest... rest) {
+  ssm_burnin<T, false>(out, state, nullptr, rest...);
+}
 
-#define MF_SSM_BURNIN(NAME, T, SAVE) \
-  extern "C" __global__ void __launch_bounds__(128, 1) NAME(T* __restrict__ out, float* __restrict__ state, \
-      float* __restrict__ saved, const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, \
-      const T* __restrict__ Bm, const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, \
-      const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L, int delta_softplus) { \
-    mf::ssm_burnin<T, SAVE>(out, state, saved, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, L, \
-                            delta_softplus); \
-  }
-#define MF_SSM_BURNIN_FORWARD(NAME, T) MF_SSM_BURNIN(NAME, T, true)
-#define MF_SSM_BURNIN_FORWARD_NOSAVE(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(128, 1) NAME(T* __restrict__ out, float* __restrict__ state, \
-      const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, const T* __restrict__ Bm, \
-      const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, \
-      const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L, int delta_softplus) { \
-    mf::ssm_burnin<T, false>(out, state, nullptr, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, \
-                             L, delta_softplus); \
-  }
+// 4 blocks (16 warps) per SM (scan.toml bounds): caps registers at 128, enough to hold the 16-item tiles without
+// spilling. 512-step chunks like the nosave variant (half the warp scans per item of 256-step chunks); the saving
+// one saves every 256. Each warp's carry row is in the block's shared tile.
+template <typename T, typename... Args>
+MF_DEVICE void ssm_parallel_scan_fwd(Args... args) {  // (out, last_state, saved, u, ..., delta_softplus)
+  __shared__ float carry[4][MF_STATE_CAP];
+  ssm_parallel_fwd<T, 16, true>(args..., carry[threadIdx.x >> 5]);
+}
+template <typename T, typename... Rest>
+MF_DEVICE void ssm_parallel_scan_fwd_nosave(T* out, float* last_state, Rest... rest) {  // then (u, ..., delta_softplus)
+  __shared__ float carry[4][MF_STATE_CAP];
+  ssm_parallel_fwd<T, 16, false>(out, last_state, nullptr, rest..., carry[threadIdx.x >> 5]);
+}
 
-// 4 blocks (16 warps) per SM: caps registers at 128, enough to hold the 16-item tiles without spilling.
-#define MF_SSM_PARALLEL_FWD(NAME, T, NI, SAVE) \
-  extern "C" __global__ void __launch_bounds__(128, 4) NAME(T* __restrict__ out, float* __restrict__ last_state, \
-      float* __restrict__ saved, const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, \
-      const T* __restrict__ Bm, const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, \
-      const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L, int delta_softplus) { \
-    __shared__ float carry[4][MF_STATE_CAP]; \
-    mf::ssm_parallel_fwd<T, NI, SAVE>(out, last_state, saved, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, \
-                                      d_inner, d_state, L, delta_softplus, carry[threadIdx.x >> 5]); \
-  }
-// 512-step chunks like the nosave variant (half the warp scans per item of 256-step chunks); saves every 256.
-#define MF_SSM_PARALLEL_SCAN_FWD(NAME, T) MF_SSM_PARALLEL_FWD(NAME, T, 16, true)
-#define MF_SSM_PARALLEL_SCAN_FWD_NOSAVE(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(128, 4) NAME(T* __restrict__ out, float* __restrict__ last_state, \
-      const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, const T* __restrict__ Bm, \
-      const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, \
-      const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L, int delta_softplus) { \
-    __shared__ float carry[4][MF_STATE_CAP]; \
-    mf::ssm_parallel_fwd<T, 16, false>(out, last_state, nullptr, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, \
-                                       d_inner, d_state, L, delta_softplus, carry[threadIdx.x >> 5]); \
-  }
+// The parallel backward of W warps, without dh0 or dh_last (the local backward, ssm_scan_bwd<T, 4, true>, takes
+// both). Blocks per SM (scan.toml bounds): W = 4: 3 (<= 168 registers, 12 warps; 128 registers would spill). W = 8
+// on sm_90 and newer: 2 blocks cap registers at 128 without spilling, 16 warps per SM instead of the 8 that ~166
+// registers allowed; sm_80's ptxas spills at 128, so there it keeps 1 block.
+template <typename T, int W>
+MF_DEVICE void ssm_parallel_scan_bwd(T* du, T* ddelta, T* dz, float* dB_part, float* dC_part, float* dA_part,
+                                     float* dD_part, float* dbias_part, const T* dout, const float* saved, const T* u,
+                                     const T* delta, const float* A_log, const T* Bm, const T* Cm, const float* Dp,
+                                     const T* z, const float* delta_bias, int batch, int d_inner, int d_state,
+                                     long long L, int delta_softplus) {
+  ssm_scan_bwd<T, W, false>(du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part, nullptr, dout, saved,
+                            nullptr, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, L,
+                            delta_softplus);
+}
 
-#define MF_SSM_BWD_SIG(T) \
-  T* __restrict__ du, T* __restrict__ ddelta, T* __restrict__ dz, float* __restrict__ dB_part, \
-      float* __restrict__ dC_part, float* __restrict__ dA_part, float* __restrict__ dD_part, \
-      float* __restrict__ dbias_part
-
-#define MF_SSM_BWD_IN(T) \
-  const T* __restrict__ u, const T* __restrict__ delta, const float* __restrict__ A_log, const T* __restrict__ Bm, \
-      const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z, \
-      const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L, int delta_softplus
-
-// MINB blocks per SM. W = 4: 3 blocks (<= 168 registers, 12 warps; 128 registers would spill). W = 8 on sm_90:
-// 2 blocks cap registers at 128 without spilling, 16 warps per SM instead of the 8 that ~166 registers allowed;
-// sm_80's ptxas spills at 128, so there it keeps 1 block.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define MF_SSM_BWD_FOLD_MINB 2
-#else
-#define MF_SSM_BWD_FOLD_MINB 1
-#endif
-#define MF_SSM_PARALLEL_BWD(NAME, T, W, MINB) \
-  extern "C" __global__ void __launch_bounds__(32 * W, MINB) NAME(MF_SSM_BWD_SIG(T), const T* __restrict__ dout, \
-      const float* __restrict__ saved, MF_SSM_BWD_IN(T)) { \
-    mf::ssm_scan_bwd<T, W, false>(du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part, nullptr, dout, saved, \
-                                  nullptr, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, L, \
-                                  delta_softplus); \
-  }
-#define MF_SSM_PARALLEL_SCAN_BWD(NAME, T) MF_SSM_PARALLEL_BWD(NAME, T, 4, 3)
-#define MF_SSM_PARALLEL_SCAN_BWD_FOLD(NAME, T) MF_SSM_PARALLEL_BWD(NAME, T, 8, MF_SSM_BWD_FOLD_MINB)
-
-#define MF_SSM_BACKWARD_LOCAL(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(128, 3) NAME(MF_SSM_BWD_SIG(T), float* __restrict__ dh0, \
-      const T* __restrict__ dout, const float* __restrict__ saved, const float* __restrict__ dh_last, MF_SSM_BWD_IN(T)) { \
-    mf::ssm_scan_bwd<T, 4, true>(du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part, dh0, dout, saved, \
-                                 dh_last, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, L, \
-                                 delta_softplus); \
-  }
-
-#define MF_SSM_REDUCE_D_BC_FUSED(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(256) NAME(float* __restrict__ dB, float* __restrict__ dC, \
-      const T* __restrict__ dB_local, const T* __restrict__ dC_local, int batch, long long L, int d_inner, int d_state) { \
-    mf::ssm_reduce_dbc_fused<T>(dB, dC, dB_local, dC_local, batch, L, d_inner, d_state); \
-  }
-
-#define MF_SSM_REDUCE_D_BC_FUSED_TMAJOR(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(256) NAME(float* __restrict__ dB, float* __restrict__ dC, \
-      const T* __restrict__ dB_local, const T* __restrict__ dC_local, int batch, long long L, int d_inner, int d_state) { \
-    __shared__ float tile[32][33]; \
-    mf::ssm_reduce_dbc_fused_tmajor<T>(dB, dC, dB_local, dC_local, batch, L, d_inner, d_state, tile); \
-  }
-
-#define MF_SSM_REDUCE_D_BC(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ out, const float* __restrict__ part, int batch, \
-      int groups, long long nl) { \
-    mf::ssm_reduce_bc<T>(out, part, batch, groups, nl); \
-  }
-
-#define MF_SSM_REDUCE_D_BC_TMAJOR(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(256) NAME(T* __restrict__ out, const float* __restrict__ part, int batch, \
-      int groups, int d_state, long long L) { \
-    __shared__ float tile[32][33]; \
-    mf::ssm_reduce_bc_tmajor<T>(out, part, batch, groups, d_state, L, tile); \
-  }
+// The time-major reductions transpose through a block's 32 x 33 shared tile.
+template <typename T, typename... Args>
+MF_DEVICE void ssm_reduce_dbc_fused_tmajor_body(Args... args) {  // (dB, dC, dB_local, dC_local, batch, L, d_inner, d_state)
+  __shared__ float tile[32][33];
+  ssm_reduce_dbc_fused_tmajor<T>(args..., tile);
+}
+template <typename T, typename... Args>
+MF_DEVICE void ssm_reduce_bc_tmajor_body(Args... args) {  // (out, part, batch, groups, d_state, L)
+  __shared__ float tile[32][33];
+  ssm_reduce_bc_tmajor<T>(args..., tile);
+}
 
 // dD[d] = sum_b part[b, d] (also used for d delta_bias).
-#define MF_SSM_REDUCE_D_D(NAME) \
-  extern "C" __global__ void __launch_bounds__(256) NAME(float* __restrict__ out, const float* __restrict__ part, \
-      int batch, int d_inner) { \
-    mf::ssm_reduce_rows(out, part, nullptr, batch, d_inner); \
-  }
+MF_DEVICE void ssm_reduce_d_D(float* out, const float* part, int batch, int d_inner) {
+  ssm_reduce_rows(out, part, nullptr, batch, d_inner);
+}
 
-// dA_log[d, n] = -exp(A_log[d, n]) * sum_b part[b, d, n].
-#define MF_SSM_REDUCE_D_A_LOG(NAME) \
-  extern "C" __global__ void __launch_bounds__(256) NAME(float* __restrict__ out, const float* __restrict__ part, \
-      const float* __restrict__ A_log, int batch, long long dn) { \
-    mf::ssm_reduce_rows(out, part, A_log, batch, dn); \
-  }
+// dA_log[d, n] = -exp(A_log[d, n]) * sum_{k, b} part[k, b, d, n] (k = training chunk, ascending; then b). The
+// single-chunk family, dA_log[d, n] = -exp(A_log[d, n]) * sum_b part[b, d, n], is ssm_reduce_rows itself.
+MF_DEVICE void ssm_reduce_d_a_log_chunks(float* out, const float* part, const float* A_log, int nchunks, int batch,
+                                         long long dn) {
+  ssm_reduce_rows(out, part, A_log, (long long)nchunks * batch, dn);
+}
 
-// dA_log[d, n] = -exp(A_log[d, n]) * sum_{k, b} part[k, b, d, n] (k = training chunk, ascending; then b).
-#define MF_SSM_REDUCE_D_A_LOG_CHUNKS(NAME) \
-  extern "C" __global__ void __launch_bounds__(256) NAME(float* __restrict__ out, const float* __restrict__ part, \
-      const float* __restrict__ A_log, int nchunks, int batch, long long dn) { \
-    mf::ssm_reduce_rows(out, part, A_log, (long long)nchunks * batch, dn); \
-  }
+}  // namespace mf

@@ -1,6 +1,7 @@
 """The build's plan: the request, and one job per (module kind x target) it asks for: the module's composed program
-(its sources in catalog order, each behind ``#line 1 "<path>"``, then one ``MACRO(symbol, args...)`` line per
-symbol), the headers of its include folders (in memory, by relative name), its NVRTC options and its cache key."""
+(its sources in catalog order, each behind ``#line 1 "<path>"``, then per symbol its generated extern "C" wrapper
+(catalog/wrappers.py) or its family's ``MACRO(symbol, args...)`` line), the headers of its include folders (in memory,
+by relative name), its NVRTC options and its cache key."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from mamba_forge import __version__
 from mamba_forge.build import nvrtc
+from mamba_forge.catalog import wrappers
 from mamba_forge.catalog.model import Catalog, ModuleSpec
 from mamba_forge.catalog.sources import check_resolved, read_headers, read_source
 from mamba_forge.catalog.targets import Target
@@ -79,16 +81,16 @@ def collect_headers(module: ModuleSpec, memo: HeaderMemo | None = None) -> dict[
 
 
 def compose(module: ModuleSpec) -> str:
-    """The module's one program: its sources in order, then the catalog's instantiation lines."""
+    """The module's one program: its sources in order, then the catalog's instantiations (wrappers, macro lines)."""
     parts = [f"// mamba-forge module {module.kind}: composed from the catalog; do not edit\n"]
     for rel in module.module.sources:
         text = read_source(module.root / rel, f"module {module.kind}: source")
         parts.append(f'#line 1 "{rel}"\n{text}\n')
     lines = []
     for sym in module.symbols:
-        fam = module.family(sym.family)
-        if fam.instantiate:
-            lines.append(f"{fam.instantiate}({', '.join([sym.name, *sym.macro_args])})")
+        line = wrappers.entry_point(module.family(sym.family), sym)
+        if line is not None:
+            lines.append(line)
     if lines:
         parts.append('#line 1 "<instantiations>"\n' + "\n".join(lines) + "\n")
     return "".join(parts)

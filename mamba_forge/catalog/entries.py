@@ -11,8 +11,9 @@ every family into symbols:
 * tile instantiations: ``instances = [{BM = 128, BN = 64}, ...]`` with ``symbol = "..._m{BM}n{BN}"``;
   variants x instances is the cartesian product.
 
-Each symbol is emitted by the family's instantiation macro, ``MACRO(symbol, args...)``, appended to the
-composed source, so the export set follows from the catalog and nothing is copied by hand.
+Each symbol's entry point is appended to the composed source: the ``extern "C"`` wrapper generated from the
+family's params and bounds, calling its ``body`` (:mod:`mamba_forge.catalog.wrappers`), or a call of the family's
+instantiation macro, ``MACRO(symbol, args...)``; so the export set follows from the catalog.
 Sizes (block, grid, dynamic shared memory, shapes) are integer expressions (see :mod:`mamba_forge.core.expr`).
 """
 
@@ -101,6 +102,9 @@ class Param(_Model):
     value: Expr | float | None = None  # scalar value: expression over dims, or a float literal
     size: int | None = None  # "bytes" params: by-value blob size (e.g. CUtensorMap: 128)
     align: int | None = None  # "bytes" params: alignment (CUtensorMap: 64)
+    # the C type a generated wrapper (catalog/wrappers.py) declares: a pointer's element where the dtype only sizes
+    # it (a record: mf::AdamWTensorDesc), a by-value blob's type (mf::TmaDesc)
+    ctype: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Param:
@@ -110,8 +114,8 @@ class Param(_Model):
         elif self.type == "bytes":
             if not self.size or not self.align:
                 raise ValueError(f"bytes parameter {self.name!r} needs size and align")
-        elif self.shape or self.role != "in":
-            raise ValueError(f"scalar parameter {self.name!r} takes neither shape nor role")
+        elif self.shape or self.role != "in" or self.ctype is not None:
+            raise ValueError(f"scalar parameter {self.name!r} takes neither shape, role nor ctype")
         if self.fill is not None and not FILL_SPEC.match(self.fill):
             raise ValueError(f"parameter {self.name!r}: unknown fill {self.fill!r}")
         return self
@@ -194,6 +198,11 @@ class Family(_Model):
     instances: list[dict[str, int | str]] = Field(default_factory=list)
     symbol: str | None = None  # name template, e.g. "{name}_m{BM}n{BN}_{dtype}"
     args: list[str] | None = None  # macro arguments after the symbol; default ["T"] with variants
+    # instead of a macro: the __device__ __forceinline__ function the generated extern "C" wrapper calls with every
+    # param in order, e.g. "mf::ssm_scan_tokens<T>", and that wrapper's __launch_bounds__: [] (none), [threads] or
+    # [threads, min_blocks], min_blocks possibly by arch ({"sm_80+" = 1, "sm_90+" = 2}); catalog/wrappers.py
+    body: str | None = None
+    bounds: list[Expr | dict[str, int]] | None = None
     deterministic: bool | None = None  # default: the module's
     fallback: list[str] = Field(default_factory=list)  # symbol templates to fall back to, in order
     contract: str | None = None  # one line: what it computes, layouts, what it writes

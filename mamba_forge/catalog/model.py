@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from mamba_forge.catalog import limits, split_rules
+from mamba_forge.catalog import limits, split_rules, wrappers
 from mamba_forge.catalog.compile_rules import option_problem
 from mamba_forge.catalog.entries import (  # noqa: F401 - re-exported: the catalog's public records
     FILL_SPEC,
@@ -41,7 +41,7 @@ from mamba_forge.catalog.targets import TARGETS
 from mamba_forge.core import expr
 from mamba_forge.core.errors import CatalogError, ForgeError, printable
 from mamba_forge.core.safety import MAX_CATALOG_BYTES, PathRefused, parse_toml, read_bounded
-from mamba_forge.core.vocab import DTYPES, LAYOUT_ENUMS
+from mamba_forge.core.vocab import DTYPES
 
 if TYPE_CHECKING:
     from mamba_forge.catalog.memo import Inputs
@@ -100,15 +100,6 @@ def _read_raw(path: Path) -> bytes:
         raise CatalogError(str(exc)) from None
 
 
-def _c_token(key: str, value: int | str) -> str:
-    """An instance value as the macro sees it: a layout name becomes its enumerator, a dtype token its C type."""
-    if key == LAYOUT_KEY:
-        return LAYOUT_ENUMS[str(value)]
-    if isinstance(value, str) and value in DTYPES:
-        return DTYPES[value][0]
-    return str(value)
-
-
 def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> list[Symbol]:
     dtypes: list[tuple[str | None, str | None]] = [(d, None) for d in fam.variants]  # (dtype, name override)
     if fam.bare:
@@ -122,7 +113,8 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
         template = "{name}_{dtype}"
     else:
         template = "{name}"
-    args = fam.args if fam.args is not None else (["T"] if dtypes[0][0] is not None else [])
+    # a macro's arguments after the symbol; a generated wrapper takes none (its body names its own)
+    args = fam.args if fam.args is not None else (["T"] if dtypes[0][0] is not None and fam.body is None else [])
     fam_policy = fam.policy.apply(module.policy.apply(policy))
     out = []
     for (dtype, override), inst in itertools.product(dtypes, instances):
@@ -141,7 +133,7 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
             if a not in env:
                 raise CatalogError(f"{where}: macro argument {a!r} is not an instance key (have {sorted(env)})")
             v = env[a]
-            macro_args.append(_c_token(a, v))
+            macro_args.append(wrappers.c_token(a, v))
         num_env = {k: v for k, v in env.items() if isinstance(v, int)}
         num_env.update({f"sizeof_{k}": DTYPES[v][1] for k, v in env.items() if isinstance(v, str) and v in DTYPES})
         try:
@@ -151,6 +143,11 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
         except expr.ExprError as exc:
             raise CatalogError(f"{where}: symbol {name}: {exc}") from None
         limits.check_block(block, f"{where}: symbol {name}")
+        if fam.body is not None:  # the wrapper is written at compose time; here, everything it needs resolves
+            try:
+                wrappers.wrapper_text(fam, name, env, block[0] * block[1] * block[2])
+            except wrappers.WrapperError as exc:
+                raise CatalogError(f"{where}: symbol {name}: {exc}") from None
         limits.check_smem(smem, module.arch + module.check_arch + module.build_only, f"{where}: symbol {name}")
         _check_launch_expressions(fam, num_env, f"{where}: symbol {name}")
         limits.check_grid(fam.launch.grid, {**num_env, **fam.qualify.dims},
@@ -302,6 +299,9 @@ def _load(path: Path, raw: bytes, inputs: Inputs) -> Catalog:
                 family_names.add(fam.name)
                 families.append(fam)
                 limits.check_dims(fam.qualify.dims, fwhere)
+                problem = wrappers.family_problem(fam, mod)
+                if problem:
+                    raise CatalogError(f"{fwhere}: {problem}")
                 if fam.split is not None:
                     problem = split_rules.family_problem(fam)
                     if problem:

@@ -42,7 +42,7 @@ constexpr int kTokChannels = 16;
 constexpr int kTokLanes = 4;
 constexpr int kTokThreads = kTokLanes * kTokChannels;
 constexpr int kTokSteps = 16;
-constexpr int kTokMinBlocks = 8;  // 8 blocks of 2 warps per SM: at most 128 registers a thread
+constexpr int kTokMinBlocks = 8;  // 8 blocks of 2 warps per SM (128 registers a thread): tokens.toml bounds
 constexpr int kTokQuadsPerRow = kTokChannels / 4;                          // quads of u (dt, z) per timestep
 constexpr int kTokBCQuads = kTokSteps * 8 / kTokThreads;                   // B, C quads per thread per slice
 static_assert(kTokSteps * kTokQuadsPerRow == kTokThreads, "one u/dt/z quad per thread per tile");
