@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mamba_forge.build import cubin, nvrtc
-from mamba_forge.core.cache import Cache
+from mamba_forge.core.cache import DIGEST_PREFIX, Cache
 
 
 def compile_parts(source: str, name: str, options: list[str], headers: dict[str, bytes]) -> dict[str, bytes]:
@@ -39,6 +39,7 @@ def compile_parts(source: str, name: str, options: list[str], headers: dict[str,
 
 
 ENTRY_PARTS = ("cubin", "ptx", "log", "meta")
+ARTIFACT_PARTS = ("cubin", "ptx")  # the parts that become build/ files: a build may leave them unread (lazy)
 _META_SHAPE = {"ok": bool, "kernels": dict, "ptxas": dict, "float_atomics": dict, "float_atomics_funcs": list,
                "order_tokens": dict, "order_tokens_funcs": list}
 
@@ -46,8 +47,11 @@ _META_SHAPE = {"ok": bool, "kernels": dict, "ptxas": dict, "float_atomics": dict
 def entry_problem(parts: dict[str, bytes], cc: int, parsed: dict | None = None) -> str | None:
     """Why a cache entry (whose bytes matched their hashes) is still not a compile result to serve: a part
     missing, metadata of another shape, or a cubin that is not an ELF file for this target. None: serve it.
-    `parsed`: also receives the metadata it decoded (as "meta"), so a hit is not decoded twice."""
-    missing = [n for n in ENTRY_PARTS if n not in parts]
+    `parsed`: also receives the metadata it decoded (as "meta"), so a hit is not decoded twice.
+
+    A cubin left unread (`Cache.get(lazy=...)`: only its digest is here) is one whose entry's stat record says
+    these exact bytes were read, hashed and accepted before, under this key (so for this target)."""
+    missing = [n for n in ENTRY_PARTS if n not in parts and not (n in ARTIFACT_PARTS and DIGEST_PREFIX + n in parts)]
     if missing:
         return f"no {missing[0]} part"
     try:
@@ -60,7 +64,7 @@ def entry_problem(parts: dict[str, bytes], cc: int, parsed: dict | None = None) 
         return "a failed compile is never cached"
     if parsed is not None:
         parsed["meta"] = meta
-    return cubin.elf_problem(parts["cubin"], cc)
+    return cubin.elf_problem(parts["cubin"], cc) if "cubin" in parts else None
 
 
 def run_job(job: dict) -> dict[str, bytes]:

@@ -1,0 +1,186 @@
+"""The stored stat record (core/cache_stat.py) may be anything: corrupt, truncated, oversized, of another shape,
+nested to blow the parser's stack, or lying about what a file holds. Each is treated as absent (every artifact
+read and compared, as with no record) and replaced by a good one; the build never fails for it and its outputs
+are right. The control: the good record a build stored is trusted (nothing read)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import test_rebuild_stat
+from test_rebuild_stat import Reads, artifacts, run, settle, stored
+
+from mamba_forge.core import cache_stat
+from mamba_forge.core.cache import Cache, cache_key
+from mamba_forge.core.cache_stat import MAX_RECORD_BYTES, decode
+
+built, fresh = test_rebuild_stat.built, test_rebuild_stat.fresh  # the same fixtures: a tiny build, copied per test
+
+
+def _doc(out, cache) -> dict:
+    """The stored record as its JSON document."""
+    rec = stored(out, cache)
+    return {"format": 1, "outputs": _plain(rec.outputs.known), "entries": _plain(rec.entries.known)}
+
+
+def _plain(known: dict) -> dict:
+    return {name: [*key, digest] for name, (key, digest) in known.items()}
+
+
+def _first(section: dict) -> str:
+    return sorted(section)[0]
+
+
+def _hostile(kind: str, doc: dict) -> bytes:
+    """A record's bytes: the good `doc` damaged as `kind` says."""
+    out = json.loads(json.dumps(doc))
+    name = _first(out["outputs"])
+    if kind == "garbage":
+        return b"\xff\xfe not json"
+    if kind == "empty":
+        return b""
+    if kind == "truncated":
+        text = json.dumps(doc).encode()
+        return text[: len(text) // 2]
+    if kind == "nested":
+        return b"[" * 200_000 + b"]" * 200_000  # past the parser's recursion limit, under the size bound
+    if kind == "oversize":
+        out["outputs"]["pad"] = ["x" * (MAX_RECORD_BYTES + 1)]
+    elif kind == "not_a_dict":
+        return json.dumps([doc]).encode()
+    elif kind == "other_format":
+        out["format"] = 2
+    elif kind == "extra_key":
+        out["more"] = {}
+    elif kind == "missing_section":
+        del out["entries"]
+    elif kind == "bool_for_int":
+        out["outputs"][name][0] = True
+    elif kind == "float_for_int":
+        out["outputs"][name][1] = float(out["outputs"][name][1])
+    elif kind == "huge_int":
+        out["outputs"][name][2] = 1 << 80
+    elif kind == "short_row":
+        out["outputs"][name] = out["outputs"][name][:5]
+    elif kind == "upper_digest":
+        out["outputs"][name][5] = out["outputs"][name][5].upper()
+    elif kind == "short_digest":
+        out["outputs"][name][5] = out["outputs"][name][5][:63]
+    elif kind == "long_name":
+        out["outputs"]["x" * (cache_stat.MAX_NAME + 1)] = out["outputs"][name]
+    elif kind == "section_a_list":
+        out["entries"] = list(out["entries"].items())
+    elif kind == "stale_digest":  # well formed, every stat right, each digest another file's: nothing matches
+        for section in ("outputs", "entries"):
+            for row in out[section].values():
+                row[5] = "0" * 64
+        return json.dumps(out).encode()
+    return json.dumps(out).encode()
+
+
+KINDS = [
+    "garbage",
+    "empty",
+    "truncated",
+    "nested",
+    "oversize",
+    "not_a_dict",
+    "other_format",
+    "extra_key",
+    "missing_section",
+    "bool_for_int",
+    "float_for_int",
+    "huge_int",
+    "short_row",
+    "upper_digest",
+    "short_digest",
+    "long_name",
+    "section_a_list",
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_decode_refuses_a_record_of_any_other_shape(kind, tmp_path):
+    good = {"format": 1, "outputs": {"sm_80/A.cubin": [1, 2, 3, 4, 5, "a" * 64]}, "entries": {}}
+    assert decode(json.dumps(good).encode()) == {
+        "outputs": {"sm_80/A.cubin": ((1, 2, 3, 4, 5), "a" * 64)},
+        "entries": {},
+    }  # the control
+    assert decode(_hostile(kind, good)) is None
+
+
+def _plant(cache, out, data: bytes, *, how: str = "entry") -> None:
+    """Put `data` where `out`'s record is kept: as a well-formed cache entry, or as a damaged entry file."""
+    c = Cache(cache)
+    key = stored(out, cache).key
+    if how == "entry":
+        assert c.put(key, {"record": data}) is None
+        return
+    path = c._path(key)
+    blob = path.read_bytes()
+    path.write_bytes(blob[: len(blob) // 2] if how == "truncated_file" else blob[:-3] + b"xyz")
+
+
+def _assert_read_in_full_then_recorded(cat, out, cache, monkeypatch, good: dict[str, bytes]) -> None:
+    with monkeypatch.context() as mp:
+        reads = Reads(mp, good)
+        manifest = run(cat, out, cache)  # never fails for the record
+        assert sorted(reads.compared) == sorted(["manifest.toml", *(r.split("/")[1] for r in good)])
+    assert artifacts(out) == good and all(m.status == "compiled" for m in manifest.modules)
+    assert set(stored(out, cache).outputs.known) == set(good)  # replaced by a good record
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "stale_digest"])
+def test_a_hostile_record_is_ignored_and_replaced(fresh, monkeypatch, kind):
+    cat, out, cache = fresh
+    settle(cat, out, cache)
+    good = artifacts(out)
+    doc = _doc(out, cache)
+    with monkeypatch.context() as mp:  # the control: the record as stored is trusted, nothing is read
+        reads = Reads(mp, good)
+        run(cat, out, cache)
+        assert reads.compared == ["manifest.toml"]
+    _plant(cache, out, _hostile(kind, doc))
+    _assert_read_in_full_then_recorded(cat, out, cache, monkeypatch, good)
+
+
+@pytest.mark.parametrize("how", ["truncated_file", "corrupt_file"])
+def test_a_damaged_record_entry_is_refused_by_the_cache(fresh, monkeypatch, how):
+    cat, out, cache = fresh
+    settle(cat, out, cache)
+    _plant(cache, out, b"", how=how)
+    _assert_read_in_full_then_recorded(cat, out, cache, monkeypatch, artifacts(out))
+
+
+def test_an_oversized_record_entry_is_refused_before_it_is_read(fresh, monkeypatch):
+    cat, out, cache = fresh
+    settle(cat, out, cache)
+    key = stored(out, cache).key
+    Cache(cache).put(key, {"record": b" " * (MAX_RECORD_BYTES + 8192)})  # padding JSON would accept
+    read = []
+    real = cache_stat.decode
+    monkeypatch.setattr(cache_stat, "decode", lambda data: read.append(len(data)) or real(data))
+    assert stored(out, cache).outputs.known == {} and read == []  # refused by its size, never parsed
+    _assert_read_in_full_then_recorded(cat, out, cache, monkeypatch, artifacts(out))
+
+
+def test_a_record_names_a_file_only_with_its_exact_stat(fresh):
+    """A record for another folder (a copy, or a new folder where the old one was) is not this folder's."""
+    cat, out, cache = fresh
+    settle(cat, out, cache)
+    key = stored(out, cache).key
+    moved = out.parent / "moved"
+    out.rename(moved)
+    assert stored(moved, cache).key != key and stored(moved, cache).outputs.known == {}
+    out.mkdir()  # a new folder at the old path: another inode, so another record
+    assert stored(out, cache).key != key
+    assert key == cache_key(
+        {
+            "kind": "build-stat-record",
+            "format": 1,
+            "out": str(out.resolve()),
+            "device": moved.stat().st_dev,
+            "inode": moved.stat().st_ino,
+        }
+    )  # the control
