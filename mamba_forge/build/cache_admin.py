@@ -1,4 +1,5 @@
-"""Cache housekeeping: size, clean, prune to a cap (least recently used first; a hit renews an entry's mtime).
+"""Cache housekeeping: size, clean, prune to a cap (least recently used first; a hit renews an entry's mtime once
+it is a day old).
 
 Only regular files named like entries (``<root>/v1/<key[:2]>/<key>``, 64 hex digits) count or are removed;
 folders are opened with O_NOFOLLOW and files unlinked relative to them, so a symlink planted anywhere under the

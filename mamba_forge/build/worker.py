@@ -12,12 +12,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mamba_forge.build import cubin, nvrtc
+from mamba_forge.build import nvrtc
 from mamba_forge.core.cache import DIGEST_PREFIX, Cache
 
 
 def compile_parts(source: str, name: str, options: list[str], headers: dict[str, bytes]) -> dict[str, bytes]:
     """Compile and return the cache entry parts: cubin, ptx, log and meta (resources as JSON)."""
+    from mamba_forge.build import cubin  # here: a no-change rebuild reads no cubin (nor the regexes it compiles)
+
     t0 = time.perf_counter()
     res = nvrtc.compile_program(source, name, options, headers)
     meta: dict = {"ok": res.ok, "seconds": round(time.perf_counter() - t0, 3)}
@@ -64,7 +66,11 @@ def entry_problem(parts: dict[str, bytes], cc: int, parsed: dict | None = None) 
         return "a failed compile is never cached"
     if parsed is not None:
         parsed["meta"] = meta
-    return cubin.elf_problem(parts["cubin"], cc) if "cubin" in parts else None
+    if "cubin" not in parts:
+        return None
+    from mamba_forge.build import cubin
+
+    return cubin.elf_problem(parts["cubin"], cc)
 
 
 def run_job(job: dict) -> dict[str, bytes]:
