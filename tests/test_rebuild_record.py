@@ -6,13 +6,15 @@ are right. The control: the good record a build stored is trusted (nothing read)
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import test_rebuild_stat
 from test_rebuild_stat import Reads, artifacts, run, settle, stored
 
 from mamba_forge.core import cache_stat
-from mamba_forge.core.cache import Cache, cache_key
+from mamba_forge.core.cache import cache_key
 from mamba_forge.core.cache_stat import MAX_RECORD_BYTES, decode
 
 built, fresh = test_rebuild_stat.built, test_rebuild_stat.fresh  # the same fixtures: a tiny build, copied per test
@@ -110,16 +112,27 @@ def test_decode_refuses_a_record_of_any_other_shape(kind, tmp_path):
     assert decode(_hostile(kind, good)) is None
 
 
-def _plant(cache, out, data: bytes, *, how: str = "entry") -> None:
-    """Put `data` where `out`'s record is kept: as a well-formed cache entry, or as a damaged entry file."""
-    c = Cache(cache)
-    key = stored(out, cache).key
-    if how == "entry":
-        assert c.put(key, {"record": data}) is None
-        return
-    path = c._path(key)
+def _record_file(cache, out) -> Path:
+    return cache / cache_stat.RECORDS / stored(out, cache).key
+
+
+def _plant(cache, out, data: bytes, *, how: str = "framed") -> None:
+    """Put `data` where `out`'s record is kept: framed as the build frames it (so only its JSON is wrong), or the
+    stored file damaged, or something that is not a file."""
+    path = _record_file(cache, out)
     blob = path.read_bytes()
-    path.write_bytes(blob[: len(blob) // 2] if how == "truncated_file" else blob[:-3] + b"xyz")
+    path.unlink()
+    if how == "framed":
+        path.write_bytes(cache_stat._framed(data))
+    elif how in ("truncated_file", "corrupt_file"):
+        path.write_bytes(blob[: len(blob) // 2] if how == "truncated_file" else blob[:-3] + b"xyz")
+    elif how == "symlink":  # to a good record elsewhere: never followed
+        (cache.parent / "elsewhere").write_bytes(blob)
+        path.symlink_to(cache.parent / "elsewhere")
+    elif how == "fifo":  # never read (a read would block)
+        os.mkfifo(path)
+    elif how == "folder":
+        path.mkdir()
 
 
 def _assert_read_in_full_then_recorded(cat, out, cache, monkeypatch, good: dict[str, bytes]) -> None:
@@ -142,26 +155,46 @@ def test_a_hostile_record_is_ignored_and_replaced(fresh, monkeypatch, kind):
         run(cat, out, cache)
         assert reads.compared == ["manifest.toml"]
     _plant(cache, out, _hostile(kind, doc))
+    assert (stored(out, cache).outputs.known == {}) == (kind != "stale_digest")  # that one loads, matches nothing
     _assert_read_in_full_then_recorded(cat, out, cache, monkeypatch, good)
 
 
-@pytest.mark.parametrize("how", ["truncated_file", "corrupt_file"])
-def test_a_damaged_record_entry_is_refused_by_the_cache(fresh, monkeypatch, how):
+@pytest.mark.parametrize("how", ["truncated_file", "corrupt_file", "symlink", "fifo"])
+def test_a_damaged_record_file_or_not_a_file_is_absent(fresh, monkeypatch, how):
     cat, out, cache = fresh
     settle(cat, out, cache)
     _plant(cache, out, b"", how=how)
+    assert stored(out, cache).outputs.known == {}
     _assert_read_in_full_then_recorded(cat, out, cache, monkeypatch, artifacts(out))
+    assert _record_file(cache, out).is_file() and not _record_file(cache, out).is_symlink()
 
 
-def test_an_oversized_record_entry_is_refused_before_it_is_read(fresh, monkeypatch):
+def test_a_folder_in_the_records_place_only_costs_the_record(fresh, monkeypatch):
     cat, out, cache = fresh
     settle(cat, out, cache)
-    key = stored(out, cache).key
-    Cache(cache).put(key, {"record": b" " * (MAX_RECORD_BYTES + 8192)})  # padding JSON would accept
-    read = []
+    good = artifacts(out)
+    _plant(cache, out, b"", how="folder")
+    for _ in range(2):  # it cannot be replaced: each build reads in full, and succeeds
+        with monkeypatch.context() as mp:
+            reads = Reads(mp, good)
+            run(cat, out, cache)
+            assert len(reads.compared) == 1 + len(good)
+    assert artifacts(out) == good and _record_file(cache, out).is_dir()
+
+
+def test_an_oversized_record_is_refused_before_it_is_read(fresh, monkeypatch):
+    cat, out, cache = fresh
+    settle(cat, out, cache)
+    path = _record_file(cache, out)
+    payload = path.read_bytes()[cache_stat._HEAD :]
+    parsed = []
     real = cache_stat.decode
-    monkeypatch.setattr(cache_stat, "decode", lambda data: read.append(len(data)) or real(data))
-    assert stored(out, cache).outputs.known == {} and read == []  # refused by its size, never parsed
+    monkeypatch.setattr(cache_stat, "decode", lambda data: parsed.append(len(data)) or real(data))
+    path.write_bytes(cache_stat._framed(payload + b" " * (MAX_RECORD_BYTES - len(payload))))  # JSON takes the spaces
+    assert stored(out, cache).outputs.known and parsed == [MAX_RECORD_BYTES]  # the control: at the bound, read
+    path.write_bytes(cache_stat._framed(payload + b" " * (MAX_RECORD_BYTES + 1 - len(payload))))
+    assert stored(out, cache).outputs.known == {} and parsed == [MAX_RECORD_BYTES]  # a byte over: never parsed
+    monkeypatch.undo()
     _assert_read_in_full_then_recorded(cat, out, cache, monkeypatch, artifacts(out))
 
 
@@ -184,3 +217,18 @@ def test_a_record_names_a_file_only_with_its_exact_stat(fresh):
             "inode": moved.stat().st_ino,
         }
     )  # the control
+
+
+def test_cache_clean_removes_the_records_and_follows_no_link(fresh):
+    from mamba_forge.build import cache_admin
+
+    cat, out, cache = fresh
+    settle(cat, out, cache)
+    path = _record_file(cache, out)
+    victim = cache.parent / "victim"
+    victim.write_bytes(b"not ours")
+    (cache / cache_stat.RECORDS / ("f" * 64)).symlink_to(victim)
+    assert path.is_file()  # the control
+    cache_admin.clean(cache)
+    assert not path.exists() and victim.read_bytes() == b"not ours"
+    assert (cache / cache_stat.RECORDS / ("f" * 64)).is_symlink()  # a link is neither followed nor removed

@@ -143,8 +143,7 @@ def test_a_no_change_rebuild_reads_no_artifact_once_recorded(fresh, monkeypatch)
         assert reads.entry_bytes > size and sum(reads.hashed) == size
     assert state(out) == before
     settle(cat, out, cache)
-    record_entry = stored(out, cache).key
-    entry_file = Cache(cache)._path(record_entry)
+    entry_file = cache / "stat" / stored(out, cache).key
     entry_stat = entry_file.stat()
     reads = Reads(monkeypatch, artifacts(out))
     manifest = run(cat, out, cache)
@@ -219,15 +218,42 @@ def test_a_cache_entry_corrupted_in_place_is_not_served(fresh, where):
     assert all(m.cached for m in run(cat, out, cache).modules)  # the control: an intact entry is served
 
 
-def test_a_build_records_nothing_it_wrote_itself(fresh):
-    """What a build writes has a ctime at or after its clock reading: the next build reads it (and records it)."""
+def test_a_build_records_what_it_wrote_once_read_back(fresh, monkeypatch):
+    """What a build writes is read back after the commit, once the folder's clock has moved past it, and then
+    recorded: the next no-change rebuild reads none of it. A file changed before it is read back, or a clock
+    that never moves past it, leaves it unrecorded (the next build reads it)."""
     cat, out, cache = fresh
+    good = artifacts(out)
     for p in out.rglob("*.cubin"):
         p.unlink()
     run(cat, out, cache)
-    rec = stored(out, cache)
-    assert not any(r.endswith(".cubin") for r in rec.outputs.known)
-    assert any(r.endswith(".ptx") for r in rec.outputs.known)  # the control: the files it read are recorded
+    assert set(stored(out, cache).outputs.known) == set(good) and artifacts(out) == good
+    reads = Reads(monkeypatch, good)
+    run(cat, out, cache)
+    assert reads.compared == ["manifest.toml"]  # the rewritten cubins too: trusted unread
+
+    real = outputs._holds_digest
+
+    def changed_first(path, rel, digest, record):  # another process edits it between the commit and the read-back
+        edit_in_place(path, 100)
+        return real(path, rel, digest, record)
+
+    for p in out.rglob("*.cubin"):
+        p.unlink()
+    with monkeypatch.context() as mp:
+        mp.setattr(outputs, "_holds_digest", changed_first)
+        run(cat, out, cache)
+    assert not any(r.endswith(".cubin") for r in stored(out, cache).outputs.known)
+    assert any(r.endswith(".ptx") for r in stored(out, cache).outputs.known)  # the control: read, recorded
+    run(cat, out, cache)
+    assert artifacts(out) == good  # the edit is seen and undone
+
+    for p in out.rglob("*.cubin"):
+        p.unlink()
+    with monkeypatch.context() as mp:  # a clock stuck before the writes: nothing written is recorded
+        mp.setattr(outputs.os, "utime", lambda *a, **k: None)  # fs_clock's touch does nothing: the lock's ctime
+        run(cat, out, cache)
+    assert not any(r.endswith(".cubin") for r in stored(out, cache).outputs.known)
 
 
 def test_only_a_file_changed_before_the_clock_reading_may_be_recorded(tmp_path):

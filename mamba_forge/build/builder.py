@@ -100,6 +100,7 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
             if remember is not None:  # only bytes that were written (or kept) become a memo
                 _text_memo(*remember)
             if record is not None:  # after the commit: it names only files that hold what it says
+                stage.record_written()
                 record.save()
         except BaseException:
             stage.abort()
@@ -186,6 +187,9 @@ def _build(req: BuildRequest, cache: Cache | None, stage: OutputStage, progress:
                 except BaseException:  # an output that cannot be written: no compile still queued runs
                     pool.shutdown(wait=False, cancel_futures=True)
                     raise
+        if cache is not None:  # what the workers stored, read back once: the next rebuild need not read it
+            cache.record_written({jobs[i].key: lambda p, cc=jobs[i].target.cc: entry_problem(p, cc)
+                                  for i in pending if results[i].status == "compiled"})
     lib = nvrtc.library_identity()
     headers = {}
     digests: dict[int, str] = {}  # by id of the memo's bytes: each header hashed once however many modules share it

@@ -61,6 +61,7 @@ class OutputStage:
         self.out = Path(out)
         self.pending: list[tuple[str, Path]] = []  # (temp name, final path)
         self.record = record  # the folder's stat record (by path inside it), or None: every file is read
+        self.written: list[tuple[str, str]] = []  # (path inside out, sha256) of the artifacts staged
 
     def current(self, rel: str, digest: str) -> bool:
         """Whether `out/rel` holds the bytes of sha256 `digest` by the stat record alone (nothing read)."""
@@ -85,6 +86,8 @@ class OutputStage:
             if final.is_dir() and not final.is_symlink():
                 raise IsADirectoryError(errno.EISDIR, "a folder is in the way")
             self.pending.append((_write_temp(final, data), final))
+            if digest is not None:
+                self.written.append((rel, digest))
         except OSError as exc:
             self.abort()
             raise BuildError(f"cannot write {final}: {exc.strerror or exc}", hint=_HINT) from None
@@ -124,6 +127,21 @@ class OutputStage:
         for folder in {final.parent for _, final in self.pending}:
             _fsync_dir(folder)
         self.pending = []
+
+    def record_written(self) -> None:
+        """After `commit`: read back each artifact this build wrote, once the folder's clock has moved past it, and
+        record the ones that hold what was written (the next no-change rebuild then reads none of them)."""
+        if self.record is None or not self.written:
+            return
+        stats = {}
+        for rel, _ in self.written:
+            with contextlib.suppress(OSError):
+                stats[rel] = os.lstat(self.out / rel).st_ctime_ns
+        self.record.reclock(max(stats.values(), default=0))
+        for rel, digest in self.written:
+            with contextlib.suppress(OSError):
+                _holds_digest(self.out / rel, rel, digest, self.record)
+        self.written = []
 
     def abort(self) -> None:
         for tmp, final in self.pending:
@@ -175,6 +193,24 @@ def _holds(path: Path, data: bytes, note: tuple[str, str, StatRecord | None] | N
         if same and settled:
             record.note(note[0], st, note[1])  # type: ignore[union-attr, index]
         return same
+    finally:
+        os.close(fd)
+
+
+def _holds_digest(path: Path, rel: str, digest: str, record: StatRecord) -> None:
+    """Record `rel` when `path` is a regular file whose bytes hash to `digest` and its stat allows (asked before
+    the read)."""
+    import hashlib
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not record.may_note(st):
+            return
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            same = hashlib.file_digest(f, "sha256").hexdigest() == digest
+        if same:
+            record.note(rel, st, digest)
     finally:
         os.close(fd)
 

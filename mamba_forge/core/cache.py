@@ -199,18 +199,17 @@ class Cache:
             self.warnings.append(message)
 
     def get(self, key: str, accept: Callable[[dict[str, bytes]], str | None] | None = None, *,
-            lazy: Collection[str] = (), max_bytes: int | None = None) -> dict[str, bytes] | None:
+            lazy: Collection[str] = ()) -> dict[str, bytes] | None:
         """The entry's parts, or None on a miss. A corrupted, foreign or non-regular entry is refused, removed
         where it can be, and counted as a miss; so is one whose parts `accept` finds a problem with (a warning).
         A cache folder that is a link or not private is a miss and a warning, never read.
 
         `lazy`: parts left unread where `self.record` trusts the entry (its stat exactly as when a build read,
         hashed and accepted it); they come as their digest and size ("sha256.<name>", "size.<name>"), and
-        `accept` sees them so. Any other entry is read and hashed in full. `max_bytes` (default MAX_ENTRY_BYTES): a
-        larger entry is refused."""
+        `accept` sees them so. Any other entry is read and hashed in full."""
         try:
             with self._folder("v1", key[:2], create=False) as shard:
-                return self._get_at(shard, key, accept, lazy, MAX_ENTRY_BYTES if max_bytes is None else max_bytes)
+                return self._get_at(shard, key, accept, lazy)
         except FileNotFoundError:
             self.stats.misses += 1
             return None
@@ -219,7 +218,7 @@ class Cache:
             self._warn(f"build cache not usable ({exc.strerror or exc}); built without it")
             return None
 
-    def _get_at(self, shard: int, key: str, accept, lazy: Collection[str], max_bytes: int) -> dict[str, bytes] | None:
+    def _get_at(self, shard: int, key: str, accept, lazy: Collection[str]) -> dict[str, bytes] | None:
         try:
             fd = os.open(key, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0), dir_fd=shard)
         except FileNotFoundError:
@@ -230,7 +229,7 @@ class Cache:
         record = self.record
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_ENTRY_BYTES:
                 return self._refuse(shard, key)
             header_sha = record.trusted(key, st) if record is not None and lazy else None
             settled = record is not None and header_sha is None and record.may_note(st)  # before any byte is read
@@ -263,6 +262,20 @@ class Cache:
                 record.note(key, st, header_digest)
         self.stats.hits += 1
         return parts
+
+    def record_written(self, checks: Mapping[str, Callable[[dict[str, bytes]], str | None]]) -> None:
+        """Read back in full (hashed, then `checks[key]` must accept it) each entry this build's workers wrote,
+        once this cache's clock has moved past them, so that `self.record` holds them: the next no-change rebuild
+        then trusts them unread. No record: nothing to do."""
+        if self.record is None or not checks:
+            return
+        newest = 0
+        for key in checks:
+            with contextlib.suppress(OSError):
+                newest = max(newest, os.stat(self._path(key), follow_symlinks=False).st_ctime_ns)
+        self.record.reclock(newest)
+        for key, accept in checks.items():
+            self.get(key, accept)
 
     def _refuse(self, shard: int, key: str) -> None:
         if self.record is not None:

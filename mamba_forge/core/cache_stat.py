@@ -7,12 +7,13 @@ the filesystem's clock, and no user can set a ctime (os.utime sets it too); so a
 holds what it held then, unless the change fell in the same clock tick as the recorded ctime (a coarse clock ticks
 every few ms). Hence a file is recorded only when its ctime is older than a reading of that filesystem's own clock
 (`fs_clock`: touch a file there, read its ctime) taken before its bytes were read: any later change gets a ctime
-at least that reading, never the recorded one. A file just written is therefore recorded by the next build that
-reads it, not by the build that wrote it.
+at least that reading, never the recorded one. What a build writes itself is read back once the clock has moved
+past it (`reclock`), and recorded then.
 
 The record of one output folder (its artifacts, and the cache entries its programs came from) is kept in the
-private cache as an entry of its own (`BuildRecord`): written atomically, read back bounded
-(MAX_RECORD_BYTES), and one that is corrupt, truncated, too large or of another shape is treated as absent. The
+private cache, in ``<root>/stat/`` (`BuildRecord`): written atomically, read back bounded (MAX_RECORD_BYTES, no
+link followed), checked against its own sha256, and one that is corrupt, truncated, too large or of another
+shape is treated as absent. The
 record only ever names a file's contents together with that file's exact key: at worst a lying record makes a
 build trust a file exactly as much as the file's own bytes would; a mismatch means a full read, as without one.
 Standard library only.
@@ -20,13 +21,18 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from mamba_forge.core.fsio import write_atomic_at
 
 if TYPE_CHECKING:
     from mamba_forge.core.cache import Cache
@@ -35,6 +41,7 @@ StatKey = tuple[int, int, int, int, int]
 Clock = tuple[int, int]  # (st_dev, ctime_ns) of a filesystem's clock read through a file touched there
 
 FORMAT = 1
+RECORDS = "stat"  # <cache root>/stat/<key>: one record per output folder, beside the entries' v1/
 MAX_RECORD_BYTES = 1 << 20  # about 5000 files; the default catalog's build names 123
 MAX_NAME = 300
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -90,6 +97,17 @@ class StatRecord:
             and st.st_dev == self._clock[0]
             and st.st_ctime_ns < self._clock[1]
         )
+
+    def reclock(self, newer_than: int) -> None:
+        """Read the clock again, after this build's own writes: until it is past `newer_than` (the newest ctime
+        they left; a clock ticks every few ms, where it is coarse), for at most about 50 ms. The files written
+        can then be read back and recorded, so the next build need not read them."""
+        self._clock_read = True
+        for _ in range(25):
+            self._clock = self._read_clock() if self._read_clock else None
+            if self._clock is None or self._clock[1] > newer_than:
+                return
+            time.sleep(0.002)
 
     def note(self, name: str, st: os.stat_result, digest: str) -> None:
         """Record that `name`, as `st` says, holds `digest` (its bytes checked after `may_note(st)` said yes)."""
@@ -157,14 +175,8 @@ class BuildRecord:
         self.entries = StatRecord(found["entries"] if found else None, entry_clock)
 
     def _load(self) -> dict | None:
-        holder: dict = {}
-
-        def accept(parts: dict[str, bytes]) -> str | None:
-            holder["found"] = decode(parts.get("record", b""))
-            return None if holder["found"] is not None else "not a stat record"
-
-        got = self.cache.get(self.key, accept, max_bytes=MAX_RECORD_BYTES + 4096)  # type: ignore[arg-type]
-        return holder["found"] if got is not None else None
+        payload = _read_record(self.cache, self.key)  # type: ignore[arg-type]
+        return decode(payload) if payload is not None else None
 
     def save(self) -> None:
         """Store what this build trusted and checked, where it differs from what was loaded (a no-change rebuild
@@ -174,7 +186,42 @@ class BuildRecord:
         doc = {"format": FORMAT, "outputs": self.outputs.plain(), "entries": self.entries.plain()}
         data = json.dumps(doc, separators=(",", ":")).encode()
         if len(data) <= MAX_RECORD_BYTES:
-            self.cache.put(self.key, {"record": data})
+            _write_record(self.cache, self.key, data)
+
+
+# A record file: magic, the sha256 of the JSON that follows (a damaged file is absent, never half-believed), JSON.
+_MAGIC = b"MFSTAT1\n"
+_HEAD = len(_MAGIC) + 65
+
+
+def _framed(payload: bytes) -> bytes:
+    return _MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
+def _read_record(cache: Cache, key: str) -> bytes | None:
+    """The JSON of ``<root>/stat/<key>``, or None: absent, not a regular file (no link followed), over the bound
+    (refused by its size, unread), or not as it was written."""
+    try:
+        with cache._folder(RECORDS, create=False) as folder:  # the cache's one way in: no link, private
+            fd = os.open(key, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RECORD_BYTES + _HEAD:
+                    return None
+                with os.fdopen(fd, "rb", closefd=False) as f:
+                    blob = f.read(st.st_size + 1)
+            finally:
+                os.close(fd)
+    except OSError:
+        return None
+    payload = blob[_HEAD:]
+    return payload if blob[:_HEAD] == _framed(payload)[:_HEAD] else None
+
+
+def _write_record(cache: Cache, key: str, payload: bytes) -> None:
+    """Write ``<root>/stat/<key>`` atomically (0600); a cache that cannot be written keeps the old one."""
+    with contextlib.suppress(OSError), cache._folder(RECORDS, create=True) as folder:
+        write_atomic_at(folder, key, _framed(payload), mode=0o600)
 
 
 def _record_key(out: Path, st: os.stat_result) -> str:
