@@ -133,11 +133,11 @@ class OutputStage:
         record the ones that hold what was written (the next no-change rebuild then reads none of them)."""
         if self.record is None or not self.written:
             return
-        stats = {}
+        newest = 0
         for rel, _ in self.written:
             with contextlib.suppress(OSError):
-                stats[rel] = os.lstat(self.out / rel).st_ctime_ns
-        self.record.reclock(max(stats.values(), default=0))
+                newest = max(newest, os.lstat(self.out / rel).st_ctime_ns)
+        self.record.reclock(newest)
         for rel, digest in self.written:
             with contextlib.suppress(OSError):
                 _holds_digest(self.out / rel, rel, digest, self.record)

@@ -5,8 +5,9 @@ list, the target, the NVRTC version and library identity, the catalog entry, the
 builds it with :func:`cache_key`. Entries are single files, 0600, written atomically (temp file, fsync, rename)
 and carry their full key and a sha256 of each part, all checked on every full read: a corrupted entry, or one
 copied over another key's name, is dropped and rebuilt, never loaded. A build may skip reading an entry's large
-parts where its stat record (core/cache_stat.py) says the file is exactly as when it was last read and checked. Only regular files are read (a symlink or a
-folder in an entry's place is refused, never followed), and no more than ``MAX_ENTRY_BYTES``. A cache that cannot
+parts where its stat record (core/cache_stat.py) says the file is exactly as when it was last read and checked.
+Only regular files are read (a symlink or a folder in an entry's place is refused, never followed), and no more
+than ``MAX_ENTRY_BYTES``. A cache that cannot
 be written (a full disk, a read-only folder) is a warning: the build goes on without storing. Per-key ``fcntl.flock`` locks serialise concurrent builders of the same entry and die with their
 process, so no lock can go stale.
 
@@ -15,7 +16,8 @@ neither root nor you own, or a final folder that is not yours with mode 0700 is 
 build goes on without a cache).
 
 Housekeeping (`mamba-forge cache size|clean|prune`, :mod:`mamba_forge.build.cache_admin`) touches only regular
-files named like entries under ``<root>/v1/<xx>/``, never follows a symlink and leaves the folders and locks.
+files named like entries under ``<root>/v1/<xx>/`` (and, for `clean`, the builds' stat records under
+``<root>/stat/``), never follows a symlink and leaves the folders and locks.
 """
 
 from __future__ import annotations

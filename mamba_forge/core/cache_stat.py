@@ -13,10 +13,10 @@ past it (`reclock`), and recorded then.
 The record of one output folder (its artifacts, and the cache entries its programs came from) is kept in the
 private cache, in ``<root>/stat/`` (`BuildRecord`): written atomically, read back bounded (MAX_RECORD_BYTES, no
 link followed), checked against its own sha256, and one that is corrupt, truncated, too large or of another
-shape is treated as absent. The
-record only ever names a file's contents together with that file's exact key: at worst a lying record makes a
-build trust a file exactly as much as the file's own bytes would; a mismatch means a full read, as without one.
-Standard library only.
+shape is treated as absent. It is as private as the cache: only its owner can write it (and could as well write
+the entries). A row is believed only for a file whose stat is exactly the recorded one, and its digest is
+always compared with what the build expects (an artifact's sha256, the hash of an entry's header as read), so a
+wrong row costs a full read, never a wrong file. Standard library only.
 """
 
 from __future__ import annotations
