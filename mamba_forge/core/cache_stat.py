@@ -16,7 +16,7 @@ link followed), checked against its own sha256, and one that is corrupt, truncat
 shape is treated as absent. It is as private as the cache: only its owner can write it (and could as well write
 the entries). A row is believed only for a file whose stat is exactly the recorded one, and its digest is
 always compared with what the build expects (an artifact's sha256, the hash of an entry's header as read), so a
-wrong row costs a full read, never a wrong file. Standard library only.
+damaged row costs a full read, never a wrong file. Standard library only.
 """
 
 from __future__ import annotations
