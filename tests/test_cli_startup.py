@@ -1,8 +1,8 @@
 """What the fast paths of issue 26 import, checked in fresh processes: `mamba-forge -h` (under 0.3 s) loads typer
 and our command modules, none of pydantic, rich, numpy, ml_dtypes, cryptography, pyelftools, cuda-bindings or the
 catalog; a no-change rebuild (`build -q` with everything in the cache) loads no pyelftools, cryptography, rich,
-process pool or NVRTC binding, loads the catalog from its memo and writes nothing. The checker itself is shown to
-report a planted import."""
+process pool or NVRTC binding, loads the catalog from its memo, opens no artifact of build/ (the stat record says
+they hold what the manifest says) and writes nothing. The checker itself is shown to report a planted import."""
 
 from __future__ import annotations
 
@@ -25,19 +25,30 @@ NOT_FOR_A_NO_CHANGE_BUILD = ("elftools", "cryptography", "rich", "concurrent.fut
 
 def _modules_after(argv: list[str], env: dict | None = None, before: str = "") -> tuple[int, list[str]]:
     """(exit code, modules loaded) of `mamba-forge ARGV` run by main() in a fresh interpreter (stdout dropped)."""
+    return _run(argv, env, before)[:2]  # type: ignore[return-value]
+
+
+# the artifacts of build/ a process opens, as the interpreter's audit hook sees each open (any way of opening)
+WATCH_OPENS = ("opened = []\n"
+               "sys.addaudithook(lambda ev, a: ev == 'open' and str(a[0]).endswith(('.cubin', '.ptx'))"
+               " and opened.append(str(a[0])))")
+
+
+def _run(argv: list[str], env: dict | None = None, before: str = "") -> tuple[int, list[str], list[str]]:
+    """_modules_after, and the paths `before` put in a list `opened` (empty where it made none)."""
     code = (
         "import contextlib, io, json, sys\n"
         f"{before}\n"
         "from mamba_forge.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         f"    rc = main({argv!r})\n"
-        "sys.__stdout__.write(json.dumps([rc, sorted(sys.modules)]))\n"
+        "sys.__stdout__.write(json.dumps([rc, sorted(sys.modules), globals().get('opened', [])]))\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
     assert r.returncode == 0, r.stderr
-    rc, modules = json.loads(r.stdout.strip().splitlines()[-1])
-    return rc, modules
+    rc, modules, opened = json.loads(r.stdout.strip().splitlines()[-1])
+    return rc, modules, opened
 
 
 def _loaded(modules: list[str], names: tuple[str, ...]) -> list[str]:
@@ -64,8 +75,10 @@ def test_a_no_change_rebuild_loads_no_compile_or_render_machinery(tmp_path):
     out = tmp_path / "b"
     env = {"MAMBA_FORGE_CACHE": str(cache), "MAMBA_FORGE_TRUST": str(tmp_path / "no-trust")}
     argv = ["build", "--catalog", str(cat), "--arch", "sm_90a", "--out", str(out), "-q"]
-    rc, first = _modules_after(argv, env)  # compiles (the control: the machinery is loaded then)
+    rc, first, read_back = _run(argv, env, before=WATCH_OPENS)  # compiles (the control: the machinery is loaded)
     assert rc == 0 and "elftools" in first and (out / "manifest.toml").is_file()
+    # the control for the opens: the build reads back what it wrote, to record it
+    assert sorted(read_back) == sorted(str(p) for p in out.rglob("*") if p.suffix in (".cubin", ".ptx"))
     manifest = (out / "manifest.toml").read_bytes()
     mtime = (out / "manifest.toml").stat().st_mtime_ns
     count = ("import mamba_forge.catalog.model as M, mamba_forge.manifest.toml_io as T\n"
@@ -75,8 +88,8 @@ def test_a_no_change_rebuild_loads_no_compile_or_render_machinery(tmp_path):
              "T.dumps = lambda *a: calls.append('dumps') or real_dumps(*a)\n"
              "import atexit; atexit.register(lambda: sys.__stderr__.write('CALLS' + json.dumps(calls)))")
     for _ in range(2):  # the first rebuild may still write a memo this state lacked; the second must not need to
-        rc, modules = _modules_after(argv, env, before=count)
-        assert rc == 0
+        rc, modules, opened = _run(argv, env, before=count + "\n" + WATCH_OPENS)
+        assert rc == 0 and opened == [], opened  # the stat record says they hold what the manifest says
     assert _loaded(modules, NOT_FOR_A_NO_CHANGE_BUILD) == []
     assert (out / "manifest.toml").read_bytes() == manifest and (out / "manifest.toml").stat().st_mtime_ns == mtime
     r = subprocess.run([sys.executable, "-c", "import contextlib, io, json, sys\n" + count + "\n"

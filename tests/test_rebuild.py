@@ -254,3 +254,28 @@ def test_no_cache_build_reads_and_writes_no_memo(built, tmp_path, monkeypatch):
     assert opened_at == [] and not fresh.exists(), (opened_at, sorted(p.name for p in fresh.rglob("*")) if fresh.exists() else [])
     assert main(["build", "--catalog", str(cat), "--arch", "sm_90a", "--out", str(tmp_path / "b2"), "-q"]) == 0
     assert [loc for loc in opened if loc is not None] and fresh.is_dir()  # the negative control: without the flag the cache and its memos are used
+
+
+def test_the_fields_are_found_where_the_pattern_finds_them(record):
+    """_fields_in (bytes.find, then the pattern at each line that starts with "cached = ") finds what
+    _CACHE_FIELDS.finditer finds, in any text: the real manifest and random pieces of one."""
+    import random
+
+    text = dumps(record).encode()
+    pieces = [b"cached = true\n", b"cached = false\n", b"compile_seconds = 1.25\n", b"compile_seconds = 1e-07",
+              b"\n", b"x", b"cached = ", b"true\n", b" cached = true\n"]
+    rng = random.Random(26)
+    texts = [text, b"", b"cached = true\ncompile_seconds = 2.0" + text, text + b"\ncached = false\ncompile_seconds = 3.5"]
+    texts += [b"".join(rng.choice(pieces) for _ in range(rng.randrange(14))) for _ in range(3000)]
+    for t in texts:
+        assert [m.group(0) for m in manifest_text._fields_in(t)] == [m.group(0) for m in manifest_text._CACHE_FIELDS.finditer(t)]
+    assert len(manifest_text._fields_in(text)) == len(record.modules)  # the control: one per module
+
+
+def test_the_plain_digest_tells_types_apart_and_not_object_sharing(record):
+    one = replace(record, state_capacity=1)
+    assert len({builder._plain_digest(replace(record, state_capacity=v)) for v in (1, 1.0, True)}) == 3
+    shared = "sm_90a"
+    a = replace(one, targets=[shared, shared])
+    b = replace(one, targets=["sm_90" + "a"[: len(shared)], "".join(["sm_", "90a"])])  # equal, not the same objects
+    assert builder._plain_digest(a) == builder._plain_digest(b) != builder._plain_digest(one)

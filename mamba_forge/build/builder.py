@@ -34,9 +34,10 @@ from mamba_forge.build.jobs import (  # noqa: F401  (re-exported: the build's pu
 from mamba_forge.build.jobs import sha as _sha
 from mamba_forge.build.manifest_text import _manifest_text, _plain_digest, _text_memo, manifest_bytes  # noqa: F401
 from mamba_forge.build.outputs import OutputStage, hold_out
-from mamba_forge.build.records import LOG_HEAD_LINES, _finish, judge  # noqa: F401
-from mamba_forge.build.worker import die_with_parent, entry_problem, run_job
-from mamba_forge.core.cache import Cache, CacheRefused, default_location
+from mamba_forge.build.records import LOG_HEAD_LINES, _finish, artifact_path, judge  # noqa: F401
+from mamba_forge.build.worker import ARTIFACT_PARTS, die_with_parent, entry_problem, run_job
+from mamba_forge.core.cache import DIGEST_PREFIX, SIZE_PREFIX, Cache, CacheRefused, default_location
+from mamba_forge.core.cache_stat import BuildRecord, fs_clock
 from mamba_forge.core.schema import BuildManifest, ModuleBuild, Toolchain
 
 
@@ -82,10 +83,15 @@ def open_cache(req: BuildRequest) -> Cache | None:
 def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifest:
     """Build every (module x target) the catalog gates admit; never raises for a module that fails to compile.
     Holds `req.out` for the build (a second build into it is refused) and writes it all or nothing."""
-    with hold_out(req.out):
+    with hold_out(req.out) as lock_fd:
         stage = OutputStage(req.out)
         try:
-            manifest = _build(req, stage, progress)
+            cache = open_cache(req)
+            record = None
+            if cache is not None:  # what the folder's files and the cache entries held when last read
+                record = BuildRecord(cache, req.out, lambda: fs_clock(lock_fd), cache.clock)
+                stage.record, cache.record = record.outputs, record.entries
+            manifest = _build(req, cache, stage, progress)
             remember = None
             if req.write_manifest:
                 text, remember = _manifest_text(manifest, req.out / "manifest.toml")
@@ -93,14 +99,35 @@ def build(req: BuildRequest, progress: ProgressFn | None = None) -> BuildManifes
             stage.commit()
             if remember is not None:  # only bytes that were written (or kept) become a memo
                 _text_memo(*remember)
+            if record is not None:  # after the commit: it names only files that hold what it says
+                stage.record_written()
+                record.save()
         except BaseException:
             stage.abort()
             raise
     return manifest
 
 
-def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -> BuildManifest:
-    cache = open_cache(req)
+def _cache_hit(cache: Cache, job: Job, stage: OutputStage) -> tuple[dict[str, bytes] | None, dict | None]:
+    """A program's cache entry (and its decoded metadata), its cubin and ptx left unread where the stat records
+    say the entry and the output files hold what they held when last read and checked: a no-change rebuild reads
+    neither the 171 MB of entries nor build/'s copies of them. Anything else is read and hashed in full."""
+    decoded: dict = {}
+
+    def accept(parts: dict[str, bytes]) -> str | None:
+        return entry_problem(parts, job.target.cc, decoded)
+
+    parts = cache.get(job.key, accept=accept, lazy=ARTIFACT_PARTS)
+    if parts is not None and not all(
+        code in parts or parts[SIZE_PREFIX + code] == b"0"
+        or stage.current(artifact_path(job, code), parts[DIGEST_PREFIX + code].decode())
+        for code in ARTIFACT_PARTS
+    ):  # an output to write, or to read and compare: the entry's bytes are needed after all
+        parts = cache.get(job.key, accept=accept)
+    return parts, decoded.get("meta")
+
+
+def _build(req: BuildRequest, cache: Cache | None, stage: OutputStage, progress: ProgressFn | None) -> BuildManifest:
     memo: HeaderMemo = {}
     jobs = plan(req, memo)
     if progress:
@@ -112,10 +139,9 @@ def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -
     results: dict[int, ModuleBuild] = {}
     pending: list[int] = []
     for i, job in enumerate(jobs):
-        decoded: dict = {}
-        parts = cache.get(job.key, accept=lambda p, cc=job.target.cc, d=decoded: entry_problem(p, cc, d)) if cache else None
+        parts, meta = _cache_hit(cache, job, stage) if cache else (None, None)
         if parts is not None:
-            results[i] = _finish(job, dict(parts, cached=b"1"), stage, decoded.get("meta"))
+            results[i] = _finish(job, dict(parts, cached=b"1"), stage, meta)
             if progress:
                 progress("done", results[i])
         else:
@@ -161,6 +187,9 @@ def _build(req: BuildRequest, stage: OutputStage, progress: ProgressFn | None) -
                 except BaseException:  # an output that cannot be written: no compile still queued runs
                     pool.shutdown(wait=False, cancel_futures=True)
                     raise
+        if cache is not None:  # what the workers stored, read back once: the next rebuild need not read it
+            cache.record_written({jobs[i].key: lambda p, cc=jobs[i].target.cc: entry_problem(p, cc)
+                                  for i in pending if results[i].status == "compiled"})
     lib = nvrtc.library_identity()
     headers = {}
     digests: dict[int, str] = {}  # by id of the memo's bytes: each header hashed once however many modules share it

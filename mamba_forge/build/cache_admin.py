@@ -1,4 +1,5 @@
-"""Cache housekeeping: size, clean, prune to a cap (least recently used first; a hit renews an entry's mtime).
+"""Cache housekeeping: size, clean, prune to a cap (least recently used first; a hit renews an entry's mtime once
+it is a day old).
 
 Only regular files named like entries (``<root>/v1/<key[:2]>/<key>``, 64 hex digits) count or are removed;
 folders are opened with O_NOFOLLOW and files unlinked relative to them, so a symlink planted anywhere under the
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mamba_forge.core.cache import CacheRefused, check_private, default_location
+from mamba_forge.core.cache_stat import RECORDS
 from mamba_forge.core.errors import ForgeError
 
 MAX_ENV = "MAMBA_FORGE_CACHE_MAX"
@@ -137,9 +139,16 @@ def _remove(root: Path, doomed: list[Entry]) -> Usage:
 
 
 def clean(root: Path) -> Usage:
-    """Remove every entry; returns what was removed. Bad input when the folder is unsafe."""
+    """Remove every entry, and the builds' stat records (``<root>/stat/``: they name entries); returns what was
+    removed (entries only). Bad input when the folder is unsafe."""
     _require_safe(root)
-    return _remove(root, entries(root))
+    removed = _remove(root, entries(root))
+    with _open_dir(Path(root) / RECORDS) as records:
+        for name in os.listdir(records) if records is not None else ():
+            with contextlib.suppress(OSError):
+                if _KEY.match(name) and stat.S_ISREG(os.stat(name, dir_fd=records, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=records)
+    return removed
 
 
 def prune(root: Path, max_bytes: int) -> Usage:

@@ -5,7 +5,7 @@ rebuild that changes nothing skip writing the TOML."""
 from __future__ import annotations
 
 import hashlib
-import json
+import marshal
 import math
 import re
 from pathlib import Path
@@ -68,13 +68,31 @@ def _manifest_text(manifest: BuildManifest, previous: Path) -> tuple[bytes, tupl
 
 def _got_fields(old: bytes, manifest: BuildManifest) -> list[bytes] | None:
     """The previous file's `cached`/`compile_seconds` lines, one per module of `manifest`, or None."""
-    got = [m.group(0) for m in _CACHE_FIELDS.finditer(old) if _written_float(m.group(1))]
+    got = [m.group(0) for m in _fields_in(old) if _written_float(m.group(1))]
     return got if len(got) == len(manifest.modules) else None
 
 
+def _fields_in(text: bytes) -> list[re.Match]:
+    """_CACHE_FIELDS.finditer(text), found ten times faster (1 ms, not 11, in the built-in catalog's 1.5 MB
+    manifest): only a line that starts with "cached = " can start a match, and bytes.find finds those."""
+    text = b"\n" + text  # the first line starts after a newline too; what a match holds is unchanged
+    found, pos = [], 0
+    while (i := text.find(b"\ncached = ", pos)) >= 0:
+        m = _CACHE_FIELDS.match(text, i + 1)
+        if m is None:
+            pos = i + 1
+            continue
+        found.append(m)
+        pos = m.end()
+    return found
+
+
 def _plain_digest(manifest: BuildManifest, got: list[bytes] | None = None) -> str:
-    """sha256 of the manifest's plain data as JSON (order and types kept: 1, 1.0 and true differ), with each
-    module's `cached` and `compile_seconds` taken from the `got` lines when given."""
+    """sha256 of the manifest's plain data (order and types kept: 1, 1.0 and true differ), with each module's
+    `cached` and `compile_seconds` taken from the `got` lines when given. The data is serialised by marshal's
+    version 2, which writes every value out (no references, so equal data gives equal bytes however objects are
+    shared) and tells each type apart, in 5 ms where json.dumps took 20 (2083 symbols); another Python may write
+    other bytes: a memo miss, never a false hit."""
     from mamba_forge.core.codec import to_dict
 
     plain = to_dict(manifest)
@@ -82,7 +100,7 @@ def _plain_digest(manifest: BuildManifest, got: list[bytes] | None = None) -> st
         cached, seconds = line.split(b"\n")
         module["cached"] = cached.endswith(b"true")
         module["compile_seconds"] = float(seconds.split(b" = ", 1)[1])
-    return hashlib.sha256(json.dumps(plain, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(marshal.dumps(plain, 2)).hexdigest()
 
 
 _TEXT_CODE = ("manifest/toml_io.py", "core/codec.py", "core/schema.py", "core/schema_build.py", "core/record.py",

@@ -8,10 +8,11 @@ import json
 from mamba_forge.build import admit, nvrtc
 from mamba_forge.build.jobs import Job, sha
 from mamba_forge.build.outputs import OutputStage
+from mamba_forge.build.worker import ARTIFACT_PARTS
 from mamba_forge.catalog.compile_rules import redact_log
 from mamba_forge.catalog.model import Symbol
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
-from mamba_forge.core.cache import DIGEST_PREFIX
+from mamba_forge.core.cache import DIGEST_PREFIX, SIZE_PREFIX
 from mamba_forge.core.schema import Artifact, ModuleBuild, Resources, SymbolBuild, Verdict
 
 LOG_HEAD_LINES = 12
@@ -82,8 +83,14 @@ def _symbol_record(sym: Symbol, res: Resources | None, verdict: Verdict) -> Symb
     )
 
 
+def artifact_path(job: Job, code: str) -> str:
+    """Where a program's cubin or ptx goes inside the output folder."""
+    return f"{job.target.name}/{job.module.kind}.{code}"
+
+
 def _finish(job: Job, parts: dict[str, bytes], out: OutputStage, meta: dict | None = None) -> ModuleBuild:
-    """The module's record from its compile result (`meta`: its metadata, when the caller decoded it already)."""
+    """The module's record from its compile result (`meta`: its metadata, when the caller decoded it already).
+    A cubin or ptx left unread in the cache (only its digest and size in `parts`) must be one `out` holds."""
     meta = json.loads(parts["meta"]) if meta is None else meta
     log = parts["log"].decode(errors="replace")
     record = ModuleBuild(
@@ -111,15 +118,19 @@ def _finish(job: Job, parts: dict[str, bytes], out: OutputStage, meta: dict | No
             _symbol_record(s, None, Verdict(status="rejected", check="compile", reason=reason)) for s in job.module.symbols
         ]
         return record
-    for code in ("cubin", "ptx"):
-        data = parts[code]
-        if not data:
+    for code in ARTIFACT_PARTS:
+        data = parts.get(code)
+        size = len(data) if data is not None else int(parts[SIZE_PREFIX + code])
+        if not size:
             continue
-        rel = f"{job.target.name}/{job.module.kind}.{code}"
-        out.add(rel, data)
-        digest = parts.get(DIGEST_PREFIX + code)  # a cache hit's verified digest: no second pass over the bytes
-        record.artifacts.append(Artifact(path=rel, sha256=digest.decode() if digest else sha(data), size=len(data),
-                                         code=code))  # type: ignore[arg-type]
+        rel = artifact_path(job, code)
+        got = parts.get(DIGEST_PREFIX + code)  # a cache hit's verified digest: no second pass over the bytes
+        digest = got.decode() if got else sha(data)  # type: ignore[arg-type]
+        if data is not None:
+            out.add(rel, data, digest)
+        elif not out.current(rel, digest):
+            raise ValueError(f"{rel}: its bytes were left unread in the cache, yet the output does not hold them")
+        record.artifacts.append(Artifact(path=rel, sha256=digest, size=size, code=code))  # type: ignore[arg-type]
     record.symbols, record.foreign_exports = judge(job, meta)
     for name in record.foreign_exports:
         record.symbols.append(

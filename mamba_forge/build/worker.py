@@ -12,12 +12,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mamba_forge.build import cubin, nvrtc
-from mamba_forge.core.cache import Cache
+from mamba_forge.build import nvrtc
+from mamba_forge.core.cache import DIGEST_PREFIX, Cache
 
 
 def compile_parts(source: str, name: str, options: list[str], headers: dict[str, bytes]) -> dict[str, bytes]:
     """Compile and return the cache entry parts: cubin, ptx, log and meta (resources as JSON)."""
+    from mamba_forge.build import cubin  # here: a no-change rebuild reads no cubin (nor the regexes it compiles)
+
     t0 = time.perf_counter()
     res = nvrtc.compile_program(source, name, options, headers)
     meta: dict = {"ok": res.ok, "seconds": round(time.perf_counter() - t0, 3)}
@@ -39,6 +41,7 @@ def compile_parts(source: str, name: str, options: list[str], headers: dict[str,
 
 
 ENTRY_PARTS = ("cubin", "ptx", "log", "meta")
+ARTIFACT_PARTS = ("cubin", "ptx")  # the parts that become build/ files: a build may leave them unread (lazy)
 _META_SHAPE = {"ok": bool, "kernels": dict, "ptxas": dict, "float_atomics": dict, "float_atomics_funcs": list,
                "order_tokens": dict, "order_tokens_funcs": list}
 
@@ -46,8 +49,11 @@ _META_SHAPE = {"ok": bool, "kernels": dict, "ptxas": dict, "float_atomics": dict
 def entry_problem(parts: dict[str, bytes], cc: int, parsed: dict | None = None) -> str | None:
     """Why a cache entry (whose bytes matched their hashes) is still not a compile result to serve: a part
     missing, metadata of another shape, or a cubin that is not an ELF file for this target. None: serve it.
-    `parsed`: also receives the metadata it decoded (as "meta"), so a hit is not decoded twice."""
-    missing = [n for n in ENTRY_PARTS if n not in parts]
+    `parsed`: also receives the metadata it decoded (as "meta"), so a hit is not decoded twice.
+
+    A cubin left unread (`Cache.get(lazy=...)`: only its digest is here) is one whose entry's stat record says
+    these exact bytes were read, hashed and accepted before, under this key (so for this target)."""
+    missing = [n for n in ENTRY_PARTS if n not in parts and not (n in ARTIFACT_PARTS and DIGEST_PREFIX + n in parts)]
     if missing:
         return f"no {missing[0]} part"
     try:
@@ -60,6 +66,10 @@ def entry_problem(parts: dict[str, bytes], cc: int, parsed: dict | None = None) 
         return "a failed compile is never cached"
     if parsed is not None:
         parsed["meta"] = meta
+    if "cubin" not in parts:
+        return None
+    from mamba_forge.build import cubin
+
     return cubin.elf_problem(parts["cubin"], cc)
 
 
