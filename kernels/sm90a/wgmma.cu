@@ -2,6 +2,8 @@
 // mbarriers, one producer warpgroup (one elected thread issues the TMA boxes, registers given back with
 // setmaxnreg.dec) and NC consumer warpgroups issuing wgmma.mma_async m64nBNk16 with f32 accumulators.
 // Persistent grid: CTA b takes tiles b, b + gridDim.x, ... in a grouped order (GROUP_M row tiles share B in L2).
+// The ring is mf/wgmma_ring.cuh (shared with the TF32 rungs, wgmma_tf32.cu); the boxes, the k16 steps and the
+// epilogues are this file's.
 //
 // Batch invariance by construction: one tile shape per symbol; every C tile is reduced over the whole K range in
 // one CTA, k-tiles in ascending order, four k16 steps per k-tile in ascending order, the same wgmma instruction
@@ -35,6 +37,7 @@
 #include "mf/layout.cuh"
 #include "mf/tma.cuh"
 #include "mf/wgmma.cuh"
+#include "mf/wgmma_ring.cuh"
 
 namespace mf {
 
@@ -61,7 +64,6 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
                              int N, int K) {
   using S = WgSmem<BM, BN, STAGES, TMASTORE>;
   constexpr int MB = BM / (64 * NC);  // m64 blocks per consumer warpgroup
-  static_assert(MB >= 1 && MB * 64 * NC == BM, "BM must be 64 * NC * MB");
   static_assert(BN == 32 || BN == 64 || BN == 128 || BN == 256, "wgmma N is 32, 64, 128 or 256 here");
   static_assert(BM % WG_BOX == 0 && (BN % WG_BOX == 0 || BN == 32), "tiles are whole TMA boxes");
   static_assert(BN >= 64 || (LAYOUT == Layout::NN && !TMASTORE), "BN = 32 (64-byte swizzled B box) is NN only");
@@ -74,119 +76,48 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
 
   extern __shared__ unsigned char wg_smem_raw[];
   const u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;  // 128-byte swizzle atoms need 1024 alignment
-  const u32 full_bar = base + S::BAR_OFFSET;                     // STAGES barriers: "stage loaded"
-  const u32 empty_bar = full_bar + STAGES * 8;                   // STAGES barriers: "stage consumed"
 
-  const int wg = threadIdx.x / 128;
-  const int tid_in_wg = threadIdx.x % 128;
-  if (threadIdx.x == 0) {
-    tma_prefetch_desc(tmA);
-    tma_prefetch_desc(tmB);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full_bar + 8 * s, 1);            // the producer's expect_tx arrival (+ the TMA bytes)
-      mbar_init(empty_bar + 8 * s, NC * 4);      // one arrival per consumer warp
+  auto boxes = [&](u32 sa, u32 sb, u32 fb, int m0, int n0, int k0) {
+#pragma unroll
+    for (int j = 0; j < BM / WG_BOX; ++j) {
+      if (LAYOUT == Layout::TN) tma_load_2d(sa + j * BOX_BYTES, tmA, fb, m0 + j * WG_BOX, k0);  // A is K x M
+      else tma_load_2d(sa + j * BOX_BYTES, tmA, fb, k0, m0 + j * WG_BOX);                      // A is M x K
     }
-    mbar_init_fence();
-  }
-  __syncthreads();
-
-  const int tiles_m = (M + BM - 1) / BM;
-  const int tiles_n = (N + BN - 1) / BN;
-  const int num_tiles = tiles_m * tiles_n;
-  const int k_tiles = (K + WG_BK - 1) / WG_BK;
-
-  if (wg == 0) {
-    // ---- producer warpgroup: one thread streams A and B boxes into the ring ----
-    if constexpr (NC >= 2) setmaxnreg_dec<40>();  // 384 threads launch at <= 168 registers: give 128 back
-    if (tid_in_wg == 0) {
-      int stage = 0;
-      u32 phase = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        int tm, tn;
-        grouped_tile_coords<WG_GROUP_M>(t, tiles_m, tiles_n, tm, tn);
-        const int m0 = tm * BM, n0 = tn * BN;
-        for (int kt = 0; kt < k_tiles; ++kt) {
-          const int k0 = kt * WG_BK;
-          mbar_wait(empty_bar + 8 * stage, phase ^ 1u);
-          const u32 fb = full_bar + 8 * stage;
-          mbar_expect_tx(fb, (u32)S::STAGE_BYTES);
-          const u32 sa = base + stage * S::STAGE_BYTES;
-          const u32 sb = sa + S::A_BYTES;
 #pragma unroll
-          for (int j = 0; j < BM / WG_BOX; ++j) {
-            if (LAYOUT == Layout::TN) tma_load_2d(sa + j * BOX_BYTES, tmA, fb, m0 + j * WG_BOX, k0);  // A is K x M
-            else tma_load_2d(sa + j * BOX_BYTES, tmA, fb, k0, m0 + j * WG_BOX);                      // A is M x K
-          }
+    for (int j = 0; j < B_BOXES; ++j) {
+      if (LAYOUT == Layout::NT) tma_load_2d(sb + j * BOX_BYTES, tmB, fb, k0, n0 + j * WG_BOX);  // B is N x K
+      else tma_load_2d(sb + j * BOX_BYTES, tmB, fb, n0 + j * B_BOX_N, k0);                     // B is K x N
+    }
+  };
+  auto k_tile = [&](float (&acc)[MB][BN / 2], u32 sa, u32 sb, int c) {
 #pragma unroll
-          for (int j = 0; j < B_BOXES; ++j) {
-            if (LAYOUT == Layout::NT) tma_load_2d(sb + j * BOX_BYTES, tmB, fb, k0, n0 + j * WG_BOX);  // B is N x K
-            else tma_load_2d(sb + j * BOX_BYTES, tmB, fb, n0 + j * B_BOX_N, k0);                     // B is K x N
-          }
-          if (++stage == STAGES) { stage = 0; phase ^= 1u; }
-        }
+    for (int kk = 0; kk < WG_BK / 16; ++kk) {
+      // B: NT is K-major (rows of 128 B over n, step 32 B per k16); NN/TN are N-major (64-column chunks 8 KB
+      // apart, step 16 rows = 2048 B per k16).
+      // BN = 32: one 64-byte-swizzled N-major box, rows of 64 B, step 16 rows = 1024 B per k16.
+      const u64 db = BN == 32 ? wgmma_desc_sw64(sb + kk * 1024, 16, 512)
+                     : TB     ? wgmma_desc_sw128(sb + kk * 2048, BOX_BYTES, 1024)
+                              : wgmma_desc_sw128(sb + kk * 32, 16, 1024);
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb) {
+        const u32 a_blk = sa + (c * MB + mb) * BOX_BYTES;  // 64 rows of the tile = one 8 KB box in both majors
+        const u64 da = TA ? wgmma_desc_sw128(a_blk + kk * 2048, BOX_BYTES, 1024) : wgmma_desc_sw128(a_blk + kk * 32, 16, 1024);
+        Wgmma<T, BN, TA, TB>::run(acc[mb], da, db);
       }
     }
-    return;
-  }
-
-  // ---- consumer warpgroups: wgmma over the ring, then the epilogue straight from registers ----
-  if constexpr (NC >= 2) setmaxnreg_inc<232>();  // 128 accumulators per thread plus addressing
-  const int c = wg - 1;  // consumer index: rows [c*MB*64, (c+1)*MB*64) of the tile
-  const int warp = tid_in_wg / 32, lane = tid_in_wg % 32;
-  float acc[MB][BN / 2];
-  int stage = 0, prev_stage = 0;
-  u32 phase = 0;
-  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    int tm, tn;
-    grouped_tile_coords<WG_GROUP_M>(t, tiles_m, tiles_n, tm, tn);
-#pragma unroll
-    for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[mb][i] = 0.f;
-
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      mbar_wait(full_bar + 8 * stage, phase);
-      const u32 sa = base + stage * S::STAGE_BYTES;
-      const u32 sb = sa + S::A_BYTES;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < WG_BK / 16; ++kk) {
-        // B: NT is K-major (rows of 128 B over n, step 32 B per k16); NN/TN are N-major (64-column chunks 8 KB
-        // apart, step 16 rows = 2048 B per k16).
-        // BN = 32: one 64-byte-swizzled N-major box, rows of 64 B, step 16 rows = 1024 B per k16.
-        const u64 db = BN == 32 ? wgmma_desc_sw64(sb + kk * 1024, 16, 512)
-                       : TB     ? wgmma_desc_sw128(sb + kk * 2048, BOX_BYTES, 1024)
-                                : wgmma_desc_sw128(sb + kk * 32, 16, 1024);
-#pragma unroll
-        for (int mb = 0; mb < MB; ++mb) {
-          const u32 a_blk = sa + (c * MB + mb) * BOX_BYTES;  // 64 rows of the tile = one 8 KB box in both majors
-          const u64 da = TA ? wgmma_desc_sw128(a_blk + kk * 2048, BOX_BYTES, 1024) : wgmma_desc_sw128(a_blk + kk * 32, 16, 1024);
-          Wgmma<T, BN, TA, TB>::run(acc[mb], da, db);
-        }
-      }
-      wgmma_commit();
-      // Keep this k-tile's batch in flight; the previous one has finished reading its stage: release it.
-      wgmma_wait<1>();
-      if (kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
-      prev_stage = stage;
-      if (++stage == STAGES) { stage = 0; phase ^= 1u; }
-    }
-    wgmma_wait<0>();
-    if (k_tiles > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
-
-    // Epilogue: fragment register i of an m64nBN accumulator holds row warp*16 + lane/4 + 8*((i/2)%2) and
-    // column (i/4)*8 + (lane%4)*2 + i%2; pairs (i, i+1) are adjacent columns, written as one 4-byte word.
-    const int n0 = tn * BN;
+  };
+  auto epilogue = [&](float (&acc)[MB][BN / 2], int tm, int tn, int c, int warp, int lane, int tid_in_wg) {
     if constexpr (TMASTORE) {
       // Stage the tile in shared memory as 64x64 boxes in the 128-byte swizzled layout (16-byte chunk index XOR
       // row % 8: a warp's eight rows land in distinct banks), then one thread stores the boxes with TMA, which
       // clips rows >= M and columns >= N. The staging area is reused only after the previous stores read it.
+      const int n0 = tn * BN;
       if (tid_in_wg == 0) bulk_wait_read_all();
       named_bar_sync(1 + c, 128);
 #pragma unroll
       for (int mb = 0; mb < MB; ++mb) {
 #pragma unroll
-        for (int i = 0; i < BN / 2; i += 2) {
+        for (int i = 0; i < BN / 2; i += 2) {  // the register -> (row, column) map of mf::wgmma_store_pairs
           const int r = warp * 16 + lane / 4 + 8 * ((i / 2) % 2);  // row within the 64-row block
           const int col = (i / 4) * 8 + (lane % 4) * 2;           // column within the tile
           const int box = (c * MB + mb) * (BN / WG_BOX) + col / WG_BOX;
@@ -207,23 +138,18 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
         bulk_commit();
       }
     } else {
-#pragma unroll
-      for (int mb = 0; mb < MB; ++mb) {
-        const int row_base = tm * BM + (c * MB + mb) * 64 + warp * 16 + lane / 4;
-#pragma unroll
-        for (int i = 0; i < BN / 2; i += 2) {
-          const int row = row_base + 8 * ((i / 2) % 2);
-          const int col = n0 + (i / 4) * 8 + (lane % 4) * 2;
-          if (row < M && col < N) {  // N % 8 == 0 (host-checked), so col < N implies col + 1 < N
-            *reinterpret_cast<u32*>(C + (long long)row * N + col) = pack2<T>(acc[mb][i], acc[mb][i + 1]);
-          }
-        }
-      }
+      wgmma_store_pairs<BM, BN, MB, 0>(C, tm, tn, c, warp, lane, M, N, [&](T* p, int mb, int i, int) {
+        // N % 8 == 0 (host-checked), so col < N implies col + 1 < N: one 4-byte word
+        *reinterpret_cast<u32*>(p) = pack2<T>(acc[mb][i], acc[mb][i + 1]);
+      });
     }
-  }
-  if constexpr (TMASTORE) {
-    if (tid_in_wg == 0) bulk_wait_all();  // the last tile's stores finish before the CTA (and its smem) retires
-  }
+  };
+  auto finish = [&](int tid_in_wg) {
+    if constexpr (TMASTORE) {
+      if (tid_in_wg == 0) bulk_wait_all();  // the last tile's stores finish before the CTA (and its smem) retires
+    }
+  };
+  wgmma_ring<S, BM, BN, NC, STAGES, WG_BK, WG_GROUP_M>(base, tmA, tmB, M, N, K, boxes, k_tile, epilogue, finish);
 }
 
 #endif  // MF_HAS_WGMMA

@@ -3,10 +3,10 @@
 // shared memory (PTX has no transpose for .tf32), which is exactly how NT stores them, so TMA copies 32 (k) x 64
 // (rows) boxes of f32 with 128-byte swizzle straight into the operand layout: one box row = 32 f32 = 128 bytes.
 //
-// Structure (as kernels/sm90a/wgmma.cu, own code because the element, BK and instruction differ): a STAGES-deep
-// ring guarded by full/empty mbarriers, one producer warpgroup (one elected thread issues the TMA boxes, registers
-// given back with setmaxnreg.dec), NC consumer warpgroups issuing wgmma.mma_async m64nBNk8 .f32.tf32.tf32,
-// persistent grid (CTA b takes tiles b, b + gridDim.x, ... in grouped order), C stored from registers.
+// Structure: the warp-specialised ring of mf/wgmma_ring.cuh, as kernels/sm90a/wgmma.cu (a STAGES-deep TMA ring
+// guarded by full/empty mbarriers, one producer warpgroup, NC consumer warpgroups, persistent grouped grid); what
+// is this file's own is the element, BK, the boxes, the instruction (wgmma.mma_async m64nBNk8 .f32.tf32.tf32) and
+// the epilogue (C stored from registers).
 //
 // Arithmetic contract (batch invariance by construction): one f32 accumulator per output starting at +0; k-tiles
 // of 32 in ascending order over ceil(K/32) tiles, inside each the four k8 slices ascending, each one wgmma step;
@@ -23,6 +23,7 @@
 #include "mf/common.cuh"
 #include "mf/tma.cuh"
 #include "mf/wgmma.cuh"
+#include "mf/wgmma_ring.cuh"
 #include "mf/wgmma_tf32.cuh"
 
 namespace mf {
@@ -47,126 +48,45 @@ template <int BM, int BN, int NC, int STAGES>
 MF_DEVICE void gemm_wgmma_tf32_nt(const TmaDesc* tmA, const TmaDesc* tmB, float* __restrict__ C, int M, int N, int K) {
   using S = Tf32WgSmem<BM, BN, STAGES>;
   constexpr int MB = BM / (64 * NC);  // m64 blocks per consumer warpgroup
-  static_assert(MB >= 1 && MB * 64 * NC == BM, "BM must be 64 * NC * MB");
   static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma N is 64, 128 or 256 here");
   static_assert(BM % TF_BOX_ROWS == 0 && BN % TF_BOX_ROWS == 0, "tiles are whole TMA boxes");
   constexpr u32 BOX_BYTES = TF_BOX_ROWS * TF_BK * 4;
 
   extern __shared__ unsigned char tf_smem_raw[];
   const u32 base = (smem_addr(tf_smem_raw) + 1023u) & ~1023u;  // 128-byte swizzle atoms need 1024 alignment
-  const u32 full_bar = base + S::BAR_OFFSET;                     // STAGES barriers: "stage loaded"
-  const u32 empty_bar = full_bar + STAGES * 8;                   // STAGES barriers: "stage consumed"
 
-  const int wg = threadIdx.x / 128;
-  const int tid_in_wg = threadIdx.x % 128;
-  if (threadIdx.x == 0) {
-    tma_prefetch_desc(tmA);
-    tma_prefetch_desc(tmB);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full_bar + 8 * s, 1);        // the producer's expect_tx arrival (+ the TMA bytes)
-      mbar_init(empty_bar + 8 * s, NC * 4);  // one arrival per consumer warp
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-
-  const int tiles_m = (M + BM - 1) / BM;
-  const int tiles_n = (N + BN - 1) / BN;
-  const int num_tiles = tiles_m * tiles_n;
-  const int k_tiles = (K + TF_BK - 1) / TF_BK;
-
-  if (wg == 0) {
-    // ---- producer warpgroup: one thread streams A and B boxes into the ring ----
-    if constexpr (NC >= 2) setmaxnreg_dec<40>();  // 384 threads launch at <= 168 registers: give 128 back
-    if (tid_in_wg == 0) {
-      int stage = 0;
-      u32 phase = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        int tm, tn;
-        grouped_tile_coords<TF_GROUP_M>(t, tiles_m, tiles_n, tm, tn);
-        const int m0 = tm * BM, n0 = tn * BN;
-        for (int kt = 0; kt < k_tiles; ++kt) {
-          const int k0 = kt * TF_BK;
-          mbar_wait(empty_bar + 8 * stage, phase ^ 1u);
-          const u32 fb = full_bar + 8 * stage;
-          mbar_expect_tx(fb, (u32)S::STAGE_BYTES);  // zero-filled box parts count as transferred bytes
-          const u32 sa = base + stage * S::STAGE_BYTES;
-          const u32 sb = sa + S::A_BYTES;
-#pragma unroll
-          for (int j = 0; j < BM / TF_BOX_ROWS; ++j) tma_load_2d(sa + j * BOX_BYTES, tmA, fb, k0, m0 + j * TF_BOX_ROWS);
-#pragma unroll
-          for (int j = 0; j < BN / TF_BOX_ROWS; ++j) tma_load_2d(sb + j * BOX_BYTES, tmB, fb, k0, n0 + j * TF_BOX_ROWS);
-          if (++stage == STAGES) { stage = 0; phase ^= 1u; }
-        }
-      }
-    }
-    return;
-  }
-
-  // ---- consumer warpgroups: wgmma over the ring, then the epilogue straight from registers ----
-  if constexpr (NC >= 2) setmaxnreg_inc<232>();  // BN/2 accumulators per m64 block per thread plus addressing
-  const int c = wg - 1;  // consumer index: rows [c*MB*64, (c+1)*MB*64) of the tile
-  const int warp = tid_in_wg / 32, lane = tid_in_wg % 32;
   const bool pair = (N % 2) == 0;  // (row * N + col) even for every even col: 8-byte aligned float2 stores
-  float acc[MB][BN / 2];
-  int stage = 0, prev_stage = 0;
-  u32 phase = 0;
-  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    int tm, tn;
-    grouped_tile_coords<TF_GROUP_M>(t, tiles_m, tiles_n, tm, tn);
+  auto boxes = [&](u32 sa, u32 sb, u32 fb, int m0, int n0, int k0) {
 #pragma unroll
-    for (int mb = 0; mb < MB; ++mb)
+    for (int j = 0; j < BM / TF_BOX_ROWS; ++j) tma_load_2d(sa + j * BOX_BYTES, tmA, fb, k0, m0 + j * TF_BOX_ROWS);
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[mb][i] = 0.f;
-
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      mbar_wait(full_bar + 8 * stage, phase);
-      const u32 sa = base + stage * S::STAGE_BYTES;
-      const u32 sb = sa + S::A_BYTES;
-      wgmma_fence();
+    for (int j = 0; j < BN / TF_BOX_ROWS; ++j) tma_load_2d(sb + j * BOX_BYTES, tmB, fb, k0, n0 + j * TF_BOX_ROWS);
+  };
+  auto k_tile = [&](float (&acc)[MB][BN / 2], u32 sa, u32 sb, int c) {
 #pragma unroll
-      for (int kk = 0; kk < TF_BK / 8; ++kk) {
-        // Both operands K-major: rows of 128 B (32 f32), 8-row atoms 1024 B apart (SBO), the k8 slice 32 B in
-        // (the swizzle is applied by the hardware to the full address, as TMA wrote it). LBO is unused here.
-        const u64 db = wgmma_desc_sw128(sb + kk * 32, 16, 1024);
+    for (int kk = 0; kk < TF_BK / 8; ++kk) {
+      // Both operands K-major: rows of 128 B (32 f32), 8-row atoms 1024 B apart (SBO), the k8 slice 32 B in
+      // (the swizzle is applied by the hardware to the full address, as TMA wrote it). LBO is unused here.
+      const u64 db = wgmma_desc_sw128(sb + kk * 32, 16, 1024);
 #pragma unroll
-        for (int mb = 0; mb < MB; ++mb) {
-          const u32 a_blk = sa + (c * MB + mb) * BOX_BYTES;  // 64 rows of the tile = one 8 KB box
-          const u64 da = wgmma_desc_sw128(a_blk + kk * 32, 16, 1024);
-          WgmmaTf32<BN>::run(acc[mb], da, db);
-        }
-      }
-      wgmma_commit();
-      // Keep this k-tile's batch in flight; the previous one has finished reading its stage: release it.
-      wgmma_wait<1>();
-      if (kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
-      prev_stage = stage;
-      if (++stage == STAGES) { stage = 0; phase ^= 1u; }
-    }
-    wgmma_wait<0>();
-    if (k_tiles > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
-
-    // Epilogue: fragment register i of an m64nBN accumulator holds row warp*16 + lane/4 + 8*((i/2)%2) and
-    // column (i/4)*8 + (lane%4)*2 + i%2; pairs (i, i+1) are adjacent columns.
-    const int n0 = tn * BN;
-#pragma unroll
-    for (int mb = 0; mb < MB; ++mb) {
-      const int row_base = tm * BM + (c * MB + mb) * 64 + warp * 16 + lane / 4;
-#pragma unroll
-      for (int i = 0; i < BN / 2; i += 2) {
-        const int row = row_base + 8 * ((i / 2) % 2);
-        const int col = n0 + (i / 4) * 8 + (lane % 4) * 2;
-        if (row >= M || col >= N) continue;
-        float* p = C + (long long)row * N + col;
-        if (pair) {  // N even and col even: col + 1 < N too
-          *reinterpret_cast<float2*>(p) = make_float2(acc[mb][i], acc[mb][i + 1]);
-        } else {
-          p[0] = acc[mb][i];
-          if (col + 1 < N) p[1] = acc[mb][i + 1];
-        }
+      for (int mb = 0; mb < MB; ++mb) {
+        const u32 a_blk = sa + (c * MB + mb) * BOX_BYTES;  // 64 rows of the tile = one 8 KB box
+        const u64 da = wgmma_desc_sw128(a_blk + kk * 32, 16, 1024);
+        WgmmaTf32<BN>::run(acc[mb], da, db);
       }
     }
-  }
+  };
+  auto epilogue = [&](float (&acc)[MB][BN / 2], int tm, int tn, int c, int warp, int lane, int) {
+    wgmma_store_pairs<BM, BN, MB, 1>(C, tm, tn, c, warp, lane, M, N, [&](float* p, int mb, int i, int col) {
+      if (pair) {  // N even and col even: col + 1 < N too
+        *reinterpret_cast<float2*>(p) = make_float2(acc[mb][i], acc[mb][i + 1]);
+      } else {
+        p[0] = acc[mb][i];
+        if (col + 1 < N) p[1] = acc[mb][i + 1];
+      }
+    });
+  };
+  wgmma_ring<S, BM, BN, NC, STAGES, TF_BK, TF_GROUP_M>(base, tmA, tmB, M, N, K, boxes, k_tile, epilogue, [](int) {});
 }
 
 #endif  // MF_HAS_WGMMA

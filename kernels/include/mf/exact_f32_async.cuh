@@ -102,35 +102,7 @@ struct ExactF32Async {
       cp_async_wait<0>();
     }
 
-    int tx, ty;
-    Base::thread_xy(Base::sreg_tid(), tx, ty);
-    const int m0 = Base::sreg_ctaid_y() * BM, n0 = Base::sreg_ctaid_x() * BN;
-    const bool c_vec = (N % 4 == 0) && aligned16(C);
-#pragma unroll
-    for (int gi = 0; gi < TM / 4; ++gi)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int m = m0 + gi * TY * 4 + ty * 4 + i;
-        if (m >= M) continue;
-#pragma unroll
-        for (int gj = 0; gj < TN / 4; ++gj) {
-          const int n = n0 + gj * TX * 4 + tx * 4;
-          float v[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            v[j] = acc[gi * 4 + i][gj * 4 + j];
-            if (bias != nullptr && n + j < N) v[j] = __fadd_rn(v[j], bias[n + j]);
-          }
-          float* p = C + (i64)m * N + n;
-          if (c_vec && n < N) {
-            *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-          } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-              if (n + j < N) p[j] = v[j];
-          }
-        }
-      }
+    MF_EXACT_F32_STORE(Base)
   }
 };
 

@@ -67,6 +67,37 @@ MF_DEVICE float neg_zero() { return __int_as_float(0x80000000); }
 // operands allow 16-byte vectors (contiguous dimension % 4 == 0 and 16-byte aligned base); otherwise a scalar
 // path (picked by a uniform branch inside the one main loop) loads exactly the same values. Padding outside the problem: A = -0, B = +0, and
 // fma(-0, +0, acc) == acc for every acc (+0, -0, Inf, NaN), so K-tail steps leave the chain unchanged.
+// The epilogue of every exact-f32 chain tiling (ExactF32::run, ExactF32Async::run): this thread's TM x TN outputs
+// (X: the ExactF32 instance, whose thread map it uses), + bias[n] once after the whole chain, stored as float4s
+// where N and C allow. Indices from the special registers anew (the main loop's are not kept live). Statements
+// pasted into run(), not a function: NVVM simplifies a callee on its own before inlining it, and that renumbers
+// the registers of the FFMA tile's main loop (the same instructions, other cubin bytes).
+#define MF_EXACT_F32_STORE(X)                                                                          \
+  int tx, ty;                                                                                          \
+  X::thread_xy(X::sreg_tid(), tx, ty);                                                                 \
+  const int m0 = X::sreg_ctaid_y() * BM, n0 = X::sreg_ctaid_x() * BN;                                  \
+  const bool c_vec = (N % 4 == 0) && aligned16(C);                                                     \
+  _Pragma("unroll") for (int gi = 0; gi < TM / 4; ++gi)                                                \
+    _Pragma("unroll") for (int i = 0; i < 4; ++i) {                                                    \
+      const int m = m0 + gi * X::TY * 4 + ty * 4 + i;                                                  \
+      if (m >= M) continue;                                                                            \
+      _Pragma("unroll") for (int gj = 0; gj < TN / 4; ++gj) {                                          \
+        const int n = n0 + gj * X::TX * 4 + tx * 4;                                                    \
+        float v[4];                                                                                    \
+        _Pragma("unroll") for (int j = 0; j < 4; ++j) {                                                \
+          v[j] = acc[gi * 4 + i][gj * 4 + j];                                                          \
+          if (bias != nullptr && n + j < N) v[j] = __fadd_rn(v[j], bias[n + j]);                       \
+        }                                                                                              \
+        float* p = C + (i64)m * N + n;                                                                 \
+        if (c_vec && n < N) {                                                                          \
+          *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);                         \
+        } else {                                                                                       \
+          _Pragma("unroll") for (int j = 0; j < 4; ++j)                                                \
+            if (n + j < N) p[j] = v[j];                                                                \
+        }                                                                                              \
+      }                                                                                                \
+    }
+
 template <int L, int BM, int BN, int BK, int TM, int TN, int NBUF>
 struct ExactF32 {
   static constexpr int TX = BN / TN, TY = BM / TM, THREADS = TX * TY;
@@ -252,35 +283,7 @@ struct ExactF32 {
       mainloop(acc, smem, A, B, M, N, K, m0, n0, tx, ty, vec);
     }
 
-    int tx, ty;
-    thread_xy(sreg_tid(), tx, ty);
-    const int m0 = sreg_ctaid_y() * BM, n0 = sreg_ctaid_x() * BN;
-    const bool c_vec = (N % 4 == 0) && aligned16(C);
-#pragma unroll
-    for (int gi = 0; gi < TM / 4; ++gi)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int m = m0 + gi * TY * 4 + ty * 4 + i;
-        if (m >= M) continue;
-#pragma unroll
-        for (int gj = 0; gj < TN / 4; ++gj) {
-          const int n = n0 + gj * TX * 4 + tx * 4;
-          float v[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            v[j] = acc[gi * 4 + i][gj * 4 + j];
-            if (bias != nullptr && n + j < N) v[j] = __fadd_rn(v[j], bias[n + j]);
-          }
-          float* p = C + (i64)m * N + n;
-          if (c_vec && n < N) {
-            *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-          } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-              if (n + j < N) p[j] = v[j];
-          }
-        }
-      }
+    MF_EXACT_F32_STORE(ExactF32)
   }
 };
 

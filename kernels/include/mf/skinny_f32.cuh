@@ -18,6 +18,7 @@
 // distinct banks) and Bs [BK][BN].
 #pragma once
 #include "mf/common.cuh"
+#include "mf/tile_async.cuh"
 #include "mf/tile_common.cuh"
 
 namespace mf {
@@ -81,6 +82,7 @@ struct F32 {
 
   static MF_DEVICE void run(float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B,
                             const float* __restrict__ bias, int M, int N, int K) {
+    using namespace tile;  // the cp.async helpers that mf/tile_async.cuh's statements name
     extern __shared__ __align__(16) unsigned char skinny_smem_raw[];
     float* smem = reinterpret_cast<float*>(skinny_smem_raw);
     const int r0 = blockIdx.x * MC, n0 = blockIdx.y * BN;
@@ -97,16 +99,7 @@ struct F32 {
       float* As = smem + s * STAGE;
       float* Bs = As + A_ELEMS;
       const int k0 = kt * BK;
-      for (int c = tid; c < rows * (BK / 4); c += THREADS) {  // only the rows inside M
-        const int r = c / (BK / 4), q = (c % (BK / 4)) * 4, k = k0 + q;
-        const float* src = A + (i64)(r0 + r) * K + k;
-        if (a_vec) {
-          tile::cp_async16(tile::saddr(As + r * AS + q), k < K ? src : A, k < K);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) tile::cp_async4(tile::saddr(As + r * AS + q + j), k + j < K ? src + j : A, k + j < K);
-        }
-      }
+      MF_ROWS_LOAD_ASYNC(As, AS, A, r0, rows, K, k0, BK, a_vec, tid, THREADS)  // only the rows inside M
       for (int c = tid; c < BK * (BN / 4); c += THREADS) {
         const int kk = c / (BN / 4), q = (c % (BN / 4)) * 4, k = k0 + kk, n = n0 + q;
         const float* src = B + (i64)k * N + n;
@@ -129,21 +122,13 @@ struct F32 {
 #pragma unroll
       for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
 
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < k_tiles) load_stage(s, s);
-      tile::cp_async_commit();
-    }
+    MF_CP_ASYNC_FILL(STAGES, k_tiles, load_stage, , "unroll")
     for (int kt = 0; kt < k_tiles; ++kt) {
-      tile::cp_async_wait<STAGES - 2>();
-      __syncthreads();  // stage kt landed for everyone; everyone finished reading stage kt - 1 (refilled next)
-      const int pre = kt + STAGES - 1;
-      if (pre < k_tiles) load_stage(pre % STAGES, pre);
-      tile::cp_async_commit();
+      MF_CP_ASYNC_NEXT(STAGES, kt, k_tiles, load_stage, )
       const float* As = smem + (kt % STAGES) * STAGE;
       dispatch<TM>(nr, acc, As, As + A_ELEMS, ty, tx, min(BK, K - kt * BK));
     }
-    tile::cp_async_wait<0>();
+    cp_async_wait<0>();
 
 #pragma unroll
     for (int i = 0; i < TM; ++i) {

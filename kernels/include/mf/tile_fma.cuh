@@ -8,6 +8,7 @@
 // A is stored transposed (As[k][m]) so each thread reads its TM rows as float4s.
 #pragma once
 #include "mf/tile_common.cuh"
+#include "mf/tile_pipe.cuh"
 
 namespace mf {
 namespace tile {
@@ -18,22 +19,26 @@ template <int BM, int BN, int BK, int STAGES> struct FmaSmem {
   static constexpr int BYTES = STAGES * STAGE_ELEMS * 4;
 };
 
+// The thread tile of the FFMA tiles (fma_nn here, fma_nn_tma in mf/tile_tma.cuh): each of THREADS threads owns TM
+// rows x TN columns of the BM x BN tile (TN = 8 where a thread has >= 32 outputs, else 4), TX threads across a
+// tile row. Enumerators, not static data members: those would each be a symbol in the cubin.
+template <int BM, int BN, int THREADS> struct FmaThreadTile {
+  enum : int { PER_THREAD = BM * BN / THREADS, TN = PER_THREAD >= 32 ? 8 : 4, TM = PER_THREAD / TN, TX = BN / TN };
+  static_assert(TM * TN * THREADS == BM * BN && TM % 4 == 0 && TX * TN == BN, "thread tile must be 4k x {4,8}");
+  static_assert((THREADS / TX) * TM == BM && THREADS % TX == 0, "threads must tile the rows exactly");
+};
+
 template <int BM, int BN, int BK, int THREADS, int STAGES, int BIAS, int KUNROLL>
 MF_DEVICE void fma_nn(float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B,
                       const float* __restrict__ bias, int M, int N, int K) {
   using S = FmaSmem<BM, BN, BK, STAGES>;
-  constexpr int PER_THREAD = BM * BN / THREADS;
-  constexpr int TN = PER_THREAD >= 32 ? 8 : 4;  // columns per thread
-  constexpr int TM = PER_THREAD / TN;           // rows per thread
-  constexpr int TX = BN / TN;                   // threads across a tile row
-  static_assert(TM * TN * THREADS == BM * BN && TM % 4 == 0 && TX * TN == BN, "thread tile must be 4k x {4,8}");
-  static_assert((THREADS / TX) * TM == BM && THREADS % TX == 0, "threads must tile the rows exactly");
+  using TT = FmaThreadTile<BM, BN, THREADS>;
+  constexpr int TN = TT::TN, TM = TT::TM, TX = TT::TX;
   extern __shared__ __align__(16) unsigned char fma_smem_raw[];
   float* smem = reinterpret_cast<float*>(fma_smem_raw);
 
-  const int tiles_n = (N + BN - 1) / BN, tiles_m = (M + BM - 1) / BM;
-  if ((int)blockIdx.x >= tiles_m * tiles_n) return;
-  const int m0 = (blockIdx.x / tiles_n) * BM, n0 = (blockIdx.x % tiles_n) * BN;
+  int m0, n0;
+  if (!row_major_tile<BM, BN>(M, N, m0, n0)) return;
   const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
   const int k_tiles = (K + BK - 1) / BK;
 
@@ -54,10 +59,7 @@ MF_DEVICE void fma_nn(float* __restrict__ C, const float* __restrict__ A, const 
   };
 
   float acc[TM][TN];
-#pragma unroll
-  for (int i = 0; i < TM; ++i)
-#pragma unroll
-    for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
+  zero_acc(acc);
 
   auto step = [&](const float* As, const float* Bs, int kk) {
     float a[TM], b[TN];
@@ -102,16 +104,7 @@ MF_DEVICE void fma_nn(float* __restrict__ C, const float* __restrict__ A, const 
   }
   cp_async_wait<0>();
 
-#pragma unroll
-  for (int i = 0; i < TM; ++i) {
-    const int row = m0 + ty * TM + i;
-    if (row >= M) continue;
-#pragma unroll
-    for (int j = 0; j < TN; ++j) {
-      const int col = n0 + tx * TN + j;
-      if (col < N) C[(i64)row * N + col] = BIAS ? acc[i][j] + bias[col] : acc[i][j];
-    }
-  }
+  MF_FMA_TILE_OUT(TM, TN, m0 + ty * TM, n0 + tx * TN)
 }
 
 }  // namespace tile

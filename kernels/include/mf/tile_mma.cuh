@@ -9,6 +9,7 @@
 // aligned, element loads otherwise; both put the same values in shared memory.
 #pragma once
 #include "mf/tile_common.cuh"
+#include "mf/tile_pipe.cuh"
 
 namespace mf {
 namespace tile {
@@ -29,6 +30,32 @@ template <> struct Mma16816<__half> {
   }
 };
 
+// One k-tile of the bf16/f16 tiles (mma_nn here, mma_nn_tma in mf/tile_tma.cuh): BK / 16 k16 steps ascending; the
+// warp whose tile starts at row WROW, column WCOL loads its A and B fragments with ldmatrix (x4, B transposed)
+// from the stage's padded tiles at AS_ (A [BM][S::AS]) and BS_ (B [BK][S::BS]) and runs mma.sync m16n8k16 into ACC
+// [MT][NT][4]. ADDR(base, e) is the shared-state-space address of element e of a tile: the cp.async tile holds
+// T pointers, the TMA tile u32 addresses. Statements pasted into the caller, not a function: NVVM simplifies a
+// callee on its own before inlining it, and for code that updates the accumulators inside the k-loop that
+// renumbers their registers (the same instructions, other cubin bytes).
+#define MF_TILE_PTR_ADDR(base, e) saddr(base + e)
+#define MF_MMA_K_TILE(T, ACC, AS_, BS_, ADDR, S, BK, MT, NT, WROW, WCOL, lane)                           \
+  _Pragma("unroll") for (int kk = 0; kk < BK / 16; ++kk) {                                                \
+    u32 af[MT][4];                                                                                        \
+    _Pragma("unroll") for (int i = 0; i < MT; ++i)                                                        \
+      ldsm_x4(af[i], ADDR(AS_, (WROW + i * 16 + (lane % 16)) * S::AS + kk * 16 + (lane / 16) * 8));       \
+    u32 bf[NT][2];                                                                                        \
+    _Pragma("unroll") for (int j = 0; j < NT / 2; ++j) {                                                  \
+      u32 r[4];                                                                                           \
+      ldsm_x4_trans(r, ADDR(BS_, (kk * 16 + (lane % 16)) * S::BS + WCOL + j * 16 + (lane / 16) * 8));     \
+      bf[2 * j][0] = r[0];                                                                                \
+      bf[2 * j][1] = r[1];                                                                                \
+      bf[2 * j + 1][0] = r[2];                                                                            \
+      bf[2 * j + 1][1] = r[3];                                                                            \
+    }                                                                                                     \
+    _Pragma("unroll") for (int i = 0; i < MT; ++i)                                                        \
+      _Pragma("unroll") for (int j = 0; j < NT; ++j) Mma16816<T>::run(ACC[i][j], af[i], bf[j][0], bf[j][1]); \
+  }
+
 // Dynamic shared memory of one instance, in bytes (the catalog's dynamic_smem expression says the same).
 template <int BM, int BN, int BK, int STAGES> struct MmaSmem {
   static constexpr int AS = BK + 8, BS = BN + 8;  // padded row strides (elements): ldmatrix rows hit distinct banks
@@ -46,11 +73,8 @@ MF_DEVICE void mma_nn(TO* __restrict__ C, const T* __restrict__ A, const T* __re
   extern __shared__ __align__(16) unsigned char mma_smem_raw[];
   T* smem = reinterpret_cast<T*>(mma_smem_raw);
 
-  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  if ((int)blockIdx.x >= tiles_m * tiles_n) return;
-  int tm, tn;
-  tile_coords<GROUPED>(blockIdx.x, tiles_m, tiles_n, tm, tn);
-  const int m0 = tm * BM, n0 = tn * BN;
+  int m0, n0;
+  if (!tile_origin<BM, BN, GROUPED>(M, N, m0, n0)) return;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
   const bool a_vec = (K % 8 == 0) && aligned16(A);
@@ -61,91 +85,23 @@ MF_DEVICE void mma_nn(TO* __restrict__ C, const T* __restrict__ A, const T* __re
     T* As = smem + stage * S::STAGE_ELEMS;
     T* Bs = As + S::A_ELEMS;
     const int k0 = kt * BK;
-    for (int c = tid; c < BM * BK / 8; c += THREADS) {
-      const int r = c / (BK / 8), kc = (c % (BK / 8)) * 8;
-      const int m = m0 + r, k = k0 + kc;
-      T* dst = As + r * S::AS + kc;
-      if (a_vec) {
-        const bool ok = m < M && k < K;
-        cp_async16(saddr(dst), ok ? A + (i64)m * K + k : A, ok);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) dst[j] = (m < M && k + j < K) ? A[(i64)m * K + k + j] : from_f32<T>(0.f);
-      }
-    }
-    for (int c = tid; c < BK * BN / 8; c += THREADS) {
-      const int r = c / (BN / 8), nc = (c % (BN / 8)) * 8;
-      const int k = k0 + r, n = n0 + nc;
-      T* dst = Bs + r * S::BS + nc;
-      if (b_vec) {
-        const bool ok = k < K && n < N;
-        cp_async16(saddr(dst), ok ? B + (i64)k * N + n : B, ok);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) dst[j] = (k < K && n + j < N) ? B[(i64)k * N + n + j] : from_f32<T>(0.f);
-      }
-    }
+    MF_TILE_LOAD_ASYNC(T, As, A, BM, BK, S::AS, m0, k0, M, K, K, a_vec, tid, THREADS, 8, MF_CHUNK_COPY8)
+    MF_TILE_LOAD_ASYNC(T, Bs, B, BK, BN, S::BS, k0, n0, K, N, N, b_vec, tid, THREADS, 8, MF_CHUNK_COPY8)
   };
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  zero_acc(acc);
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
-    cp_async_commit();
-  }
+  MF_CP_ASYNC_FILL(STAGES, k_tiles, load_stage, , "unroll")
   for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<STAGES - 2>();  // k-tile kt has landed (this thread's copies) ...
-    __syncthreads();              // ... and everyone's; the stage refilled below was consumed at kt - 1
-    const int pre = kt + STAGES - 1;
-    if (pre < k_tiles) load_stage(pre % STAGES, pre);
-    cp_async_commit();
+    MF_CP_ASYNC_NEXT(STAGES, kt, k_tiles, load_stage, )
     const T* As = smem + (kt % STAGES) * S::STAGE_ELEMS;
     const T* Bs = As + S::A_ELEMS;
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      u32 af[MT][4];
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-        ldsm_x4(af[i], saddr(As + (wm * WTM + i * 16 + (lane % 16)) * S::AS + kk * 16 + (lane / 16) * 8));
-      u32 bf[NT][2];
-#pragma unroll
-      for (int j = 0; j < NT / 2; ++j) {
-        u32 r[4];
-        ldsm_x4_trans(r, saddr(Bs + (kk * 16 + (lane % 16)) * S::BS + wn * WTN + j * 16 + (lane / 16) * 8));
-        bf[2 * j][0] = r[0];
-        bf[2 * j][1] = r[1];
-        bf[2 * j + 1][0] = r[2];
-        bf[2 * j + 1][1] = r[3];
-      }
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) Mma16816<T>::run(acc[i][j], af[i], bf[j][0], bf[j][1]);
-    }
+    MF_MMA_K_TILE(T, acc, As, Bs, MF_TILE_PTR_ADDR, S, BK, MT, NT, wm * WTM, wn * WTN, lane);
   }
   cp_async_wait<0>();
 
-  // Accumulator fragment: c0, c1 at (lane/4, 2*(lane%4) + {0,1}); c2, c3 eight rows below.
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + wm * WTM + i * 16 + lane / 4 + 8 * h;
-        const int col = n0 + wn * WTN + j * 8 + (lane % 4) * 2;
-        if (row < M) {
-          if (col < N) store_out(C + (i64)row * N + col, acc[i][j][2 * h]);
-          if (col + 1 < N) store_out(C + (i64)row * N + col + 1, acc[i][j][2 * h + 1]);
-        }
-      }
+  MF_FRAG_TILES(MT, NT, m0 + wm * WTM, n0 + wn * WTN, lane / 4, (lane % 4), MF_MMA_PAIR_OUT)
 }
 
 }  // namespace tile

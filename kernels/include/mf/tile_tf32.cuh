@@ -8,6 +8,7 @@
 // PAIR = 1: the epilogue writes adjacent column pairs as one 8-byte store when N is even (same values).
 #pragma once
 #include "mf/tile_common.cuh"
+#include "mf/tile_pipe.cuh"
 
 namespace mf {
 namespace tile {
@@ -23,6 +24,31 @@ MF_DEVICE void mma_tf32_1688(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+// One k-tile of the TF32 tiles (tf32_nn here, tf32_nn_tma in mf/tile_tma.cuh) from the stage at STAGE (A [BM][S::AS]
+// then B [BK][S::BS] floats): BK / 8 k8 steps ascending; the warp whose tile starts at row WROW, column WCOL reads
+// its fragments (g = lane / 4, t = lane % 4), rounds them with cvt.rna and runs mma.sync m16n8k8 into ACC
+// [MT][NT][4]. Statements pasted into the caller, not a function: NVVM simplifies a callee on its own before
+// inlining it, and for code that updates the accumulators inside the k-loop that renumbers their registers (the
+// same instructions, other cubin bytes).
+#define MF_TF32_K_TILE(ACC, STAGE, S, BK, MT, NT, WROW, WCOL, g, t)                                   \
+  const float* As = STAGE;                                                                            \
+  const float* Bs = As + S::A_ELEMS;                                                                  \
+  _Pragma("unroll") for (int kk = 0; kk < BK / 8; ++kk) {                                             \
+    u32 af[MT][4];                                                                                    \
+    _Pragma("unroll") for (int i = 0; i < MT; ++i) {                                                  \
+      const float* a = As + (WROW + i * 16 + g) * S::AS + kk * 8 + t;                                 \
+      af[i][0] = to_tf32_rna(a[0]);                                                                   \
+      af[i][1] = to_tf32_rna(a[8 * S::AS]);                                                           \
+      af[i][2] = to_tf32_rna(a[4]);                                                                   \
+      af[i][3] = to_tf32_rna(a[8 * S::AS + 4]);                                                       \
+    }                                                                                                 \
+    _Pragma("unroll") for (int j = 0; j < NT; ++j) {                                                  \
+      const float* b = Bs + (kk * 8 + t) * S::BS + WCOL + j * 8 + g;                                  \
+      const u32 b0 = to_tf32_rna(b[0]), b1 = to_tf32_rna(b[4 * S::BS]);                               \
+      _Pragma("unroll") for (int i = 0; i < MT; ++i) mma_tf32_1688(ACC[i][j], af[i], b0, b1);         \
+    }                                                                                                 \
+  }
 
 template <int BM, int BN, int BK, int STAGES> struct Tf32Smem {
   static constexpr int AS = BK + 4, BS = BN + 4;  // padded strides (floats): fragment reads hit distinct banks
@@ -42,9 +68,8 @@ MF_DEVICE void tf32_nn(float* __restrict__ C, const float* __restrict__ A, const
   extern __shared__ __align__(16) unsigned char tf32_smem_raw[];
   float* smem = reinterpret_cast<float*>(tf32_smem_raw);
 
-  const int tiles_n = (N + BN - 1) / BN, tiles_m = (M + BM - 1) / BM;
-  if ((int)blockIdx.x >= tiles_m * tiles_n) return;
-  const int m0 = (blockIdx.x / tiles_n) * BM, n0 = (blockIdx.x % tiles_n) * BN;
+  int m0, n0;
+  if (!row_major_tile<BM, BN>(M, N, m0, n0)) return;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const bool loader = PRODUCER ? (warp == WARPS_M * WARPS_N) : true;
   const bool computer = PRODUCER ? !loader : true;
@@ -58,97 +83,26 @@ MF_DEVICE void tf32_nn(float* __restrict__ C, const float* __restrict__ A, const
     float* As = smem + stage * S::STAGE_ELEMS;
     float* Bs = As + S::A_ELEMS;
     const int k0 = kt * BK;
-    for (int c = ltid; c < BM * BK / 4; c += LOADERS) {
-      const int r = c / (BK / 4), kc = (c % (BK / 4)) * 4;
-      const int m = m0 + r, k = k0 + kc;
-      float* dst = As + r * S::AS + kc;
-      if (a_vec) {
-        const bool ok = m < M && k < K;
-        cp_async16(saddr(dst), ok ? A + (i64)m * K + k : A, ok);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) cp_async4(saddr(dst + j), (m < M && k + j < K) ? A + (i64)m * K + k + j : A, m < M && k + j < K);
-      }
-    }
-    for (int c = ltid; c < BK * BN / 4; c += LOADERS) {
-      const int r = c / (BN / 4), nc = (c % (BN / 4)) * 4;
-      const int k = k0 + r, n = n0 + nc;
-      float* dst = Bs + r * S::BS + nc;
-      if (b_vec) {
-        const bool ok = k < K && n < N;
-        cp_async16(saddr(dst), ok ? B + (i64)k * N + n : B, ok);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) cp_async4(saddr(dst + j), (k < K && n + j < N) ? B + (i64)k * N + n + j : B, k < K && n + j < N);
-      }
-    }
+    MF_TILE_LOAD_ASYNC(float, As, A, BM, BK, S::AS, m0, k0, M, K, K, a_vec, ltid, LOADERS, 4, MF_CHUNK_CP4_NOOK)
+    MF_TILE_LOAD_ASYNC(float, Bs, B, BK, BN, S::BS, k0, n0, K, N, N, b_vec, ltid, LOADERS, 4, MF_CHUNK_CP4_NOOK)
   };
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  zero_acc(acc);
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (loader && s < k_tiles) load_stage(s, s);
-    cp_async_commit();
-  }
+  MF_CP_ASYNC_FILL(STAGES, k_tiles, load_stage, loader &&, "unroll")
   const int g = lane / 4, t = lane % 4;
   for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // k-tile kt is in shared memory; the stage refilled next was consumed at kt - 1
-    const int pre = kt + STAGES - 1;
-    if (loader && pre < k_tiles) load_stage(pre % STAGES, pre);
-    cp_async_commit();
+    MF_CP_ASYNC_NEXT(STAGES, kt, k_tiles, load_stage, loader &&)
     if (computer) {
-      const float* As = smem + (kt % STAGES) * S::STAGE_ELEMS;
-      const float* Bs = As + S::A_ELEMS;
-#pragma unroll
-      for (int kk = 0; kk < BK / 8; ++kk) {
-        u32 af[MT][4];
-#pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          const float* a = As + (wm * WTM + i * 16 + g) * S::AS + kk * 8 + t;
-          af[i][0] = to_tf32_rna(a[0]);
-          af[i][1] = to_tf32_rna(a[8 * S::AS]);
-          af[i][2] = to_tf32_rna(a[4]);
-          af[i][3] = to_tf32_rna(a[8 * S::AS + 4]);
-        }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const float* b = Bs + (kk * 8 + t) * S::BS + wn * WTN + j * 8 + g;
-          const u32 b0 = to_tf32_rna(b[0]), b1 = to_tf32_rna(b[4 * S::BS]);
-#pragma unroll
-          for (int i = 0; i < MT; ++i) mma_tf32_1688(acc[i][j], af[i], b0, b1);
-        }
-      }
+      MF_TF32_K_TILE(acc, smem + (kt % STAGES) * S::STAGE_ELEMS, S, BK, MT, NT, wm * WTM, wn * WTN, g, t);
     }
   }
   cp_async_wait<0>();
   if (!computer) return;
 
   const bool pair = PAIR && (N % 2 == 0) && ((reinterpret_cast<u64>(C) & 7ull) == 0);
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + wm * WTM + i * 16 + g + 8 * h;
-        const int col = n0 + wn * WTN + j * 8 + t * 2;
-        if (row >= M) continue;
-        float* p = C + (i64)row * N + col;
-        if (pair && col + 1 < N) {
-          *reinterpret_cast<float2*>(p) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        } else {
-          if (col < N) p[0] = acc[i][j][2 * h];
-          if (col + 1 < N) p[1] = acc[i][j][2 * h + 1];
-        }
-      }
+  MF_FRAG_TILES(MT, NT, m0 + wm * WTM, n0 + wn * WTN, g, t, MF_TF32_PAIR_OUT)
 }
 
 }  // namespace tile

@@ -41,6 +41,17 @@ template <int BM, int BN, int BK, int STAGES, int B_NK> struct JointSmem {
   static constexpr int BYTES = STAGES * STAGE_ELEMS * 4;
 };
 
+// tf32_joint's epilogue pair (mf/tile_pipe.cuh MF_FRAG_TILES): SPLIT = 2 adds the low-half products' own
+// accumulator once, here, before the store.
+#define MF_SPLIT_PAIR_OUT()                                \
+  if (row >= M) continue;                                  \
+  float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];  \
+  if (SPLIT == 2) {                                        \
+    v0 += lo_acc[SPLIT == 2 ? i : 0][j][2 * h];            \
+    v1 += lo_acc[SPLIT == 2 ? i : 0][j][2 * h + 1];        \
+  }                                                        \
+  MF_TF32_PAIR_STORE(v0, v1)
+
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int B_NK, int A_PRE, int A_LDSM, int SPLIT>
 MF_DEVICE void tf32_joint(float* __restrict__ C, const float* __restrict__ A, const float* __restrict__ B, int M,
                           int N, int K) {
@@ -54,9 +65,8 @@ MF_DEVICE void tf32_joint(float* __restrict__ C, const float* __restrict__ A, co
   extern __shared__ __align__(16) unsigned char tf32_joint_smem_raw[];
   float* smem = reinterpret_cast<float*>(tf32_joint_smem_raw);
 
-  const int tiles_n = (N + BN - 1) / BN, tiles_m = (M + BM - 1) / BM;
-  if ((int)blockIdx.x >= tiles_m * tiles_n) return;
-  const int m0 = (blockIdx.x / tiles_n) * BM, n0 = (blockIdx.x % tiles_n) * BN;
+  int m0, n0;
+  if (!row_major_tile<BM, BN>(M, N, m0, n0)) return;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
   const bool a_vec = (K % 4 == 0) && aligned16(A);
@@ -66,21 +76,7 @@ MF_DEVICE void tf32_joint(float* __restrict__ C, const float* __restrict__ A, co
   // one [ROWS][COLS] tile of a row-major [rows][cols] matrix (row stride ld) into shared rows of `stride` floats
   auto load_tile = [&](float* dst0, const float* src, int ROWS, int COLS, int stride, int r0, int c0, int rows,
                        int cols, int ld, bool vec) {
-    for (int c = tid; c < ROWS * COLS / 4; c += THREADS) {
-      const int r = c / (COLS / 4), cc = (c % (COLS / 4)) * 4;
-      const int gr = r0 + r, gc = c0 + cc;
-      float* dst = dst0 + r * stride + cc;
-      if (vec) {
-        const bool ok = gr < rows && gc < cols;
-        cp_async16(saddr(dst), ok ? src + (i64)gr * ld + gc : src, ok);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const bool ok = gr < rows && gc + j < cols;
-          cp_async4(saddr(dst + j), ok ? src + (i64)gr * ld + gc + j : src, ok);
-        }
-      }
-    }
+    load_tile_async<THREADS>(dst0, src, ROWS, COLS, stride, r0, c0, rows, cols, ld, vec, tid);
   };
   auto load_stage = [&](int stage, int kt) {
     float* As = smem + stage * S::STAGE_ELEMS;
@@ -95,31 +91,13 @@ MF_DEVICE void tf32_joint(float* __restrict__ C, const float* __restrict__ A, co
   };
 
   float acc[MT][NT][4], lo_acc[ACC2][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-#pragma unroll
-  for (int i = 0; i < ACC2; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) lo_acc[i][j][e] = 0.f;
+  zero_acc(acc);
+  zero_acc(lo_acc);
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
-    cp_async_commit();
-  }
+  MF_CP_ASYNC_FILL(STAGES, k_tiles, load_stage, , "unroll")
   const int g = lane / 4, t = lane % 4;
   for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // k-tile kt is in shared memory; the stage refilled next was consumed at kt - 1
-    const int pre = kt + STAGES - 1;
-    if (pre < k_tiles) load_stage(pre % STAGES, pre);
-    cp_async_commit();
+    MF_CP_ASYNC_NEXT(STAGES, kt, k_tiles, load_stage, )
     const float* As = smem + (kt % STAGES) * S::STAGE_ELEMS;
     const float* Bs = As + S::A_ELEMS;
 #pragma unroll
@@ -172,28 +150,7 @@ MF_DEVICE void tf32_joint(float* __restrict__ C, const float* __restrict__ A, co
   cp_async_wait<0>();
 
   const bool pair = (N % 2 == 0) && ((reinterpret_cast<u64>(C) & 7ull) == 0);
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + wm * WTM + i * 16 + g + 8 * h;
-        const int col = n0 + wn * WTN + j * 8 + t * 2;
-        if (row >= M) continue;
-        float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-        if (SPLIT == 2) {
-          v0 += lo_acc[SPLIT == 2 ? i : 0][j][2 * h];
-          v1 += lo_acc[SPLIT == 2 ? i : 0][j][2 * h + 1];
-        }
-        float* p = C + (i64)row * N + col;
-        if (pair && col + 1 < N) {
-          *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
-        } else {
-          if (col < N) p[0] = v0;
-          if (col + 1 < N) p[1] = v1;
-        }
-      }
+  MF_FRAG_TILES(MT, NT, m0 + wm * WTM, n0 + wn * WTN, g, t, MF_SPLIT_PAIR_OUT)
 }
 
 // At[M, K] = tf32_rna(A)^T for the TN operand A [K, M] (row-major): the pre-RNA pass of the TN GEMMs, so they

@@ -47,6 +47,10 @@ template <int A_BYTES, int STAGE_BYTES, int STAGES> struct TmaRing {
     base = (smem_addr(raw) + 127u) & ~127u;
     bars = base + BAR_OFFSET;
   }
+  // The ring as floats (generic address): the 128-byte aligned base inside the dynamic shared array `raw`.
+  MF_DEVICE const float* floats(const unsigned char* raw) const {
+    return reinterpret_cast<const float*>(raw + (base - smem_addr(raw)));
+  }
   MF_DEVICE u32 a(int stage) const { return base + stage * STAGE_BYTES; }
   MF_DEVICE u32 b(int stage) const { return base + stage * STAGE_BYTES + A_BYTES; }
   MF_DEVICE u32 full(int stage) const { return bars + 8 * stage; }
@@ -74,6 +78,8 @@ template <int A_BYTES, int STAGE_BYTES, int STAGES> struct TmaRing {
 };
 
 // ---- bf16/f16 mma.sync m16n8k16 (arithmetic of mma_nn in mf/tile_mma.cuh) ----
+// The ring's tiles are u32 shared addresses: element e of a 16-bit tile is 2 bytes * e in.
+#define MF_TMA_U32_ADDR(base, e) base + 2u * (e)
 template <typename T, typename TO, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, bool GROUPED>
 MF_DEVICE void mma_nn_tma(TO* __restrict__ C, const TmaDesc* tmA, const TmaDesc* tmB, int M, int N, int K) {
   using S = MmaSmem<BM, BN, BK, STAGES>;
@@ -85,23 +91,15 @@ MF_DEVICE void mma_nn_tma(TO* __restrict__ C, const TmaDesc* tmA, const TmaDesc*
   extern __shared__ __align__(128) unsigned char mma_tma_smem_raw[];
   const Ring ring(mma_tma_smem_raw);
 
-  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  if ((int)blockIdx.x >= tiles_m * tiles_n) return;
-  int tm, tn;
-  tile_coords<GROUPED>(blockIdx.x, tiles_m, tiles_n, tm, tn);
-  const int m0 = tm * BM, n0 = tn * BN;
+  int m0, n0;
+  if (!tile_origin<BM, BN, GROUPED>(M, N, m0, n0)) return;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
   const int k_tiles = (K + BK - 1) / BK;
   ring.init(tid == 0, tmA, tmB);
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  zero_acc(acc);
 
   if (tid == 0) {
 #pragma unroll
@@ -114,42 +112,10 @@ MF_DEVICE void mma_nn_tma(TO* __restrict__ C, const TmaDesc* tmA, const TmaDesc*
     const int pre = kt + STAGES - 1;
     if (tid == 0 && pre < k_tiles) ring.issue(pre % STAGES, pre, BK, m0, n0, tmA, tmB);
     const u32 As = ring.a(kt % STAGES), Bs = ring.b(kt % STAGES);
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      u32 af[MT][4];
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-        ldsm_x4(af[i], As + 2u * ((wm * WTM + i * 16 + (lane % 16)) * S::AS + kk * 16 + (lane / 16) * 8));
-      u32 bf[NT][2];
-#pragma unroll
-      for (int j = 0; j < NT / 2; ++j) {
-        u32 r[4];
-        ldsm_x4_trans(r, Bs + 2u * ((kk * 16 + (lane % 16)) * S::BS + wn * WTN + j * 16 + (lane / 16) * 8));
-        bf[2 * j][0] = r[0];
-        bf[2 * j][1] = r[1];
-        bf[2 * j + 1][0] = r[2];
-        bf[2 * j + 1][1] = r[3];
-      }
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) Mma16816<T>::run(acc[i][j], af[i], bf[j][0], bf[j][1]);
-    }
+    MF_MMA_K_TILE(T, acc, As, Bs, MF_TMA_U32_ADDR, S, BK, MT, NT, wm * WTM, wn * WTN, lane);
   }
 
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + wm * WTM + i * 16 + lane / 4 + 8 * h;
-        const int col = n0 + wn * WTN + j * 8 + (lane % 4) * 2;
-        if (row < M) {
-          if (col < N) store_out(C + (i64)row * N + col, acc[i][j][2 * h]);
-          if (col + 1 < N) store_out(C + (i64)row * N + col + 1, acc[i][j][2 * h + 1]);
-        }
-      }
+  MF_FRAG_TILES(MT, NT, m0 + wm * WTM, n0 + wn * WTN, lane / 4, (lane % 4), MF_MMA_PAIR_OUT)
 }
 
 // ---- TF32 mma.sync m16n8k8 (arithmetic of tf32_nn in mf/tile_tf32.cuh) ----
@@ -164,11 +130,10 @@ MF_DEVICE void tf32_nn_tma(float* __restrict__ C, const TmaDesc* tmA, const TmaD
   static_assert(S::AS <= 256 && S::BS <= 256 && BM <= 256 && BK <= 256, "TMA box sides are at most 256");
   extern __shared__ __align__(128) unsigned char tf32_tma_smem_raw[];
   const Ring ring(tf32_tma_smem_raw);
-  const float* smem = reinterpret_cast<const float*>(tf32_tma_smem_raw + (ring.base - smem_addr(tf32_tma_smem_raw)));
+  const float* smem = ring.floats(tf32_tma_smem_raw);
 
-  const int tiles_n = (N + BN - 1) / BN, tiles_m = (M + BM - 1) / BM;
-  if ((int)blockIdx.x >= tiles_m * tiles_n) return;
-  const int m0 = (blockIdx.x / tiles_n) * BM, n0 = (blockIdx.x % tiles_n) * BN;
+  int m0, n0;
+  if (!row_major_tile<BM, BN>(M, N, m0, n0)) return;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const bool computer = PRODUCER ? (warp < WARPS_M * WARPS_N) : true;
   const bool issuer = PRODUCER ? (warp == WARPS_M * WARPS_N && lane == 0) : (tid == 0);
@@ -177,12 +142,7 @@ MF_DEVICE void tf32_nn_tma(float* __restrict__ C, const TmaDesc* tmA, const TmaD
   ring.init(issuer, tmA, tmB);
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  zero_acc(acc);
 
   if (issuer) {
 #pragma unroll
@@ -196,49 +156,13 @@ MF_DEVICE void tf32_nn_tma(float* __restrict__ C, const TmaDesc* tmA, const TmaD
     const int pre = kt + STAGES - 1;
     if (issuer && pre < k_tiles) ring.issue(pre % STAGES, pre, BK, m0, n0, tmA, tmB);
     if (computer) {
-      const float* As = smem + (kt % STAGES) * S::STAGE_ELEMS;
-      const float* Bs = As + S::A_ELEMS;
-#pragma unroll
-      for (int kk = 0; kk < BK / 8; ++kk) {
-        u32 af[MT][4];
-#pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          const float* a = As + (wm * WTM + i * 16 + g) * S::AS + kk * 8 + t;
-          af[i][0] = to_tf32_rna(a[0]);
-          af[i][1] = to_tf32_rna(a[8 * S::AS]);
-          af[i][2] = to_tf32_rna(a[4]);
-          af[i][3] = to_tf32_rna(a[8 * S::AS + 4]);
-        }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const float* b = Bs + (kk * 8 + t) * S::BS + wn * WTN + j * 8 + g;
-          const u32 b0 = to_tf32_rna(b[0]), b1 = to_tf32_rna(b[4 * S::BS]);
-#pragma unroll
-          for (int i = 0; i < MT; ++i) mma_tf32_1688(acc[i][j], af[i], b0, b1);
-        }
-      }
+      MF_TF32_K_TILE(acc, smem + (kt % STAGES) * S::STAGE_ELEMS, S, BK, MT, NT, wm * WTM, wn * WTN, g, t);
     }
   }
   if (!computer) return;
 
   const bool pair = PAIR && (N % 2 == 0) && ((reinterpret_cast<u64>(C) & 7ull) == 0);
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + wm * WTM + i * 16 + g + 8 * h;
-        const int col = n0 + wn * WTN + j * 8 + t * 2;
-        if (row >= M) continue;
-        float* p = C + (i64)row * N + col;
-        if (pair && col + 1 < N) {
-          *reinterpret_cast<float2*>(p) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        } else {
-          if (col < N) p[0] = acc[i][j][2 * h];
-          if (col + 1 < N) p[1] = acc[i][j][2 * h + 1];
-        }
-      }
+  MF_FRAG_TILES(MT, NT, m0 + wm * WTM, n0 + wn * WTN, g, t, MF_TF32_PAIR_OUT)
 }
 
 // ---- exact f32 FFMA chain (the chain of fma_nn in mf/tile_fma.cuh) ----
@@ -255,30 +179,22 @@ MF_DEVICE void fma_nn_tma(float* __restrict__ C, const TmaDesc* tmA, const TmaDe
                           const float* __restrict__ bias, int M, int N, int K) {
   using S = FmaTmaSmem<BM, BN, BK>;
   using Ring = TmaRing<S::A_ELEMS * 4, S::STAGE_ELEMS * 4, STAGES>;
-  constexpr int PER_THREAD = BM * BN / THREADS;
-  constexpr int TN = PER_THREAD >= 32 ? 8 : 4;  // columns per thread
-  constexpr int TM = PER_THREAD / TN;           // rows per thread
-  constexpr int TX = BN / TN;                   // threads across a tile row
-  static_assert(TM * TN * THREADS == BM * BN && TM % 4 == 0 && TX * TN == BN, "thread tile must be 4k x {4,8}");
-  static_assert((THREADS / TX) * TM == BM && THREADS % TX == 0, "threads must tile the rows exactly");
+  using TT = FmaThreadTile<BM, BN, THREADS>;
+  constexpr int TN = TT::TN, TM = TT::TM, TX = TT::TX;
   static_assert(BK % 4 == 0 && KUNROLL % 4 == 0 && STAGES >= 2, "k in groups of four, at least 2 stages");
   static_assert(S::AK <= 256 && S::BS <= 256 && BM <= 256 && BK <= 256, "TMA box sides are at most 256");
   extern __shared__ __align__(128) unsigned char fma_tma_smem_raw[];
   const Ring ring(fma_tma_smem_raw);
-  const float* smem = reinterpret_cast<const float*>(fma_tma_smem_raw + (ring.base - smem_addr(fma_tma_smem_raw)));
+  const float* smem = ring.floats(fma_tma_smem_raw);
 
-  const int tiles_n = (N + BN - 1) / BN, tiles_m = (M + BM - 1) / BM;
-  if ((int)blockIdx.x >= tiles_m * tiles_n) return;
-  const int m0 = (blockIdx.x / tiles_n) * BM, n0 = (blockIdx.x % tiles_n) * BN;
+  int m0, n0;
+  if (!row_major_tile<BM, BN>(M, N, m0, n0)) return;
   const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
   const int k_tiles = (K + BK - 1) / BK;
   ring.init(tid == 0, tmA, tmB);
 
   float acc[TM][TN];
-#pragma unroll
-  for (int i = 0; i < TM; ++i)
-#pragma unroll
-    for (int j = 0; j < TN; ++j) acc[i][j] = 0.f;
+  zero_acc(acc);
 
   auto b_row = [&](const float* Bs, int kk, float (&b)[TN]) {
 #pragma unroll
@@ -332,16 +248,7 @@ MF_DEVICE void fma_nn_tma(float* __restrict__ C, const TmaDesc* tmA, const TmaDe
     }
   }
 
-#pragma unroll
-  for (int i = 0; i < TM; ++i) {
-    const int row = m0 + ty * TM + i;
-    if (row >= M) continue;
-#pragma unroll
-    for (int j = 0; j < TN; ++j) {
-      const int col = n0 + tx * TN + j;
-      if (col < N) C[(i64)row * N + col] = BIAS ? acc[i][j] + bias[col] : acc[i][j];
-    }
-  }
+  MF_FMA_TILE_OUT(TM, TN, m0 + ty * TM, n0 + tx * TN)
 }
 
 }  // namespace tile

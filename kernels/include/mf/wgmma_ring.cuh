@@ -1,0 +1,151 @@
+// The warp-specialised pipeline of the Hopper wgmma GEMMs (kernels/sm90a/wgmma.cu: 16-bit, wgmma_tf32.cu: TF32):
+// TMA boxes into a STAGES-deep shared-memory ring guarded by full/empty mbarriers; one producer warpgroup (one
+// elected thread issues the boxes, registers given back with setmaxnreg.dec) and NC consumer warpgroups issuing
+// wgmma.mma_async over each stage. Persistent grid: CTA b takes tiles b, b + gridDim.x, ... in grouped order
+// (GROUP_M row tiles walk the N tiles together: L2 reuse of B).
+//
+// The order of the arithmetic is fixed here for both families: every C tile is reduced over the whole K range in
+// one CTA, k-tiles ascending, one f32 accumulator per output starting at +0, no split-K and no atomics. What the
+// families differ in is the caller's: the element, the k-tile depth BK, the boxes, the wgmma instruction and the
+// epilogue, given as callables (inlined; nothing here decides a bit).
+#pragma once
+#include "mf/common.cuh"
+#include "mf/tma.cuh"
+#include "mf/wgmma.cuh"
+
+namespace mf {
+
+#if defined(MF_HAS_WGMMA)
+
+// S: the caller's shared-memory plan from the 1024-aligned `base`: stage s at base + s * S::STAGE_BYTES (A, then B
+// at + S::A_BYTES), the 2 * STAGES barriers at S::BAR_OFFSET. Threads: 128 * (NC + 1), warpgroup 0 the producer.
+//   boxes(sa, sb, fb, m0, n0, k0): the producer's TMA boxes of one k-tile (S::STAGE_BYTES, signalled on fb);
+//   k_tile(acc, sa, sb, c): consumer c's wgmma batch over one stage (between fence and commit);
+//   epilogue(acc, tm, tn, c, warp, lane, tid_in_wg): consumer c's rows of tile (tm, tn) out of the accumulators;
+//   finish(tid_in_wg): each consumer thread, after its last tile.
+template <class S, int BM, int BN, int NC, int STAGES, int BK, int GROUP_M, class Boxes, class KTile, class Epilogue,
+          class Finish>
+MF_DEVICE void wgmma_ring(u32 base, const TmaDesc* tmA, const TmaDesc* tmB, int M, int N, int K, const Boxes& boxes,
+                          const KTile& k_tile, const Epilogue& epilogue, const Finish& finish) {
+  constexpr int MB = BM / (64 * NC);  // m64 blocks per consumer warpgroup
+  static_assert(MB >= 1 && MB * 64 * NC == BM, "BM must be 64 * NC * MB");
+  const u32 full_bar = base + S::BAR_OFFSET;    // STAGES barriers: "stage loaded"
+  const u32 empty_bar = full_bar + STAGES * 8;  // STAGES barriers: "stage consumed"
+
+  const int wg = threadIdx.x / 128;
+  const int tid_in_wg = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    tma_prefetch_desc(tmA);
+    tma_prefetch_desc(tmB);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar + 8 * s, 1);        // the producer's expect_tx arrival (+ the TMA bytes)
+      mbar_init(empty_bar + 8 * s, NC * 4);  // one arrival per consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int tiles_m = (M + BM - 1) / BM;
+  const int tiles_n = (N + BN - 1) / BN;
+  const int num_tiles = tiles_m * tiles_n;
+  const int k_tiles = (K + BK - 1) / BK;
+
+  if (wg == 0) {
+    // ---- producer warpgroup: one thread streams A and B boxes into the ring ----
+    if constexpr (NC >= 2) setmaxnreg_dec<40>();  // 384 threads launch at <= 168 registers: give 128 back
+    if (tid_in_wg == 0) {
+      int stage = 0;
+      u32 phase = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        int tm, tn;
+        grouped_tile_coords<GROUP_M>(t, tiles_m, tiles_n, tm, tn);
+        const int m0 = tm * BM, n0 = tn * BN;
+        for (int kt = 0; kt < k_tiles; ++kt) {
+          const int k0 = kt * BK;
+          mbar_wait(empty_bar + 8 * stage, phase ^ 1u);
+          const u32 fb = full_bar + 8 * stage;
+          mbar_expect_tx(fb, (u32)S::STAGE_BYTES);  // zero-filled box parts count as transferred bytes
+          const u32 sa = base + stage * S::STAGE_BYTES;
+          boxes(sa, sa + S::A_BYTES, fb, m0, n0, k0);
+          if (++stage == STAGES) { stage = 0; phase ^= 1u; }
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups: wgmma over the ring, then the epilogue straight from registers ----
+  if constexpr (NC >= 2) setmaxnreg_inc<232>();  // BN/2 accumulators per m64 block per thread plus addressing
+  const int c = wg - 1;  // consumer index: rows [c*MB*64, (c+1)*MB*64) of the tile
+  const int warp = tid_in_wg / 32, lane = tid_in_wg % 32;
+  float acc[MB][BN / 2];
+  int stage = 0, prev_stage = 0;
+  u32 phase = 0;
+  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    int tm, tn;
+    grouped_tile_coords<GROUP_M>(t, tiles_m, tiles_n, tm, tn);
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[mb][i] = 0.f;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      mbar_wait(full_bar + 8 * stage, phase);
+      const u32 sa = base + stage * S::STAGE_BYTES;
+      wgmma_fence();
+      k_tile(acc, sa, sa + S::A_BYTES, c);
+      wgmma_commit();
+      // Keep this k-tile's batch in flight; the previous one has finished reading its stage: release it.
+      wgmma_wait<1>();
+      if (kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
+      prev_stage = stage;
+      if (++stage == STAGES) { stage = 0; phase ^= 1u; }
+    }
+    wgmma_wait<0>();
+    if (k_tiles > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
+    epilogue(acc, tm, tn, c, warp, lane, tid_in_wg);
+  }
+  finish(tid_in_wg);
+}
+
+// The epilogue's walk over consumer c's accumulators of tile (tm, tn) of C (M x N, row-major): fragment
+// register i of an m64nBN accumulator holds row warp*16 + lane/4 + 8*((i/2)%2) and column (i/4)*8 + (lane%4)*2
+// + i%2, so pairs (i, i+1) are adjacent columns. store(p, mb, i, col) writes the pair (acc[mb][i], acc[mb][i+1])
+// at p = &C[row, col], for every pair with row < M and col < N (col + 1 may be N: store() decides).
+// C arrives as a __restrict__ parameter, so the stores are scheduled knowing C aliases nothing else. The bounds
+// test has two spellings (the same pairs): each family keeps the one its signed cubins were compiled from, as
+// they compile to different instruction orders. SKIP = 1: a pair outside is skipped; SKIP = 0: stored inside.
+template <int SKIP> struct WgPairTest {};
+template <int BN, typename T, class Store>
+MF_DEVICE void wgmma_row_pairs(WgPairTest<1>, T* __restrict__ C, int mb, int row_base, int n0, int lane, int M, int N,
+                               Store& store) {
+#pragma unroll
+  for (int i = 0; i < BN / 2; i += 2) {
+    const int row = row_base + 8 * ((i / 2) % 2), col = n0 + (i / 4) * 8 + (lane % 4) * 2;
+    if (row >= M || col >= N) continue;
+    store(C + (long long)row * N + col, mb, i, col);
+  }
+}
+template <int BN, typename T, class Store>
+MF_DEVICE void wgmma_row_pairs(WgPairTest<0>, T* __restrict__ C, int mb, int row_base,
+                               int n0, int lane, int M, int N, Store& store) {
+#pragma unroll
+  for (int i = 0; i < BN / 2; i += 2) {
+    const int row = row_base + 8 * ((i / 2) % 2), col = n0 + (i / 4) * 8 + (lane % 4) * 2;
+    if (row < M && col < N) store(C + (long long)row * N + col, mb, i, col);
+  }
+}
+template <int BM, int BN, int MB, int SKIP, typename T, class Store>
+MF_DEVICE void wgmma_store_pairs(T* __restrict__ C, int tm, int tn, int c, int warp, int lane, int M, int N,
+                                 Store store) {
+  const int n0 = tn * BN;
+#pragma unroll
+  for (int mb = 0; mb < MB; ++mb) {
+    const int row_base = tm * BM + (c * MB + mb) * 64 + warp * 16 + lane / 4;
+    wgmma_row_pairs<BN>(WgPairTest<SKIP>(), C, mb, row_base, n0, lane, M, N, store);
+  }
+}
+
+#endif  // MF_HAS_WGMMA
+
+}  // namespace mf
