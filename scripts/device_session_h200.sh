@@ -6,7 +6,7 @@
 # (mamba-ssm and causal-conv1d from .peers/) built in the background meanwhile (their sm_90 builds, 26 and 40 MB
 # packed, are over what a call brings back); then BENCHES (python files under benchmarks/, with their arguments,
 # ';'-separated) while time is left.
-# Carried: .whl, .keys, .peers. Env: QUALIFY_FLAGS, DEADLINE, TESTS, TESTS_K (pytest -k), TEST_S, TEST_TIMEOUT,
+# Carried: .whl, .keys, .peers. Env: QUALIFY_FLAGS, DEADLINE, TESTS, TESTS_K (pytest -k), TEST_N (workers), TEST_S, TEST_TIMEOUT,
 # BENCHES, BUILD_DIR (a carried build), PEER_CONV=0; 0 turns off: QUALIFY, PEERS, SCAN (late: after the tests),
 # PROFILE; 1 turns on: NCU_SCAN, TUNE, DECODE_STEP, SANITIZE_TIMING.
 set -uo pipefail
@@ -45,7 +45,7 @@ if [ "${TUNE:-0}" != 0 ]; then
   cp kernels/route_tuning.toml "$OUT/" ; cp -r benchmarks/results/route_tuning "$OUT/" 2>/dev/null
 fi
 TAILN=60 run tests_gpu $(( $(left) - 15 < ${TEST_S:-150} ? $(left) - 15 : ${TEST_S:-150} )) python3 -m pytest -p no:cacheprovider \
-  -n 4 -v --timeout ${TEST_TIMEOUT:-120} -rfE --tb=short ${TESTS:-tests/gpu/test_mamba_layer_gpu.py} \
+  -n ${TEST_N:-4} -v --timeout ${TEST_TIMEOUT:-120} -rfE --tb=short ${TESTS:-tests/gpu/test_mamba_layer_gpu.py} \
   ${TESTS_K:+-k "$TESTS_K"}
 [ "${SCAN:-1}" = late ] && scan_bench
 [ "${PROFILE:-1}" != 0 ] && TAILN=8 run profile_host 60 python3 scripts/profile_host_path.py --bundle /tmp/h200.tar.gz \
