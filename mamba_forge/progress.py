@@ -5,7 +5,8 @@ line per finished unit, as ninja prints them, ``[12/25] Fixed sm_90a 41.2 s (abo
 terminal: a rich progress bar, transient, with the unit in flight). A command that knows its plan says it first in
 one header line (`begin`); from then on each timed unit's line carries an estimate of what remains: the mean time of
 the timed units finished so far (before the first one, the caller's prior) times the timed units left, over the
-workers running them. The stages report through plain callbacks (the builder's
+workers running them; or, where the units are weighed (a build's programs by their symbols: the Fixed program takes
+60 s where a small one takes 3, and the big ones go first), the time per weight finished so far times the weight left. The stages report through plain callbacks (the builder's
 ``progress(kind, record)``, the qualifier's ``on_event(device, event)``); the CLI turns them into calls here.
 rich is imported only in ``bar`` mode, so this module is safe on any path.
 """
@@ -45,6 +46,8 @@ class Progress:
         self._timed_seconds = 0.0
         self._prior_s: float | None = None
         self._workers = 1
+        self._weight_total: int | None = None  # the timed units' total weight (`begin`), None: each weighs 1
+        self._weight_done = 0
 
     def __enter__(self) -> Progress:
         if self.mode == "bar":
@@ -67,11 +70,14 @@ class Progress:
         target = self._bar.console if self._bar is not None else self.console
         target.print(text, markup=False, highlight=False, soft_wrap=True)
 
-    def begin(self, header: str, *, timed: int, workers: int = 1, prior_s: float | None = None) -> None:
+    def begin(self, header: str, *, timed: int, workers: int = 1, prior_s: float | None = None,
+              weight: int | None = None) -> None:
         """Print the plan's header line at once (both visible modes) and start estimating: `timed` of the units
-        take time, `workers` run them side by side, `prior_s` is a unit's time before any has finished."""
+        take time, `workers` run them side by side, `prior_s` is a unit's time before any has finished. With
+        `weight` (the timed units' total, each unit's given to `finished`), `prior_s` is the time per weight."""
         with self._lock:
             self._timed_total, self._workers, self._prior_s = max(0, timed), max(1, workers), prior_s
+            self._weight_total = None if weight is None else max(0, weight)
             if self.mode != "off":
                 self._line(header)
 
@@ -80,6 +86,11 @@ class Progress:
         left = self._timed_total - self._timed_done
         if left <= 0:
             return None
+        if self._weight_total is not None:
+            rate = self._timed_seconds / self._weight_done if self._weight_done else self._prior_s
+            if rate is None:
+                return None
+            return rate * max(0, self._weight_total - self._weight_done) / min(self._workers, left)
         per_unit = self._timed_seconds / self._timed_done if self._timed_done else self._prior_s
         if per_unit is None:
             return None
@@ -91,9 +102,10 @@ class Progress:
             if self._bar is not None:
                 self._bar.update(self._task, description=unit)
 
-    def finished(self, unit: str, *, seconds: float | None = None, tag: str = "") -> str:
+    def finished(self, unit: str, *, seconds: float | None = None, tag: str = "", weight: int = 1) -> str:
         """A unit finished: the bar advances, or one line ``[n/total] unit tag 41.2 s (about 6 min left)``; a unit
-        with `seconds` counts as timed for the estimate. Returns that line."""
+        with `seconds` counts as timed for the estimate (with its `weight` where `begin` took one). Returns that
+        line."""
         with self._lock:
             self.done += 1
             parts = [f"[{self.done}/{self.total}]", unit]
@@ -103,6 +115,7 @@ class Progress:
                 parts.append(f"{seconds:.1f} s")
                 self._timed_done += 1
                 self._timed_seconds += seconds
+                self._weight_done += max(0, weight)
             left = self.remaining_s() if self._timed_total else None
             if left is not None:
                 parts.append(f"({about(left)} left)")

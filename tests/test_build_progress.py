@@ -96,6 +96,25 @@ def test_estimate_uses_the_prior_then_the_mean_of_finished_units():
                          "[3/5] C 90.0 s (about 1 min left)", "[4/5] D 60.0 s (about 1 min left)", "[5/5] E 60.0 s"]
 
 
+def test_weighted_estimate_counts_the_weight_left_not_the_units_left():
+    """A build's programs weigh their symbols: two Fixed programs of 200 symbols first (60 s each), then small ones
+    of 3. Counting units, the first line would say 60 s a unit x 2 rounds = 2 min for about 3 s of work (a cold
+    default build said 'about 22 min left' with 4 left); by weight it says 0.3 s a symbol x 206 over 2 workers."""
+    con = _Lines()
+    with Progress("build", 4, con, mode="lines") as p:
+        p.begin("header", timed=4, workers=2, prior_s=0.5, weight=406)
+        assert p.remaining_s() == 0.5 * 406 / 2  # the prior is per symbol
+        p.finished("Fixed a", seconds=60.0, weight=200)
+        assert p.remaining_s() == pytest.approx(0.3 * 206 / 2)
+        p.finished("Fixed b", seconds=60.0, weight=200)
+        assert p.remaining_s() == pytest.approx(0.3 * 6 / 2)
+        p.finished("Small a", seconds=1.0, weight=3)
+        assert p.remaining_s() == pytest.approx(121.0 / 403 * 3)  # one unit left: one worker runs it
+        p.finished("Small b", seconds=1.0, weight=3)
+        assert p.remaining_s() is None
+    assert con.lines[1] == "[1/4] Fixed a 60.0 s (about 30 s left)"
+
+
 def test_no_estimate_without_begin_or_prior_and_nothing_when_off():
     con = _Lines()
     with Progress("qualify", 2, con, mode="lines") as p:  # the qualifier never calls begin: lines as before

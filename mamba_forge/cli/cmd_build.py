@@ -78,11 +78,12 @@ def build(
 
         def on_event(kind: str, rec) -> None:
             if kind == "plan":
+                # programs weighed by their symbols: a Fixed program takes 60 s, most others a few
                 bar.begin(_header(rec), timed=rec.programs - rec.cached, workers=rec.workers,
-                          prior_s=_prior(rec))
+                          prior_s=PRIOR_SECONDS_PER_SYMBOL, weight=rec.symbols_to_compile)
             elif kind == "done" and rec is not None:
                 bar.finished(f"{rec.kind} {rec.target}", seconds=None if rec.cached else rec.compile_seconds,
-                             tag="cached" if rec.cached else "")
+                             tag="cached" if rec.cached else "", weight=len(rec.symbols))
 
         with memos_off(no_cache):
             manifest, seconds = timed_build(req, on_event)
