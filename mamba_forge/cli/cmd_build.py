@@ -114,14 +114,8 @@ def build(
 # A program's compile time before any has finished here, by its symbols: the default catalog's 41 programs (2083
 # symbols) for the 8 default targets took 240 s on 2 cores with a cold cache (2026-12-03; 32 min on a shared
 # machine on 2026-12-01), about 0.23 s of one core a symbol. A rough prior (the GEMM programs take longer a symbol
-# than the elementwise ones), replaced by the mean of the finished programs as soon as there is one.
+# than the elementwise ones), replaced by the finished programs' time per symbol as soon as there is one.
 PRIOR_SECONDS_PER_SYMBOL = 0.23
-
-
-def _prior(plan) -> float | None:
-    """A program's time before any finished: the prior per symbol over the programs still to compile."""
-    to_compile = plan.programs - plan.cached
-    return PRIOR_SECONDS_PER_SYMBOL * plan.symbols_to_compile / to_compile if to_compile else None
 
 
 def _header(plan) -> str:
@@ -134,9 +128,9 @@ def _header(plan) -> str:
             f"{to_compile} to compile")
     if not to_compile:
         return head
-    rounds = -(-to_compile // plan.workers)
-    return (head + f" with {plural(plan.workers, 'worker')} ({about(rounds * _prior(plan))}, "
-            "a first guess)")
+    # what the progress lines start from (progress.Progress.remaining_s before any program has finished)
+    first_guess = PRIOR_SECONDS_PER_SYMBOL * plan.symbols_to_compile / min(plan.workers, to_compile)
+    return head + f" with {plural(plan.workers, 'worker')} ({about(first_guess)}, a first guess)"
 
 
 def _check_globs(globs, names: list[str], catalog_path, out_dir: Path) -> None:

@@ -71,8 +71,7 @@ def family_contract(sym: Symbol, fam: Family, layout: list[list[int]], state_cap
 def tensor_map_hook(fam: Family) -> str:
     """The family's tensor-map hook (its qualify.prepare, a function of mamba_forge.gpu.tma) where it takes
     by-value blobs; "" otherwise (no blobs, or a prepare that builds something else, e.g. a pointer table)."""
-    prepare = fam.qualify.prepare if fam.qualify is not None else None
-    module, _, name = (prepare or "").partition(":")
+    module, _, name = (fam.qualify.prepare or "").partition(":")
     takes_blobs = any(param_kind(p.type) == "blob" for p in fam.params)
     return name if takes_blobs and module == TENSOR_MAP_MODULE else ""
 
