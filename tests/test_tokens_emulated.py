@@ -23,9 +23,31 @@ from mamba_forge.references import tokens as ref
 
 _MOCK = _MOCK_COMMON + r"""
 inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+#include <condition_variable>
+#include <mutex>
+// PTX named barriers (bar.sync / bar.arrive id, n): sync counts and waits for the n-th thread, arrive counts and
+// goes on; the n-th completes the phase. Blocks run one after another here, so one set serves every block.
+struct MfNamedBar { std::mutex m; std::condition_variable cv; int count = 0; unsigned long phase = 0; };
+inline MfNamedBar g_named_bars[16];
+inline void mf_named_bar(int id, int n, bool wait) {
+  MfNamedBar& b = g_named_bars[id];
+  std::unique_lock<std::mutex> lk(b.m);
+  if (++b.count == n) { b.count = 0; ++b.phase; b.cv.notify_all(); return; }
+  if (!wait) return;
+  const unsigned long ph = b.phase;
+  b.cv.wait(lk, [&] { return b.phase != ph; });
+}
 """
 
-_EMU_NAMES = ["ssm_step_forward_fused_f32", "ssm_scan_tokens_f32", "conv1d_tokens_silu_f32"]
+
+def _ws_names() -> list[str]:
+    """The warp-specialised scan's f32 symbols (every instance the catalog declares)."""
+    fixed = load_catalog(default_catalog_path()).module("Fixed")
+    return sorted(s.name for s in fixed.symbols if s.family == "ssm_scan_tokens_ws" and s.dtype == "f32")
+
+
+_WS_NAMES = _ws_names()
+_EMU_NAMES = ["ssm_step_forward_fused_f32", "ssm_scan_tokens_f32", "conv1d_tokens_silu_f32", *_WS_NAMES]
 # scan.cu and tokens.cu, then the catalog's generated wrappers (the text NVRTC compiles), then the launcher
 _EMU_INCLUDES = "#include <thread>\n#include <vector>\n#include <utility>\n#include <cstring>\n#include SCAN_CU\n#include TOKENS_CU\n"
 
@@ -62,12 +84,12 @@ def _scan_inputs(rng, b, L, d, n, r):
     }
 
 
-def _scan(lib, x, b, L, d, n, r, l0=0, l1=None, state=None):
-    """ssm_scan_tokens over timesteps l0 .. l1 of x (from `state`, default x's)."""
+def _scan(lib, x, b, L, d, n, r, l0=0, l1=None, state=None, name="ssm_scan_tokens_f32"):
+    """ssm_scan_tokens (or `name`) over timesteps l0 .. l1 of x (from `state`, default x's)."""
     l1 = L if l1 is None else l1
     part = {k: v[:, l0:l1] for k, v in x.items() if k in ("u", "dt", "x_dbl", "xz")}
     dims = {"batch": b, "d_inner": d, "d_state": n, "dt_rank": r, "L": l1 - l0}
-    got = _launch(lib, "ssm_scan_tokens_f32", dims, {**x, **part, "state": x["state"] if state is None else state})
+    got = _launch(lib, name, dims, {**x, **part, "state": x["state"] if state is None else state})
     return got["out"].reshape(b, l1 - l0, d), got["state"]
 
 
@@ -103,14 +125,37 @@ def test_scan_tokens_equals_the_decode_step_bit_for_bit(emu, b, L, d, n, r):
         assert np.array_equal(step["out"].reshape(b, d).view(np.uint32), out[:, t].view(np.uint32)), f"step at t={t}"
     assert np.array_equal(st1.view(np.uint32), state.view(np.uint32))
     assert np.array_equal(stp.view(np.uint32), state.view(np.uint32))
-    cut = [0, 1, L // 3 + 1, L]
+    _assert_chunks_agree(emu, x, (b, L, d, n, r), [0, 1, L // 3 + 1, L], out, state)
+
+
+def _assert_chunks_agree(lib, x, dims, cut, out, state, name="ssm_scan_tokens_f32"):
+    """`name` over the chunks between the `cut` points, each from the last one's state: out and state as one call."""
+    b, L, d, n, r = dims
     st, parts = x["state"].ravel().copy(), []
     for l0, l1 in zip(cut, cut[1:], strict=False):
         if l1 > l0:
-            o, st = _scan(emu, x, b, L, d, n, r, l0, l1, st)
+            o, st = _scan(lib, x, b, L, d, n, r, l0, l1, st, name=name)
             parts.append(o)
     assert np.array_equal(np.concatenate(parts, axis=1).view(np.uint32), out.view(np.uint32))
     assert np.array_equal(st.view(np.uint32), state.view(np.uint32))
+
+
+# d_state <= 16 (the warp-specialised scan's range): several batch rows, partial last tiles, edge channel blocks,
+# scalar loads (d_inner or dt_rank not a multiple of 4), L of one step and of several tiles
+WS_DIMS = [(2, 37, 70, 16, 8), (3, 9, 5, 13, 13), (1, 17, 130, 10, 4), (2, 40, 96, 16, 8), (4, 1, 20, 16, 4)]
+
+
+@pytest.mark.parametrize("name", _WS_NAMES)
+@pytest.mark.parametrize("b,L,d,n,r", WS_DIMS)
+def test_warp_specialised_scan_equals_the_four_lane_scan_bit_for_bit(emu, name, b, L, d, n, r):
+    """ssm_scan_tokens_ws (producer warps staging a ring, scan warps of eight lanes) gives ssm_scan_tokens' bits, out
+    and final state, whole and chunked: so the runtime may pick either by shape."""
+    x = {k: v.astype(np.float32) for k, v in _scan_inputs(np.random.default_rng(6), b, L, d, n, r).items()}
+    out, state = _scan(emu, x, b, L, d, n, r)
+    got, got_state = _scan(emu, x, b, L, d, n, r, name=name)
+    assert np.array_equal(got.view(np.uint32), out.view(np.uint32))
+    assert np.array_equal(got_state.view(np.uint32), state.view(np.uint32))
+    _assert_chunks_agree(emu, x, (b, L, d, n, r), [0, 1, L // 2 + 1, L], out, state, name=name)
 
 
 def test_bitwise_comparison_tells_a_one_ulp_input_apart(emu):

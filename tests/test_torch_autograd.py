@@ -129,7 +129,7 @@ def test_training_forward_is_the_inference_forward_bit_for_bit(mft, kernels):
     h = torch.randn(2, 300, 16)
     train = m(h)
     assert train.requires_grad and train.grad_fn is not None
-    scans = [c for c in k.calls if c == "ssm_scan_tokens_f32"]
+    scans = [c for c in k.calls if c in ("ssm_scan_tokens_f32", "ssm_scan_tokens_ws_f32")]  # four lanes or warp-specialised: same bits
     assert len(scans) == 2  # 256 + 44
     with torch.no_grad():
         assert torch.equal(m(h), train.detach())

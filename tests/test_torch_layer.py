@@ -160,3 +160,46 @@ def test_layer_traces_under_torch_compile(mft):
     compiled = torch.compile(m, backend="aot_eager")
     with torch.no_grad():
         assert torch.equal(compiled(h), m(h))
+
+
+def test_scan_tokens_ws_serves_small_grids_only():
+    from mamba_forge.runtime.torch_ops import SCAN_TOKENS_WS_BLOCKS_PER_SM, SCAN_TOKENS_WS_WAVES, scan_tokens_ws_serves
+
+    limit = SCAN_TOKENS_WS_WAVES * SCAN_TOKENS_WS_BLOCKS_PER_SM * 132  # blocks: 16 channels x one batch row each
+    assert scan_tokens_ws_serves(1, 2048, 16, 132)
+    assert scan_tokens_ws_serves(limit // 128, 2048, 16, 132)
+    assert not scan_tokens_ws_serves(limit // 128 + 1, 2048, 16, 132)
+    assert scan_tokens_ws_serves(1, 16 * limit, 16, 132) and not scan_tokens_ws_serves(1, 16 * limit + 1, 16, 132)
+    assert not scan_tokens_ws_serves(1, 2048, 17, 132)  # past its registers: d_state <= 16
+    assert not scan_tokens_ws_serves(1, 2048, 16, 0)
+
+
+def test_scan_tokens_ws_blocks_per_sm_is_its_launch_bounds():
+    """The op's wave arithmetic reads the instance's minimum blocks per SM: the constant and the catalog agree."""
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+    from mamba_forge.runtime.torch_ops import SCAN_TOKENS_WS_BLOCKS_PER_SM, SCAN_TOKENS_WS_FAMILY, SCAN_TOKENS_WS_MAX_STATE
+
+    fam = load_catalog(default_catalog_path()).module("Fixed").family(SCAN_TOKENS_WS_FAMILY)
+    assert [i["MINB"] for i in fam.instances] == [SCAN_TOKENS_WS_BLOCKS_PER_SM]
+    assert SCAN_TOKENS_WS_MAX_STATE == 16
+
+
+@pytest.mark.parametrize("batch,d,length,missing,want", [
+    (2, 32, 5, (), "ssm_scan_tokens_ws_f32"),  # a small grid: the warp-specialised scan
+    (2, 32, 5, ("ssm_scan_tokens_ws",), "ssm_scan_tokens_f32"),  # a manifest without it: the four-lane scan
+    (300, 32, 3, (), "ssm_scan_tokens_f32"),  # 600 blocks: past its waves
+    (2, 32, 1, (), "ssm_step_forward_fused_f32"),  # L = 1: the decode step
+])
+def test_scan_tokens_routes_by_shape_to_kernels_with_the_same_bits(mft, batch, d, length, missing, want):
+    k = _RefKernels(missing=missing)
+    mft.register(k)
+    try:
+        n, r = 16, 4
+        g = torch.Generator().manual_seed(0)
+        u, dt = torch.rand(batch, length, d, generator=g), torch.rand(batch, length, d, generator=g) - 4
+        x_dbl, xz = torch.rand(batch, length, r + 2 * n, generator=g), torch.rand(batch, length, 2 * d, generator=g)
+        state = torch.zeros(batch, d, n)
+        torch.ops.mamba_forge.scan_tokens(u, dt, torch.zeros(d), torch.zeros(d, n), x_dbl, torch.ones(d), xz, state)
+        assert [c for c in k.calls if "scan" in c or "step" in c] == [want]
+    finally:
+        mft.register(_RefKernels())

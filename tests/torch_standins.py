@@ -73,7 +73,7 @@ class RefKernel:
         for k, v in kw.items():
             assert not torch.is_tensor(v) or v.is_contiguous(), f"{self.name}: {k} is not dense"
         self._calls.append(self.name)
-        if self.family == "ssm_scan_tokens":
+        if self.family in ("ssm_scan_tokens", "ssm_scan_tokens_ws"):
             self._steps(kw)
         else:
             self._run(kw)
@@ -101,6 +101,7 @@ class RefKernels:
     (symbol names; ("gemm", layout, M, N, K) for GEMMs)."""
 
     manifest = SimpleNamespace(routes=[])
+    device = SimpleNamespace(name="stand-in", sm_count=132)  # an H200's: the ops' shape routes read it
 
     def __init__(self, missing=(), no_route: bool = False, layouts=("nn", "nt", "tn")):
         self.missing, self.no_route, self.layouts = set(missing), no_route, set(layouts)

@@ -31,7 +31,7 @@ from collections import OrderedDict
 
 import torch
 
-from mamba_forge.runtime.errors import LaunchRefused
+from mamba_forge.runtime.errors import LaunchRefused, SymbolUnavailable
 from mamba_forge.runtime.tensors import torch_dtype
 from mamba_forge.runtime.torch_ops import (
     CONV1D_FAMILY,
@@ -41,7 +41,9 @@ from mamba_forge.runtime.torch_ops import (
     SCAN_FAMILY,
     SCAN_STEP_FAMILY,
     SCAN_TOKENS_FAMILY,
+    SCAN_TOKENS_WS_FAMILY,
     SCHEMAS,
+    SEQUENCE_DTYPES,
     TRAIN_SCHEMAS,
     conv1d_shapes,
     conv_tokens_shapes,
@@ -51,12 +53,13 @@ from mamba_forge.runtime.torch_ops import (
     rms_norm_shapes,
     scan_shapes,
     scan_tokens_shapes,
+    scan_tokens_ws_serves,
     sequence_kernel,
     serving_gemm_rungs,
     softplus_kernel,
 )
 
-_state: dict = {"kernels": None, "functions": {}}
+_state: dict = {"kernels": None, "functions": {}, "sm_count": 0}
 _lib = None
 SHAPE_ENTRIES = 256  # eager calls' shape rules remembered (_shapes), least recently used out first
 _shape_memo: OrderedDict = OrderedDict()
@@ -223,6 +226,12 @@ def _scan_tokens(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
     batch, length, d, n, r = _shapes(scan_tokens_shapes, *(t.shape for t in (u, dt, dt_bias, A_log, x_dbl, D, xz,
                                                                               state)))
     out = u.new_empty(u.shape)
+    ws = _state["functions"].get((SCAN_TOKENS_WS_FAMILY, kernel[1]))
+    if length > 1 and ws is not None and scan_tokens_ws_serves(batch, d, n, _state["sm_count"]):
+        ws(out=out, state=_dense(state, "state"), u=u.contiguous(), dt=dt.contiguous(), dt_bias=dt_bias.contiguous(),
+           A_log=A_log.contiguous(), x_dbl=x_dbl.contiguous(), Dp=D.contiguous(), xz=xz.contiguous(), batch=batch,
+           d_inner=d, d_state=n, dt_rank=r, L=length)
+        return out
     if length == 1:  # a decode step: the production step kernel, the same bits (torch_ops.SCAN_STEP_FAMILY)
         z = xz.narrow(2, d, d).contiguous()  # z = xz[..., d:]: [batch, 1, d], dense (a copy only for batch > 1)
         _kernel(SCAN_STEP_FAMILY, kernel[1])(
@@ -293,7 +302,13 @@ def register(kernels) -> list[str]:
     functions = {fd: kernels.fn(*fd) for fd in kernels_used()}  # refuse before anything is changed
     for rung in serving_gemm_rungs(kernels):  # their modules load now, not inside a capture
         kernels.function(rung, follow_fallback=False)
+    for d in SEQUENCE_DTYPES:  # optional (torch_ops.SCAN_TOKENS_WS_FAMILY): absent, the four-lane scan serves
+        try:
+            functions[(SCAN_TOKENS_WS_FAMILY, d)] = kernels.fn(SCAN_TOKENS_WS_FAMILY, d)
+        except SymbolUnavailable:
+            pass
     _state["kernels"], _state["functions"] = kernels, functions
+    _state["sm_count"] = kernels.device.sm_count
     if _lib is None:
         from mamba_forge.runtime import torch_autograd, torch_train
 

@@ -80,6 +80,16 @@ SCAN_TOKENS_FAMILY = "ssm_scan_tokens"
 # (mf/tokens.cuh reproduces mf/decode.cuh at LANES = 2; equal bit for bit, tests/gpu/test_mamba_layer_gpu.py and
 # tests/test_tokens_emulated.py), at 2 lanes x 64-thread blocks sized for one token rather than 16-step tiles
 SCAN_STEP_FAMILY = "ssm_step_forward_fused"  # kernels/fixed/scan.toml
+# scan_tokens on a small grid (batch x d_inner / 16 blocks within SCAN_TOKENS_WS_WAVES of the GPU's resident blocks,
+# d_state <= 16) runs the warp-specialised scan instead: the same bits (mf/tokens.cuh; the emulation and GPU tests
+# prove it), so which one serves a call changes nothing but the time. Optional: a manifest without it serves every
+# call from SCAN_TOKENS_FAMILY.
+SCAN_TOKENS_WS_FAMILY = "ssm_scan_tokens_ws"
+SCAN_TOKENS_WS_MAX_STATE = 16
+SCAN_TOKENS_WS_BLOCKS_PER_SM = 1  # its instance's launch bounds (tokens.toml MINB; tests/test_torch_ops checks)
+# measured on the H200 (bf16, L 2048): ahead at 128-512 blocks (up to 2.65x at B1 D2048), behind from 640 (B2
+# D5120: 537 against 497 us; B8 D2048: 841 against 546): up to four waves of one block per SM
+SCAN_TOKENS_WS_WAVES = 4
 RMS_NORM_ADD_FAMILY = "rmsnorm_forward_resadd_f32in"  # kernels/fixed/norm.toml
 RMS_NORM_KERNELS = {  # (x dtype, out dtype) -> (family, dtype): kernels/fixed/norm.toml
     ("f32", "f32"): ("rmsnorm_forward", "f32"),
@@ -278,6 +288,13 @@ def serving_gemm_rungs(kernels) -> list[str]:
     return out
 
 
+def scan_tokens_ws_serves(batch: int, d_inner: int, d_state: int, sm_count: int) -> bool:
+    """Whether scan_tokens at these sizes runs the warp-specialised scan: d_state within its registers and its
+    grid (16 channels x one batch row a block) within SCAN_TOKENS_WS_WAVES waves of resident blocks."""
+    blocks = -(-d_inner // 16) * batch
+    return d_state <= SCAN_TOKENS_WS_MAX_STATE and blocks <= SCAN_TOKENS_WS_WAVES * SCAN_TOKENS_WS_BLOCKS_PER_SM * sm_count
+
+
 def kernels_used() -> list[tuple[str, str]]:
     """Every (family, dtype) an op may launch: loaded at registration, so a CUDA-graph capture loads no module."""
     return ([softplus_kernel(d) for d in SOFTPLUS_DTYPES] + list(RMS_NORM_KERNELS.values())
@@ -288,7 +305,7 @@ def kernels_used() -> list[tuple[str, str]]:
 
 __all__ = ["CONV1D_FAMILY", "CONV_BWD_FAMILY", "CONV_SAVE_FAMILY", "CONV_TOKENS_FAMILY", "LIBRARY", "REDUCE",
            "RMS_NORM_ADD_FAMILY", "RMS_NORM_BWD_KERNELS", "SCAN_BWD_FAMILIES", "SCAN_SAVE_CHUNK", "SCAN_SAVE_FAMILY",
-           "SCAN_STEP_FAMILY", "SCAN_TOKENS_FAMILY", "TRAIN_SCHEMAS", "mixer_backward_kernels", "mixer_shapes", "norm_backward_kernels",
+           "SCAN_STEP_FAMILY", "SCAN_TOKENS_FAMILY", "SCAN_TOKENS_WS_FAMILY", "scan_tokens_ws_serves", "TRAIN_SCHEMAS", "mixer_backward_kernels", "mixer_shapes", "norm_backward_kernels",
            "rms_norm_bwd_kernel", "scan_bwd_family",
            "conv_tokens_shapes", "scan_tokens_shapes", "RMS_NORM_KERNELS", "SCAN_FAMILY", "SCHEMAS", "SEQUENCE_DTYPES",
            "SOFTPLUS_DTYPES", "conv1d_shapes", "gemm_shape", "kernels_used", "rms_norm_kernel", "rms_norm_shapes", "scan_shapes",

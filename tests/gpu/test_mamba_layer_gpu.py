@@ -2,7 +2,7 @@
 (MF_RUNTIME_BUNDLE, MF_RUNTIME_KEY) or one built and qualified here (tests/gpu/test_runtime_gpu.py's fixture):
 
 - ssm_scan_tokens over L equals L launches at L = 1 and L steps of the production decode step
-  (ssm_step_forward_fused), bit for bit, out and state; any chunking too; conv1d_tokens_silu likewise against
+  (ssm_step_forward_fused), bit for bit, out and state; any chunking too; ssm_scan_tokens_ws gives its bits; conv1d_tokens_silu likewise against
   conv1d_step_forward_silu; bf16, f16, f32;
 - the layer against a float64 transcription of mamba-ssm's reference path; prefill == chunked prefill == decode
   bit for bit; sequence 0 the same bits at batch 1 and batch 8; CUDA-graph replay and torch.compile as eager;
@@ -79,6 +79,25 @@ def test_scan_tokens_equals_the_decode_step_bit_for_bit(mft, kernels, dtype, b, 
                                          x["A_log"], x["x_dbl"][:, sl].contiguous(), x["D"],
                                          x["xz"][:, sl].contiguous(), st))
         assert _same(torch.cat(parts, 1), out) and _same(st, state), f"chunks of {chunk}"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+# the op's route picks by grid size; both scans by name here at grids on either side of it, scalar and vector loads,
+# d_state 16 and below, partial last tiles, L of one step
+@pytest.mark.parametrize("b,L,d,n,r", [(1, 2048, 2048, 16, 64), (2, 300, 4096, 16, 64), (24, 40, 2048, 16, 64),
+                                       (3, 37, 70, 13, 13), (5, 1, 256, 16, 16), (1, 16, 16, 8, 4)])
+def test_warp_specialised_scan_gives_the_four_lane_bits(kernels, dtype, b, L, d, n, r):  # noqa: F811
+    """ssm_scan_tokens_ws and ssm_scan_tokens: the same out and final state, every bit (so the op may serve a call
+    from either), from a poisoned output."""
+    x = _scan_inputs(b, L, d, n, r, DT[dtype], seed=7 * b + L)
+    got = []
+    for fam in ("ssm_scan_tokens", "ssm_scan_tokens_ws"):
+        state, out = x["state"].clone(), torch.full_like(x["u"], float("nan"))
+        kernels.fn(fam, dtype)(out=out, state=state, u=x["u"], dt=x["dt"], dt_bias=x["dt_bias"], A_log=x["A_log"],
+                               x_dbl=x["x_dbl"], Dp=x["D"], xz=x["xz"], batch=b, d_inner=d, d_state=n, dt_rank=r, L=L)
+        got.append((out, state))
+    assert not torch.isnan(got[1][0].float()).any()
+    assert _same(got[0][0], got[1][0]) and _same(got[0][1], got[1][1])
 
 
 def test_scan_tokens_tells_a_last_bit_input_apart(mft):

@@ -100,8 +100,8 @@ MF_DEVICE TokBCQuad<T, NS> tok_bc_quad(const T* __restrict__ x_dbl, int e, long 
 template <typename T, int NS>
 MF_DEVICE void tok_scan_load(TokScanTile<T, NS>& r, const T* __restrict__ u, const T* __restrict__ dt,
                              const T* __restrict__ xz, const T* __restrict__ x_dbl, long long b, long long L,
-                             long long l0, int d0, int d_inner, int d_state, int dt_rank, int x_dbl_stride, bool vec) {
-  const int t = threadIdx.x;
+                             long long l0, int d0, int d_inner, int d_state, int dt_rank, int x_dbl_stride, bool vec,
+                             int t) {
   {
     const int l = t / kTokQuadsPerRow, cg = d0 + 4 * (t % kTokQuadsPerRow);
     const bool lok = l0 + l < L;
@@ -123,9 +123,8 @@ MF_DEVICE void tok_scan_load(TokScanTile<T, NS>& r, const T* __restrict__ u, con
 // The tile's derived values into buffer `buf`: dt' = softplus(dt + bias), dt' u, silu(z), with the step's
 // expressions (mf/decode.cuh, FUSED), so the bits are the step's; B, C as f32. bias: dt_bias of this thread's four
 // staging channels.
-template <typename T, int NS>
-MF_DEVICE void tok_scan_stage(const TokScanTile<T, NS>& r, TokScanSmem& s, int buf, const float (&bias)[4]) {
-  const int t = threadIdx.x;
+template <typename T, int NS, typename Smem>
+MF_DEVICE void tok_scan_stage(const TokScanTile<T, NS>& r, Smem& s, int buf, const float (&bias)[4], int t) {
   const int l = t / kTokQuadsPerRow, c0 = 4 * (t % kTokQuadsPerRow);
   float dd[8], us[8];
 #pragma unroll
@@ -158,9 +157,9 @@ MF_DEVICE void tok_scan_fill(TokScanSmem& s, int buf, const float (&bias)[4], co
                              long long b, long long L, long long l0, int d0, int d_inner, int d_state, int dt_rank,
                              int x_dbl_stride, bool vec) {
   TokScanTile<T, 0> r;
-  tok_scan_load<T, 0>(r, u, dt, xz, x_dbl, b, L, l0, d0, d_inner, d_state, dt_rank, x_dbl_stride, vec);
-  tok_scan_stage<T, 0>(r, s, buf, bias);
   const int t = threadIdx.x;
+  tok_scan_load<T, 0>(r, u, dt, xz, x_dbl, b, L, l0, d0, d_inner, d_state, dt_rank, x_dbl_stride, vec, t);
+  tok_scan_stage<T, 0>(r, s, buf, bias, t);
 #pragma unroll 2
   for (int k = 0; k < kTokBCQuads * NS; ++k) {
     const auto bq = tok_bc_quad<T, NS>(x_dbl, t + k * kTokThreads, b, L, l0, d_state, dt_rank, x_dbl_stride);
@@ -193,6 +192,46 @@ MF_DEVICE float tok_scan_step(float (&h)[NS][4], const float (&a2)[NS][4], float
     }
   }
   return acc + __shfl_xor_sync(0xffffffffu, acc, 1);
+}
+
+// A whole tile of one slice (Mamba's 16 states) in two passes: the states' recurrence over the kTokSteps steps,
+// keeping each step's chunk sum P, then the cross-lane sums and outputs of all the steps. The recurrence then holds
+// only fma chains (a step's exponentials and dt' u B do not wait on the previous step), and the 32 shuffles are
+// independent of each other, so neither pass waits on a shuffle per step. The operations and their order per step
+// are the step's (tok_scan_step). Every lane ends a step with the same sum, so lane j emits steps j, j + 4, ...: one
+// output sequence per four steps. dd: the tile's staged (dt', dt' u) [step][channel]; bc: its B, C rows (row
+// stride bc_row floats, B at 4 j, C at 16 + 4 j); emit(step, sum).
+template <typename Emit>
+MF_DEVICE void tok_scan_tile1(float (&h)[4], const float (&a2)[4], const float2 (*__restrict__ dd)[kTokChannels],
+                              const float* __restrict__ bc, int bc_row, int c, int j, bool dvalid, Emit emit) {
+  float pk[kTokSteps];
+#pragma unroll
+  for (int l = 0; l < kTokSteps; ++l) {
+    const float2 dl = dd[l][c];
+    const float4 bq = *reinterpret_cast<const float4*>(bc + l * bc_row + 4 * j);
+    const float4 cq = *reinterpret_cast<const float4*>(bc + l * bc_row + 16 + 4 * j);
+    h[0] = fmaf(scan_exp2(dl.x * a2[0]), h[0], dl.y * bq.x);
+    h[1] = fmaf(scan_exp2(dl.x * a2[1]), h[1], dl.y * bq.y);
+    h[2] = fmaf(scan_exp2(dl.x * a2[2]), h[2], dl.y * bq.z);
+    h[3] = fmaf(scan_exp2(dl.x * a2[3]), h[3], dl.y * bq.w);
+    float p = cq.x * h[0];
+    p = fmaf(cq.y, h[1], p);
+    p = fmaf(cq.z, h[2], p);
+    pk[l] = fmaf(cq.w, h[3], p);
+  }
+#pragma unroll
+  for (int l = 0; l < kTokSteps; ++l) {
+    float acc = 0.f;
+    acc += pk[l] + __shfl_xor_sync(0xffffffffu, pk[l], 2);
+    pk[l] = acc + __shfl_xor_sync(0xffffffffu, acc, 1);
+  }
+  if (dvalid) {
+#pragma unroll
+    for (int g = 0; g < kTokSteps; g += 4) {
+      const float mine = j == 0 ? pk[g] : j == 1 ? pk[g + 1] : j == 2 ? pk[g + 2] : pk[g + 3];
+      emit(g + j, mine);
+    }
+  }
 }
 
 // NS: slices held in registers (ceil(d_state / 16) rounded to an instantiated count); slices past nslices skipped.
@@ -258,43 +297,11 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
       // prefetched registers beside 8-16 states each of h and a2 would spill under the 128-register bound)
       if (kPrefetch && tile + 1 < ntiles)
         tok_scan_load<T, kPrefetch ? NS : 0>(nxt, u, dt, xz, x_dbl, b, L, l0 + kTokSteps, d0, d_inner, d_state, dt_rank,
-                             x_dbl_stride, vec);
+                             x_dbl_stride, vec, threadIdx.x);
       const int steps = (int)min((long long)kTokSteps, L - l0);
       if (NS == 1 && steps == kTokSteps) {
-        // a whole tile of one slice (Mamba's 16 states) in two passes: the states' recurrence over the 16 steps,
-        // keeping each step's chunk sum P, then the cross-lane sums and outputs of all 16 steps. The recurrence
-        // then holds only fma chains (a step's exponentials and dt' u B do not wait on the previous step), and the
-        // 32 shuffles are independent of each other, so neither pass waits on a shuffle per step. The operations
-        // and their order per step are the step's (tok_scan_step). Every lane ends a step with the same sum, so
-        // lane j writes steps j, j + 4, ...: one output sequence per four steps.
-        float pk[kTokSteps];
-#pragma unroll
-        for (int l = 0; l < kTokSteps; ++l) {
-          const float2 dd = sm.dd[buf][l][c];
-          const float4 bq = *reinterpret_cast<const float4*>(&sm.bc[buf][l][4 * j]);
-          const float4 cq = *reinterpret_cast<const float4*>(&sm.bc[buf][l][16 * NS + 4 * j]);
-          h[0][0] = fmaf(scan_exp2(dd.x * a2[0][0]), h[0][0], dd.y * bq.x);
-          h[0][1] = fmaf(scan_exp2(dd.x * a2[0][1]), h[0][1], dd.y * bq.y);
-          h[0][2] = fmaf(scan_exp2(dd.x * a2[0][2]), h[0][2], dd.y * bq.z);
-          h[0][3] = fmaf(scan_exp2(dd.x * a2[0][3]), h[0][3], dd.y * bq.w);
-          float p = cq.x * h[0][0];
-          p = fmaf(cq.y, h[0][1], p);
-          p = fmaf(cq.z, h[0][2], p);
-          pk[l] = fmaf(cq.w, h[0][3], p);
-        }
-#pragma unroll
-        for (int l = 0; l < kTokSteps; ++l) {
-          float acc = 0.f;
-          acc += pk[l] + __shfl_xor_sync(0xffffffffu, pk[l], 2);
-          pk[l] = acc + __shfl_xor_sync(0xffffffffu, acc, 1);
-        }
-        if (dvalid) {
-#pragma unroll
-          for (int g = 0; g < kTokSteps; g += 4) {
-            const float mine = j == 0 ? pk[g] : j == 1 ? pk[g + 1] : j == 2 ? pk[g + 2] : pk[g + 3];
-            emit(buf, l0, g + j, mine);
-          }
-        }
+        tok_scan_tile1(h[0], a2[0], sm.dd[buf], &sm.bc[buf][0][0], 2 * MF_STATE_CAP, c, j, dvalid,
+                       [&](int l, float acc) { emit(buf, l0, l, acc); });
       } else {
 #pragma unroll 1
         for (int l = 0; l < steps; ++l) {
@@ -305,7 +312,7 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
       // buffer buf ^ 1 was last read by the previous tile's steps, which every thread finished before the barrier
       if (tile + 1 < ntiles) {
         if (kPrefetch)
-          tok_scan_stage<T, kPrefetch ? NS : 0>(nxt, sm, buf ^ 1, stage_bias);
+          tok_scan_stage<T, kPrefetch ? NS : 0>(nxt, sm, buf ^ 1, stage_bias, threadIdx.x);
         else
           tok_scan_fill<T, NS>(sm, buf ^ 1, stage_bias, u, dt, xz, x_dbl, b, L, l0 + kTokSteps, d0, d_inner, d_state,
                                dt_rank, x_dbl_stride, vec);
@@ -348,6 +355,175 @@ MF_DEVICE void ssm_scan_tokens(T* __restrict__ out, float* __restrict__ state, c
     MF_TOK_SCAN(NSMAX);
   }
 #undef MF_TOK_SCAN
+}
+
+// ---- the selective scan, warp-specialised (d_state <= 16) -------------------------------------------------------
+// Why: at a small batch x d_inner (B1 D2048: 128 blocks, one per SM, two warps each) the scan above is latency-bound
+// per tile: each warp converts its tile's loads as they land, steps its 16 timesteps, stages the next tile (the
+// accurate softplus and silu, branchy, one channel after another) and waits at the barrier, alone on its scheduler
+// (Nsight Compute at B1 D2048 L2048: 56% of the stall samples wait on the loads); 324 us there, against 443-486 us
+// at two to four times the channels. Here the scan warps (threads 0..127: 16 channels x 8 lanes) only step and
+// emit, while PW producer warps (threads 128.., in groups of 64 taking items in turn) load, stage into a ring of
+// kTokWsStages tiles and hand each over by named barriers (full: producers arrive, scan warps wait; empty: the
+// reverse), up to the ring's depth ahead. Measured on the H200 (bf16, L 2048): 122 us at B1 D2048 (2.65x), 231 us
+// at B2 D2048, 225 us at B1 D4096, 451 us at B4 D2048; past about four waves (B8 D2048: 841 against 546 us) the
+// four-lane scan's 16 warps per SM win, so the op picks by grid size (runtime/torch_ops.py scan_tokens_ws_serves).
+// Timing-only variants at B1 D2048 bound it: the scan warps alone 116 us, the producers alone 80 us.
+// Staging is per element with the same expressions, and the eight lanes keep four lanes' operations and order
+// (tok_chain8), so the outputs and final state equal ssm_scan_tokens' and the decode step's, bit for bit.
+// The ring: S tiles (a multiple of the producer groups, so each group always fills the same stages).
+template <int S> struct TokWsSmem {
+  float2 dd[S][kTokSteps][kTokChannels];
+  float2 us[S][kTokSteps][kTokChannels];
+  float bc[S][kTokSteps][32];  // [l][4 q] = B_n (q < 4), C_n (q >= 4): 0 past d_state
+};
+static_assert(sizeof(TokWsSmem<6>) <= 48 * 1024, "TokWsSmem: static shared memory is capped at 48 KiB");
+
+// Named barriers (ids 1..15; __syncthreads is 0): sync waits until n threads arrived, arrive counts and goes on.
+#ifdef __CUDA_ARCH__
+MF_DEVICE void tok_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+MF_DEVICE void tok_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+#else
+MF_DEVICE void tok_bar_sync(int id, int n) { mf_named_bar(id, n, true); }  // the host emulation's (tests)
+MF_DEVICE void tok_bar_arrive(int id, int n) { mf_named_bar(id, n, false); }
+#endif
+
+// Eight scan lanes a channel: lane r = 2 j + e holds states 4 j + 2 e + i (i < 2) of chunk j; chunk j's
+// C-weighted fma chain (C0 h0, then fma(Ck, hk, .)) starts on lane 2 j and is handed by one shuffle to lane 2 j + 1,
+// which finishes it, so P_j ends on the odd lanes; the sums across chunks then pair lanes r ^ 4 and r ^ 2: the same
+// operations in the same order as four lanes, on twice the warps.
+MF_DEVICE float tok_chain8(const float (&h)[2], float2 cq, int e) {
+  const float head = fmaf(cq.y, h[1], cq.x * h[0]);               // lane 2 j: C0 h0, then fma(C1, h1, .)
+  const float from = __shfl_xor_sync(0xffffffffu, head, 1);       // lane 2 j + 1 receives lane 2 j's head
+  const float tail = fmaf(cq.y, h[1], fmaf(cq.x, h[0], from));    // lane 2 j + 1: fma(C2, h2, .), fma(C3, h3, .)
+  return e ? tail : head;
+}
+MF_DEVICE float tok_sums8(float p) {  // P_q + P_(q+2) (from 0), then acc_0 + acc_1: valid on odd lanes
+  float acc = 0.f;
+  acc += p + __shfl_xor_sync(0xffffffffu, p, 4);
+  return acc + __shfl_xor_sync(0xffffffffu, acc, 2);
+}
+
+template <typename T, int PW>
+MF_DEVICE void ssm_scan_tokens_ws(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
+                                  const T* __restrict__ dt, const float* __restrict__ dt_bias,
+                                  const float* __restrict__ A_log, const T* __restrict__ x_dbl,
+                                  const float* __restrict__ Dp, const T* __restrict__ xz, int batch, int d_inner,
+                                  int d_state, int dt_rank, long long L) {
+  static_assert(PW % 2 == 0 && PW >= 2 && PW <= 8, "groups of two warps, one to four groups");
+  constexpr int kGroups = PW / 2;
+  constexpr int kTokWsStages = kGroups == 3 ? 6 : 4;  // 2 S + 1 named barriers of 16
+  constexpr int kScan = kTokChannels * 8;  // the scan warps' threads: eight lanes a channel
+  constexpr int kPair = kScan + kTokThreads;  // one barrier's threads: the scan warps and one producer group
+  __shared__ __align__(16) TokWsSmem<kTokWsStages> sm;
+  if (d_state < 1 || d_state > 16 || d_inner < 1 || dt_rank < 0 || L < 1) return;
+  const int x_dbl_stride = dt_rank + 2 * d_state;
+  const int d0 = blockIdx.x * kTokChannels;
+  const long long ntiles = (L + kTokSteps - 1) / kTokSteps;
+  const long long nrows = batch > (int)blockIdx.y ? (batch - 1 - (long long)blockIdx.y) / gridDim.y + 1 : 0;
+  const long long items = nrows * ntiles;  // (row, tile) in order: row blockIdx.y + r gridDim.y, tile
+  auto full = [](long long k) { return 1 + (int)(k % kTokWsStages); };
+  auto empty = [](long long k) { return 1 + kTokWsStages + (int)(k % kTokWsStages); };
+  if (threadIdx.x >= kScan) {
+    // producer group g: items g, g + kGroups, ...; the next one's loads fly while this one is staged
+    const int t = (int)threadIdx.x - kScan, g = t / kTokThreads, pt = t % kTokThreads;
+    const bool vec = (d_inner & 3) == 0 && (d_state & 3) == 0 && (dt_rank & 3) == 0 && (x_dbl_stride & 3) == 0 &&
+                     aligned_quad(u) && aligned_quad(dt) && aligned_quad(xz) && aligned_quad(x_dbl);
+    float bias[4];
+    {
+      const int cg = d0 + 4 * (pt % kTokQuadsPerRow);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) bias[i] = dt_bias[min(cg + i, d_inner - 1)];
+    }
+    // two register tiles in turn, so a tile's loads fly while the other is staged (a copy from one to the other
+    // would wait for the loads at every item)
+    TokScanTile<T, 1> ta, tb;
+    auto load = [&](TokScanTile<T, 1>& r, long long k) {
+      const long long b = blockIdx.y + (k / ntiles) * gridDim.y, l0 = (k % ntiles) * kTokSteps;
+      tok_scan_load<T, 1>(r, u, dt, xz, x_dbl, b, L, l0, d0, d_inner, d_state, dt_rank, x_dbl_stride, vec, pt);
+    };
+    auto produce = [&](const TokScanTile<T, 1>& r, long long k) {
+      if (k >= kTokWsStages) tok_bar_sync(empty(k), kPair);  // the scan warps are done with item k - stages
+      tok_scan_stage<T, 1>(r, sm, (int)(k % kTokWsStages), bias, pt);
+      tok_bar_arrive(full(k), kPair);
+    };
+    if (g < items) load(ta, g);
+    for (long long k = g; k < items; k += 2 * kGroups) {
+      const long long k2 = k + kGroups;
+      if (k2 < items) load(tb, k2);
+      produce(ta, k);
+      if (k2 >= items) break;
+      if (k2 + kGroups < items) load(ta, k2 + kGroups);
+      produce(tb, k2);
+    }
+    return;
+  }
+  {  // the scan warps: lane r of channel c is thread 8 c + r
+    const int c = threadIdx.x / 8, r = threadIdx.x % 8, j = r / 2, e = r % 2, n0 = 4 * j + 2 * e;
+    const int d = d0 + c;
+    const bool dvalid = d < d_inner;
+    const int dl = min(d, d_inner - 1);
+    const float Dd = Dp[dl];
+    float a2[2], h[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float al = n0 + i < d_state ? A_log[(long long)dl * d_state + n0 + i] : 0.f;
+      a2[i] = -scan_exp2(fmaf(al, kLog2e, kLog2Log2e));
+    }
+    for (long long k = 0; k < items; ++k) {
+      const long long b = blockIdx.y + (k / ntiles) * gridDim.y, tile = k % ntiles, l0 = tile * kTokSteps;
+      float* srow = state + ((long long)b * d_inner + dl) * d_state;
+      if (tile == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) h[i] = (dvalid && n0 + i < d_state) ? srow[n0 + i] : 0.f;
+      }
+      const int buf = (int)(k % kTokWsStages);
+      T* orow = out + (long long)b * L * d_inner + d;
+      auto emit = [&](int l, float acc) {
+        const float2 v = sm.us[buf][l][c];
+        float y = fmaf(Dd, v.x, acc);
+        y *= v.y;
+        orow[(l0 + l) * d_inner] = from_f32<T>(y);
+      };
+      auto step = [&](int l) {  // one timestep: the recurrence of this lane's states and its part of the chain
+        const float2 dd = sm.dd[buf][l][c];
+        const float2 bq = *reinterpret_cast<const float2*>(&sm.bc[buf][l][n0]);
+        const float2 cq = *reinterpret_cast<const float2*>(&sm.bc[buf][l][16 + n0]);
+        h[0] = fmaf(scan_exp2(dd.x * a2[0]), h[0], dd.y * bq.x);
+        h[1] = fmaf(scan_exp2(dd.x * a2[1]), h[1], dd.y * bq.y);
+        return tok_chain8(h, cq, e);
+      };
+      tok_bar_sync(full(k), kPair);
+      const int steps = (int)min((long long)kTokSteps, L - l0);
+      if (steps == kTokSteps) {
+        // two passes, as tok_scan_tile1: the recurrence and chain parts of all 16 steps, then their sums
+        float pk[kTokSteps];
+#pragma unroll
+        for (int l = 0; l < kTokSteps; ++l) pk[l] = step(l);
+#pragma unroll
+        for (int l = 0; l < kTokSteps; ++l) pk[l] = tok_sums8(pk[l]);
+        if (dvalid && e) {
+#pragma unroll
+          for (int g = 0; g < kTokSteps; g += 4) {
+            const float mine = j == 0 ? pk[g] : j == 1 ? pk[g + 1] : j == 2 ? pk[g + 2] : pk[g + 3];
+            emit(g + j, mine);
+          }
+        }
+      } else {
+#pragma unroll 1
+        for (int l = 0; l < steps; ++l) {
+          const float acc = tok_sums8(step(l));
+          if (dvalid && r == 1) emit(l, acc);
+        }
+      }
+      if (k + kTokWsStages < items) tok_bar_arrive(empty(k), kPair);
+      if (tile == ntiles - 1 && dvalid) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          if (n0 + i < d_state) srow[n0 + i] = h[i];
+      }
+    }
+  }
 }
 
 // ---- the causal conv1d ---------------------------------------------------------------------------------------
