@@ -23,6 +23,7 @@ from mamba_forge.references import tokens as ref
 
 _MOCK = _MOCK_COMMON + r"""
 inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+struct uint2 { unsigned x, y; };  // named by mf/tokens.cuh's 16-bit load path (not instantiated here: f32 only)
 #include <condition_variable>
 #include <mutex>
 // PTX named barriers (bar.sync / bar.arrive id, n): sync counts and waits for the n-th thread, arrive counts and

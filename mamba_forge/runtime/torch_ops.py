@@ -87,9 +87,9 @@ SCAN_STEP_FAMILY = "ssm_step_forward_fused"  # kernels/fixed/scan.toml
 SCAN_TOKENS_WS_FAMILY = "ssm_scan_tokens_ws"
 SCAN_TOKENS_WS_MAX_STATE = 16
 SCAN_TOKENS_WS_BLOCKS_PER_SM = 1  # its instance's launch bounds (tokens.toml MINB; tests/test_torch_ops checks)
-# measured on the H200 (bf16, L 2048): ahead at 128-512 blocks (up to 2.65x at B1 D2048), behind from 640 (B2
-# D5120: 537 against 497 us; B8 D2048: 841 against 546): up to four waves of one block per SM
-SCAN_TOKENS_WS_WAVES = 4
+# measured on the H200 (bf16, L 2048, the four-lane scan with raw loads): ahead at 128 blocks (B1 D2048: 119 against
+# 195 us), behind from 256 (B2 D2048 224 against 203, B1 D4096 225 against 204): up to one wave
+SCAN_TOKENS_WS_WAVES = 1
 RMS_NORM_ADD_FAMILY = "rmsnorm_forward_resadd_f32in"  # kernels/fixed/norm.toml
 RMS_NORM_KERNELS = {  # (x dtype, out dtype) -> (family, dtype): kernels/fixed/norm.toml
     ("f32", "f32"): ("rmsnorm_forward", "f32"),

@@ -59,9 +59,56 @@ static_assert(sizeof(TokScanSmem) <= 48 * 1024, "TokScanSmem: static shared memo
 // One thread's share of a tile, raw: u, dt, z at timestep l0 + tid / kTokQuadsPerRow, channels
 // d0 + 4 (tid % kTokQuadsPerRow) .. + 4; B, C quads e = tid + k kTokThreads (k < kTokBCQuads NS) of the span of
 // timestep l0 + e / (8 NS): e % (8 NS) < 4 NS is the B quad at n = 4 (e % (8 NS)), else the C quad.
-template <typename T, int NS> struct TokScanTile {
-  float u[4], dt[4], z[4], bc[NS > 0 ? kTokBCQuads * NS : 1][4];  // NS 0: no B, C
+// Raw: converted to f32 only when staged, so a tile's loads are still in flight while the steps run (converted as
+// they landed, each wait came right after its load: 56% of the stall samples at B1 D2048, Nsight Compute). 16-bit
+// types stay packed two to a word on both load paths, so the paths meet without unpacking.
+template <int S> struct TokRawWord { using type = float; };
+template <> struct TokRawWord<2> { using type = unsigned; };
+template <typename T> struct TokRaw {
+  typename TokRawWord<sizeof(T)>::type w[sizeof(T) == 2 ? 2 : 4];
 };
+
+template <typename T, int NS> struct TokScanTile {
+  TokRaw<T> u, dt, z, bc[NS > 0 ? kTokBCQuads * NS : 1];  // NS 0: no B, C
+};
+
+// p[0 .. 4) raw: one vector load when `vec` (aligned) and all four are in range, else scalar loads (zero past nv).
+template <typename T>
+MF_DEVICE TokRaw<T> tok_load_raw(const T* __restrict__ p, bool vec, int nv) {
+  TokRaw<T> q;
+  if constexpr (sizeof(T) == 2) {
+    if (vec && nv == 4) {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      q.w[0] = v.x, q.w[1] = v.y;
+    } else {
+      const unsigned short* bits = reinterpret_cast<const unsigned short*>(p);
+      unsigned e[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) e[i] = i < nv ? (unsigned)bits[i] : 0u;  // 0u: +0.0
+      q.w[0] = e[0] | (e[1] << 16), q.w[1] = e[2] | (e[3] << 16);
+    }
+  } else {
+    if (vec && nv == 4) {
+      const float4 v = *reinterpret_cast<const float4*>(p);
+      q.w[0] = v.x, q.w[1] = v.y, q.w[2] = v.z, q.w[3] = v.w;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) q.w[i] = i < nv ? to_f32(p[i]) : 0.f;
+    }
+  }
+  return q;
+}
+
+// Element i of a raw quad as f32 (to_f32 of the same T value: the bits the direct conversion gives).
+template <typename T>
+MF_DEVICE float tok_raw_f32(const TokRaw<T>& q, int i) {
+  if constexpr (sizeof(T) == 2) {
+    const unsigned short bits = (unsigned short)(q.w[i / 2] >> (16 * (i % 2)));
+    return to_f32(*reinterpret_cast<const T*>(&bits));
+  } else {
+    return q.w[i];
+  }
+}
 
 template <typename T>
 MF_DEVICE void tok_load4(const T* __restrict__ p, bool vec, int nv, float (&o)[4]) {
@@ -107,15 +154,15 @@ MF_DEVICE void tok_scan_load(TokScanTile<T, NS>& r, const T* __restrict__ u, con
     const bool lok = l0 + l < L;
     const int nv = lok ? min(max(d_inner - cg, 0), 4) : 0;
     const long long row = b * L + (lok ? l0 + l : 0);
-    tok_load4(u + row * d_inner + cg, vec, nv, r.u);
-    tok_load4(dt + row * d_inner + cg, vec, nv, r.dt);
-    tok_load4(xz + row * 2 * d_inner + d_inner + cg, vec, nv, r.z);
+    r.u = tok_load_raw(u + row * d_inner + cg, vec, nv);
+    r.dt = tok_load_raw(dt + row * d_inner + cg, vec, nv);
+    r.z = tok_load_raw(xz + row * 2 * d_inner + d_inner + cg, vec, nv);
   }
   if constexpr (NS > 0) {
 #pragma unroll
     for (int k = 0; k < kTokBCQuads * NS; ++k) {
       const auto bq = tok_bc_quad<T, NS>(x_dbl, t + k * kTokThreads, b, L, l0, d_state, dt_rank, x_dbl_stride);
-      tok_load4(bq.src, vec, bq.nv, r.bc[k]);
+      r.bc[k] = tok_load_raw(bq.src, vec, bq.nv);
     }
   }
 }
@@ -129,10 +176,11 @@ MF_DEVICE void tok_scan_stage(const TokScanTile<T, NS>& r, Smem& s, int buf, con
   float dd[8], us[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    dd[2 * i] = softplus(r.dt[i] + bias[i]);
-    dd[2 * i + 1] = dd[2 * i] * r.u[i];
-    us[2 * i] = r.u[i];
-    us[2 * i + 1] = silu(r.z[i]);
+    const float ui = tok_raw_f32(r.u, i);
+    dd[2 * i] = softplus(tok_raw_f32(r.dt, i) + bias[i]);
+    dd[2 * i + 1] = dd[2 * i] * ui;
+    us[2 * i] = ui;
+    us[2 * i + 1] = silu(tok_raw_f32(r.z, i));
   }
   float4* ddp = reinterpret_cast<float4*>(&s.dd[buf][l][c0]);
   float4* usp = reinterpret_cast<float4*>(&s.us[buf][l][c0]);
@@ -144,7 +192,8 @@ MF_DEVICE void tok_scan_stage(const TokScanTile<T, NS>& r, Smem& s, int buf, con
 #pragma unroll
     for (int k = 0; k < kTokBCQuads * NS; ++k) {
       const int e = t + k * kTokThreads, ls = e / (8 * NS), q = e % (8 * NS);  // as tok_bc_quad
-      *reinterpret_cast<float4*>(&s.bc[buf][ls][4 * q]) = make_float4(r.bc[k][0], r.bc[k][1], r.bc[k][2], r.bc[k][3]);
+      *reinterpret_cast<float4*>(&s.bc[buf][ls][4 * q]) =
+          make_float4(tok_raw_f32(r.bc[k], 0), tok_raw_f32(r.bc[k], 1), tok_raw_f32(r.bc[k], 2), tok_raw_f32(r.bc[k], 3));
     }
   }
 }
@@ -359,16 +408,15 @@ MF_DEVICE void ssm_scan_tokens(T* __restrict__ out, float* __restrict__ state, c
 
 // ---- the selective scan, warp-specialised (d_state <= 16) -------------------------------------------------------
 // Why: at a small batch x d_inner (B1 D2048: 128 blocks, one per SM, two warps each) the scan above is latency-bound
-// per tile: each warp converts its tile's loads as they land, steps its 16 timesteps, stages the next tile (the
-// accurate softplus and silu, branchy, one channel after another) and waits at the barrier, alone on its scheduler
-// (Nsight Compute at B1 D2048 L2048: 56% of the stall samples wait on the loads); 324 us there, against 443-486 us
-// at two to four times the channels. Here the scan warps (threads 0..127: 16 channels x 8 lanes) only step and
-// emit, while PW producer warps (threads 128.., in groups of 64 taking items in turn) load, stage into a ring of
-// kTokWsStages tiles and hand each over by named barriers (full: producers arrive, scan warps wait; empty: the
-// reverse), up to the ring's depth ahead. Measured on the H200 (bf16, L 2048): 122 us at B1 D2048 (2.65x), 231 us
-// at B2 D2048, 225 us at B1 D4096, 451 us at B4 D2048; past about four waves (B8 D2048: 841 against 546 us) the
-// four-lane scan's 16 warps per SM win, so the op picks by grid size (runtime/torch_ops.py scan_tokens_ws_serves).
-// Timing-only variants at B1 D2048 bound it: the scan warps alone 116 us, the producers alone 80 us.
+// per tile: each warp steps its 16 timesteps, stages the next tile (the accurate softplus and silu, branchy, one
+// channel after another) and waits at the barrier, alone on its scheduler. Here the scan warps (threads 0..127:
+// 16 channels x 8 lanes) only step and emit, while PW producer warps (threads 128.., in groups of 64 taking items in
+// turn) load, stage into a ring of kTokWsStages tiles and hand each over by named barriers (full: producers arrive,
+// scan warps wait; empty: the reverse), up to the ring's depth ahead. Measured on the H200 (bf16, L 2048): 119 us
+// at B1 D2048 against the four-lane scan's 195 (309 before its loads stayed raw); from two waves on (B2 D2048 224
+// against 203, B8 D2048 834 against 395) the four-lane scan's warps win, so the op picks by grid size
+// (runtime/torch_ops.py scan_tokens_ws_serves). Timing-only variants at B1 D2048 bound it: the scan warps alone
+// 116 us, the producers alone 80 us.
 // Staging is per element with the same expressions, and the eight lanes keep four lanes' operations and order
 // (tok_chain8), so the outputs and final state equal ssm_scan_tokens' and the decode step's, bit for bit.
 // The ring: S tiles (a multiple of the producer groups, so each group always fills the same stages).
