@@ -41,13 +41,9 @@ inline void mf_named_bar(int id, int n, bool wait) {
 """
 
 
-def _ws_names() -> list[str]:
-    """The warp-specialised scan's f32 symbols (every instance the catalog declares)."""
-    fixed = load_catalog(default_catalog_path()).module("Fixed")
-    return sorted(s.name for s in fixed.symbols if s.family == "ssm_scan_tokens_ws" and s.dtype == "f32")
-
-
-_WS_NAMES = _ws_names()
+_FIXED = load_catalog(default_catalog_path()).module("Fixed")
+# the warp-specialised scan's f32 symbols (every instance the catalog declares)
+_WS_NAMES = sorted(s.name for s in _FIXED.symbols if s.family == "ssm_scan_tokens_ws" and s.dtype == "f32")
 _EMU_NAMES = ["ssm_step_forward_fused_f32", "ssm_scan_tokens_f32", "conv1d_tokens_silu_f32", *_WS_NAMES]
 # scan.cu and tokens.cu, then the catalog's generated wrappers (the text NVRTC compiles), then the launcher
 _EMU_INCLUDES = "#include <thread>\n#include <vector>\n#include <utility>\n#include <cstring>\n#include SCAN_CU\n#include TOKENS_CU\n"
@@ -61,13 +57,7 @@ def emu(tmp_path_factory):
                             [f"-I{d / 'mock'}", f'-DSCAN_CU="{ROOT / "kernels/fixed/scan.cu"}"',
                              f'-DTOKENS_CU="{ROOT / "kernels/fixed/tokens.cu"}"', "-DMF_STATE_CAP=64"])
 
-_FIXED = None
-
-
 def _spec(name: str, dims: dict[str, int]) -> S.LaunchSpec:
-    global _FIXED
-    if _FIXED is None:
-        _FIXED = load_catalog(default_catalog_path()).module("Fixed")
     sym = next(s for s in _FIXED.symbols if s.name == name)
     return S.evaluate(sym, _FIXED.family(sym.family), dims)
 
@@ -203,9 +193,8 @@ def test_conv_tokens_matches_the_reference_and_itself_chunked(emu, b, L, d, w):
 
 def test_catalog_references_write_every_output():
     for name in ("ssm_scan_tokens_f32", "conv1d_tokens_silu_f32"):
-        fixed = load_catalog(default_catalog_path()).module("Fixed")
-        sym = next(s for s in fixed.symbols if s.name == name)
-        sp = S.evaluate(sym, fixed.family(sym.family))
+        sym = next(s for s in _FIXED.symbols if s.name == name)
+        sp = S.evaluate(sym, _FIXED.family(sym.family))
         rng = np.random.default_rng(5)
         args = {b.name: fills.make_input(b, "uniform", rng).astype(np.float64) for b in sp.buffers if b.needs_fill}
         want = getattr(ref, sp.family)(args | {s.name: s.value for s in sp.scalars}, sp.dims)

@@ -226,12 +226,6 @@ def _scan_tokens(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
     batch, length, d, n, r = _shapes(scan_tokens_shapes, *(t.shape for t in (u, dt, dt_bias, A_log, x_dbl, D, xz,
                                                                               state)))
     out = u.new_empty(u.shape)
-    ws = _state["functions"].get((SCAN_TOKENS_WS_FAMILY, kernel[1]))
-    if length > 1 and ws is not None and scan_tokens_ws_serves(batch, d, n, _state["sm_count"]):
-        ws(out=out, state=_dense(state, "state"), u=u.contiguous(), dt=dt.contiguous(), dt_bias=dt_bias.contiguous(),
-           A_log=A_log.contiguous(), x_dbl=x_dbl.contiguous(), Dp=D.contiguous(), xz=xz.contiguous(), batch=batch,
-           d_inner=d, d_state=n, dt_rank=r, L=length)
-        return out
     if length == 1:  # a decode step: the production step kernel, the same bits (torch_ops.SCAN_STEP_FAMILY)
         z = xz.narrow(2, d, d).contiguous()  # z = xz[..., d:]: [batch, 1, d], dense (a copy only for batch > 1)
         _kernel(SCAN_STEP_FAMILY, kernel[1])(
@@ -239,9 +233,12 @@ def _scan_tokens(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
             A_log=A_log.contiguous(), x_dbl=x_dbl.contiguous(), Dp=D.contiguous(), z=z, batch=batch, d_inner=d,
             d_state=n, dt_rank=r, x_dbl_stride=r + 2 * n)
         return out
-    _kernel(*kernel)(out=out, state=_dense(state, "state"), u=u.contiguous(), dt=dt.contiguous(),
-                     dt_bias=dt_bias.contiguous(), A_log=A_log.contiguous(), x_dbl=x_dbl.contiguous(),
-                     Dp=D.contiguous(), xz=xz.contiguous(), batch=batch, d_inner=d, d_state=n, dt_rank=r, L=length)
+    # a small grid: the warp-specialised scan where the manifest has it (the same bits, torch_ops.SCAN_TOKENS_WS_FAMILY)
+    ws = _state["functions"].get((SCAN_TOKENS_WS_FAMILY, kernel[1]))
+    fn = ws if ws is not None and scan_tokens_ws_serves(batch, d, n, _state["sm_count"]) else _kernel(*kernel)
+    fn(out=out, state=_dense(state, "state"), u=u.contiguous(), dt=dt.contiguous(), dt_bias=dt_bias.contiguous(),
+       A_log=A_log.contiguous(), x_dbl=x_dbl.contiguous(), Dp=D.contiguous(), xz=xz.contiguous(), batch=batch,
+       d_inner=d, d_state=n, dt_rank=r, L=length)
     return out
 
 

@@ -86,7 +86,7 @@ SCAN_STEP_FAMILY = "ssm_step_forward_fused"  # kernels/fixed/scan.toml
 # call from SCAN_TOKENS_FAMILY.
 SCAN_TOKENS_WS_FAMILY = "ssm_scan_tokens_ws"
 SCAN_TOKENS_WS_MAX_STATE = 16
-SCAN_TOKENS_WS_BLOCKS_PER_SM = 1  # its instance's launch bounds (tokens.toml MINB; tests/test_torch_ops checks)
+SCAN_TOKENS_WS_BLOCKS_PER_SM = 1  # its instance's launch bounds (tokens.toml MINB; tests/test_torch_layer.py checks)
 # measured on the H200 (bf16, L 2048, the four-lane scan with raw loads): ahead at 128 blocks (B1 D2048: 119 against
 # 195 us), behind from 256 (B2 D2048 224 against 203, B1 D4096 225 against 204): up to one wave
 SCAN_TOKENS_WS_WAVES = 1
