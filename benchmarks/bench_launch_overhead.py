@@ -147,10 +147,11 @@ def cpu_gemm_records(batches: int, calls: int) -> list[dict]:
     route = Route(sym.name, "nn", "bf16", "bf16", "bf16", False, False, "k16")
     kernels = SimpleNamespace(_gemm_routes={(M, N, K, "bf16", "bf16", "nn", False, None): (route, kern, (False, ("tmA", "tmB")))})
     maps = {"tmA": bytes(128), "tmB": bytes(128)}
-    # the cache key as rgemm._tensor_maps builds it (C's address only for the maps that describe C): a miss would
-    # encode real maps through the driver, which has no context here (CUDA_ERROR_NOT_INITIALIZED on the H200)
+    # the cache key as rgemm._tensor_maps builds it (C's address only for the maps that describe C; A's row stride,
+    # 0 for a dense A): a miss would encode real maps through the driver, which has no context here
+    # (CUDA_ERROR_NOT_INITIALIZED on the H200)
     with_c = sym.tensor_maps.endswith("_tmastore")
-    rgemm._MAPS[(sym.name, A.data_ptr(), B.data_ptr(), C.data_ptr() if with_c else 0, M, N, K)] = maps
+    rgemm._MAPS[(sym.name, A.data_ptr(), B.data_ptr(), C.data_ptr() if with_c else 0, M, N, K, 0)] = maps
     kw = {"C": C, "A": A, "B": B, "M": M, "N": N, "K": K, **maps}
     gemm_us = per_call_us(lambda: rgemm.gemm(kernels, A, B, C), batches, calls)
     kw_us = per_call_us(lambda: launch(kw, None), batches, calls)

@@ -86,7 +86,7 @@ def setup(tmp: Path):
     launcher.bindings = lambda: drv
     cu.bindings = lambda: drv
 
-    def encode(ptr, rows, cols, element_bytes, dtype, box, swizzle, l2, name):  # no driver: maps spell the args
+    def encode(ptr, rows, cols, element_bytes, dtype, box, swizzle, l2, name, row_stride=None):  # maps spell the args
         return struct.pack("<QQQQQ", ptr, rows, cols, box[0], box[1]).ljust(tma.TMA_DESC_BYTES, b"\0")
 
     tma._encode_tiled = encode

@@ -42,6 +42,8 @@ class FakeTorchTensor:
         self._numel, self.dtype, self.device = numel, TORCH_DTYPES[dtype], FakeDevice(*device)
         self._contiguous, self._ptr = contiguous, next(_addresses) if ptr is None else ptr
         self.is_cuda = device[0] == "cuda"
+        self._strides: tuple[int, ...] | None = None  # None: dense (a non-contiguous one: column-gapped)
+        self._storage: int | None = None  # elements of storage from the first element (None: exactly the extent)
 
     def data_ptr(self) -> int:
         return self._ptr
@@ -57,9 +59,54 @@ class FakeTorchTensor:
 
     # ---- what runtime/gemm.py asks of a torch tensor beyond the contract's checks: shape, allocation, casts ----
     @classmethod
-    def matrix(cls, *shape: int, dtype: str = "f32", **kw) -> FakeTorchTensor:
+    def matrix(cls, *shape: int, dtype: str = "f32", strides: tuple[int, ...] | None = None,
+               storage: int | None = None, **kw) -> FakeTorchTensor:
+        """A tensor of this shape; strides (elements) make a view of a wider buffer (contiguous as torch says: every
+        dim of extent > 1 dense), storage the elements its storage holds from the first element (None: its extent)."""
         t = cls(int(np_prod(shape)), dtype, **kw)
         t.shape = tuple(shape)
+        if strides is not None:
+            t._strides = tuple(strides)
+            want, dense = 1, True
+            for n, s in zip(reversed(t.shape), reversed(t._strides), strict=True):
+                dense = dense and (n == 1 or s == want)
+                want *= n
+            t._contiguous = dense
+        t._storage = storage
+        return t
+
+    # ---- strides and storage: what runtime/gemm.py reads of a row-strided A ----
+    def stride(self) -> tuple[int, ...]:
+        if self._strides is None:  # remembered: kernels.gemm reads A's strides every call (its key)
+            self._strides = self._strides_of_shape()
+        return self._strides
+
+    def _strides_of_shape(self) -> tuple[int, ...]:
+        out, want = [], 1
+        for n in reversed(self.shape):
+            out.append(want)
+            want *= n
+        out.reverse()
+        if not self._contiguous and len(out) == 2:
+            return (2 * self.shape[1], 2)  # contiguous=False alone: every other element of a wider row
+        return tuple(out)
+
+    def storage_offset(self) -> int:
+        return 0  # the fake's address is its first element's
+
+    def element_size(self) -> int:
+        return SIZES[self.token]
+
+    def untyped_storage(self):
+        extent = 1 + sum((n - 1) * s for n, s in zip(self.shape, self.stride(), strict=True)) if self._numel else 0
+        elements = extent if self._storage is None else self._storage
+        return _FakeStorage(elements * SIZES[self.token])
+
+    def as_strided(self, size, stride) -> FakeTorchTensor:
+        self._log("as_strided", tuple(size), tuple(stride))
+        t = FakeTorchTensor.matrix(*size, dtype=self.token, ptr=self._ptr,
+                                   device=(self.device.type, self.device.index))
+        t._storage = self.untyped_storage().nbytes() // SIZES[self.token]
         return t
 
     shape: tuple[int, ...] = ()
@@ -85,6 +132,14 @@ class FakeTorchTensor:
     @property
     def token(self) -> str:
         return next(k for k, v in TORCH_DTYPES.items() if v is self.dtype)
+
+
+class _FakeStorage:
+    def __init__(self, nbytes: int):
+        self._nbytes = nbytes
+
+    def nbytes(self) -> int:
+        return self._nbytes
 
 
 def np_prod(shape) -> int:

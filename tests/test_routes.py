@@ -38,8 +38,12 @@ def full_table(cat):
 
 
 def _fit(rung: QRung) -> tuple[int, int]:
-    """(n, k) that meet a rung's needs."""
-    return lcm(8, rung.needs.get("n", 1)) * 17, lcm(8, rung.needs.get("k", 1)) * 9
+    """(n, k) that meet a rung's needs and lie in its class's region."""
+    def inside(mult: int, v: int, lo: int, hi: int) -> int:
+        v = max(v, -(-lo // mult) * mult)
+        return min(v, hi // mult * mult) if hi else v
+    return (inside(lcm(8, rung.needs.get("n", 1)), lcm(8, rung.needs.get("n", 1)) * 17, rung.n_min, rung.n_max),
+            inside(lcm(8, rung.needs.get("k", 1)), lcm(8, rung.needs.get("k", 1)) * 9, rung.k_min, rung.k_max))
 
 
 def test_every_gemm_symbol_of_the_catalog_is_a_rung_and_selectable_by_name(cat):
@@ -125,6 +129,38 @@ def test_the_rung_within_a_class_follows_m():
     got = {RT.select(tbl, m, 4096, 4096, "bf16", "bf16", "bf16", serves=lambda s: s != "large").symbol
            for m in (1, 100, 300)}
     assert got == {"portable"}
+
+
+def test_a_class_serves_only_inside_its_region():
+    """A class's region (where = { n, k }) bounds the N and K it serves, never M: outside it the next class serves
+    at every M; a rung asked for by name outside its region is refused."""
+    split = [QRung(symbol="split_small_m", eq_class="split", m_min=1, m_max=256, needs={"n": 8, "k": 8},
+                   n_max=2560, k_min=1024),
+             QRung(symbol="split_ref", eq_class="split", needs={"n": 8, "k": 8}, n_max=2560, k_min=1024)]
+    tbl = _mini(split + SKINNY)
+    for (n, k), want in {(96, 2048): "split", (2560, 1024): "split", (2568, 2048): "k16", (96, 1016): "k16",
+                         (4096, 1024): "k16"}.items():
+        assert {RT.select(tbl, m, n, k, "bf16", "bf16", "bf16").eq_class for m in (1, 64, 300, 5000)} == {want}
+    assert RT.select(tbl, 1, 96, 2048, "bf16", "bf16", "bf16").symbol == "split_small_m"
+    assert RT.select(tbl, 300, 96, 2048, "bf16", "bf16", "bf16").symbol == "split_ref"
+    with pytest.raises(RT.NoRoute, match="does not serve"):
+        RT.select(tbl, 1, 4096, 1024, "bf16", "bf16", "bf16", symbol="split_ref")
+
+
+def test_the_catalog_region_reaches_the_manifest_rungs(cat):
+    tbl = full_table(cat)
+    rungs = {x.symbol: x for r in tbl for x in r.rungs}
+    ref = rungs["gemm_bi_nn_sm90a_wgmma_splitk8_m128n128_s4_bf16"]
+    assert (ref.eq_class, ref.n_min, ref.n_max, ref.k_min, ref.k_max) == ("wgmma-k16-split8", 1, 2560, 1024, 0)
+    whole = rungs["gemm_bi_nn_sm90a_wgmma_ws2_m128n256_s4_bf16"]
+    assert (whole.n_min, whole.n_max, whole.k_min, whole.k_max) == (1, 0, 1, 0)
+    for (n, k), want in {(96, 2048): "wgmma-k16-split8", (1024, 2048): "wgmma-k16-split8",
+                         (2560, 5120): "wgmma-k16-split8", (2568, 1024): "wgmma-k16",
+                         (4096, 1024): "wgmma-k16", (10240, 2560): "wgmma-k16",
+                         (2048, 64): "wgmma-k16"}.items():
+        serving = lambda s: "tcgen" not in s  # noqa: E731  (an H200: no sm_100 rungs)
+        got = {RT.select(tbl, m, n, k, "bf16", "bf16", "bf16", serves=serving).eq_class for m in (1, 4, 256, 16384)}
+        assert got == {want}, (n, k, got)
 
 
 def test_exact_fallback_casts_except_for_tf32(cat):
@@ -221,6 +257,13 @@ BAD_ROUTES = [
     (_route('{ name = "x", check = { N = 40 }, rungs = [{ symbols = "control_gemm_chain" }] }'),
      "it takes exactly N and K"),
     (_route('{ name = "x", rungs = [{ symbols = "control_gemm_chain_{dtype}" }] }'), "names a field other than"),
+    (_route('{ name = "x", where = { m = [1, 64] }, rungs = [{ symbols = "control_gemm_chain" }] }'),
+     "region is over n and k only"),
+    (_route('{ name = "x", where = { k = [64, 8] }, rungs = [{ symbols = "control_gemm_chain" }] }'),
+     "where.k = [64, 8] is not a range"),
+    (_route('{ name = "x", check = { N = 40, K = 96 }, where = { k = [128, 0] }, rungs = [{ symbols = '
+            '"control_gemm_chain_2d", m = [1, 64] }, { symbols = "control_gemm_chain" }] }'),
+     "check K = 96 is outside the class's region"),
     ('[[route]]\nlayout = "nn"\na = "f32"\nb = "f32"\nc = "f32"\n', "at least one class or force rung"),
     ("route = 3", "route"),
     ("", "route"),

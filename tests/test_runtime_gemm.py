@@ -40,12 +40,14 @@ def _fake_torch_stream(request, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def fake_encode(monkeypatch):
-    """cuTensorMapEncodeTiled's stand-in: the 128 bytes spell (address, rows, cols, box columns, box rows)."""
+    """cuTensorMapEncodeTiled's stand-in: the 128 bytes spell (address, rows, cols, box columns, box rows, row
+    stride: 0 for a dense matrix)."""
     calls = []
 
-    def encode(ptr, rows, cols, element_bytes, dtype, box, swizzle, l2, name):
-        calls.append((name, ptr, rows, cols, box))
-        return struct.pack("<QQQQQ", ptr, rows, cols, box[0], box[1]).ljust(tma.TMA_DESC_BYTES, b"\0")
+    def encode(ptr, rows, cols, element_bytes, dtype, box, swizzle, l2, name, row_stride=None):
+        calls.append((name, ptr, rows, cols, box, row_stride))
+        return struct.pack("<QQQQQQ", ptr, rows, cols, box[0], box[1], row_stride or 0).ljust(tma.TMA_DESC_BYTES,
+                                                                                                b"\0")
 
     monkeypatch.setattr(tma, "_encode_tiled", encode)
     monkeypatch.setattr(rgemm, "_MAPS", {})
@@ -258,6 +260,40 @@ def _bad_calls():
     kw = _good()
     kw["bias"] = T.matrix(128, dtype="bf16", ptr=kw["out"].data_ptr() + 64)
     yield "out-overlaps-bias", kw, "out overlaps bias"
+    yield from _bad_strided_a()
+
+
+def _strided(M=4, K=64, lda=96, dtype="bf16", **kw):
+    """A [M, K] view of a row-major [M, lda] matrix: A = W[:, :K] (stride (lda, 1))."""
+    return T.matrix(M, K, dtype=dtype, strides=(lda, 1), **kw)
+
+
+def _bad_strided_a():
+    """A row-strided A where a rule fails: its strides, its address, its storage, the rung that would serve it."""
+    for label, A, match in (
+            ("A-rows-not-dense", T.matrix(4, 64, dtype="bf16", strides=(128, 2)), "rows are not dense"),
+            ("A-lda-below-K", _strided(lda=32), "row stride is below K = 64"),
+            ("A-lda-misaligned", _strided(lda=68), "136 bytes, not a multiple of 16"),
+            ("A-strided-address-misaligned", _strided(ptr=0x7E00_0000_0008), "must be 16-byte aligned"),
+            ("A-strided-storage-too-small", _strided(storage=3 * 96 + 63), r"span 352 elements .* holds 351")):
+        yield label, {**_good(), "A": A}, match
+    yield "A-strided-pointer-rung", {"A": _strided(lda=72, dtype="f32"), "B": T.matrix(64, 128),
+                                     "out": T.matrix(4, 128)}, "tiny_gemm_f32 reads A through its pointer"
+    yield "A-strided-cast-route", {"A": _strided(K=16, lda=24, dtype="f16"), "B": T.matrix(16, 8, dtype="f16"),
+                                   "out": T.matrix(4, 8, dtype="f16")}, "on f32 copies of the operands"
+    yield "A-strided-layout-tn", {"A": _strided(M=64, K=4, lda=8, dtype="f32"), "B": T.matrix(64, 24),
+                                  "out": T.matrix(4, 24), "layout": "tn"}, "layout nn only"
+    A = _strided()  # its extent: (4 - 1) * 96 + 64 = 352 elements (704 bytes); its dense count would be 512 bytes
+    yield "out-overlaps-A-span", {**_good(), "A": A, "out": T.matrix(4, 128, dtype="bf16", ptr=A.data_ptr() + 608)}, \
+        "out overlaps A"
+    # what the contract checks of every pointer, on the dense view of A's extent it is handed in A's place
+    yield "A-strided-null", {**_good(), "A": _strided(ptr=0)}, "data pointer is 0|A: base address 0x0"
+    yield "A-strided-other-device", {**_good(), "A": _strided(device=("cuda", 1))}, "is on device 1"
+    yield "A-strided-host-memory", {**_good(), "A": _strided(device=("cpu", None))}, "cpu memory"
+
+
+COPY_FIXES = {"A-rows-not-dense", "A-lda-below-K", "A-lda-misaligned", "A-strided-address-misaligned",
+              "A-strided-pointer-rung", "A-strided-cast-route", "A-strided-layout-tn"}  # a dense A would serve
 
 
 def _shaped(t, shape):
@@ -275,6 +311,96 @@ def test_bad_arguments_are_refused_before_a_launch(tiny, label, kw, match):
     A, B = kw.pop("A"), kw.pop("B")
     with pytest.raises((LaunchRefused, LookupError), match=match):
         k.gemm(A, B, **kw)
+    assert fake.launches == []
+
+
+def test_every_strided_refusal_is_one_line_and_names_the_copy_where_a_copy_would_serve(tiny):
+    seen = set()
+    for label, kw, _ in _bad_strided_a():
+        k, fake = _load(tiny)
+        kw = dict(kw)
+        A, B = kw.pop("A"), kw.pop("B")
+        with pytest.raises(LaunchRefused) as info:
+            k.gemm(A, B, **kw)
+        msg = str(info.value)
+        assert "\n" not in msg and fake.launches == [], label
+        assert msg.endswith("pass A.contiguous()") == (label in COPY_FIXES), (label, msg)
+        seen.add(label)
+    assert COPY_FIXES <= seen
+
+
+# ---- a row-strided A (a column slice of a wider row-major matrix), read in place through its tensor map ------------
+
+
+def test_a_row_strided_a_is_read_in_place_through_its_tensor_map(tiny, fake_encode):
+    """The rung reads A through tmA built with A's row stride; the contract checks A's whole strided extent (a dense
+    1-D view of (M - 1) * lda + K elements at A's address: the ABI pointer the kernel never dereferences); B's map is
+    the dense one; nothing is copied."""
+    k, fake = _load(tiny)
+    M, K, lda, N = 4, 128, 192, 256
+    A, B, C = _strided(M, K, lda), T.matrix(K, N, dtype="bf16"), T.matrix(M, N, dtype="bf16")
+    assert k.gemm_reads_a_in_place(A, B)
+    assert k.gemm(A, B, C) is C
+    (rec,) = fake.launches
+    assert rec["fn"] == f"{SKINNY}_m64n32_bf16"
+    v = _by_name(k, rec)
+    assert v["A"] == ("ptr", A.data_ptr()) and (v["M"], v["N"], v["K"]) == (("i32", M), ("i32", N), ("i32", K))
+    span = (M - 1) * lda + K
+    assert A.ops == [("as_strided", (span,), (1,))]  # the stand-in the contract checked; no copy of A
+    hook = tma.prepare_gemm_nn_skinny({"A": A.data_ptr(), "B": B.data_ptr(), "C": C.data_ptr()}, {},
+                                      {"M": M, "N": N, "K": K, "BM": 64, "BN": 32, tma.A_ROW_STRIDE: lda})
+    assert v["tmA"] == ("bytes", hook["tmA"]) and v["tmB"] == ("bytes", hook["tmB"])
+    assert struct.unpack("<6Q", v["tmA"][1][:48]) == (A.data_ptr(), M, K, 64, 64, lda)  # A's M x K, rows lda apart
+    assert struct.unpack("<6Q", v["tmB"][1][:48])[5] == 0  # B dense
+    encoded = len(fake_encode)
+    k.gemm(A, B, C)  # remembered: the same launch, the stand-in made again (the contract checks it every call)
+    assert fake.launches[1]["values"] == rec["values"] and A.ops[-1] == ("as_strided", (span,), (1,))
+    assert len(fake_encode) == encoded  # the maps come from the cache
+
+
+def test_a_strided_and_a_dense_a_never_share_a_remembered_call_or_a_map(tiny, fake_encode):
+    """The same address and shape, once a [4, 64] slice of rows 96 apart and once dense: separate remembered calls
+    (A's strides are in the key) and separate tensor maps (A's row stride is in the map cache's key)."""
+    k, fake = _load(tiny)
+    B, C = T.matrix(64, 128, dtype="bf16"), T.matrix(4, 128, dtype="bf16")
+    S = _strided()
+    D = T.matrix(4, 64, dtype="bf16", ptr=S.data_ptr())
+    for A in (S, D, S, D, D, S):
+        k.gemm(A, B, C)
+    strides = [struct.unpack("<6Q", _by_name(k, r)["tmA"][1][:48])[5] for r in fake.launches]
+    assert strides == [96, 0, 96, 0, 0, 96]
+    assert [e[5] for e in fake_encode if e[0] == "A"] == [96, None]  # each A map built once, then found by its key
+    assert len(k._gemm_calls) == 2
+    assert S.ops == [("as_strided", (352,), (1,))] * 3 and D.ops is None  # the dense A goes to the contract as is
+
+
+def test_a_remembered_strided_call_checks_its_address_storage_and_overlap_every_call(tiny):
+    k, fake = _load(tiny)
+    B, C = T.matrix(64, 128, dtype="bf16"), T.matrix(4, 128, dtype="bf16")
+    k.gemm(_strided(), B, C)
+    for A, out, match in ((_strided(ptr=0x7E00_0000_0008), C, "must be 16-byte aligned"),
+                          (_strided(storage=351), C, "holds 351"),
+                          (S := _strided(), T.matrix(4, 128, dtype="bf16", ptr=S.data_ptr() + 608), "out overlaps A"),
+                          (S, T.matrix(4, 128, dtype="bf16", ptr=S.data_ptr() + 2 * 352 - 2), "out overlaps A")):
+        with pytest.raises(LaunchRefused, match=match):
+            k.gemm(A, B, out)
+    assert len(k._gemm_calls) == 1 and len(fake.launches) == 1
+    k.gemm(S, B, T.matrix(4, 128, dtype="bf16", ptr=S.data_ptr() + 2 * 352))  # just past A's extent: apart
+    assert len(fake.launches) == 2
+
+
+def test_reads_a_in_place_says_where_a_caller_must_copy(tiny):
+    """Kernels.gemm_reads_a_in_place: True for a dense A and for a row-strided A the serving rung reads through its
+    tensor map; False wherever gemm() would refuse the strided A (so the caller passes A.contiguous()); it launches
+    nothing and refuses nothing."""
+    k, fake = _load(tiny)
+    B = T.matrix(64, 128, dtype="bf16")
+    yes = [T.matrix(4, 64, dtype="bf16"), _strided(), _strided(lda=64 + 8), _strided(M=1, lda=1000)]
+    assert all(k.gemm_reads_a_in_place(A, B) for A in yes)
+    for label, kw, _ in _bad_strided_a():
+        if label in COPY_FIXES:  # (the others are refused by gemm whatever the caller does with A)
+            assert not k.gemm_reads_a_in_place(kw["A"], kw["B"], layout=kw.get("layout", "nn")), label
+    assert not k.gemm_reads_a_in_place(_strided(dtype="f32", lda=72), T.matrix(64, 8), layout="nt")  # no route
     assert fake.launches == []
 
 
@@ -396,8 +522,9 @@ def test_the_torch_op_registers_and_its_fake_gives_the_shape():
 
     import mamba_forge.runtime.torch as mft
 
-    class StandIn:  # fn() for the fixed ops' families; no GEMM rungs to preload
+    class StandIn:  # fn() for the fixed ops' families; no GEMM rungs to preload; an H200's SM count
         manifest = SimpleNamespace(routes=[])
+        device = SimpleNamespace(sm_count=132)
 
         def fn(self, family, dtype):
             return object()

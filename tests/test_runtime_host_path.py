@@ -397,8 +397,9 @@ def gemm_env(tiny, tmp_path, monkeypatch):
 
     monkeypatch.setenv("MAMBA_FORGE_TRUST", str(tmp_path / "no-trust"))
 
-    def encode(ptr, rows, cols, element_bytes, dtype, box, swizzle, l2, name):
-        return struct.pack("<QQQQQ", ptr, rows, cols, box[0], box[1]).ljust(tma.TMA_DESC_BYTES, b"\0")
+    def encode(ptr, rows, cols, element_bytes, dtype, box, swizzle, l2, name, row_stride=None):
+        return struct.pack("<QQQQQQ", ptr, rows, cols, box[0], box[1], row_stride or 0).ljust(tma.TMA_DESC_BYTES,
+                                                                                                b"\0")
 
     monkeypatch.setattr(tma, "_encode_tiled", encode)
     monkeypatch.setattr(rgemm, "_MAPS", {})

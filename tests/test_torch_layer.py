@@ -177,7 +177,11 @@ def test_scan_tokens_ws_serves_small_grids_only():
 def test_scan_tokens_ws_blocks_per_sm_is_its_launch_bounds():
     """The op's wave arithmetic reads the instance's minimum blocks per SM: the constant and the catalog agree."""
     from mamba_forge.catalog.model import default_catalog_path, load_catalog
-    from mamba_forge.runtime.torch_ops import SCAN_TOKENS_WS_BLOCKS_PER_SM, SCAN_TOKENS_WS_FAMILY, SCAN_TOKENS_WS_MAX_STATE
+    from mamba_forge.runtime.torch_ops import (
+        SCAN_TOKENS_WS_BLOCKS_PER_SM,
+        SCAN_TOKENS_WS_FAMILY,
+        SCAN_TOKENS_WS_MAX_STATE,
+    )
 
     fam = load_catalog(default_catalog_path()).module("Fixed").family(SCAN_TOKENS_WS_FAMILY)
     assert [i["MINB"] for i in fam.instances] == [SCAN_TOKENS_WS_BLOCKS_PER_SM]
@@ -203,3 +207,64 @@ def test_scan_tokens_routes_by_shape_to_kernels_with_the_same_bits(mft, batch, d
         assert [c for c in k.calls if "scan" in c or "step" in c] == [want]
     finally:
         mft.register(_RefKernels())
+
+
+# ---- dt_proj reads x_dbl[:, :dt_rank] in place (runtime/gemm.py's row-strided A) ------------------------------------
+
+
+def _dt_proj_operands(mft, strided: bool, train: bool = False):
+    """A decode step (batch 3) of a layer whose x_dbl rows are 4 + 2*8 = 20 f32 apart (80 bytes: a tensor map's
+    stride), or (train) its training forward; returns (out, the dt_proj GEMM's A, x_proj's C = x_dbl)."""
+    k = _RefKernels(strided_a=strided)
+    mft.register(k)
+    try:
+        torch.manual_seed(3)
+        m = mft.Mamba(32, d_state=8, dt_rank=4, layer_idx=0, dtype=torch.float32)
+        h = torch.randn(3, 2, 32, dtype=torch.float32)
+        if train:
+            out = m(h)
+            assert out.requires_grad  # the training op ran (mamba_forge::mamba_mixer)
+        else:
+            cache = mft.InferenceParams(max_seqlen=2, max_batch_size=3)
+            m(h[:, :1], inference_params=cache)
+            cache.seqlen_offset = 1
+            del k.gemms[:]
+            out = m(h[:, 1:], inference_params=cache)
+        (_, _), (_, x_dbl), (a, _), (_, _) = k.gemms[-4:]  # in_proj, x_proj, dt_proj, out_proj
+        return out.detach(), a, x_dbl
+    finally:
+        mft.register(_RefKernels())
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["decode", "training-forward"])
+def test_dt_proj_reads_x_dbl_in_place_where_the_rung_reads_a_through_a_tensor_map(mft, train):
+    """Where the serving rung takes a row-strided A, the A handed to kernels.gemm is x_dbl[:, :dt_rank] itself (a
+    view of x_proj's output, stride (20, 1): no copy); where it does not, a dense copy; the output bits are the same."""
+    out, a, x_dbl = _dt_proj_operands(mft, strided=True, train=train)
+    assert a.stride() == (20, 1) and not a.is_contiguous() and a.data_ptr() == x_dbl.data_ptr()
+    assert a.untyped_storage().data_ptr() == x_dbl.untyped_storage().data_ptr()
+    dense_out, copy, x_dbl2 = _dt_proj_operands(mft, strided=False, train=train)
+    assert copy.is_contiguous() and copy.stride() == (4, 1) and copy.data_ptr() != x_dbl2.data_ptr()
+    assert torch.equal(copy, x_dbl2[:, :4]) and torch.equal(out, dense_out)
+
+
+def test_the_gemm_op_passes_a_row_strided_a_through_and_its_fake_takes_one(mft):
+    """mamba_forge::gemm: no .contiguous() of an A its rung reads in place; a copy where it does not (an A the
+    kernels refuse); the fake implementation gives [M, N] for a strided A."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    wide, w = torch.randn(5, 24), torch.randn(8, 16)
+    for strided, in_place in ((True, True), (False, False)):
+        k = _RefKernels(strided_a=strided)
+        mft.register(k)
+        try:
+            c = torch.ops.mamba_forge.gemm(wide[:, :8], w)
+            ((a, _),) = k.gemms
+            assert (a.data_ptr() == wide.data_ptr() and a.stride() == (24, 1)) is in_place
+            assert torch.equal(c, (wide[:, :8].double() @ w.double()).float())
+        finally:
+            mft.register(_RefKernels())
+    with FakeTensorMode():
+        a = torch.empty(5, 24, dtype=torch.bfloat16)[:, :8]
+        c = torch.ops.mamba_forge.gemm(a, torch.empty(8, 16, dtype=torch.bfloat16))
+        assert tuple(c.shape) == (5, 16) and c.dtype == torch.bfloat16

@@ -98,14 +98,17 @@ class RefKernel:
 class RefKernels:
     """A stand-in Kernels: fn() for every catalog family with a reference, less `missing` (family or symbol
     names); gemm_route/gemm for the layouts in `layouts` (none when no_route). `calls` records every launch
-    (symbol names; ("gemm", layout, M, N, K) for GEMMs)."""
+    (symbol names; ("gemm", layout, M, N, K) for GEMMs), `gemms` every GEMM's (A as given, C). strided_a: the nn
+    rungs read A through tensor maps, so gemm takes a row-strided A under runtime/gemm.py's rules (else dense only)."""
 
     manifest = SimpleNamespace(routes=[])
     device = SimpleNamespace(name="stand-in", sm_count=132)  # an H200's: the ops' shape routes read it
 
-    def __init__(self, missing=(), no_route: bool = False, layouts=("nn", "nt", "tn")):
+    def __init__(self, missing=(), no_route: bool = False, layouts=("nn", "nt", "tn"), strided_a: bool = True):
         self.missing, self.no_route, self.layouts = set(missing), no_route, set(layouts)
+        self.strided_a = strided_a
         self.calls: list = []
+        self.gemms: list = []
 
     def fn(self, family, dtype=None, *, tile=None):
         records, families, refs = catalog()
@@ -127,18 +130,28 @@ class RefKernels:
             raise NoRoute(f"no admitted GEMM symbol serves {layout} {a}x{a}->{a} at N={n}, K={k}")
         return "ref"
 
+    def gemm_reads_a_in_place(self, A, B, *, bias=None, layout="nn"):
+        """Kernels.gemm_reads_a_in_place: dense, or (strided_a) rows dense with a row stride >= K whose bytes and
+        address are multiples of 16, layout nn."""
+        if A.is_contiguous():
+            return True
+        lda, step = A.stride()
+        return (self.strided_a and layout == "nn" and step == 1 and lda >= A.shape[1]
+                and lda * A.element_size() % 16 == 0 and A.data_ptr() % 16 == 0)
+
     def gemm(self, A, B, out=None, *, bias=None, layout="nn", **kw):
         if layout not in self.layouts:
             raise AssertionError(f"a {layout} GEMM was launched though no route serves {layout}")
-        assert A.dtype == B.dtype and A.is_contiguous() and B.is_contiguous(), "operands the contract refuses"
+        assert A.dtype == B.dtype and B.is_contiguous(), "operands the contract refuses"
+        assert self.gemm_reads_a_in_place(A, B, bias=bias, layout=layout), "an A kernels.gemm refuses"
         m, n, k = gemm_dims(layout, tuple(A.shape), tuple(B.shape))
         self.calls.append(("gemm", layout, m, n, k))
         a = A.double().t() if layout == "tn" else A.double()
         bb = B.double().t() if layout == "nt" else B.double()
         c = a @ bb + (0 if bias is None else bias.double())
-        if out is None:
-            return c.to(A.dtype)
-        return out.copy_(c)
+        c = c.to(A.dtype) if out is None else out.copy_(c)
+        self.gemms.append((A, c))
+        return c
 
 
 _cpu_registered: set[str] = set()

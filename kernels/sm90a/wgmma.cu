@@ -45,24 +45,101 @@ constexpr int WG_BK = 64;         // k elements per stage: one 128-byte swizzle 
 constexpr int WG_BOX = 64;        // every TMA box is 64 x 64 elements = 8 KB
 constexpr int WG_GROUP_M = 8;     // grouped tile order: 8 row tiles walk the N tiles together (L2 reuse)
 
-template <int BM, int BN, int STAGES, int TMASTORE>
+constexpr int WG_SPLIT_PAD = 8;    // floats of padding per row of a split-K partial tile (rows 8 banks apart)
+
+// C_BYTES: the area after the ring: TMASTORE's C tile staged as 64x64 swizzled 16-bit boxes, or a cluster split-K
+// rung's f32 partial tile (BM rows of BN + WG_SPLIT_PAD floats), else none.
+template <int BM, int BN, int STAGES, int C_BYTES_>
 struct WgSmem {
   static constexpr int A_BYTES = BM * WG_BK * 2;
   static constexpr int B_BYTES = BN * WG_BK * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-  static constexpr int C_OFFSET = STAGES * STAGE_BYTES;       // TMASTORE: the C tile staged as 64x64 swizzled boxes
-  static constexpr int C_BYTES = TMASTORE ? BM * BN * 2 : 0;
+  static constexpr int C_OFFSET = STAGES * STAGE_BYTES;
+  static constexpr int C_BYTES = C_BYTES_;
   static constexpr int BAR_OFFSET = C_OFFSET + C_BYTES;
-  // dynamic smem asked for: ring + C staging + 2*STAGES 8-byte barriers + 1024 bytes to align the base to 1024.
+  // dynamic smem asked for: ring + C area + 2*STAGES 8-byte barriers + 1024 bytes to align the base to 1024.
   static constexpr int TOTAL = BAR_OFFSET + 2 * STAGES * 8 + 1024;
 };
 
+// ---- split-K (the wgmma-k16-split8 class of kernels/routes.toml) ----
+// The K range is cut into SPLIT parts of kper = max(1, ceil(k_tiles / SPLIT)) k-tiles of 64 (part s: k-tiles
+// [s*kper, min((s+1)*kper, k_tiles)), empty past the end). Each part is reduced like the whole-K rungs (one f32
+// accumulator from +0, k-tiles ascending, four k16 steps ascending); then C = rn(((p0 + p1) + p2) ... + p_{SPLIT-1})
+// in f32, an empty part adding +0. The cut depends on K and SPLIT only, never on M or on where a part runs, so a
+// row's bits are the same at every M and in both rungs of the class:
+//  * cluster rungs (CLUSTER = 1, decode): one CTA per (tile, part), the SPLIT CTAs of a tile one thread block
+//    cluster (__cluster_dims__). Each stores its partial tile in its shared memory; after a cluster barrier, CTA
+//    r sums rows [r*BM/SPLIT, (r+1)*BM/SPLIT) of the tile over parts 0..SPLIT-1 in order, reading its peers'
+//    partials through distributed shared memory, and stores them. No workspace, no atomics, one launch;
+//  * the in-CTA rung (CLUSTER = 0, prefill): one persistent CTA per tile over the whole K range, which folds each
+//    part's accumulators into a running total as the part's last k-tile completes (total = p0, then total += p).
+
 #if defined(MF_HAS_WGMMA)
 
-template <typename T, int BM, int BN, int NC, int STAGES, int LAYOUT, int TMASTORE>
+template <int SPLIT> MF_DEVICE int split_k_part(int k_tiles) {
+  const int q = (k_tiles + SPLIT - 1) / SPLIT;
+  return q > 0 ? q : 1;
+}
+
+template <int GROUP_M, int SPLIT> struct SplitCluster {
+  int kper;
+  MF_DEVICE int units(int tiles_m, int tiles_n, int) const { return tiles_m * tiles_n * SPLIT; }
+  MF_DEVICE void unit(int t, int tiles_m, int tiles_n, int k_tiles, int& tm, int& tn, int& kt0, int& kt1) const {
+    grouped_tile_coords<GROUP_M>(t / SPLIT, tiles_m, tiles_n, tm, tn);
+    kt0 = min((t % SPLIT) * kper, k_tiles);  // the part: the CTA's rank in its cluster (1-D grid, 1-D clusters)
+    kt1 = min(kt0 + kper, k_tiles);
+  }
+  template <class Acc> MF_DEVICE void between(Acc&, int, int) const {}
+};
+
+// The in-CTA rung folds part q (= kt / kper) into the running total when the part's last k-tile completes: the
+// pipeline drains there (wgmma_wait<0>), as the part's accumulators are final only then. (Two alternating
+// accumulator sets would let the next part run during the fold, but ptxas then serialises every wgmma.)
+template <int GROUP_M, int MB, int R> struct SplitFold {
+  float (&total)[MB][R];
+  int kper, k_tiles;
+  MF_DEVICE int units(int tiles_m, int tiles_n, int) const { return tiles_m * tiles_n; }
+  MF_DEVICE void unit(int t, int tiles_m, int tiles_n, int k_tiles_, int& tm, int& tn, int& kt0, int& kt1) const {
+    grouped_tile_coords<GROUP_M>(t, tiles_m, tiles_n, tm, tn);
+    kt0 = 0;
+    kt1 = k_tiles_;
+  }
+  // After k-tile kt's batch was issued: at a part's last k-tile, wait for it and fold the part into the total.
+  MF_DEVICE void between(float (&acc)[MB][R], int kt, int) const {
+    if ((kt + 1) % kper != 0 && kt + 1 != k_tiles) return;
+    wgmma_wait<0>();
+    const bool first = kt < kper;
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        total[mb][i] = first ? acc[mb][i] : total[mb][i] + acc[mb][i];
+        acc[mb][i] = 0.f;
+      }
+  }
+};
+
+MF_DEVICE void cluster_sync_all() {  // every thread of every CTA of the cluster; release / acquire at cluster scope
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+MF_DEVICE float2 ld_peer_f32x2(u32 local_addr, u32 rank) {  // the same shared address in cluster CTA `rank`
+  u32 remote;
+  float2 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
+  return v;
+}
+
+// SPLIT = 1: the whole-K rungs. SPLIT > 1: split-K (above), CLUSTER = 1 in clusters of SPLIT CTAs, else in-CTA.
+template <typename T, int BM, int BN, int NC, int STAGES, int LAYOUT, int TMASTORE, int SPLIT = 1, int CLUSTER = 0>
 MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDesc* tmC, T* __restrict__ C, int M,
                              int N, int K) {
-  using S = WgSmem<BM, BN, STAGES, TMASTORE>;
+  constexpr int PS = BN + WG_SPLIT_PAD;  // row stride (floats) of a cluster rung's partial tile
+  using S = WgSmem<BM, BN, STAGES, TMASTORE ? BM * BN * 2 : CLUSTER ? BM * PS * 4 : 0>;
+  static_assert(SPLIT >= 1 && SPLIT <= 8, "a split is at most a portable cluster (8 CTAs)");
+  static_assert(SPLIT == 1 || (LAYOUT == Layout::NN && !TMASTORE), "split-K rungs are NN, C stored from registers");
+  static_assert(!CLUSTER || (SPLIT > 1 && NC == 1 && BM % SPLIT == 0),
+                "a cluster rung has one consumer warpgroup (every thread joins the reduction at full registers)");
   constexpr int MB = BM / (64 * NC);  // m64 blocks per consumer warpgroup
   static_assert(BN == 32 || BN == 64 || BN == 128 || BN == 256, "wgmma N is 32, 64, 128 or 256 here");
   static_assert(BM % WG_BOX == 0 && (BN % WG_BOX == 0 || BN == 32), "tiles are whole TMA boxes");
@@ -106,8 +183,36 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
       }
     }
   };
+  const int k_tiles = (K + WG_BK - 1) / WG_BK;
+  const int kper = split_k_part<SPLIT>(k_tiles);
+  float total[MB][SPLIT > 1 && !CLUSTER ? BN / 2 : 1];  // the in-CTA split-K rung's running sum over parts
   auto epilogue = [&](float (&acc)[MB][BN / 2], int tm, int tn, int c, int warp, int lane, int tid_in_wg) {
-    if constexpr (TMASTORE) {
+    if constexpr (CLUSTER) {
+      // This part's partial tile into this CTA's shared memory (f32 pairs), summed over the cluster below.
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+        for (int i = 0; i < BN / 2; i += 2) {  // the register -> (row, column) map of mf::wgmma_store_pairs
+          const int r = (c * MB + mb) * 64 + warp * 16 + lane / 4 + 8 * ((i / 2) % 2);
+          const int col = (i / 4) * 8 + (lane % 4) * 2;
+          const u32 addr = base + S::C_OFFSET + (r * PS + col) * 4;
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[mb][i]), "f"(acc[mb][i + 1])
+                       : "memory");
+        }
+    } else if constexpr (SPLIT > 1) {
+      // The parts after the last non-empty one are empty: each adds +0 (k_tiles = 0: every part is, total = +0).
+      const int parts = (k_tiles + kper - 1) / kper;
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) {
+          if (parts == 0) total[mb][i] = 0.f;
+          for (int f = max(parts, 1); f < SPLIT; ++f) total[mb][i] = total[mb][i] + 0.f;
+        }
+      wgmma_store_pairs<BM, BN, MB, 0>(C, tm, tn, c, warp, lane, M, N, [&](T* p, int mb, int i, int) {
+        *reinterpret_cast<u32*>(p) = pack2<T>(total[mb][i], total[mb][i + 1]);
+      });
+    } else if constexpr (TMASTORE) {
       // Stage the tile in shared memory as 64x64 boxes in the 128-byte swizzled layout (16-byte chunk index XOR
       // row % 8: a warp's eight rows land in distinct banks), then one thread stores the boxes with TMA, which
       // clips rows >= M and columns >= N. The staging area is reused only after the previous stores read it.
@@ -149,7 +254,41 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
       if (tid_in_wg == 0) bulk_wait_all();  // the last tile's stores finish before the CTA (and its smem) retires
     }
   };
-  wgmma_ring<S, BM, BN, NC, STAGES, WG_BK, WG_GROUP_M>(base, tmA, tmB, M, N, K, boxes, k_tile, epilogue, finish);
+  if constexpr (SPLIT == 1) {
+    wgmma_ring<S, BM, BN, NC, STAGES, WG_BK, WG_GROUP_M>(base, tmA, tmB, M, N, K, boxes, k_tile, epilogue, finish);
+  } else if constexpr (!CLUSTER) {
+    const SplitFold<WG_GROUP_M, MB, BN / 2> sched{total, kper, k_tiles};
+    wgmma_ring_units<S, BM, BN, NC, STAGES, WG_BK>(base, tmA, tmB, M, N, K, sched, boxes, k_tile, epilogue, finish);
+  } else {
+    wgmma_ring_units<S, BM, BN, NC, STAGES, WG_BK>(base, tmA, tmB, M, N, K, SplitCluster<WG_GROUP_M, SPLIT>{kper},
+                                                   boxes, k_tile, epilogue, finish);
+    // Every thread of the cluster (the producer warpgroup too): the partials are in place; then CTA `rank` sums
+    // its rows of the tile over the parts in order 0..SPLIT-1 and stores them; then nobody leaves while a peer
+    // may still read its shared memory.
+    cluster_sync_all();
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    const int tile = blockIdx.x / SPLIT, rank = blockIdx.x % SPLIT;
+    if (tile < tiles_m * tiles_n) {
+      int tm, tn;
+      grouped_tile_coords<WG_GROUP_M>(tile, tiles_m, tiles_n, tm, tn);
+      constexpr int RB = BM / SPLIT;  // rows this CTA sums
+      for (int p = threadIdx.x; p < RB * BN / 2; p += blockDim.x) {
+        const int r = rank * RB + p / (BN / 2), col = (p % (BN / 2)) * 2;
+        const int row = tm * BM + r, gcol = tn * BN + col;
+        if (row >= M || gcol >= N) continue;  // N % 8 == 0: gcol < N implies gcol + 1 < N
+        const u32 addr = base + S::C_OFFSET + (r * PS + col) * 4;
+        float2 sum = ld_peer_f32x2(addr, 0);
+#pragma unroll
+        for (int s = 1; s < SPLIT; ++s) {
+          const float2 v = ld_peer_f32x2(addr, s);
+          sum.x = sum.x + v.x;
+          sum.y = sum.y + v.y;
+        }
+        *reinterpret_cast<u32*>(C + (long long)row * N + gcol) = pack2<T>(sum.x, sum.y);
+      }
+    }
+    cluster_sync_all();
+  }
 }
 
 #endif  // MF_HAS_WGMMA
@@ -165,6 +304,17 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
     (void)A; (void)B; /* the tensor maps address A and B; the pointers are in the ABI for the qualifier */ \
     mf::gemm_wgmma_ws<T, BM, BN, NC, STAGES, LAYOUT, 0>(&tmA, &tmB, nullptr, C, M, N, K); \
   }
+// Split-K rungs (NN): SPLIT parts; CLUSTER = 1 launches clusters of SPLIT CTAs along x (compile-time cluster
+// dimensions: an ordinary launch whose grid is a multiple of SPLIT).
+#define MF_GEMM_WGMMA_SPLITK(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER) \
+  extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) MF_WG_CLUSTER_##CLUSTER(SPLIT) NAME( \
+      const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, T* __restrict__ C, \
+      const T* __restrict__ A, const T* __restrict__ B, int M, int N, int K) { \
+    (void)A; (void)B; /* the tensor maps address A and B; the pointers are in the ABI for the qualifier */ \
+    mf::gemm_wgmma_ws<T, BM, BN, NC, STAGES, LAYOUT, 0, SPLIT, CLUSTER>(&tmA, &tmB, nullptr, C, M, N, K); \
+  }
+#define MF_WG_CLUSTER_0(SPLIT)
+#define MF_WG_CLUSTER_1(SPLIT) __cluster_dims__(SPLIT, 1, 1)
 #define MF_GEMM_WGMMA_TMASTORE(NAME, T, LAYOUT, BM, BN, NC, STAGES) \
   extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) NAME( \
       const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, \

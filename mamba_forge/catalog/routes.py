@@ -17,6 +17,7 @@ the batch dimension there); a symbol serves one role per key; the check shape me
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import itertools
 from dataclasses import dataclass
@@ -64,6 +65,17 @@ class ClassEntry(_Model):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")
     rungs: list[RungEntry] = Field(min_length=1, max_length=64)
     check: dict[str, int] = Field(default_factory=dict)  # N, K of the route-equivalence check
+    where: dict[str, tuple[int, int]] = Field(default_factory=dict)  # n / k -> [lo, hi] the class serves (hi 0: any)
+
+    @field_validator("where")
+    @classmethod
+    def _where(cls, v: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        for dim, (lo, hi) in v.items():
+            if dim not in ("n", "k"):
+                raise ValueError(f"where names {dim!r}; a class's region is over n and k only (never m)")
+            if lo < 1 or hi < 0 or (hi and hi < lo) or max(lo, hi) > 1 << 31:
+                raise ValueError(f"where.{dim} = [{lo}, {hi}] is not a range [lo >= 1, hi >= lo] (hi = 0: unbounded)")
+        return v
 
     @field_validator("check")
     @classmethod
@@ -114,6 +126,8 @@ class RouteRung:
     m_max: int  # 0: unbounded
     needs: tuple[tuple[str, int], ...]  # (dim, multiple), dims in m, n, k order
     bias: bool  # takes a bias pointer
+    n_range: tuple[int, int] = (1, 0)  # the class's region (`where`): N and K it serves, hi 0 = unbounded
+    k_range: tuple[int, int] = (1, 0)
 
 
 @dataclass(frozen=True)
@@ -220,13 +234,20 @@ def expand_routes(data: Any, path: Path, catalog) -> tuple[Route, ...]:
                 if ce.name in seen_classes:
                     raise CatalogError(f"{cwhere}: class named twice in this route")
                 seen_classes.add(ce.name)
-                rungs = tuple(x for r in ce.rungs for x in kx.rungs(r, ce.name, "auto", cwhere))
+                region = {"n_range": tuple(ce.where.get("n", (1, 0))), "k_range": tuple(ce.where.get("k", (1, 0)))}
+                rungs = tuple(dataclasses.replace(x, **region)
+                              for r in ce.rungs for x in kx.rungs(r, ce.name, "auto", cwhere))
                 if not rungs:
                     continue  # a pattern matching nothing in this variant
                 if not any(r.m_min == 1 and r.m_max == 0 for r in rungs):
                     raise CatalogError(f"{cwhere}: no rung serves every M (give one m = [1, 0]); "
                                        "a class must serve all M so the pick never depends on M")
                 check = (ce.check.get("N", 0), ce.check.get("K", 0))
+                for dim, v in (("n", check[0]), ("k", check[1])):
+                    lo, hi = region[f"{dim}_range"]
+                    if v and not (lo <= v and (hi == 0 or v <= hi)):
+                        raise CatalogError(f"{cwhere}: check {dim.upper()} = {v} is outside the class's region "
+                                           f"where.{dim} = [{lo}, {hi}]; the check must run a shape it serves")
                 if len(rungs) > 1:
                     if not ce.check:
                         raise CatalogError(f"{cwhere}: a class of {len(rungs)} rungs needs check = {{ N, K }} "

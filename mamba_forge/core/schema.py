@@ -214,6 +214,10 @@ class QRung:
     m_max: int = 0  # 0: unbounded
     needs: dict[str, int] = field(default_factory=dict)  # dim (m, n, k) -> the multiple it needs
     bias: bool = False  # takes a bias pointer
+    n_min: int = 1  # the class's region: the N and K it serves (max 0: unbounded); never M
+    n_max: int = 0
+    k_min: int = 1
+    k_max: int = 0
 
 
 @record

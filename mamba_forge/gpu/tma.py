@@ -12,7 +12,13 @@ What the TMA path supports, and what is refused here before the driver is asked:
   K % 8 == 0 and N % 8 == 0 (C's rows are stored in 4-byte pairs); TN (A: K x M, B: K x N) needs M % 8 == 0 and
   N % 8 == 0. Ragged edges inside those rules (M, N not multiples of the tile, K not a multiple of 64) are
   handled by the hardware's zero fill;
-* base addresses 16-byte aligned; dimensions below 2**31 (the kernel's coordinates are 32-bit signed).
+* base addresses 16-byte aligned; dimensions below 2**31 (the kernel's coordinates are 32-bit signed);
+* A read through a row stride (``a_row_stride`` of the map helpers; the prepare hooks take it as
+  ``dims["lda"]``, A_ROW_STRIDE): A as stored is a rows x cols view of a wider row-major matrix, lda elements
+  apart, lda >= cols and lda * element bytes a multiple of 16 (below 2**40 bytes). Only the map's globalStrides
+  changes: its dimensions stay A's (rows, cols), so the TMA reads only columns [0, cols) of each row (a box
+  reaching past them is zero-filled, as at any edge) and the kernel's arithmetic and bits are the dense A's.
+  Absent (None), the stride is the columns: every map is byte for byte what it is without the argument.
 
 One exception to the 64 x 64 box: the skinny-M NN rungs with BN = 32 (gemm_bi_nn_sm90a_wgmma_skinny_m64n32_*) read
 B through a 32 (columns) x 64 (rows) box with 64-byte swizzle (``box_cols=32``; ``b_box_cols`` of the GEMM helpers,
@@ -33,6 +39,8 @@ TMA_DESC_ALIGN = 64
 BOX = 64  # elements per box side: 64 16-bit elements = one 128-byte swizzle row
 ELEMENT_BYTES = 2
 MAX_DIM = 2**31 - 1
+MAX_STRIDE_BYTES = 2**40  # cuTensorMapEncodeTiled: every global stride below 2**40 bytes
+A_ROW_STRIDE = "lda"  # the prepare hooks' dims key for A's row stride in elements (absent: dense, the columns)
 
 
 class TmaError(ValueError):
@@ -45,8 +53,10 @@ def _check_int(name: str, v: object) -> int:
     return v
 
 
-def check_matrix(ptr: int, rows: int, cols: int, name: str = "matrix", element_bytes: int = ELEMENT_BYTES) -> None:
-    """Refuse a row-major matrix of 2-byte (default) or 4-byte elements a tensor map cannot describe."""
+def check_matrix(ptr: int, rows: int, cols: int, name: str = "matrix", element_bytes: int = ELEMENT_BYTES,
+                 row_stride: int | None = None) -> None:
+    """Refuse a row-major matrix of 2-byte (default) or 4-byte elements a tensor map cannot describe; row_stride:
+    elements from one row to the next (None: cols, a dense matrix)."""
     if element_bytes not in (2, 4):
         raise TmaError(f"{name}: {element_bytes}-byte elements not supported (2 or 4)")
     ptr, rows, cols = _check_int(f"{name} address", ptr), _check_int(f"{name} rows", rows), _check_int(f"{name} cols", cols)
@@ -54,24 +64,33 @@ def check_matrix(ptr: int, rows: int, cols: int, name: str = "matrix", element_b
         raise TmaError(f"{name}: base address {ptr:#x} is not a 16-byte aligned device address")
     if not (1 <= rows <= MAX_DIM and 1 <= cols <= MAX_DIM):
         raise TmaError(f"{name}: shape {rows} x {cols} out of range (each dimension 1..{MAX_DIM})")
-    if (cols * element_bytes) % 16:
-        raise TmaError(
-            f"{name}: row stride {cols} elements x {element_bytes} bytes is not a multiple of 16 bytes "
-            f"(the contiguous extent must be a multiple of {16 // element_bytes})"
-        )
+    if row_stride is None:
+        if (cols * element_bytes) % 16:
+            raise TmaError(
+                f"{name}: row stride {cols} elements x {element_bytes} bytes is not a multiple of 16 bytes "
+                f"(the contiguous extent must be a multiple of {16 // element_bytes})"
+            )
+        return
+    lda = _check_int(f"{name} row stride", row_stride)
+    if lda < cols:
+        raise TmaError(f"{name}: row stride {lda} elements is below its {cols} columns (the rows would overlap)")
+    if (lda * element_bytes) % 16 or lda * element_bytes >= MAX_STRIDE_BYTES:
+        raise TmaError(f"{name}: row stride {lda} elements x {element_bytes} bytes is not a multiple of 16 bytes "
+                       f"below 2**40 (lda must be a multiple of {16 // element_bytes})")
 
 
 def _encode_tiled(ptr: int, rows: int, cols: int, element_bytes: int, dtype: str, box: tuple[int, int],
-                  swizzle: str, l2: str, name: str) -> bytes:
-    """The one cuTensorMapEncodeTiled call (callers check the matrix first): a 2-D row-major matrix, box =
-    (columns, rows), zero fill outside the matrix; the map's 128 bytes."""
+                  swizzle: str, l2: str, name: str, row_stride: int | None = None) -> bytes:
+    """The one cuTensorMapEncodeTiled call (callers check the matrix first): a 2-D row-major matrix whose rows are
+    row_stride elements apart (None: cols, dense), box = (columns, rows), zero fill outside the matrix; the map's
+    128 bytes."""
     drv = bindings()
     err, tmap = drv.cuTensorMapEncodeTiled(
         getattr(drv.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{dtype}"),
         2,
         ptr,
         [drv.cuuint64_t(cols), drv.cuuint64_t(rows)],  # innermost dimension first
-        [drv.cuuint64_t(cols * element_bytes)],  # stride of dimension 1 in bytes (dimension 0 is packed)
+        [drv.cuuint64_t((cols if row_stride is None else row_stride) * element_bytes)],  # dimension 1's, in bytes
         [drv.cuuint32_t(box[0]), drv.cuuint32_t(box[1])],
         [drv.cuuint32_t(1), drv.cuuint32_t(1)],
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -114,25 +133,29 @@ def check_gemm(layout: str, M: int, N: int, K: int) -> None:
 SWIZZLE_BYTES = {64: 128, 32: 64}  # box columns (16-bit elements) -> swizzle span in bytes (one box row)
 
 
-def encode_2d(ptr: int, rows: int, cols: int, name: str = "matrix", box_cols: int = BOX) -> bytes:
-    """The 128 bytes of a CUtensorMap for a row-major rows x cols 16-bit matrix: a box of box_cols x 64 rows with
-    the swizzle one box row spans (64 columns: 128-byte swizzle, the default; 32 columns: 64-byte swizzle)."""
-    check_matrix(ptr, rows, cols, name)
+def encode_2d(ptr: int, rows: int, cols: int, name: str = "matrix", box_cols: int = BOX,
+              row_stride: int | None = None) -> bytes:
+    """The 128 bytes of a CUtensorMap for a row-major rows x cols 16-bit matrix (rows row_stride elements apart;
+    None: dense): a box of box_cols x 64 rows with the swizzle one box row spans (64 columns: 128-byte swizzle, the
+    default; 32 columns: 64-byte swizzle)."""
+    check_matrix(ptr, rows, cols, name, row_stride=row_stride)
     if box_cols not in SWIZZLE_BYTES:
         raise TmaError(f"{name}: box of {box_cols} columns not supported (known: {sorted(SWIZZLE_BYTES)})")
     return _encode_tiled(ptr, rows, cols, ELEMENT_BYTES, "UINT16", (box_cols, BOX), f"{SWIZZLE_BYTES[box_cols]}B",
-                         "256B", name)
+                         "256B", name, row_stride)
 
 
 def gemm_tensor_maps(layout: str, a_ptr: int, b_ptr: int, M: int, N: int, K: int, *,
-                     b_box_cols: int = BOX) -> dict[str, bytes]:
+                     b_box_cols: int = BOX, a_row_stride: int | None = None) -> dict[str, bytes]:
     """{"tmA": ..., "tmB": ...} for a wgmma GEMM launch; refuses unsupported shapes first. b_box_cols = 32 only
-    for the NN skinny rungs with BN = 32 (B read through a 32 x 64 box, 64-byte swizzle)."""
+    for the NN skinny rungs with BN = 32 (B read through a 32 x 64 box, 64-byte swizzle); a_row_stride: A's rows
+    that many elements apart (None: dense)."""
     check_gemm(layout, M, N, K)
     if b_box_cols != BOX and layout != "nn":
         raise TmaError(f"a {b_box_cols}-column B box is for the NN layout only, not {layout.upper()}")
     (ar, ac), (br, bc) = operand_shapes(layout, M, N, K)
-    return {"tmA": encode_2d(a_ptr, ar, ac, "A"), "tmB": encode_2d(b_ptr, br, bc, "B", box_cols=b_box_cols)}
+    return {"tmA": encode_2d(a_ptr, ar, ac, "A", row_stride=a_row_stride),
+            "tmB": encode_2d(b_ptr, br, bc, "B", box_cols=b_box_cols)}
 
 
 def skinny_b_box_cols(bn: int) -> int:
@@ -140,42 +163,50 @@ def skinny_b_box_cols(bn: int) -> int:
     return bn if bn < BOX else BOX
 
 
-def gemm_tensor_maps_with_c(layout: str, a_ptr: int, b_ptr: int, c_ptr: int, M: int, N: int, K: int) -> dict[str, bytes]:
+def gemm_tensor_maps_with_c(layout: str, a_ptr: int, b_ptr: int, c_ptr: int, M: int, N: int, K: int, *,
+                            a_row_stride: int | None = None) -> dict[str, bytes]:
     """As gemm_tensor_maps, plus "tmC" for the symbols that store C through TMA (C: M x N row-major)."""
-    maps = gemm_tensor_maps(layout, a_ptr, b_ptr, M, N, K)
+    maps = gemm_tensor_maps(layout, a_ptr, b_ptr, M, N, K, a_row_stride=a_row_stride)
     maps["tmC"] = encode_2d(c_ptr, M, N, "C")
     return maps
 
 
-# QualifySpec.prepare hooks: prepare(pointers, scalars, dims) -> {param name: bytes}.
+# QualifySpec.prepare hooks: prepare(pointers, scalars, dims) -> {param name: bytes}; dims may carry A's row stride
+# (A_ROW_STRIDE: runtime/gemm.py's strided A), absent when A is dense (the qualifier's buffers).
 def prepare_gemm_nn(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
-    return gemm_tensor_maps("nn", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"])
+    return gemm_tensor_maps("nn", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"],
+                            a_row_stride=dims.get(A_ROW_STRIDE))
 
 
 def prepare_gemm_nn_skinny(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
     """The skinny NN rungs: as prepare_gemm_nn, the B box as wide as the instance's BN (dims carries it) up to 64."""
     return gemm_tensor_maps("nn", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"],
-                            b_box_cols=skinny_b_box_cols(int(dims.get("BN", BOX))))
+                            b_box_cols=skinny_b_box_cols(int(dims.get("BN", BOX))), a_row_stride=dims.get(A_ROW_STRIDE))
 
 
 def prepare_gemm_nt(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
-    return gemm_tensor_maps("nt", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"])
+    return gemm_tensor_maps("nt", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"],
+                            a_row_stride=dims.get(A_ROW_STRIDE))
 
 
 def prepare_gemm_tn(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
-    return gemm_tensor_maps("tn", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"])
+    return gemm_tensor_maps("tn", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"],
+                            a_row_stride=dims.get(A_ROW_STRIDE))
 
 
 def prepare_gemm_nn_tmastore(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
-    return gemm_tensor_maps_with_c("nn", pointers["A"], pointers["B"], pointers["C"], dims["M"], dims["N"], dims["K"])
+    return gemm_tensor_maps_with_c("nn", pointers["A"], pointers["B"], pointers["C"], dims["M"], dims["N"],
+                                   dims["K"], a_row_stride=dims.get(A_ROW_STRIDE))
 
 
 def prepare_gemm_nt_tmastore(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
-    return gemm_tensor_maps_with_c("nt", pointers["A"], pointers["B"], pointers["C"], dims["M"], dims["N"], dims["K"])
+    return gemm_tensor_maps_with_c("nt", pointers["A"], pointers["B"], pointers["C"], dims["M"], dims["N"],
+                                   dims["K"], a_row_stride=dims.get(A_ROW_STRIDE))
 
 
 def prepare_gemm_tn_tmastore(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
-    return gemm_tensor_maps_with_c("tn", pointers["A"], pointers["B"], pointers["C"], dims["M"], dims["N"], dims["K"])
+    return gemm_tensor_maps_with_c("tn", pointers["A"], pointers["B"], pointers["C"], dims["M"], dims["N"],
+                                   dims["K"], a_row_stride=dims.get(A_ROW_STRIDE))
 
 
 # ---- CC 12.x tiles (kernels/sm120, mf/tile_tma.cuh): unswizzled, padded boxes -------------------------------------
@@ -189,22 +220,24 @@ MAX_BOX = 256  # elements per box side
 
 
 def encode_2d_box(ptr: int, rows: int, cols: int, box_cols: int, box_rows: int, element_bytes: int,
-                  name: str = "matrix") -> bytes:
-    """The 128 bytes of an unswizzled CUtensorMap for a row-major rows x cols matrix, box of box_cols x box_rows."""
-    check_matrix(ptr, rows, cols, name, element_bytes)
+                  name: str = "matrix", row_stride: int | None = None) -> bytes:
+    """The 128 bytes of an unswizzled CUtensorMap for a row-major rows x cols matrix (rows row_stride elements
+    apart; None: dense), box of box_cols x box_rows."""
+    check_matrix(ptr, rows, cols, name, element_bytes, row_stride)
     for what, v in (("columns", box_cols), ("rows", box_rows)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_BOX:
             raise TmaError(f"{name}: box {what} = {v!r} out of range (1..{MAX_BOX})")
     if (box_cols * element_bytes) % 16:
         raise TmaError(f"{name}: box row of {box_cols} x {element_bytes} bytes is not a multiple of 16 bytes")
     return _encode_tiled(ptr, rows, cols, element_bytes, {2: "UINT16", 4: "UINT32"}[element_bytes],
-                         (box_cols, box_rows), "NONE", "128B", name)
+                         (box_cols, box_rows), "NONE", "128B", name, row_stride)
 
 
 def padded_tile_maps(a_ptr: int, b_ptr: int, M: int, N: int, K: int, BM: int, BN: int, BK: int,
-                     element_bytes: int) -> dict[str, bytes]:
-    """{"tmA": ..., "tmB": ...} for a gemm_bi_nn_sm120_tma_* launch (NN, A: M x K, B: K x N, row-major) of tile
-    BM x BN x BK; element_bytes 2 (bf16/f16) or 4 (f32, TF32 math). Refuses unsupported shapes first."""
+                     element_bytes: int, *, a_row_stride: int | None = None) -> dict[str, bytes]:
+    """{"tmA": ..., "tmB": ...} for a gemm_bi_nn_sm120_tma_* launch (NN, A: M x K, B: K x N, row-major; A's rows
+    a_row_stride elements apart, None: dense) of tile BM x BN x BK; element_bytes 2 (bf16/f16) or 4 (f32, TF32
+    math). Refuses unsupported shapes first."""
     for n, v in (("M", M), ("N", N), ("K", K)):
         if _check_int(n, v) < 1 or v > MAX_DIM:
             raise TmaError(f"{n} = {v} out of range (1..{MAX_DIM}); an empty GEMM needs no launch")
@@ -216,7 +249,7 @@ def padded_tile_maps(a_ptr: int, b_ptr: int, M: int, N: int, K: int, BM: int, BN
             raise TmaError(f"NN: {n} = {v} is not a multiple of {per} (the row strides of A and B must be "
                            "16-byte aligned)")
     pad = PAD_BYTES // element_bytes
-    return {"tmA": encode_2d_box(a_ptr, M, K, BK + pad, BM, element_bytes, "A"),
+    return {"tmA": encode_2d_box(a_ptr, M, K, BK + pad, BM, element_bytes, "A", a_row_stride),
             "tmB": encode_2d_box(b_ptr, K, N, BN + pad, BK, element_bytes, "B")}
 
 
@@ -224,24 +257,25 @@ def prepare_padded_tiles_16bit(pointers: dict[str, int], scalars: dict[str, int 
                                dims: dict[str, int]) -> dict[str, bytes]:
     """QualifySpec.prepare for the bf16/f16 CC 12.x tiles: dims carries M, N, K and the instance's BM, BN, BK."""
     return padded_tile_maps(pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"],
-                            int(dims["BM"]), int(dims["BN"]), int(dims["BK"]), 2)
+                            int(dims["BM"]), int(dims["BN"]), int(dims["BK"]), 2, a_row_stride=dims.get(A_ROW_STRIDE))
 
 
 def prepare_padded_tiles_f32(pointers: dict[str, int], scalars: dict[str, int | float],
                              dims: dict[str, int]) -> dict[str, bytes]:
     """QualifySpec.prepare for the f32 (TF32 and exact FFMA) CC 12.x tiles."""
     return padded_tile_maps(pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"],
-                            int(dims["BM"]), int(dims["BN"]), int(dims["BK"]), 4)
+                            int(dims["BM"]), int(dims["BN"]), int(dims["BK"]), 4, a_row_stride=dims.get(A_ROW_STRIDE))
 
 
-def padded_tile_maps_for(constants: dict[str, int], a_ptr: int, b_ptr: int, M: int, N: int, K: int) -> dict[str, bytes]:
+def padded_tile_maps_for(constants: dict[str, int], a_ptr: int, b_ptr: int, M: int, N: int, K: int, *,
+                         a_row_stride: int | None = None) -> dict[str, bytes]:
     """padded_tile_maps for one CC 12.x tile from its symbol's constants (a runtime Kernel's ``symbol.constants``, or
     a catalog Symbol's ``params_env``): BM, BN, BK, and sizeof_T (2 for the bf16/f16 tiles; absent for the f32 ones)."""
     missing = [k for k in ("BM", "BN", "BK") if k not in constants]
     if missing:
         raise TmaError(f"constants lack {missing}: not a gemm_bi_nn_sm120_tma_* tile")
     return padded_tile_maps(a_ptr, b_ptr, M, N, K, int(constants["BM"]), int(constants["BN"]), int(constants["BK"]),
-                            int(constants.get("sizeof_T", 4)))
+                            int(constants.get("sizeof_T", 4)), a_row_stride=a_row_stride)
 
 
 # ---- TF32 wgmma GEMM (kernels/sm90a/wgmma_tf32.cu): f32 matrices, 32 x 64 boxes, 128-byte swizzle ------------------
@@ -264,22 +298,24 @@ def check_gemm_tf32(layout: str, M: int, N: int, K: int) -> None:
         raise TmaError(f"NT: K = {K} is not a multiple of 4 (A's and B's f32 row strides must be 16-byte aligned)")
 
 
-def encode_2d_f32(ptr: int, rows: int, cols: int, name: str = "matrix") -> bytes:
-    """The 128 bytes of a CUtensorMap for a row-major rows x cols f32 matrix: a 32-column x 64-row box, 128-byte
-    swizzle, zero fill outside the matrix (+0.0 bits)."""
-    check_matrix(ptr, rows, cols, name, F32_BYTES)
-    return _encode_tiled(ptr, rows, cols, F32_BYTES, "FLOAT32", (F32_BOX_COLS, BOX), "128B", "256B", name)
+def encode_2d_f32(ptr: int, rows: int, cols: int, name: str = "matrix", row_stride: int | None = None) -> bytes:
+    """The 128 bytes of a CUtensorMap for a row-major rows x cols f32 matrix (rows row_stride elements apart; None:
+    dense): a 32-column x 64-row box, 128-byte swizzle, zero fill outside the matrix (+0.0 bits)."""
+    check_matrix(ptr, rows, cols, name, F32_BYTES, row_stride)
+    return _encode_tiled(ptr, rows, cols, F32_BYTES, "FLOAT32", (F32_BOX_COLS, BOX), "128B", "256B", name, row_stride)
 
 
-def gemm_tensor_maps_tf32(layout: str, a_ptr: int, b_ptr: int, M: int, N: int, K: int) -> dict[str, bytes]:
+def gemm_tensor_maps_tf32(layout: str, a_ptr: int, b_ptr: int, M: int, N: int, K: int, *,
+                          a_row_stride: int | None = None) -> dict[str, bytes]:
     """{"tmA": ..., "tmB": ...} for a TF32 wgmma GEMM launch (f32 A: M x K, B: N x K); refuses unsupported shapes
     first."""
     check_gemm_tf32(layout, M, N, K)
-    return {"tmA": encode_2d_f32(a_ptr, M, K, "A"), "tmB": encode_2d_f32(b_ptr, N, K, "B")}
+    return {"tmA": encode_2d_f32(a_ptr, M, K, "A", a_row_stride), "tmB": encode_2d_f32(b_ptr, N, K, "B")}
 
 
 def prepare_gemm_nt_tf32(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
-    return gemm_tensor_maps_tf32("nt", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"])
+    return gemm_tensor_maps_tf32("nt", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"],
+                                 a_row_stride=dims.get(A_ROW_STRIDE))
 
 
 # The hooks a signed record may name in `tensor_maps` (runtime/gemm.py): by name, so a record cannot reach any

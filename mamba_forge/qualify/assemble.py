@@ -124,7 +124,8 @@ def route_table(routes, symbols: list[QSymbol]) -> list[QRoute]:
     table = []
     for r in routes:
         rungs = [QRung(symbol=x.symbol, eq_class=x.eq_class, mode=x.mode, m_min=x.m_min, m_max=x.m_max,
-                       needs=dict(x.needs), bias=x.bias) for x in r.rungs() if x.symbol in here]
+                       needs=dict(x.needs), bias=x.bias, n_min=x.n_range[0], n_max=x.n_range[1],
+                       k_min=x.k_range[0], k_max=x.k_range[1]) for x in r.rungs() if x.symbol in here]
         tuning = [QTune(eq_class=t.eq_class, symbol=t.symbol, n_min=t.n[0], n_max=t.n[1], k_min=t.k[0],
                         k_max=t.k[1], m_min=t.m[0], m_max=t.m[1]) for t in r.tuning if t.symbol in here]
         if rungs:

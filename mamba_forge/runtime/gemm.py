@@ -7,23 +7,37 @@ fallback needs casts. This module does those steps, in this order, and launches 
 keyword contract, so nothing reaches the GPU unchecked:
 
 1. the operands: 2-D tensors (``.shape``) that the contract's tensor rules accept (CUDA, this device, row-major
-   dense); their shapes fix (M, N, K) for the layout (nn: A[M,K] B[K,N]; nt: A[M,K] B[N,K]; tn: A[K,M] B[K,N]),
-   C is [M,N], bias [N] in C's dtype; dtypes bf16, f16, f32 (``math="tf32"``: f32 operands on the TF32 route);
+   dense; A may also be row-strided: below); their shapes fix (M, N, K) for the layout (nn: A[M,K] B[K,N]; nt:
+   A[M,K] B[N,K]; tn: A[K,M] B[K,N]), C is [M,N], bias [N] in C's dtype; dtypes bf16, f16, f32
+   (``math="tf32"``: f32 operands on the TF32 route);
 2. the rung: :func:`mamba_forge.runtime.routes.select` through ``Kernels.gemm_route`` (``symbol=`` names one,
    the only way to reach a force rung); the rung itself serves, never a fallback of it (a fallback is another
    class: the bits would depend on what was rejected);
 3. its by-value blobs: the tensor maps from the hook its signed record names (``tensor_maps``: the family's
    qualify.prepare, the one the qualifier launched it with; a function of mamba_forge.gpu.tma), at this call's
-   addresses and shape;
+   addresses, shape and A's row stride (none for a dense A: the qualified maps, byte for byte);
 4. the launch: the rung's keyword contract (runtime/contract.py) with M, N, K given, the bias pointer null when
    there is none (the GEMM ABI's "none": kernels/fixed/gemm.toml, kernels/triad/*.toml).
 
+A row-strided A (a torch matrix whose rows are dense, stride (lda, 1) with lda > K: a column slice of a wider
+row-major matrix, as x_dbl[:, :dt_rank]) is read in place for layout nn by a rung that reads A through a tensor
+map: the same kernel and bits as on A.contiguous(), only tmA's row stride differs (the map keeps A's M x K
+dimensions, so the TMA reads only columns [0, K) of each row: gpu/tma.py). Refused before any launch, each saying
+to pass A.contiguous(): stride(1) != 1, another layout, lda < K, lda * element size not a multiple of 16 bytes,
+an address not 16-byte aligned, a rung that reads A through its pointer (no tensor maps: it assumes a dense A) or
+serves with casts; and an extent, (M - 1) * lda + K elements from A's first, outside A's storage. That extent is
+A's bytes wherever they are checked: against C for overlap, and as the ABI pointer A (which these kernels never
+dereference), handed to the contract as a dense 1-D view of it (device, dtype, null address, size, overlap).
+Nothing is copied here: a caller that would rather copy than be refused asks reads_a_in_place
+(Kernels.gemm_reads_a_in_place) first. Other frameworks' tensors are read as dense only.
+
 A route served with casts (an exact-f32 class for 16-bit operands, where the device has no 16-bit class) is run
 on f32 copies made by the operands' framework (torch only), then rounded into C by it. Empty products (M or N = 0)
-launch nothing. A call with torch operands is remembered per Kernels by the operands' dtypes and shapes (with
-layout, math, symbol; CALL_ENTRIES, least recently used out): a repeat skips steps 1 and 2 and checks per call
-C's bytes against the inputs' and, in step 4, everything the contract checks per call (runtime/contract.py). Standard library only; mamba_forge.gpu.tma (cuda-bindings) is imported when a rung takes tensor
-maps.
+launch nothing. A call with torch operands is remembered per Kernels by the operands' dtypes and shapes and A's
+strides (with layout, math, symbol; CALL_ENTRIES, least recently used out): a repeat skips steps 1 and 2 and checks
+per call C's bytes against the inputs', a strided A's address and storage, and, in step 4, everything the contract
+checks per call (runtime/contract.py). Standard library only; mamba_forge.gpu.tma (cuda-bindings) is imported when
+a rung takes tensor maps.
 """
 
 from __future__ import annotations
@@ -33,7 +47,7 @@ from typing import TYPE_CHECKING
 
 from mamba_forge.core.vocab import DTYPE_SIZES, GEMM_STORAGE, LAYOUTS
 from mamba_forge.runtime.errors import LaunchRefused
-from mamba_forge.runtime.tensors import TORCH_DTYPE_TOKENS, TORCH_TYPES, describe
+from mamba_forge.runtime.tensors import TORCH_DTYPE_TOKENS, TORCH_TYPES, describe, torch_dtype
 
 if TYPE_CHECKING:
     from mamba_forge.runtime.loader import Kernel, Kernels
@@ -108,17 +122,18 @@ def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", mat
     A's dtype when out is None and A is a torch tensor). See the module docstring for the steps and refusals.
 
     Torch operands (out and bias too, where given) are remembered per Kernels by what steps 1 and 2 read of them
-    (dtype and shape of each, layout, math, symbol): a call with the same finds M, N, K, the rung and its layout
-    there, and checks per call only what those leave out: C's bytes against A's, B's and bias's (the addresses),
-    then the rung's keyword launch with every per-call check of its contract."""
+    (dtype and shape of each, A's strides, layout, math, symbol): a call with the same finds M, N, K, the rung, its
+    layout and A's row stride there, and checks per call only what those leave out: C's bytes against A's, B's and
+    bias's (the addresses), a strided A's address and storage, then the rung's keyword launch with every per-call
+    check of its contract."""
     calls = getattr(kernels, "_gemm_calls", None)
     key = None
     t = type(A)
     if calls is not None and t in TORCH_TYPES and type(B) is t and (out is None or type(out) is t) \
             and (bias is None or type(bias) is t):
-        key = (layout, math, symbol, A.dtype, A.shape, B.dtype, B.shape, None if out is None else out.dtype,
-               None if out is None else out.shape, None if bias is None else bias.dtype,
-               None if bias is None else bias.shape)
+        key = (layout, math, symbol, A.dtype, A.shape, A.stride(), B.dtype, B.shape,
+               None if out is None else out.dtype, None if out is None else out.shape,
+               None if bias is None else bias.dtype, None if bias is None else bias.shape)
         try:
             hit = calls.get(key)
         except TypeError:  # a shape that does not hash (symbolic sizes): every step, every call
@@ -128,7 +143,7 @@ def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", mat
                 calls.move_to_end(key)
             except KeyError:  # evicted by another thread since
                 pass
-            kern, takes_bias, blobs, maps_of_c, M, N, K, c_bytes, a_bytes, b_bytes, bias_bytes = hit
+            kern, takes_bias, blobs, maps_of_c, M, N, K, c_bytes, a_bytes, b_bytes, bias_bytes, lda = hit
             if out is None:
                 out = A.new_empty((M, N))
             lo = out.data_ptr()
@@ -139,7 +154,7 @@ def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", mat
             pb = B.data_ptr()
             if pb < hi and lo < pb + b_bytes:
                 raise LaunchRefused(_overlaps("B"))
-            kwargs = {"C": out, "A": A, "B": B, "M": M, "N": N, "K": K}
+            kwargs = {"C": out, "A": _span_of(A, M, K, lda) if lda else A, "B": B, "M": M, "N": N, "K": K}
             null = ""
             if takes_bias:  # (a bias given to a rung without one was refused before the key was remembered)
                 kwargs[BIAS] = bias
@@ -150,8 +165,8 @@ def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", mat
                     if p < hi and lo < p + bias_bytes:
                         raise LaunchRefused(_overlaps("bias"))
             if blobs:  # _tensor_maps' cache, read with the addresses at hand
-                maps = _MAPS.get((kern.name, pa, pb, lo if maps_of_c else 0, M, N, K))
-                kwargs.update(maps if maps is not None else _tensor_maps(kern, A, B, out, M, N, K, blobs))
+                maps = _MAPS.get((kern.name, pa, pb, lo if maps_of_c else 0, M, N, K, lda))
+                kwargs.update(maps if maps is not None else _tensor_maps(kern, A, B, out, M, N, K, blobs, lda))
             kern._launch(kwargs, stream, null)
             return out
     return _gemm(kernels, key, A, B, out, bias, layout, math, symbol, stream)
@@ -186,21 +201,27 @@ def _gemm(kernels: Kernels, key, A, B, out, bias, layout: str, math, symbol, str
             raise LaunchRefused(f"bias is {got}; it must be a vector of N = {N} {ct} elements (C's dtype)")
     if M == 0 or N == 0:
         return out
-    _refuse_overlap(out, ct, M, N, [("A", A, at, ar * ac), ("B", B, bt, br * bc)]
+    lda = _row_stride(A, K, at, layout)  # 0: A is read as stored (dense, or checked by the contract)
+    _refuse_overlap(out, ct, M, N, [("A", A, at, (M - 1) * lda + K if lda else ar * ac), ("B", B, bt, br * bc)]
                     + ([("bias", bias, ct, N)] if bias is not None else []))
     if K == 0:
         raise LaunchRefused(f"K = 0: the product is {M} x {N} zeros (+ bias) and no GEMM rung runs an empty "
                             "reduction; fill C yourself")
     a_tok = "tf32" if math == "tf32" else at
     route, kern, plan = _rung(kernels, (M, N, K, a_tok, ct, layout, bias is not None, symbol))
+    if lda and not _in_place(route, kern, plan):
+        why = "serves here on f32 copies of the operands" if route.cast else \
+            "reads A through its pointer as a dense M x K matrix (no tensor maps)"
+        raise LaunchRefused(f"A has row stride {lda} (K = {K}) and {kern.name} {why}; pass A.contiguous()")
     if not route.cast:
-        _launch(kern, plan, A, B, out, bias, M, N, K, stream)
+        _launch(kern, plan, _span_of(A, M, K, lda) if lda else A, B, out, bias, M, N, K, stream, lda)
         if key is not None:  # launched: every check that the key decides passed
             calls = kernels._gemm_calls
             size = DTYPE_SIZES
             maps_of_c = kern.symbol.tensor_maps.endswith("_tmastore")  # as _tensor_maps keys its cache
-            entry = (kern, plan[0], plan[1], maps_of_c, M, N, K, M * N * size[ct], ar * ac * size[at],
-                     br * bc * size[bt], N * size[ct])
+            a_elems = (M - 1) * lda + K if lda else ar * ac
+            entry = (kern, plan[0], plan[1], maps_of_c, M, N, K, M * N * size[ct], a_elems * size[at],
+                     br * bc * size[bt], N * size[ct], lda)
             with _lock:
                 calls[key] = entry
                 while len(calls) > CALL_ENTRIES:
@@ -216,6 +237,68 @@ def _gemm(kernels: Kernels, key, A, B, out, bias, layout: str, math, symbol, str
     if c32 is not out:
         out.copy_(c32)
     return out
+
+
+def _row_stride(A, K: int, dtype: str, layout: str) -> int:
+    """0 where A is read as stored (row-major dense; or not torch's, which the contract checks as dense); else
+    A's row stride lda after the rules its shape and strides decide: rows dense (stride(1) == 1), layout nn,
+    lda >= K, lda * element size a multiple of 16 bytes. The rung's rule is _in_place's, the address's _span_of's."""
+    if type(A) not in TORCH_TYPES or A.is_contiguous():
+        return 0
+    lda, step = A.stride()
+    what = f"A is not contiguous ({A.shape[0]} x {K}, strides ({lda}, {step}))"
+    if step != 1:
+        raise LaunchRefused(f"{what} and its rows are not dense (stride(1) != 1); pass A.contiguous()")
+    if layout != "nn":
+        raise LaunchRefused(f"{what}: a row-strided A is read in place for layout nn only; pass A.contiguous()")
+    if lda < K:
+        raise LaunchRefused(f"{what}: its row stride is below K = {K} (rows overlap); pass A.contiguous()")
+    if lda * DTYPE_SIZES[dtype] % 16:
+        raise LaunchRefused(f"{what}: its row stride is {lda * DTYPE_SIZES[dtype]} bytes, not a multiple of 16 "
+                            "(a tensor map's rule); pass A.contiguous()")
+    return lda
+
+
+def _span_of(A, M: int, K: int, lda: int):
+    """The per-call rules of a row-strided A, and what the rung's contract checks in its place: A's address
+    16-byte aligned, and its strided extent, (M - 1) * lda + K elements from its first, inside its storage, as a
+    dense 1-D view of that extent (the ABI pointer A, which these kernels never dereference: the tensor map reads
+    only columns [0, K) of each row; the contract checks its device, dtype, null address, size and overlaps)."""
+    span, size, ptr = (M - 1) * lda + K, A.element_size(), A.data_ptr()
+    if ptr % 16:
+        raise LaunchRefused(f"A at {ptr:#x} with row stride {lda}: a row-strided A must be 16-byte aligned (a "
+                            "tensor map's rule); pass A.contiguous()")
+    have = A.untyped_storage().nbytes() // size - A.storage_offset()
+    if span > have:
+        raise LaunchRefused(f"A's rows span {span} elements ((M - 1) * lda + K, lda = {lda}) but its storage holds "
+                            f"{have} from its first element")
+    return A.as_strided((span,), (1,))
+
+
+def _in_place(route, kern: Kernel, plan: tuple) -> bool:
+    """Whether a rung reads a row-strided A in place: no casts, and A read through a tensor map (its record's
+    hook builds tmA, with the row stride the hook takes as tma.A_ROW_STRIDE)."""
+    return not route.cast and bool(kern.symbol.tensor_maps) and "tmA" in plan[1]
+
+
+def reads_a_in_place(kernels: Kernels, A, B, *, bias=None, layout: str = "nn") -> bool:
+    """Whether gemm(kernels, A, B, bias=bias, layout=layout) takes this A as it lies (Kernels.gemm_reads_a_in_place):
+    True for a row-major dense A (or one that is not torch's: the contract decides), and for a torch A with a row
+    stride that every rule above admits at the rung serving this call; False where the caller must pass
+    A.contiguous() (a copy: the caller's choice, never gemm's). Refuses nothing; gemm() does."""
+    if not _is_torch(A) or A.is_contiguous():
+        return True
+    try:
+        (M, K), at = A.shape, _stored(torch_dtype(A.dtype), "A")
+        if type(A) not in TORCH_TYPES:
+            describe(A, "A")  # a torch type not seen yet: tensors.TORCH_TYPES takes it
+        lda = _row_stride(A, K, at, layout)
+        if not lda or A.data_ptr() % 16:
+            return False
+        route, kern, plan = _rung(kernels, (M, int(B.shape[1]), K, at, at, layout, bias is not None, None))
+    except (LaunchRefused, LookupError, ValueError):
+        return False
+    return _in_place(route, kern, plan)
 
 
 def _rung(kernels: Kernels, key: tuple):
@@ -237,7 +320,7 @@ def _rung(kernels: Kernels, key: tuple):
     return hit
 
 
-def _launch(kern: Kernel, plan: tuple, A, B, C, bias, M: int, N: int, K: int, stream) -> None:
+def _launch(kern: Kernel, plan: tuple, A, B, C, bias, M: int, N: int, K: int, stream, lda: int = 0) -> None:
     takes_bias, blobs = plan
     kwargs = {"C": C, "A": A, "B": B, "M": M, "N": N, "K": K}
     null = ""
@@ -247,11 +330,11 @@ def _launch(kern: Kernel, plan: tuple, A, B, C, bias, M: int, N: int, K: int, st
     elif bias is not None:  # select() refuses this; a named symbol= rung without a bias gets here
         raise LaunchRefused(f"{kern.name} takes no bias")
     if blobs:
-        kwargs.update(_tensor_maps(kern, A, B, C, M, N, K, blobs))
+        kwargs.update(_tensor_maps(kern, A, B, C, M, N, K, blobs, lda))
     kern._launch(kwargs, stream, null)
 
 
-def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs) -> dict[str, bytes]:
+def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs, lda: int = 0) -> dict[str, bytes]:
     hook = kern.symbol.tensor_maps
     if not hook:
         raise LaunchRefused(f"{kern.name} takes {', '.join(blobs)} but its record names no tensor-map hook (a manifest "
@@ -262,7 +345,7 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs) -> dict[s
     c = C.data_ptr() if type(C) in torch_types else describe(C, "C").ptr
     # a map is a pure function of the rung (its hook and tile), the addresses and the shape: cached on those; C's
     # address only where a map describes C (the tmastore rungs), so a fresh output per call still hits
-    key = (kern.name, a, b, c if hook.endswith("_tmastore") else 0, M, N, K)
+    key = (kern.name, a, b, c if hook.endswith("_tmastore") else 0, M, N, K, lda)  # lda 0: A dense
     hit = _MAPS.get(key)
     if hit is not None:
         return hit
@@ -271,6 +354,8 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs) -> dict[s
     ptrs = {"A": a, "B": b, "C": c}
 
     dims = {**kern.symbol.constants, "M": M, "N": N, "K": K}
+    if lda:  # A's row stride (absent for a dense A: the maps its qualification built, byte for byte)
+        dims[tma.A_ROW_STRIDE] = lda
     build_maps = tma.TENSOR_MAP_HOOKS.get(hook)
     if build_maps is None:
         raise LaunchRefused(f"{kern.name}: its record names the tensor-map hook {hook!r}, which "
@@ -288,8 +373,8 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs) -> dict[s
     return out
 
 
-_MAPS: dict[tuple, dict[str, bytes]] = {}  # (rung, addresses, M, N, K) -> its tensor maps
+_MAPS: dict[tuple, dict[str, bytes]] = {}  # (rung, addresses, M, N, K, A's row stride or 0) -> its tensor maps
 _lock = threading.Lock()  # inserts into Kernels._gemm_calls
 
 
-__all__ = ["gemm", "gemm_dims"]
+__all__ = ["gemm", "gemm_dims", "reads_a_in_place"]

@@ -114,6 +114,14 @@ class Kernels:
         return (_gemm or _import_gemm())(self, A, B, out, bias=bias, layout=layout, math=math, symbol=symbol,
                                          stream=stream)
 
+    def gemm_reads_a_in_place(self, A, B, *, bias=None, layout: str = "nn") -> bool:
+        """Whether gemm(A, B, bias=bias, layout=layout) takes this A as it lies: row-major dense, or a torch A whose
+        rows are dense with a row stride (lda > K) that the serving rung reads through its tensor map
+        (mamba_forge.runtime.gemm.reads_a_in_place). False: pass A.contiguous() (gemm never copies it)."""
+        from mamba_forge.runtime.gemm import reads_a_in_place
+
+        return reads_a_in_place(self, A, B, bias=bias, layout=layout)
+
     def _serves_name(self, name: str) -> bool:
         s = self._symbols.get(name)
         return s is not None and self._serves(s)

@@ -9,9 +9,9 @@ mode, M range, divisibility needs and bias flag. Which of them serve (admitted, 
 :func:`select`, for a key and (M, N, K):
 
 1. walks the key's classes in order, then the layout's exact f32 classes (served with casts); a class serves
-   when one of its admitted **auto** rungs that serves every M (``m = [1, 0]``) fits (N, K) (and M's
-   divisibility for ``tn``, where M is a feature dimension) and the bias request: so which class serves never
-   depends on M;
+   when one of its admitted **auto** rungs that serves every M (``m = [1, 0]``) fits (N, K): its class's region
+   (``where``: the N and K ranges it serves), the divisibility needs (and M's for ``tn``, where M is a feature
+   dimension) and the bias request: so which class serves never depends on M;
 2. within that class takes the rung of the route's tuning rule (``tuning``: kernels/route_tuning.toml, measured
    by benchmarks/tune_routes.py) whose N, K and M ranges hold the shape, when that rung fits and serves here;
    else the first fitting rung whose M range holds M. The rungs of a class were proven bit-identical on the
@@ -61,6 +61,8 @@ def _key(layout: str, a: str, b: str, c: str) -> tuple[str, str, str, str]:
 def _fits(rung: QRung, m: int, n: int, k: int, layout: str, bias: bool) -> bool:
     if bias and not rung.bias:
         return False
+    if not (_within(rung.n_min, rung.n_max, n) and _within(rung.k_min, rung.k_max, k)):
+        return False  # outside its class's region (N, K only: the class never depends on M)
     dims = {"m": m if layout == "tn" else 0, "n": n, "k": k}  # nn / nt: M never decides (batch invariance)
     return all(dims.get(d, 0) % mult == 0 for d, mult in rung.needs.items())
 

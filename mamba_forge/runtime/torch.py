@@ -179,8 +179,9 @@ def _gemm(A, B, bias=None, layout: str = "nn"):
         raise LaunchRefused("mamba_forge torch ops: call mamba_forge.runtime.torch.register(kernels) first")
     m, n = _shapes(gemm_shape, layout, A.shape, B.shape)
     out = A.new_empty((m, n))  # _gemm_out's tensor: A's dtype and device
-    return kernels.gemm(A.contiguous(), B.contiguous(), out, layout=layout,
-                        bias=None if bias is None else bias.contiguous())
+    if not A.is_contiguous() and not kernels.gemm_reads_a_in_place(A, B, bias=bias, layout=layout):
+        A = A.contiguous()  # a row-strided A that the serving rung reads in place is not copied
+    return kernels.gemm(A, B.contiguous(), out, layout=layout, bias=None if bias is None else bias.contiguous())
 
 
 def _gemm_fake(A, B, bias=None, layout: str = "nn"):

@@ -6,7 +6,9 @@ mamba-ssm state dict unchanged; ``forward(hidden_states, inference_params=None)`
     in_proj   xz [b*L, 2*d_inner]        = hidden @ W_in^T            mamba_forge::gemm (batch-invariant route)
     conv      x  [b, L, d_inner]          = silu(conv(xz[..., :d]))    mamba_forge::conv_tokens (conv_state in place)
     x_proj    x_dbl [b*L, dt_rank + 2N]   = x @ W_x^T                  mamba_forge::gemm
-    dt_proj   dt [b*L, d_inner]           = x_dbl[:, :dt_rank] @ W_dt^T  (the bias enters the scan, as mamba-ssm)
+    dt_proj   dt [b*L, d_inner]           = x_dbl[:, :dt_rank] @ W_dt^T  (the bias enters the scan, as mamba-ssm;
+                                            A read in place through its row stride where the rung's tensor map
+                                            takes one, as mamba-ssm reads these columns, else a dense copy)
     scan      y  [b, L, d_inner]          (z = xz[..., d:], B, C read from x_dbl; ssm_state in place)
     out_proj  out [b*L, d_model]          = y @ W_out^T
 
@@ -243,10 +245,14 @@ class Mamba(nn.Module):
     @staticmethod
     def _gemm(A, B, bias=None):
         """kernels.gemm eagerly (the lighter host path); the mamba_forge::gemm op, the same call, where torch.compile
-        traces (the op has a fake implementation)."""
+        traces (the op has a fake implementation). A row-strided A (dt_proj's x_dbl[:, :dt_rank]) is read in place
+        where the serving rung reads A through a tensor map, else copied to a dense one here (the same bits)."""
         if torch.compiler.is_compiling():
             return torch.ops.mamba_forge.gemm(A, B, bias)
-        return _ops()[1].gemm(A, B, bias=bias)
+        kernels = _ops()[1]
+        if not A.is_contiguous() and not kernels.gemm_reads_a_in_place(A, B, bias=bias):
+            A = A.contiguous()
+        return kernels.gemm(A, B, bias=bias)
 
     def _train(self, hidden_states):
         """mamba_forge::mamba_mixer (runtime/torch_train.py): the inference forward's kernels from zero states,
@@ -264,7 +270,7 @@ class Mamba(nn.Module):
         xz = self._gemm(h, w["in"], self.in_proj.bias).view(batch, seqlen, 2 * self.d_inner)
         x = ops.conv_tokens(xz, w["conv_w"], w["conv_b"], conv_state)
         x_dbl = self._gemm(x.view(tokens, self.d_inner), w["x"])
-        dt = self._gemm(x_dbl[:, :self.dt_rank].contiguous(), w["dt"])
+        dt = self._gemm(x_dbl[:, :self.dt_rank], w["dt"])  # a view: no column copy where the rung reads it so
         y = ops.scan_tokens(x, dt.view(batch, seqlen, self.d_inner), w["dt_bias"], w["A_log"],
                             x_dbl.view(batch, seqlen, -1), w["D"], xz, ssm_state)
         out = self._gemm(y.view(tokens, self.d_inner), w["out"], self.out_proj.bias)

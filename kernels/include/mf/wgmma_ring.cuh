@@ -23,10 +23,30 @@ namespace mf {
 //   k_tile(acc, sa, sb, c): consumer c's wgmma batch over one stage (between fence and commit);
 //   epilogue(acc, tm, tn, c, warp, lane, tid_in_wg): consumer c's rows of tile (tm, tn) out of the accumulators;
 //   finish(tid_in_wg): each consumer thread, after its last tile.
+// The ring's work units. WholeK: one unit per C tile, in grouped order, over the whole K range; nothing happens
+// between k-tiles. A schedule gives units(tiles_m, tiles_n, k_tiles), unit(t, ...) -> (tm, tn, [kt0, kt1)) and
+// between(acc, kt, kt0): what a consumer does after k-tile kt's batch was issued (the split-K schedules of
+// kernels/sm90a/wgmma.cu fold their partial sums there).
+template <int GROUP_M> struct WholeK {
+  MF_DEVICE int units(int tiles_m, int tiles_n, int) const { return tiles_m * tiles_n; }
+  MF_DEVICE void unit(int t, int tiles_m, int tiles_n, int k_tiles, int& tm, int& tn, int& kt0, int& kt1) const {
+    grouped_tile_coords<GROUP_M>(t, tiles_m, tiles_n, tm, tn);
+    kt0 = 0;
+    kt1 = k_tiles;
+  }
+  template <class Acc> MF_DEVICE void between(Acc&, int, int) const {}
+};
+
 template <class S, int BM, int BN, int NC, int STAGES, int BK, int GROUP_M, class Boxes, class KTile, class Epilogue,
           class Finish>
 MF_DEVICE void wgmma_ring(u32 base, const TmaDesc* tmA, const TmaDesc* tmB, int M, int N, int K, const Boxes& boxes,
-                          const KTile& k_tile, const Epilogue& epilogue, const Finish& finish) {
+                          const KTile& k_tile, const Epilogue& epilogue, const Finish& finish);
+
+template <class S, int BM, int BN, int NC, int STAGES, int BK, class Sched, class Boxes, class KTile, class Epilogue,
+          class Finish>
+MF_DEVICE void wgmma_ring_units(u32 base, const TmaDesc* tmA, const TmaDesc* tmB, int M, int N, int K,
+                                const Sched& sched, const Boxes& boxes, const KTile& k_tile, const Epilogue& epilogue,
+                                const Finish& finish) {
   constexpr int MB = BM / (64 * NC);  // m64 blocks per consumer warpgroup
   static_assert(MB >= 1 && MB * 64 * NC == BM, "BM must be 64 * NC * MB");
   const u32 full_bar = base + S::BAR_OFFSET;    // STAGES barriers: "stage loaded"
@@ -47,8 +67,8 @@ MF_DEVICE void wgmma_ring(u32 base, const TmaDesc* tmA, const TmaDesc* tmB, int 
 
   const int tiles_m = (M + BM - 1) / BM;
   const int tiles_n = (N + BN - 1) / BN;
-  const int num_tiles = tiles_m * tiles_n;
   const int k_tiles = (K + BK - 1) / BK;
+  const int num_units = sched.units(tiles_m, tiles_n, k_tiles);
 
   if (wg == 0) {
     // ---- producer warpgroup: one thread streams A and B boxes into the ring ----
@@ -56,11 +76,11 @@ MF_DEVICE void wgmma_ring(u32 base, const TmaDesc* tmA, const TmaDesc* tmB, int 
     if (tid_in_wg == 0) {
       int stage = 0;
       u32 phase = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        int tm, tn;
-        grouped_tile_coords<GROUP_M>(t, tiles_m, tiles_n, tm, tn);
+      for (int t = blockIdx.x; t < num_units; t += gridDim.x) {
+        int tm, tn, kt0, kt1;
+        sched.unit(t, tiles_m, tiles_n, k_tiles, tm, tn, kt0, kt1);
         const int m0 = tm * BM, n0 = tn * BN;
-        for (int kt = 0; kt < k_tiles; ++kt) {
+        for (int kt = kt0; kt < kt1; ++kt) {
           const int k0 = kt * BK;
           mbar_wait(empty_bar + 8 * stage, phase ^ 1u);
           const u32 fb = full_bar + 8 * stage;
@@ -81,15 +101,15 @@ MF_DEVICE void wgmma_ring(u32 base, const TmaDesc* tmA, const TmaDesc* tmB, int 
   float acc[MB][BN / 2];
   int stage = 0, prev_stage = 0;
   u32 phase = 0;
-  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    int tm, tn;
-    grouped_tile_coords<GROUP_M>(t, tiles_m, tiles_n, tm, tn);
+  for (int t = blockIdx.x; t < num_units; t += gridDim.x) {
+    int tm, tn, kt0, kt1;
+    sched.unit(t, tiles_m, tiles_n, k_tiles, tm, tn, kt0, kt1);
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) acc[mb][i] = 0.f;
 
-    for (int kt = 0; kt < k_tiles; ++kt) {
+    for (int kt = kt0; kt < kt1; ++kt) {
       mbar_wait(full_bar + 8 * stage, phase);
       const u32 sa = base + stage * S::STAGE_BYTES;
       wgmma_fence();
@@ -97,15 +117,24 @@ MF_DEVICE void wgmma_ring(u32 base, const TmaDesc* tmA, const TmaDesc* tmB, int 
       wgmma_commit();
       // Keep this k-tile's batch in flight; the previous one has finished reading its stage: release it.
       wgmma_wait<1>();
-      if (kt > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
+      if (kt > kt0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
       prev_stage = stage;
       if (++stage == STAGES) { stage = 0; phase ^= 1u; }
+      sched.between(acc, kt, kt0);
     }
     wgmma_wait<0>();
-    if (k_tiles > 0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
+    if (kt1 > kt0 && lane == 0) mbar_arrive(empty_bar + 8 * prev_stage);
     epilogue(acc, tm, tn, c, warp, lane, tid_in_wg);
   }
   finish(tid_in_wg);
+}
+
+template <class S, int BM, int BN, int NC, int STAGES, int BK, int GROUP_M, class Boxes, class KTile, class Epilogue,
+          class Finish>
+MF_DEVICE void wgmma_ring(u32 base, const TmaDesc* tmA, const TmaDesc* tmB, int M, int N, int K, const Boxes& boxes,
+                          const KTile& k_tile, const Epilogue& epilogue, const Finish& finish) {
+  wgmma_ring_units<S, BM, BN, NC, STAGES, BK>(base, tmA, tmB, M, N, K, WholeK<GROUP_M>(), boxes, k_tile, epilogue,
+                                              finish);
 }
 
 // The epilogue's walk over consumer c's accumulators of tile (tm, tn) of C (M x N, row-major): fragment

@@ -1,0 +1,80 @@
+"""GPU checks of the fixed-order split-K class wgmma-k16-split8 (kernels/sm90a/wgmma.cu, kernels/routes.toml),
+launched through the runtime (``kernels.gemm(..., symbol=...)``) from a signed bundle:
+
+* every rung (the cluster rungs, which sum the 8 parts of K through distributed shared memory, and the in-CTA
+  reference rung, which folds them in one CTA) against a float64 product, from NaN-poisoned outputs;
+* the class's promise: a row's bits do not depend on M or on the rung. Rows of each rung at M in {1, 3, 17, 64,
+  256} equal, bit for bit, the same rows of the reference rung run at M = 1000 on the same A rows and B, at the
+  model shapes (x_proj and out_proj of d_model 1024 and 2560) and ragged ones (K not a multiple of 64 * 8: empty
+  and short parts);
+* the route serves the class at those (N, K) and the whole-K class elsewhere (in_proj, dt_proj).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_runtime_gpu import bundle, kernels  # noqa: E402,F401  (module fixtures: the signed bundle, load())
+
+CLASS = "wgmma-k16-split8"
+REF = "gemm_bi_nn_sm90a_wgmma_splitk8_m128n128_s4_{t}"
+CLUSTER = [f"gemm_bi_nn_sm90a_wgmma_splitk8_cluster_{s}_{{t}}"
+           for s in ("m64n32_s6", "m64n64_s4", "m64n128_s3", "m64n128_s4", "m64n256_s3")]
+OTHER = ["gemm_bi_nn_sm90a_wgmma_splitk8_m64n128_s8_{t}"]  # the second in-CTA rung
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+# (N, K): x_proj and out_proj at d_model 1024 and 2560; ragged: 18 k-tiles (parts of 3, two empty), K % 64 != 0
+NK = [(96, 2048), (1024, 2048), (192, 5120), (2560, 5120), (200, 1096), (8, 1032), (392, 1480)]
+MS = (1, 3, 17, 64, 256)
+REF_M = 1000
+
+
+def _rand(shape, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.rand(shape, dtype=torch.float64, device="cuda", generator=g) * 2 - 1).to(dtype)
+
+
+def _gemm(kernels, A, B, symbol):  # noqa: F811
+    out = torch.full((A.shape[0], B.shape[1]), float("nan"), dtype=A.dtype, device="cuda")
+    kernels.gemm(A, B, out, symbol=symbol)
+    return out
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int16)
+
+
+@pytest.mark.parametrize("t", sorted(DTYPES))
+@pytest.mark.parametrize("N,K", NK)
+def test_every_rung_matches_float64_and_the_reference_rows(kernels, t, N, K):  # noqa: F811
+    dtype = DTYPES[t]
+    A = _rand((REF_M, K), dtype, seed=N * 7 + K)
+    B = _rand((K, N), dtype, seed=N * 11 + K + 1)
+    ref = _gemm(kernels, A, B, REF.format(t=t))
+    want = A.double() @ B.double()
+    err = ((ref.double() - want).abs() / (want.abs() + 1)).max().item()
+    assert err < (2e-2 if t == "bf16" else 4e-3), f"{REF.format(t=t)} N={N} K={K}: relative error {err:.3g}"
+    for name in [REF.format(t=t)] + [c.format(t=t) for c in CLUSTER + OTHER]:
+        for m in MS:
+            got = _gemm(kernels, A[:m].contiguous(), B, name)
+            assert not torch.isnan(got).any(), f"{name} M={m} N={N} K={K}: unwritten (NaN) outputs"
+            same = _bits(got) == _bits(ref[:m])
+            if not bool(same.all()):
+                r, c = (~same).nonzero()[0].tolist()
+                pytest.fail(f"{name} at M={m}, N={N}, K={K}: row {r} column {c} is {got[r, c].item()!r}, the "
+                            f"reference rung at M={REF_M} gives {ref[r, c].item()!r} (first of "
+                            f"{int((~same).sum())} differing elements)")
+
+
+def test_the_route_serves_the_split_class_where_its_region_says(kernels):  # noqa: F811
+    for (n, k), want in {(96, 2048): CLASS, (1024, 2048): CLASS, (192, 5120): CLASS, (2560, 5120): CLASS,
+                         (4096, 1024): "wgmma-k16", (2048, 64): "wgmma-k16", (10240, 2560): "wgmma-k16"}.items():
+        for m in (1, 64, 2048):
+            route = kernels.gemm_route(m, n, k, "bf16", "bf16", "bf16")
+            assert route.eq_class == want, f"M={m} N={n} K={k}: served by {route.symbol} ({route.eq_class})"
