@@ -301,6 +301,15 @@ def reads_a_in_place(kernels: Kernels, A, B, *, bias=None, layout: str = "nn") -
     return _in_place(route, kern, plan)
 
 
+def a_as_read(kernels: Kernels, A, B, *, bias=None, layout: str = "nn"):
+    """A as gemm(kernels, A, B, ...) takes it: A itself where it is dense or read in place
+    (Kernels.gemm_reads_a_in_place), else A.contiguous() (torch: the caller's one copy, the same bits). The one
+    place the layer, its training forward and the mamba_forge::gemm op decide it."""
+    if type(A) in TORCH_TYPES and A.is_contiguous():
+        return A  # the common case, first: no route lookup
+    return A if kernels.gemm_reads_a_in_place(A, B, bias=bias, layout=layout) else A.contiguous()
+
+
 def _rung(kernels: Kernels, key: tuple):
     """(route, its Kernel, (takes a bias, its blob names)) for (M, N, K, a, c, layout, bias, symbol): select() once
     per key (what serves is fixed from load on, so the answer is too)."""
@@ -377,4 +386,4 @@ _MAPS: dict[tuple, dict[str, bytes]] = {}  # (rung, addresses, M, N, K, A's row 
 _lock = threading.Lock()  # inserts into Kernels._gemm_calls
 
 
-__all__ = ["gemm", "gemm_dims", "reads_a_in_place"]
+__all__ = ["a_as_read", "gemm", "gemm_dims", "reads_a_in_place"]

@@ -32,6 +32,7 @@ from collections import OrderedDict
 import torch
 
 from mamba_forge.runtime.errors import LaunchRefused, SymbolUnavailable
+from mamba_forge.runtime.gemm import a_as_read
 from mamba_forge.runtime.tensors import torch_dtype
 from mamba_forge.runtime.torch_ops import (
     CONV1D_FAMILY,
@@ -179,9 +180,8 @@ def _gemm(A, B, bias=None, layout: str = "nn"):
         raise LaunchRefused("mamba_forge torch ops: call mamba_forge.runtime.torch.register(kernels) first")
     m, n = _shapes(gemm_shape, layout, A.shape, B.shape)
     out = A.new_empty((m, n))  # _gemm_out's tensor: A's dtype and device
-    if not A.is_contiguous() and not kernels.gemm_reads_a_in_place(A, B, bias=bias, layout=layout):
-        A = A.contiguous()  # a row-strided A that the serving rung reads in place is not copied
-    return kernels.gemm(A, B.contiguous(), out, layout=layout, bias=None if bias is None else bias.contiguous())
+    return kernels.gemm(a_as_read(kernels, A, B, bias=bias, layout=layout), B.contiguous(), out, layout=layout,
+                        bias=None if bias is None else bias.contiguous())  # a row-strided A read in place: no copy
 
 
 def _gemm_fake(A, B, bias=None, layout: str = "nn"):

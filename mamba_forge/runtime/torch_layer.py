@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from mamba_forge.runtime.errors import LaunchRefused
+from mamba_forge.runtime.gemm import a_as_read
 from mamba_forge.runtime.tensors import torch_dtype
 
 
@@ -250,9 +251,7 @@ class Mamba(nn.Module):
         if torch.compiler.is_compiling():
             return torch.ops.mamba_forge.gemm(A, B, bias)
         kernels = _ops()[1]
-        if not A.is_contiguous() and not kernels.gemm_reads_a_in_place(A, B, bias=bias):
-            A = A.contiguous()
-        return kernels.gemm(A, B, bias=bias)
+        return kernels.gemm(a_as_read(kernels, A, B, bias=bias), B, bias=bias)
 
     def _train(self, hidden_states):
         """mamba_forge::mamba_mixer (runtime/torch_train.py): the inference forward's kernels from zero states,

@@ -32,6 +32,7 @@ import torch
 
 from mamba_forge.runtime import torch_ops as T
 from mamba_forge.runtime.errors import LaunchRefused
+from mamba_forge.runtime.gemm import a_as_read
 from mamba_forge.runtime.tensors import torch_dtype
 from mamba_forge.runtime.torch import _conv_tokens, _scan_tokens, _state
 from mamba_forge.runtime.torch_autograd import (
@@ -94,8 +95,8 @@ def _mixer(hidden, in_w, in_b, conv_w, conv_b, x_w, dt_w, dt_b, A_log, D, out_w,
     conv_state = torch.zeros((batch, d, width - 1), dtype=hidden.dtype, device=hidden.device)
     x = _conv_tokens(xz, _f32(conv_w.reshape(d, width)), conv_bf, conv_state)
     x_dbl = kernels.gemm(x.view(tokens, d), _t(x_w))
-    dt_a, dt_wt = x_dbl[:, :r], _t(dt_w)  # the inference path's operands (Mamba._gemm): in place where read so
-    dt = kernels.gemm(dt_a if kernels.gemm_reads_a_in_place(dt_a, dt_wt) else dt_a.contiguous(), dt_wt)
+    dt_wt = _t(dt_w)  # the inference path's operands (Mamba._gemm): the column slice in place where read so
+    dt = kernels.gemm(a_as_read(kernels, x_dbl[:, :r], dt_wt), dt_wt)
     y, saved = scan_saving(x, dt.view(batch, length, d), _f32(dt_b), _f32(A_log), x_dbl.view(batch, length, -1),
                            _f32(D), xz, n)
     out = kernels.gemm(y.view(tokens, d), _t(out_w), bias=out_b)
