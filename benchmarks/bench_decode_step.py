@@ -53,7 +53,7 @@ def decode_batch(o: Ours, ssu, names: list[str], bsz: int, inner: int, rounds: i
     import torch
 
     s0, u, dt, z, dt_bias, A_log, Dp, x_dbl = decode_inputs(bsz, D, N, R)
-    dims = {"batch": bsz, "d_inner": D, "d_state": N, "dt_rank": R}
+    dims = {"batch": bsz, "d_inner": D, "d_state": N, "dt_rank": R, "z_pad": 0}  # step_kwargs: a dense z
     ref.check_launch("ssm_step_forward_fused", dims, o.cap)
     res, graphs = {}, {}
     for name in names:

@@ -67,7 +67,7 @@ def step_kwargs(out, state, u, dt, z, dt_bias, A_log, D, x_dbl) -> dict:
     """The decode step's keyword arguments (ssm_step_forward_fused*) for decode_inputs' tensors."""
     (bsz, d), (n, r) = u.shape, (A_log.shape[1], x_dbl.shape[1] - 2 * A_log.shape[1])
     return dict(out=out, state=state, u=u, dt=dt, dt_bias=dt_bias, A_log=A_log, x_dbl=x_dbl, Dp=D, z=z, batch=bsz,
-                d_inner=d, d_state=n, dt_rank=r, x_dbl_stride=r + 2 * n)
+                d_inner=d, d_state=n, dt_rank=r, x_dbl_stride=r + 2 * n, z_pad=0)  # a dense z
 
 
 def uniform(seed: int):

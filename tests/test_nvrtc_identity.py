@@ -26,7 +26,9 @@ def lib(tmp_path, monkeypatch):
     monkeypatch.setenv("MAMBA_FORGE_CACHE", str(cache))
     monkeypatch.setattr(nvrtc, "_loaded_library_path", lambda: str(path))
     monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
-    monkeypatch.setattr(nvrtc, "SETTLE_NS", 0)  # the file is new; the settle rule has its own test
+    # the file is new: settled whatever the file clock says (a file time a little ahead of time.time_ns() made the
+    # memo's "older than SETTLE_NS" test fail now and then); the settle rule has its own test
+    monkeypatch.setattr(nvrtc, "SETTLE_NS", -10 * 10**9)
     hashed: list[str] = []
     real = nvrtc._file_digest
     monkeypatch.setattr(nvrtc, "_file_digest", lambda p: hashed.append(p) or real(p))
@@ -102,7 +104,7 @@ def test_a_file_changed_just_before_it_was_hashed_is_not_remembered(lib, monkeyp
     _identity()
     _identity()
     assert len(hashed) == 2
-    monkeypatch.setattr(nvrtc, "SETTLE_NS", 0)
+    monkeypatch.setattr(nvrtc, "SETTLE_NS", -10 * 10**9)  # settled (see the fixture)
     _identity()
     _identity()
     assert len(hashed) == 3

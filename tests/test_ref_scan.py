@@ -316,6 +316,11 @@ def test_step_references_match_one_step_of_the_scan():
     out, _, last = ref.scan_forward(**x, h0=h0)
     np.testing.assert_allclose(got["out"], out.ravel(), rtol=1e-12)
     np.testing.assert_allclose(got["state"], last.ravel(), rtol=1e-12)
+    # z's rows d_inner + z_pad apart (the layer's xz second half): the same out, whatever lies between the rows
+    xz = np.concatenate([rng.uniform(-9, 9, (b, d)), x["z"][:, :, 0]], axis=1).ravel()[d:]
+    strided = ref.ssm_step_forward_fused({**args, "z": xz}, {"batch": b, "d_inner": d, "d_state": n, "dt_rank": r,
+                                                             "z_pad": d})
+    np.testing.assert_array_equal(strided["out"], got["out"])
 
 
 def test_check_launch_refuses_before_launch():
@@ -480,13 +485,13 @@ def _emulate(lib, name, dims, rng, ref_override=None):
 
 EMULATED = [
     ("ssm_step_forward", {"batch": 3, "d_inner": 40, "d_state": 35}),
-    ("ssm_step_forward_fused_f32", {"batch": 3, "d_inner": 40, "d_state": 35, "dt_rank": 13}),
+    ("ssm_step_forward_fused_f32", {"batch": 3, "d_inner": 40, "d_state": 35, "dt_rank": 13, "z_pad": 40}),
     # decode-step candidates: the vector path (d_state % 16 == 0, aligned rows; d_inner leaves tail lanes, batch 3
     # leaves a half row group) and the general path (d_state 35, or 10 with an unaligned x_dbl row)
     *[(f"ssm_step_forward_fused_{c}_f32", dims) for c in ("l4b128r1", "l2b64r1", "l1b64r1", "l2b64r2")
-      for dims in ({"batch": 3, "d_inner": 40, "d_state": 32, "dt_rank": 16},
-                   {"batch": 3, "d_inner": 24, "d_state": 35, "dt_rank": 13},
-                   {"batch": 2, "d_inner": 8, "d_state": 10, "dt_rank": 4})],
+      for dims in ({"batch": 3, "d_inner": 40, "d_state": 32, "dt_rank": 16, "z_pad": 40},
+                   {"batch": 3, "d_inner": 24, "d_state": 35, "dt_rank": 13, "z_pad": 3},
+                   {"batch": 2, "d_inner": 8, "d_state": 10, "dt_rank": 4, "z_pad": 0})],
     ("ssm_burnin_forward", {"batch": 1, "d_inner": 2, "d_state": 35, "L": 263}),
     ("ssm_burnin_forward_nosave", {"batch": 1, "d_inner": 2, "d_state": 5, "L": 70}),
     ("ssm_parallel_scan_fwd", {"batch": 1, "d_inner": 4, "d_state": 7, "L": 523}),

@@ -108,9 +108,12 @@ def test_scan_tokens_equals_the_decode_step_bit_for_bit(emu, b, L, d, n, r):
     st1 = stp = x["state"].ravel().copy()
     for t in range(L):
         o1, st1 = _scan(emu, x, b, L, d, n, r, t, t + 1, st1)
-        step = _launch(emu, "ssm_step_forward_fused_f32", {"batch": b, "d_inner": d, "d_state": n, "dt_rank": r},
+        # z read in place from the step's xz rows (z_pad = d_inner), as the layer's decode passes it
+        step = _launch(emu, "ssm_step_forward_fused_f32",
+                       {"batch": b, "d_inner": d, "d_state": n, "dt_rank": r, "z_pad": d},
                        {"state": stp, "u": x["u"][:, t], "dt": x["dt"][:, t], "dt_bias": x["dt_bias"],
-                        "A_log": x["A_log"], "x_dbl": x["x_dbl"][:, t], "Dp": x["Dp"], "z": x["xz"][:, t, d:]})
+                        "A_log": x["A_log"], "x_dbl": x["x_dbl"][:, t], "Dp": x["Dp"],
+                        "z": np.ascontiguousarray(x["xz"][:, t]).ravel()[d:]})
         stp = step["state"]
         assert np.array_equal(o1[:, 0].view(np.uint32), out[:, t].view(np.uint32)), f"scan(1) at t={t}"
         assert np.array_equal(step["out"].reshape(b, d).view(np.uint32), out[:, t].view(np.uint32)), f"step at t={t}"

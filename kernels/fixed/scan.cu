@@ -538,7 +538,7 @@ MF_DEVICE void ssm_step_forward(T* y, float* state, const T* u, const T* delta, 
 
 // The fused decode step and its candidates (mf::ssm_step_v, kernels/include/mf/decode.cuh): LANES threads per
 // channel, ROWS batch rows per thread; B and C both read from the x_dbl row. Then (Dp, z, batch, d_inner, d_state,
-// dt_rank, x_dbl_stride).
+// dt_rank, x_dbl_stride, z_stride).
 template <typename T, int LANES, int ROWS, typename... Rest>
 MF_DEVICE void ssm_step_fused(T* out, float* state, const T* u, const T* dt, const float* dt_bias, const float* A_log,
                               const T* x_dbl, Rest... rest) {

@@ -291,6 +291,161 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
   }
 }
 
+// ---- the pair rung of the split class (prefill) ----
+// Two consumer warpgroups take a tile's parts in turn: consumer c runs parts c, c + 2, ..., each over its own ring
+// of RS stages fed by producer warp c, so one consumer's drain at the end of a part (its accumulators are final only
+// after wgmma_wait<0>) overlaps the other's part, where the in-CTA rung's tensor cores idle at every part. Each
+// consumer holds the whole BM x BN tile (MB = BM / 64 blocks of m64). The running total lives in shared memory F in
+// each thread's fragment order (thread t of either consumer holds the same (row, column)s). Part 0 stores p0 there;
+// part p loads it and adds, acc = F + acc = rn(total + p_p), bit for bit the in-CTA rung's fold, then stores it or,
+// at the last non-empty part, adds +0 for each empty part after it and stores C.
+// Hand-offs: named barriers 2 (consumer 0 -> 1) and 3 (1 -> 0), producer-consumer style: the giving warpgroup's 128
+// threads bar.arrive after their F stores (or, for "F is free", their F loads), the taking one's 128 bar.sync
+// before touching F (256 threads a barrier). Part p - 1 gives to part p; when a tile's last part is consumer 1's,
+// it also gives "F is free" to the next tile's part 0. Each give is taken before the same barrier is given again
+// (the giver first takes the hand-off that follows the taker's), so arrivals never run ahead of a sync.
+template <typename T, int BM, int BN, int RS, int SPLIT>
+MF_DEVICE void gemm_wgmma_split_pair(const TmaDesc* tmA, const TmaDesc* tmB, T* __restrict__ C, int M, int N, int K) {
+  constexpr int MB = BM / 64, R = BN / 2;
+  constexpr u32 BOX_BYTES = WG_BOX * WG_BOX * 2;
+  constexpr int A_BYTES = BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
+  constexpr int F_OFFSET = 2 * RS * STAGE_BYTES;     // two rings, then F (BM * BN floats), then barriers
+  constexpr int BAR_OFFSET = F_OFFSET + BM * BN * 4;  // ring c: full[RS], empty[RS] at + 16 * RS * c
+  static_assert(SPLIT >= 2 && SPLIT <= 8, "a split of 2..8 parts");
+  static_assert(BM % 64 == 0 && (BN == 64 || BN == 128 || BN == 256), "m64 blocks, one 128-byte-swizzled B box per 64 columns");
+  static_assert((MB * R) % 4 == 0, "F moves float4s");
+
+  extern __shared__ unsigned char wg_smem_raw[];
+  const u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    tma_prefetch_desc(tmA);
+    tma_prefetch_desc(tmB);
+    for (int s = 0; s < 2 * RS; ++s) {
+      const u32 ring = base + BAR_OFFSET + 16 * RS * (s / RS);
+      mbar_init(ring + 8 * (s % RS), 1);        // full: the producer's expect_tx arrival (+ the TMA bytes)
+      mbar_init(ring + 8 * (RS + s % RS), 4);   // empty: one arrival per warp of the ring's consumer
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, units = tiles_m * tiles_n;
+  const int k_tiles = (K + WG_BK - 1) / WG_BK;
+  const int kper = split_k_part<SPLIT>(k_tiles);
+  const int parts = (k_tiles + kper - 1) / kper;  // the non-empty parts (0 when K == 0)
+
+  if (wg == 0) {
+    // ---- producer warps 0 and 1: ring c gets the k-tiles of parts c, c + 2, ... of every tile, in order ----
+    setmaxnreg_dec<40>();
+    const int c = tid / 32;
+    if (c < 2 && tid % 32 == 0) {
+      const u32 full = base + BAR_OFFSET + 16 * RS * c, empty = full + 8 * RS;
+      int stage = 0;
+      u32 phase = 0;
+      for (int t = blockIdx.x; t < units; t += gridDim.x) {
+        int tm, tn;
+        grouped_tile_coords<WG_GROUP_M>(t, tiles_m, tiles_n, tm, tn);
+        for (int p = c; p < parts; p += 2) {
+          for (int kt = p * kper; kt < min((p + 1) * kper, k_tiles); ++kt) {
+            mbar_wait(empty + 8 * stage, phase ^ 1u);
+            const u32 fb = full + 8 * stage;
+            mbar_expect_tx(fb, (u32)STAGE_BYTES);
+            const u32 sa = base + (c * RS + stage) * STAGE_BYTES, sb = sa + A_BYTES;
+#pragma unroll
+            for (int j = 0; j < MB; ++j) tma_load_2d(sa + j * BOX_BYTES, tmA, fb, kt * WG_BK, tm * BM + j * WG_BOX);
+#pragma unroll
+            for (int j = 0; j < BN / WG_BOX; ++j) tma_load_2d(sb + j * BOX_BYTES, tmB, fb, tn * BN + j * WG_BOX, kt * WG_BK);
+            if (++stage == RS) { stage = 0; phase ^= 1u; }
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<232>();
+  const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+  const u32 full = base + BAR_OFFSET + 16 * RS * c, empty = full + 8 * RS;
+  const u32 fslot = base + F_OFFSET + tid * 16;  // this thread's float4 j of F at fslot + j * 128 * 16
+  auto give = [&]() { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + c) : "memory"); };
+  auto take = [&]() { asm volatile("bar.sync %0, 256;\n" ::"r"(3 - c) : "memory"); };
+  float acc[MB][R];
+  int stage = 0, prev = 0;
+  u32 phase = 0;
+  for (int t = blockIdx.x; t < units; t += gridDim.x) {
+    int tm, tn;
+    grouped_tile_coords<WG_GROUP_M>(t, tiles_m, tiles_n, tm, tn);
+    for (int p = c; p < max(parts, 1); p += 2) {  // consumer 0 takes a K == 0 tile (C = +0)
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+        for (int i = 0; i < R; ++i) acc[mb][i] = 0.f;
+      const int kt0 = p * kper, kt1 = min(kt0 + kper, k_tiles);
+      for (int kt = kt0; kt < kt1; ++kt) {
+        mbar_wait(full + 8 * stage, phase);
+        const u32 sa = base + (c * RS + stage) * STAGE_BYTES, sb = sa + A_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < WG_BK / 16; ++kk) {
+          const u64 db = wgmma_desc_sw128(sb + kk * 2048, BOX_BYTES, 1024);
+#pragma unroll
+          for (int mb = 0; mb < MB; ++mb)
+            Wgmma<T, BN, 0, 1>::run(acc[mb], wgmma_desc_sw128(sa + mb * BOX_BYTES + kk * 32, 16, 1024), db);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt > kt0 && lane == 0) mbar_arrive(empty + 8 * prev);
+        prev = stage;
+        if (++stage == RS) { stage = 0; phase ^= 1u; }
+      }
+      wgmma_wait<0>();
+      if (kt1 > kt0 && lane == 0) mbar_arrive(empty + 8 * prev);
+      bool last = parts <= 1;
+      if (!last) {
+        if (p == 0) {
+          if (t != (int)blockIdx.x && parts % 2 == 0) take();  // the previous tile's last part (consumer 1) read F
+        } else {
+          take();  // F holds total_{p-1}
+#pragma unroll
+          for (int j = 0; j < MB * R / 4; ++j) {
+            float4 f;
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=f"(f.x), "=f"(f.y), "=f"(f.z), "=f"(f.w) : "r"(fslot + j * 128 * 16) : "memory");
+            const int mb = (4 * j) / R, i = (4 * j) % R;
+            acc[mb][i] = f.x + acc[mb][i];
+            acc[mb][i + 1] = f.y + acc[mb][i + 1];
+            acc[mb][i + 2] = f.z + acc[mb][i + 2];
+            acc[mb][i + 3] = f.w + acc[mb][i + 3];
+          }
+          last = p == parts - 1;
+        }
+        if (!last) {
+#pragma unroll
+          for (int j = 0; j < MB * R / 4; ++j) {
+            const int mb = (4 * j) / R, i = (4 * j) % R;
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(fslot + j * 128 * 16), "f"(acc[mb][i]),
+                         "f"(acc[mb][i + 1]), "f"(acc[mb][i + 2]), "f"(acc[mb][i + 3]) : "memory");
+          }
+        }
+        if (!last) give();  // F holds total_p
+        else if (c == 1 && t + (int)gridDim.x < units) give();  // F is free for the next tile's part 0
+      }
+      if (last) {
+        for (int f = max(parts, 1); f < SPLIT; ++f)  // each empty part adds +0
+#pragma unroll
+          for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+            for (int i = 0; i < R; ++i) acc[mb][i] = acc[mb][i] + 0.f;
+        wgmma_store_pairs<BM, BN, MB, 0>(C, tm, tn, 0, warp, lane, M, N, [&](T* ptr, int mb, int i, int) {
+          *reinterpret_cast<u32*>(ptr) = pack2<T>(acc[mb][i], acc[mb][i + 1]);
+        });
+      }
+    }
+  }
+}
+
 #endif  // MF_HAS_WGMMA
 
 }  // namespace mf
@@ -312,6 +467,15 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
       const T* __restrict__ A, const T* __restrict__ B, int M, int N, int K) { \
     (void)A; (void)B; /* the tensor maps address A and B; the pointers are in the ABI for the qualifier */ \
     mf::gemm_wgmma_ws<T, BM, BN, NC, STAGES, LAYOUT, 0, SPLIT, CLUSTER>(&tmA, &tmB, nullptr, C, M, N, K); \
+  }
+// The pair rungs of the split class: 2 consumer warpgroups taking the parts in turn, two rings of RS stages.
+#define MF_GEMM_WGMMA_SPLITK_PAIR(NAME, T, LAYOUT, BM, BN, RS, SPLIT) \
+  extern "C" __global__ void __launch_bounds__(384, 1) NAME( \
+      const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, T* __restrict__ C, \
+      const T* __restrict__ A, const T* __restrict__ B, int M, int N, int K) { \
+    static_assert(LAYOUT == mf::Layout::NN, "the pair rungs are NN"); \
+    (void)A; (void)B; /* the tensor maps address A and B; the pointers are in the ABI for the qualifier */ \
+    mf::gemm_wgmma_split_pair<T, BM, BN, RS, SPLIT>(&tmA, &tmB, C, M, N, K); \
   }
 #define MF_WG_CLUSTER_0(SPLIT)
 #define MF_WG_CLUSTER_1(SPLIT) __cluster_dims__(SPLIT, 1, 1)

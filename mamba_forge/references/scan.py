@@ -190,7 +190,9 @@ def ssm_step_forward_fused(args, dims):
     plain = {"state": args["state"], "delta": dt.ravel(), "u": args["u"], "A_log": args["A_log"],
              "Bm": x[:, r:r + n].ravel(), "Cm": x[:, r + n:r + 2 * n].ravel(), "Dp": args["Dp"]}
     res = ssm_step_forward(plain, dims)
-    z = np.asarray(args["z"], dtype=np.float64)
+    zs = d + dims.get("z_pad", 0)  # z's rows d_inner + z_pad apart (the layer's xz second half, in place)
+    zf = np.asarray(args["z"], dtype=np.float64)
+    z = np.stack([zf[i * zs:i * zs + d] for i in range(b)]).ravel()
     return {"out": res["y"] * z * _sigmoid(z), "state": res["state"]}
 
 

@@ -228,11 +228,12 @@ def _scan_tokens(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
                                                                               state)))
     out = u.new_empty(u.shape)
     if length == 1:  # a decode step: the production step kernel, the same bits (torch_ops.SCAN_STEP_FAMILY)
-        z = xz.narrow(2, d, d).contiguous()  # z = xz[..., d:]: [batch, 1, d], dense (a copy only for batch > 1)
+        # z = xz[..., d:] read in place: rows 2d apart from element d of the dense xz (no copy)
+        z, z_pad = (xz.reshape(-1)[d:], d) if xz.is_contiguous() else (xz.narrow(2, d, d).contiguous(), 0)
         _kernel(SCAN_STEP_FAMILY, kernel[1])(
             out=out, state=_dense(state, "state"), u=u.contiguous(), dt=dt.contiguous(), dt_bias=dt_bias.contiguous(),
             A_log=A_log.contiguous(), x_dbl=x_dbl.contiguous(), Dp=D.contiguous(), z=z, batch=batch, d_inner=d,
-            d_state=n, dt_rank=r, x_dbl_stride=r + 2 * n)
+            d_state=n, dt_rank=r, x_dbl_stride=r + 2 * n, z_pad=z_pad)
         return out
     # a small grid: the warp-specialised scan where the manifest has it (the same bits, torch_ops.SCAN_TOKENS_WS_FAMILY)
     ws = _state["functions"].get((SCAN_TOKENS_WS_FAMILY, kernel[1]))

@@ -53,7 +53,8 @@ def ops():
 
 def _dims(batch, d_state, dt_rank=None, d_inner=256):
     return {"batch": batch, "d_inner": d_inner, "d_state": d_state,
-            "dt_rank": dt_rank if dt_rank is not None else (16 if d_state % 16 == 0 else 13)}
+            "dt_rank": dt_rank if dt_rank is not None else (16 if d_state % 16 == 0 else 13),
+            "z_pad": d_inner if batch % 2 else 0}  # z in place in xz-like rows, or dense
 
 
 def _inputs(spec, rng):

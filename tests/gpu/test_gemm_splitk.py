@@ -1,8 +1,9 @@
 """GPU checks of the fixed-order split-K class wgmma-k16-split8 (kernels/sm90a/wgmma.cu, kernels/routes.toml),
 launched through the runtime (``kernels.gemm(..., symbol=...)``) from a signed bundle:
 
-* every rung (the cluster rungs, which sum the 8 parts of K through distributed shared memory, and the in-CTA
-  reference rung, which folds them in one CTA) against a float64 product, from NaN-poisoned outputs;
+* every rung (the cluster rungs, which sum the 8 parts of K through distributed shared memory, the in-CTA
+  reference rung, which folds them in one CTA, and the pair rungs, whose two consumer warpgroups take the parts in
+  turn) against a float64 product, from NaN-poisoned outputs; the pair rungs also over several tiles per CTA;
 * the class's promise: a row's bits do not depend on M or on the rung. Rows of each rung at M in {1, 3, 17, 64,
   256} equal, bit for bit, the same rows of the reference rung run at M = 1000 on the same A rows and B, at the
   model shapes (x_proj and out_proj of d_model 1024 and 2560) and ragged ones (K not a multiple of 64 * 8: empty
@@ -28,6 +29,8 @@ REF = "gemm_bi_nn_sm90a_wgmma_splitk8_m128n128_s4_{t}"
 CLUSTER = [f"gemm_bi_nn_sm90a_wgmma_splitk8_cluster_{s}_{{t}}"
            for s in ("m64n32_s6", "m64n64_s4", "m64n128_s3", "m64n128_s4", "m64n256_s3")]
 OTHER = ["gemm_bi_nn_sm90a_wgmma_splitk8_m64n128_s8_{t}"]  # the second in-CTA rung
+# the pair rungs (two consumer warpgroups taking the parts in turn, the total handed over in shared memory)
+PAIR = [f"gemm_bi_nn_sm90a_wgmma_splitk8_pair_{s}_{{t}}" for s in ("m64n256_s2", "m128n128_s2", "m64n128_s4")]
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 # (N, K): x_proj and out_proj at d_model 1024 and 2560; ragged: 18 k-tiles (parts of 3, two empty), K % 64 != 0
 NK = [(96, 2048), (1024, 2048), (192, 5120), (2560, 5120), (200, 1096), (8, 1032), (392, 1480)]
@@ -60,8 +63,8 @@ def test_every_rung_matches_float64_and_the_reference_rows(kernels, t, N, K):  #
     want = A.double() @ B.double()
     err = ((ref.double() - want).abs() / (want.abs() + 1)).max().item()
     assert err < (2e-2 if t == "bf16" else 4e-3), f"{REF.format(t=t)} N={N} K={K}: relative error {err:.3g}"
-    for name in [REF.format(t=t)] + [c.format(t=t) for c in CLUSTER + OTHER]:
-        for m in MS:
+    for name in [REF.format(t=t)] + [c.format(t=t) for c in CLUSTER + OTHER + PAIR]:
+        for m in MS + ((REF_M,) if name in [p.format(t=t) for p in PAIR] else ()):
             got = _gemm(kernels, A[:m].contiguous(), B, name)
             assert not torch.isnan(got).any(), f"{name} M={m} N={N} K={K}: unwritten (NaN) outputs"
             same = _bits(got) == _bits(ref[:m])
@@ -70,6 +73,21 @@ def test_every_rung_matches_float64_and_the_reference_rows(kernels, t, N, K):  #
                 pytest.fail(f"{name} at M={m}, N={N}, K={K}: row {r} column {c} is {got[r, c].item()!r}, the "
                             f"reference rung at M={REF_M} gives {ref[r, c].item()!r} (first of "
                             f"{int((~same).sum())} differing elements)")
+
+
+@pytest.mark.parametrize("t", sorted(DTYPES))
+def test_pair_rungs_over_several_tiles_per_cta_give_the_reference_bits(kernels, t):  # noqa: F811
+    """M = 9000: more tiles than CTAs (grid <= 132), so each CTA's consumers hand the total over for tile after tile
+    (the event counter across tiles); ragged K (23 k-tiles: parts of 3, the last of 2); every element compared."""
+    dtype = DTYPES[t]
+    M, N, K = 9000, 392, 1480
+    A, B = _rand((M, K), dtype, seed=5), _rand((K, N), dtype, seed=6)
+    ref = _gemm(kernels, A, B, REF.format(t=t))
+    for name in (p.format(t=t) for p in PAIR):
+        got = _gemm(kernels, A, B, name)
+        same = _bits(got) == _bits(ref)
+        assert bool(same.all()), f"{name}: {int((~same).sum())} elements differ from the reference rung, first at " \
+                                 f"{(~same).nonzero()[0].tolist()}"
 
 
 def test_the_route_serves_the_split_class_where_its_region_says(kernels):  # noqa: F811

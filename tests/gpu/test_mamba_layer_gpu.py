@@ -64,8 +64,8 @@ def test_scan_tokens_equals_the_decode_step_bit_for_bit(mft, kernels, dtype, b, 
     for t in range(steps):
         o = torch.empty(b, d, dtype=DT[dtype], device="cuda")
         step(out=o, state=sp, u=x["u"][:, t].contiguous(), dt=x["dt"][:, t].contiguous(), dt_bias=x["dt_bias"],
-             A_log=x["A_log"], x_dbl=x["x_dbl"][:, t].contiguous(), Dp=x["D"], z=x["xz"][:, t, d:].contiguous(),
-             batch=b, d_inner=d, d_state=n, dt_rank=r)
+             A_log=x["A_log"], x_dbl=x["x_dbl"][:, t].contiguous(), Dp=x["D"],
+             z=x["xz"][:, t].contiguous().view(-1)[d:], batch=b, d_inner=d, d_state=n, dt_rank=r, z_pad=d)
         assert _same(o, out[:, t]), f"step {t} differs"
     if steps == L:
         assert _same(sp, state)

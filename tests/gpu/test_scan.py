@@ -377,7 +377,8 @@ def test_other_capacities_admitted_and_correct(cap):
     bad = {k: x.reason for k, x in o.verdicts().items() if x.status != "admitted"}
     assert not bad
     rng = np.random.default_rng(cap)
-    for name, dims in [("ssm_step_forward_fused_bf16", {"batch": 3, "d_inner": 64, "d_state": cap, "dt_rank": 8}),
+    for name, dims in [("ssm_step_forward_fused_bf16", {"batch": 3, "d_inner": 64, "d_state": cap, "dt_rank": 8,
+                                                         "z_pad": 64}),
                        ("ssm_burnin_forward_nosave_bf16", {"batch": 2, "d_inner": 8, "d_state": cap, "L": 300}),
                        ("ssm_parallel_scan_fwd_bf16", {"batch": 2, "d_inner": 8, "d_state": cap, "L": 300}),
                        ("ssm_parallel_scan_bwd_bf16", {"batch": 1, "d_inner": 8, "d_state": cap, "L": 300})]:

@@ -59,7 +59,8 @@ template <typename T, int LANES, int ROWS, bool FUSED, bool FAST>
 MF_DEVICE void ssm_step_rows(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
                              const T* __restrict__ dt, float bias, const float* __restrict__ arow,
                              const T* __restrict__ Bbase, const T* __restrict__ Cbase, float Dd, const T* __restrict__ z,
-                             long long b0, int d, int q, bool dvalid, int batch, int d_inner, int d_state, int bc_stride) {
+                             long long b0, int d, int q, bool dvalid, int batch, int d_inner, int d_state, int bc_stride,
+                             int z_stride) {
   constexpr int KC = 4 / LANES;  // float4 chunks per lane per 16-state slice
   const int nslices = (d_state + 15) >> 4;
   bool rv[ROWS];
@@ -77,7 +78,7 @@ MF_DEVICE void ssm_step_rows(T* __restrict__ out, float* __restrict__ state, con
     ch[r] = FAST ? bl * d_inner + d : (rv[r] ? (b0 + r) * d_inner + d : 0);
     uv[r] = (FAST || rv[r]) ? to_f32(u[ch[r]]) : 0.f;
     dtr[r] = (FAST || rv[r]) ? to_f32(dt[ch[r]]) : 0.f;
-    zv[r] = (FUSED && (FAST || rv[r])) ? to_f32(z[ch[r]]) : 0.f;
+    zv[r] = (FUSED && (FAST || rv[r])) ? to_f32(z[bl * z_stride + d]) : 0.f;
     acc[r] = 0.f;
     const long long brow = (FAST || rv[r]) ? bl * bc_stride : 0;
     sp[r] = state + ch[r] * d_state + 4 * q;
@@ -183,7 +184,7 @@ MF_DEVICE void ssm_step_rows_general(T* __restrict__ out, float* __restrict__ st
                                      const T* __restrict__ dt, float bias, const float* __restrict__ arow,
                                      const T* __restrict__ Bbase, const T* __restrict__ Cbase, float Dd,
                                      const T* __restrict__ z, long long b0, int d, int q, bool dvalid, int batch,
-                                     int d_inner, int d_state, int bc_stride) {
+                                     int d_inner, int d_state, int bc_stride, int z_stride) {
   constexpr int KC = 4 / LANES;
   const int nslices = (d_state + 15) >> 4;
 #pragma unroll 1
@@ -192,7 +193,7 @@ MF_DEVICE void ssm_step_rows_general(T* __restrict__ out, float* __restrict__ st
     const long long ch = rv ? (b0 + r) * d_inner + d : 0;
     const float uv = rv ? to_f32(u[ch]) : 0.f;
     const float dtr = rv ? to_f32(dt[ch]) : 0.f;
-    const float zv = (FUSED && rv) ? to_f32(z[ch]) : 0.f;
+    const float zv = (FUSED && rv) ? to_f32(z[(b0 + r) * z_stride + d]) : 0.f;
     const float dtv = FUSED ? softplus(dtr + bias) : dtr;
     const float dtu = dtv * uv;
     const T* brow = Bbase + (rv ? (b0 + r) * bc_stride : 0);
@@ -235,13 +236,15 @@ MF_DEVICE void ssm_step_rows_general(T* __restrict__ out, float* __restrict__ st
   }
 }
 
-// FUSED: dt' = softplus(dt + dt_bias), B/C gathered from the x_dbl row (B at bc_offset, C right after), out = y silu(z).
+// FUSED: dt' = softplus(dt + dt_bias), B/C gathered from the x_dbl row (B at bc_offset, C right after), out = y silu(z),
+// z's rows z_stride elements apart (the layer passes xz's second half in place: z_stride = 2 * d_inner).
 // Plain: delta is dt' itself, B and C are [batch, d_state] rows (bc_offset 0, bc_stride d_state), no gate.
 template <typename T, int LANES, int ROWS, bool FUSED>
 MF_DEVICE void ssm_step_v(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
                           const T* __restrict__ dt, const float* __restrict__ dt_bias, const float* __restrict__ A_log,
                           const T* __restrict__ Bm, const T* __restrict__ Cm, const float* __restrict__ Dp,
-                          const T* __restrict__ z, int batch, int d_inner, int d_state, int bc_offset, int bc_stride) {
+                          const T* __restrict__ z, int batch, int d_inner, int d_state, int bc_offset, int bc_stride,
+                          int z_stride) {
   static_assert(LANES == 1 || LANES == 2 || LANES == 4, "LANES: 1, 2 or 4");
   static_assert(ROWS >= 1 && ROWS <= 4, "ROWS: 1..4");
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -260,10 +263,10 @@ MF_DEVICE void ssm_step_v(T* __restrict__ out, float* __restrict__ state, const 
   for (long long b0 = (long long)blockIdx.y * ROWS; b0 < batch; b0 += (long long)gridDim.y * ROWS) {
     if (vec)
       ssm_step_rows<T, LANES, ROWS, FUSED, true>(out, state, u, dt, bias, arow, Bbase, Cbase, Dd, z, b0, dl, q, dvalid,
-                                                 batch, d_inner, d_state, bc_stride);
+                                                 batch, d_inner, d_state, bc_stride, z_stride);
     else
       ssm_step_rows_general<T, LANES, ROWS, FUSED>(out, state, u, dt, bias, arow, Bbase, Cbase, Dd, z, b0, dl, q, dvalid,
-                                                   batch, d_inner, d_state, bc_stride);
+                                                   batch, d_inner, d_state, bc_stride, z_stride);
   }
 }
 
