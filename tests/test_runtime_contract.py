@@ -16,6 +16,7 @@ from runtime_fakes import (
     FakeCAI,
     FakeDLPack,
     FakeTorchTensor,
+    catalog_record,
     catalog_records,
     conv1d,
     gemm_wgmma,
@@ -100,6 +101,22 @@ def test_scan_step_derives_the_stride_and_checks_it():
     assert bound.grid == (24, 1, 1)
     assert c.bind({**kw, "x_dbl_stride": 48}).values == bound.values
     refuse(c, {**kw, "x_dbl_stride": 49}, r"x_dbl_stride of .* = 49 disagrees with dt_rank \+ 2 \* d_state = 48")
+
+
+def test_the_catalog_scan_step_reads_z_rows_z_pad_apart_and_refuses_what_does_not_fit():
+    """The catalog's decode step (z read in place from xz rows: z_stride = d_inner + z_pad, derived): the extent
+    (batch - 1) * (d_inner + z_pad) + d_inner is checked against z's elements; z_pad is given, never negative."""
+    c = contract(catalog_record("ssm_step_forward_fused_bf16"))
+    b, di, ds, r = 3, 256, 16, 16
+    kw = {"out": T(b * di, "bf16"), "state": T(b * di * ds), "u": T(b * di, "bf16"), "dt": T(b * di, "bf16"),
+          "dt_bias": T(di), "A_log": T(di * ds), "x_dbl": T(b * (r + 2 * ds), "bf16"), "Dp": T(di),
+          "batch": b, "d_inner": di, "d_state": ds, "dt_rank": r}
+    strided = c.bind({**kw, "z": T((b - 1) * 2 * di + di, "bf16"), "z_pad": di})  # xz's second half: 5 * di
+    assert strided.values[-2:] == [("i32", 48), ("i32", 2 * di)]
+    assert c.bind({**kw, "z": T(b * di, "bf16"), "z_pad": 0}).values[-1] == ("i32", di)  # a dense z
+    refuse(c, {**kw, "z": T(b * di, "bf16"), "z_pad": di}, r"z of .* has 768 elements; it needs at least 1280")
+    refuse(c, {**kw, "z": T(5 * di, "bf16"), "z_pad": -1}, "dim z_pad = -1 .* is negative")
+    refuse(c, {**kw, "z": T(b * di, "bf16")}, "missing argument z_pad")  # no pointer gives it: it must be given
 
 
 def test_gemm_blobs_pack_with_their_alignment():
