@@ -54,6 +54,20 @@ def peer_decode_cache(peer, inference_params_cls, batch: int):
     return pc
 
 
+def layer_pair(mft, Peer, d_model: int, dtype):
+    """(ours, peer): mft.Mamba, prepared, and mamba-ssm's Mamba (None without it) with the same weights, both
+    initialised after torch.manual_seed(0), ours first."""
+    import torch
+
+    torch.manual_seed(0)
+    ours = mft.Mamba(d_model, layer_idx=0, device="cuda", dtype=dtype)
+    peer = Peer(d_model, layer_idx=0, device="cuda", dtype=dtype) if Peer is not None else None
+    if peer is not None:
+        ours.load_state_dict(peer.state_dict())
+    ours.prepare()
+    return ours, peer
+
+
 def parser() -> argparse.ArgumentParser:
     p = bench_parser(__doc__, "one small shape, seconds; nothing recorded", signed=True)
     p.add_argument("--d-models", default="1024,2560")
@@ -97,13 +111,7 @@ def main(argv=None) -> int:
             records.append(record(gpu=gpu, **kw))
 
     for dm in d_models:
-        torch.manual_seed(0)
-        ours = mft.Mamba(dm, layer_idx=0, device="cuda", dtype=bf)
-        peer = None
-        if Peer is not None:
-            peer = Peer(dm, layer_idx=0, device="cuda", dtype=bf)
-            ours.load_state_dict(peer.state_dict())
-        ours.prepare()
+        ours, peer = layer_pair(mft, Peer, dm, bf)
         pc = None
         with torch.no_grad():
             for b, L in prefill:

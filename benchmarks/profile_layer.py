@@ -57,7 +57,7 @@ def per_kernel(title: str, module, h, calls: int, top: int, **kw) -> None:
 def main(argv=None) -> int:
     a = parse_args(argv)
     import torch
-    from bench_mamba_block import peer_decode_cache, peer_module
+    from bench_mamba_block import layer_pair, peer_decode_cache, peer_module
     from common import register_signed
 
     import mamba_forge.runtime.torch as mft
@@ -71,12 +71,7 @@ def main(argv=None) -> int:
     prefill = [(1, 64)] if a.smoke else [(1, 2048), (4, 4096)]
     calls = 2 if a.smoke else a.calls
     for dm in d_models:
-        torch.manual_seed(0)
-        ours = mft.Mamba(dm, layer_idx=0, device="cuda", dtype=bf)
-        peer = Peer(dm, layer_idx=0, device="cuda", dtype=bf) if Peer else None
-        if peer is not None:
-            ours.load_state_dict(peer.state_dict())
-        ours.prepare()
+        ours, peer = layer_pair(mft, Peer, dm, bf)
         with torch.no_grad():
             for b in batches:
                 h = torch.randn(b, 1, dm, device="cuda", dtype=bf)

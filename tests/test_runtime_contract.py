@@ -90,12 +90,17 @@ def test_conv1d_grid_uses_the_sizeof_constant():
         assert c.bind(kw).values[5] == ("i64", 1536)
 
 
+def _step_kwargs(b: int, di: int, ds: int, r: int) -> dict:
+    """A bf16 decode step's tensors (no z) and scalars (no d_inner: the contract takes it from dt_bias)."""
+    return {"out": T(b * di, "bf16"), "state": T(b * di * ds), "u": T(b * di, "bf16"), "dt": T(b * di, "bf16"),
+            "dt_bias": T(di), "A_log": T(di * ds), "x_dbl": T(b * (r + 2 * ds), "bf16"), "Dp": T(di),
+            "batch": b, "d_state": ds, "dt_rank": r}
+
+
 def test_scan_step_derives_the_stride_and_checks_it():
     c = contract(ssm_step("bf16"))
     b, di, ds, r = 3, 256, 16, 16
-    kw = {"out": T(b * di, "bf16"), "state": T(b * di * ds), "u": T(b * di, "bf16"), "dt": T(b * di, "bf16"),
-          "dt_bias": T(di), "A_log": T(di * ds), "x_dbl": T(b * (r + 2 * ds), "bf16"), "Dp": T(di),
-          "z": T(b * di, "bf16"), "batch": b, "d_state": ds, "dt_rank": r}
+    kw = {**_step_kwargs(b, di, ds, r), "z": T(b * di, "bf16")}
     bound = c.bind(kw)  # d_inner from dt_bias (the first input shaped [d_inner])
     assert bound.values[9:] == [("i32", 3), ("i32", 256), ("i32", 16), ("i32", 16), ("i32", 48)]
     assert bound.grid == (24, 1, 1)
@@ -108,9 +113,7 @@ def test_the_catalog_scan_step_reads_z_rows_z_pad_apart_and_refuses_what_does_no
     (batch - 1) * (d_inner + z_pad) + d_inner is checked against z's elements; z_pad is given, never negative."""
     c = contract(catalog_record("ssm_step_forward_fused_bf16"))
     b, di, ds, r = 3, 256, 16, 16
-    kw = {"out": T(b * di, "bf16"), "state": T(b * di * ds), "u": T(b * di, "bf16"), "dt": T(b * di, "bf16"),
-          "dt_bias": T(di), "A_log": T(di * ds), "x_dbl": T(b * (r + 2 * ds), "bf16"), "Dp": T(di),
-          "batch": b, "d_inner": di, "d_state": ds, "dt_rank": r}
+    kw = _step_kwargs(b, di, ds, r)
     strided = c.bind({**kw, "z": T((b - 1) * 2 * di + di, "bf16"), "z_pad": di})  # xz's second half: 5 * di
     assert strided.values[-2:] == [("i32", 48), ("i32", 2 * di)]
     assert c.bind({**kw, "z": T(b * di, "bf16"), "z_pad": 0}).values[-1] == ("i32", di)  # a dense z
