@@ -52,6 +52,31 @@ def test_the_second_process_does_not_hash_and_gets_the_same_identity(lib):
                            "libnvrtc_sha256"]
 
 
+def test_a_read_that_moves_the_access_time_still_leaves_the_identity_remembered(lib, monkeypatch):
+    """Hashing reads the library, which may move its access time (relatime); the memo compares the file's identity
+    (device, inode, size, mtime, ctime), not the whole stat result, so the next process does not hash again."""
+    import types
+
+    path, hashed, _ = lib
+    real, calls = nvrtc._stat, []
+
+    def stat_read_moved(p):
+        st = real(p)
+        calls.append(p)
+        if st is None or len(calls) % 2:  # the stat before the hash: as it is
+            return st
+        fields = {k: getattr(st, k) for k in dir(st) if k.startswith("st_")}
+        return types.SimpleNamespace(**{**fields, "st_atime": st.st_atime + 5, "st_atime_ns": st.st_atime_ns + 5 * 10**9})
+
+    monkeypatch.setattr(nvrtc, "_stat", stat_read_moved)
+    first = _identity()
+    assert _identity() == first and len(hashed) == 1
+    moved = types.SimpleNamespace(**{k: getattr(os.stat(path), k) for k in dir(os.stat(path)) if k.startswith("st_")})
+    assert nvrtc._file_key(moved) == nvrtc._file_key(os.stat(path))
+    moved.st_ctime_ns += 1  # a write: another file as far as the memo is concerned
+    assert nvrtc._file_key(moved) != nvrtc._file_key(os.stat(path))
+
+
 def _later() -> None:
     time.sleep(0.05)  # past the file clock's tick, so a change shows in the file's times
 

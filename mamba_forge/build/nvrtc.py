@@ -93,7 +93,9 @@ def library_identity() -> dict[str, str]:
     ident = {"nvrtc_version": f"{major}.{minor}", **dists}
     if lib is not None:
         ident["libnvrtc_sha256"] = _file_digest(lib)
-        if st is not None and _stat(lib) == st and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS:
+        after = _stat(lib)
+        if (st is not None and after is not None and _file_key(after) == _file_key(st)
+                and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > SETTLE_NS):
             _identity_memo(lib, st, dists, ident)
     return ident
 
@@ -102,6 +104,13 @@ SETTLE_NS = 2_000_000_000
 _MEMO_KEYS = ("nvrtc_version", "libnvrtc_sha256")
 _VERSION_TEXT = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}")
 _SHA_TEXT = re.compile(r"[0-9a-f]{64}")
+
+
+def _file_key(st) -> tuple[int, ...]:
+    """What says the file is the one hashed: device, inode, size, mtime and ctime in ns. Not the whole stat
+    result: its equality includes the access time, which the hash's own read may move (relatime moves it when it
+    is not newer than mtime, so a library hashed a second after it was written was never remembered)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _stat(path: str | None) -> os.stat_result | None:
