@@ -453,6 +453,21 @@ def test_sanitizer_reports_reject_the_symbol_they_name(tmp_path, fake_worker):
     assert main.results["ok1"].checks[-1] == CheckResult(name="sanitize", passed=True, digest="", detail="racecheck: no report")
 
 
+def test_sanitizer_reason_keeps_the_lines_that_continue_the_first_report():
+    """racecheck names a race's second access on an indented line: the reason keeps it (it says which store
+    raced), and stops at the next report or after three lines."""
+    lines = ["========= Error: Race reported between Read access at k+0x27a0",
+             "=========     and Write access at k+0x2b30 [128 hazards]",
+             "========= Error: Race reported between Read access at k+0x27b0",
+             "=========     and Write access at k+0x2b40 [128 hazards]"]
+    assert sanitize.first_report(lines) == ("Error: Race reported between Read access at k+0x27a0 and Write access "
+                                            "at k+0x2b30 [128 hazards]")
+    assert sanitize.first_report(["=========", *lines[2:]]) == sanitize.first_report(lines[2:])
+    deep = [lines[0]] + [f"=========     by thread ({i},0,0)" for i in range(5)]
+    assert sanitize.first_report(deep).count("by thread") == 2
+    assert sanitize.first_report(["=========", "========= "]) == "report"
+
+
 def test_cross_device_digest_mismatch_rejects(tmp_path, fake_worker):
     outs = {}
     for dev, digest in ((0, "aa"), (1, "aa"), (2, "bb")):

@@ -16,6 +16,8 @@ SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 TIME_FACTOR = 20  # launches under a tool take this much longer (worker deadlines and the parent's backstop)
 SANITIZER_LINE = "========="
 UNATTRIBUTED = "*"  # sanitizer lines printed while no symbol was running
+# a line that continues the report above it: indented past the prefix ("=========     and Write access at ...")
+_CONTINUATION = re.compile(r"^=+ {2,}\S")
 _SANITIZER_NOISE = re.compile(r"^=+\s*(COMPUTE-SANITIZER|ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards|$)")
 
 
@@ -50,6 +52,21 @@ def is_report_line(line: str) -> bool:
     return line.startswith(SANITIZER_LINE) and not _SANITIZER_NOISE.match(line)
 
 
+def first_report(lines: list[str], most: int = 3) -> str:
+    """The first report of a symbol's sanitizer lines, with the lines that continue it (racecheck names a race's
+    two accesses on two lines: "Race reported between Read access at f+0x27a0 ..." then "and Write access at ...":
+    the second says which store it is), at most `most` lines, joined by " "."""
+    kept = [ln for ln in lines if ln.strip("= ").strip()]
+    if not kept:
+        return "report"
+    report = [kept[0].strip("= ").strip()]
+    for ln in kept[1:most]:
+        if not _CONTINUATION.match(ln):  # the next report
+            break
+        report.append(ln.strip("= ").strip())
+    return " ".join(report)
+
+
 def apply_sanitizer(oc: Outcome, soc: Outcome, tool: str) -> None:
     """Reject every symbol with a compute-sanitizer report (or that failed under the tool). Lines printed
     outside any symbol go to the symbols they name; a non-zero error summary nobody can be blamed for rejects
@@ -65,7 +82,7 @@ def apply_sanitizer(oc: Outcome, soc: Outcome, tool: str) -> None:
         if not lines and unexplained and not attributed:
             lines = unexplained
         if lines:
-            first = next((ln.strip("= ").strip() for ln in lines if ln.strip("= ").strip()), "report")
+            first = first_report(lines)
             main.checks.append(CheckResult("sanitize", False, "", f"{tool}: {first}"))
             main.reject("sanitize", f"{name}: compute-sanitizer {tool}: {first}")
         elif not rec.admitted:
