@@ -45,15 +45,16 @@ def test_a_valid_split_loads_with_its_fields(tmp_path):
 
 def test_the_builtin_token_families_declare_split():
     fixed = load_catalog(default_catalog_path()).module("Fixed")
-    conv = fixed.family("conv1d_tokens_silu").split
     for name in ("ssm_scan_tokens", "ssm_scan_tokens_ws"):
         scan = fixed.family(name).split
         assert (scan.dim, scan.batch, scan.carried) == ("L", "batch", ["state"])
         assert set(scan.sequence) == {"out", "u", "dt", "x_dbl", "xz"} and 1 in scan.chunks
-    assert (conv.dim, conv.batch, conv.sequence, conv.carried) == ("L", "batch", ["out", "xz"], ["conv_state"])
-    assert 1 in conv.chunks
+    for name in ("conv1d_tokens_silu", "conv1d_tokens_silu_vec"):
+        conv = fixed.family(name).split
+        assert (conv.dim, conv.batch, conv.sequence, conv.carried) == ("L", "batch", ["out", "xz"], ["conv_state"])
+        assert 1 in conv.chunks
     others = [f.name for m in load_catalog(default_catalog_path()).modules for f in m.families if f.split]
-    assert sorted(others) == ["conv1d_tokens_silu", "ssm_scan_tokens", "ssm_scan_tokens_ws"]
+    assert sorted(others) == ["conv1d_tokens_silu", "conv1d_tokens_silu_vec", "ssm_scan_tokens", "ssm_scan_tokens_ws"]
 
 
 def _bad(split: str) -> str:

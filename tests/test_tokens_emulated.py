@@ -19,6 +19,7 @@ from test_ref_scan import _MOCK_COMMON
 from mamba_forge.catalog.model import default_catalog_path, load_catalog
 from mamba_forge.qualify import fills
 from mamba_forge.qualify import spec as S
+from mamba_forge.qualify.outputs import load_callable
 from mamba_forge.references import tokens as ref
 
 _MOCK = _MOCK_COMMON + r"""
@@ -44,7 +45,8 @@ inline void mf_named_bar(int id, int n, bool wait) {
 _FIXED = load_catalog(default_catalog_path()).module("Fixed")
 # the warp-specialised scan's f32 symbols (every instance the catalog declares)
 _WS_NAMES = sorted(s.name for s in _FIXED.symbols if s.family == "ssm_scan_tokens_ws" and s.dtype == "f32")
-_EMU_NAMES = ["ssm_step_forward_fused_f32", "ssm_scan_tokens_f32", "conv1d_tokens_silu_f32", *_WS_NAMES]
+_EMU_NAMES = ["ssm_step_forward_fused_f32", "ssm_scan_tokens_f32", "conv1d_tokens_silu_f32", "conv1d_tokens_silu_vec_f32",
+              *_WS_NAMES]
 # scan.cu and tokens.cu, then the catalog's generated wrappers (the text NVRTC compiles), then the launcher
 _EMU_INCLUDES = "#include <thread>\n#include <vector>\n#include <utility>\n#include <cstring>\n#include SCAN_CU\n#include TOKENS_CU\n"
 
@@ -164,11 +166,10 @@ def test_bitwise_comparison_tells_a_one_ulp_input_apart(emu):
     assert not np.array_equal(state.view(np.uint32), state2.view(np.uint32))
 
 
-def _conv(lib, xz, state, weight, bias, b, L, d, w, l0=0, l1=None):
+def _conv(lib, xz, state, weight, bias, b, L, d, w, l0=0, l1=None, name="conv1d_tokens_silu_f32"):
     l1 = L if l1 is None else l1
     dims = {"batch": b, "d": d, "L": l1 - l0, "width": w}
-    got = _launch(lib, "conv1d_tokens_silu_f32", dims, {"xz": xz[:, l0:l1], "conv_state": state, "weight": weight,
-                                                         "bias": bias})
+    got = _launch(lib, name, dims, {"xz": xz[:, l0:l1], "conv_state": state, "weight": weight, "bias": bias})
     return got["out"].reshape(b, l1 - l0, d), got["conv_state"]
 
 
@@ -194,13 +195,53 @@ def test_conv_tokens_matches_the_reference_and_itself_chunked(emu, b, L, d, w):
         assert np.array_equal(s.view(np.uint32), st.view(np.uint32)), cut
 
 
+def _conv_inputs(rng, b, L, d, w):
+    xz = rng.uniform(-2, 2, (b, L, 2 * d)).astype(np.float32)
+    st0 = rng.uniform(-2, 2, (b, d, max(w - 1, 1))).astype(np.float32)[:, :, :w - 1].copy()
+    return xz, st0, rng.uniform(-1, 1, (d, w)).astype(np.float32), rng.uniform(-1, 1, d).astype(np.float32)
+
+
+# d % 4 == 0: the vector path (d 1032: three channel blocks); otherwise element by element, with a last thread
+# of fewer than 4 channels
+@pytest.mark.parametrize("b,L,d,w", [(2, 1, 16, 4), (3, 3, 1032, 4), (1, 4, 24, 3), (2, 2, 8, 2), (4, 1, 2048, 4),
+                                     (2, 1, 13, 4), (1, 3, 5, 3), (3, 2, 1030, 4)])
+def test_vectorised_conv_equals_the_tiled_conv_bit_for_bit(emu, b, L, d, w):
+    """conv1d_tokens_silu_vec (4 channels a thread, walking L) gives conv1d_tokens_silu's bits, out and state, at
+    L = 1 (a decode step) and over a few timesteps, whole and step by step: so the op may serve decode from it."""
+    xz, st0, weight, bias = _conv_inputs(np.random.default_rng(8), b, L, d, w)
+    out, st = _conv(emu, xz, st0, weight, bias, b, L, d, w)
+    got, got_st = _conv(emu, xz, st0, weight, bias, b, L, d, w, name="conv1d_tokens_silu_vec_f32")
+    assert np.all(np.isfinite(got))
+    assert np.array_equal(got.view(np.uint32), out.view(np.uint32))
+    assert np.array_equal(got_st.view(np.uint32), st.view(np.uint32))
+    s, parts = st0.ravel().copy(), []
+    for l0 in range(L):  # one decode step at a time, the state carried
+        o, s = _conv(emu, xz, s, weight, bias, b, L, d, w, l0, l0 + 1, name="conv1d_tokens_silu_vec_f32")
+        parts.append(o)
+    assert np.array_equal(np.concatenate(parts, axis=1).view(np.uint32), out.view(np.uint32))
+    assert np.array_equal(s.view(np.uint32), st.view(np.uint32))
+
+
+def test_vectorised_conv_comparison_tells_a_one_ulp_weight_apart(emu):
+    """Negative control for the test above: a tap nudged by one ulp changes the vectorised conv's output."""
+    b, L, d, w = 2, 1, 16, 4
+    xz, st0, weight, bias = _conv_inputs(np.random.default_rng(9), b, L, d, w)
+    out, _ = _conv(emu, xz, st0, weight, bias, b, L, d, w)
+    nudged = weight.copy()
+    nudged[3, 1] = np.nextafter(nudged[3, 1], np.float32(np.inf))
+    got, _ = _conv(emu, xz, st0, nudged, bias, b, L, d, w, name="conv1d_tokens_silu_vec_f32")
+    differs = got.view(np.uint32) != out.view(np.uint32)
+    assert differs.any() and not differs[:, :, [c for c in range(d) if c != 3]].any()
+
+
 def test_catalog_references_write_every_output():
-    for name in ("ssm_scan_tokens_f32", "conv1d_tokens_silu_f32"):
+    for name in ("ssm_scan_tokens_f32", "conv1d_tokens_silu_f32", "conv1d_tokens_silu_vec_f32"):
         sym = next(s for s in _FIXED.symbols if s.name == name)
         sp = S.evaluate(sym, _FIXED.family(sym.family))
         rng = np.random.default_rng(5)
         args = {b.name: fills.make_input(b, "uniform", rng).astype(np.float64) for b in sp.buffers if b.needs_fill}
-        want = getattr(ref, sp.family)(args | {s.name: s.value for s in sp.scalars}, sp.dims)
+        reference = load_callable(_FIXED.family(sym.family).qualify.reference)  # the one the qualifier calls
+        want = reference(args | {s.name: s.value for s in sp.scalars}, sp.dims)
         assert {b.name for b in sp.outputs} == set(want), name
         for b in sp.outputs:
             assert want[b.name].size == b.count and np.all(np.isfinite(want[b.name])), (name, b.name)

@@ -209,6 +209,42 @@ def test_scan_tokens_routes_by_shape_to_kernels_with_the_same_bits(mft, batch, d
         mft.register(_RefKernels())
 
 
+def test_conv_tokens_vec_serves_a_few_timesteps_on_large_grids_only():
+    from mamba_forge.runtime.torch_ops import (
+        CONV_TOKENS_VEC_MAX_L,
+        CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM,
+        conv_tokens_vec_serves,
+    )
+
+    least = CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM * 132  # blocks of the tiled conv: 128 channels x one batch row each
+    assert conv_tokens_vec_serves(-(-least // 16), 2048, 1, 132)
+    assert not conv_tokens_vec_serves(least // 16 - 1, 2048, 1, 132)
+    assert conv_tokens_vec_serves(256, 2048, CONV_TOKENS_VEC_MAX_L, 132)
+    assert not conv_tokens_vec_serves(256, 2048, CONV_TOKENS_VEC_MAX_L + 1, 132)
+    assert not conv_tokens_vec_serves(256, 2048, 0, 132) and not conv_tokens_vec_serves(256, 2048, 1, 0)
+    assert conv_tokens_vec_serves(least, 1, 1, 132) and not conv_tokens_vec_serves(least - 1, 1, 1, 132)
+
+
+@pytest.mark.parametrize("batch,length,missing,want", [
+    (300, 1, (), "conv1d_tokens_silu_vec_f32"),  # a decode step on a large grid: the vectorised conv
+    (300, 4, (), "conv1d_tokens_silu_vec_f32"),  # CONV_TOKENS_VEC_MAX_L
+    (300, 5, (), "conv1d_tokens_silu_f32"),  # past it: the tiled conv
+    (2, 1, (), "conv1d_tokens_silu_f32"),  # a small grid: the tiled conv
+    (300, 1, ("conv1d_tokens_silu_vec",), "conv1d_tokens_silu_f32"),  # a manifest without it
+])
+def test_conv_tokens_routes_by_shape_to_kernels_with_the_same_bits(mft, batch, length, missing, want):
+    k = _RefKernels(missing=missing)
+    mft.register(k)
+    try:
+        d, w = 16, 4
+        g = torch.Generator().manual_seed(1)
+        xz, state = torch.rand(batch, length, 2 * d, generator=g), torch.rand(batch, d, w - 1, generator=g)
+        torch.ops.mamba_forge.conv_tokens(xz, torch.rand(d, w, generator=g), torch.rand(d, generator=g), state)
+        assert [c for c in k.calls if "conv" in c] == [want]
+    finally:
+        mft.register(_RefKernels())
+
+
 # ---- dt_proj reads x_dbl[:, :dt_rank] in place (runtime/gemm.py's row-strided A) ------------------------------------
 
 

@@ -299,18 +299,20 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
 // each thread's fragment order (thread t of either consumer holds the same (row, column)s). Part 0 stores p0 there;
 // part p loads it and adds, acc = F + acc = rn(total + p_p), bit for bit the in-CTA rung's fold, then stores it or,
 // at the last non-empty part, adds +0 for each empty part after it and stores C.
-// Hand-offs: named barriers 2 (consumer 0 -> 1) and 3 (1 -> 0), producer-consumer style: the giving warpgroup's 128
-// threads bar.arrive after their F stores (or, for "F is free", their F loads), the taking one's 128 bar.sync
-// before touching F (256 threads a barrier). Part p - 1 gives to part p; when a tile's last part is consumer 1's,
-// it also gives "F is free" to the next tile's part 0. Each give is taken before the same barrier is given again
-// (the giver first takes the hand-off that follows the taker's), so arrivals never run ahead of a sync.
+// Hand-offs: mbarrier hand[c] (count 128) is consumer c's: each of its 128 threads arrives (release) after its F
+// stores (or, for "F is free", its F loads), and every thread of the other consumer waits on it (acquire, by
+// parity) before touching F. With bar.arrive / bar.sync (and before that a release/acquire counter) in its place,
+// compute-sanitizer's racecheck reported the first F load after the hand-off as a race; with the mbarriers it
+// reports nothing (H200, full qualification). Part p - 1 gives to part p; when a tile's last part is consumer 1's, it also gives
+// "F is free" to the next tile's part 0. Each give is taken before the same barrier is given again (the giver
+// first takes the hand-off that follows the taker's), so a barrier never completes two phases ahead of its wait.
 template <typename T, int BM, int BN, int RS, int SPLIT>
 MF_DEVICE void gemm_wgmma_split_pair(const TmaDesc* tmA, const TmaDesc* tmB, T* __restrict__ C, int M, int N, int K) {
   constexpr int MB = BM / 64, R = BN / 2;
   constexpr u32 BOX_BYTES = WG_BOX * WG_BOX * 2;
   constexpr int A_BYTES = BM * WG_BK * 2, B_BYTES = BN * WG_BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
   constexpr int F_OFFSET = 2 * RS * STAGE_BYTES;     // two rings, then F (BM * BN floats), then barriers
-  constexpr int BAR_OFFSET = F_OFFSET + BM * BN * 4;  // ring c: full[RS], empty[RS] at + 16 * RS * c
+  constexpr int BAR_OFFSET = F_OFFSET + BM * BN * 4;  // ring c: full[RS], empty[RS] at + 16 * RS * c; hand[2] after
   static_assert(SPLIT >= 2 && SPLIT <= 8, "a split of 2..8 parts");
   static_assert(BM % 64 == 0 && (BN == 64 || BN == 128 || BN == 256), "m64 blocks, one 128-byte-swizzled B box per 64 columns");
   static_assert((MB * R) % 4 == 0, "F moves float4s");
@@ -326,6 +328,7 @@ MF_DEVICE void gemm_wgmma_split_pair(const TmaDesc* tmA, const TmaDesc* tmB, T* 
       mbar_init(ring + 8 * (s % RS), 1);        // full: the producer's expect_tx arrival (+ the TMA bytes)
       mbar_init(ring + 8 * (RS + s % RS), 4);   // empty: one arrival per warp of the ring's consumer
     }
+    for (int c = 0; c < 2; ++c) mbar_init(base + BAR_OFFSET + 32 * RS + 8 * c, 128);  // hand[c]: consumer c's threads
     mbar_init_fence();
   }
   __syncthreads();
@@ -369,8 +372,13 @@ MF_DEVICE void gemm_wgmma_split_pair(const TmaDesc* tmA, const TmaDesc* tmB, T* 
   const int c = wg - 1, warp = tid / 32, lane = tid % 32;
   const u32 full = base + BAR_OFFSET + 16 * RS * c, empty = full + 8 * RS;
   const u32 fslot = base + F_OFFSET + tid * 16;  // this thread's float4 j of F at fslot + j * 128 * 16
-  auto give = [&]() { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 + c) : "memory"); };
-  auto take = [&]() { asm volatile("bar.sync %0, 256;\n" ::"r"(3 - c) : "memory"); };
+  const u32 hand = base + BAR_OFFSET + 32 * RS;
+  u32 take_phase = 0;  // the parity of the next phase of hand[1 - c] this consumer waits for
+  auto give = [&]() { mbar_arrive(hand + 8 * c); };
+  auto take = [&]() {
+    mbar_wait(hand + 8 * (1 - c), take_phase);
+    take_phase ^= 1u;
+  };
   float acc[MB][R];
   int stage = 0, prev = 0;
   u32 phase = 0;

@@ -37,7 +37,9 @@ from mamba_forge.runtime.tensors import torch_dtype
 from mamba_forge.runtime.torch_ops import (
     CONV1D_FAMILY,
     CONV_TOKENS_FAMILY,
+    CONV_TOKENS_VEC_FAMILY,
     LIBRARY,
+    OPTIONAL_SEQUENCE_FAMILIES,
     RMS_NORM_ADD_FAMILY,
     SCAN_FAMILY,
     SCAN_STEP_FAMILY,
@@ -48,6 +50,7 @@ from mamba_forge.runtime.torch_ops import (
     TRAIN_SCHEMAS,
     conv1d_shapes,
     conv_tokens_shapes,
+    conv_tokens_vec_serves,
     gemm_shape,
     kernels_used,
     rms_norm_kernel,
@@ -207,8 +210,13 @@ def _conv_tokens(xz, weight, bias, conv_state):
     kernel = sequence_kernel("conv_tokens", CONV_TOKENS_FAMILY, torch_dtype(xz.dtype))  # _conv_tokens_out's steps
     batch, d, length, width = _shapes(conv_tokens_shapes, xz.shape, weight.shape, bias.shape, conv_state.shape)
     out = xz.new_empty((batch, length, d))
-    _kernel(*kernel)(out=out, conv_state=_dense(conv_state, "conv_state"), xz=xz.contiguous(),
-                     weight=weight.contiguous(), bias=bias.contiguous(), batch=batch, d=d, L=length, width=width)
+    # a few timesteps on a large grid (decode at batch): the vectorised conv where the manifest has it (the same
+    # bits, torch_ops.CONV_TOKENS_VEC_FAMILY)
+    vec = _state["functions"].get((CONV_TOKENS_VEC_FAMILY, kernel[1]))
+    serves = vec is not None and conv_tokens_vec_serves(batch, d, length, _state["sm_count"])
+    fn = vec if serves else _kernel(*kernel)
+    fn(out=out, conv_state=_dense(conv_state, "conv_state"), xz=xz.contiguous(), weight=weight.contiguous(),
+       bias=bias.contiguous(), batch=batch, d=d, L=length, width=width)
     return out
 
 
@@ -301,11 +309,12 @@ def register(kernels) -> list[str]:
     functions = {fd: kernels.fn(*fd) for fd in kernels_used()}  # refuse before anything is changed
     for rung in serving_gemm_rungs(kernels):  # their modules load now, not inside a capture
         kernels.function(rung, follow_fallback=False)
-    for d in SEQUENCE_DTYPES:  # optional (torch_ops.SCAN_TOKENS_WS_FAMILY): absent, the four-lane scan serves
-        try:
-            functions[(SCAN_TOKENS_WS_FAMILY, d)] = kernels.fn(SCAN_TOKENS_WS_FAMILY, d)
-        except SymbolUnavailable:
-            pass
+    for family in OPTIONAL_SEQUENCE_FAMILIES:  # absent from the manifest: the plain family serves every call
+        for d in SEQUENCE_DTYPES:
+            try:
+                functions[(family, d)] = kernels.fn(family, d)
+            except SymbolUnavailable:
+                pass
     _state["kernels"], _state["functions"] = kernels, functions
     _state["sm_count"] = kernels.device.sm_count
     if _lib is None:

@@ -90,6 +90,16 @@ SCAN_TOKENS_WS_BLOCKS_PER_SM = 1  # its instance's launch bounds (tokens.toml MI
 # measured on the H200 (bf16, L 2048, the four-lane scan with raw loads): ahead at 128 blocks (B1 D2048: 119 against
 # 195 us), behind from 256 (B2 D2048 224 against 203, B1 D4096 225 against 204): up to one wave
 SCAN_TOKENS_WS_WAVES = 1
+# conv_tokens over a few timesteps (a decode step: L = 1) on a large grid runs the vectorised conv instead: four
+# channels a thread, vector loads, the same bits (mf/tokens.cuh conv1d_tokens_vec; the emulation and GPU tests prove
+# it). The tiled conv's 32-timestep tile holds 96 registers for one output a thread, so a large decode grid takes
+# several waves. Measured on the H200 (benchmarks/bench_conv_tokens.py, bf16, L 1, tiled / vectorised): d_inner 2048
+# at batch 1, 4, 16, 64, 256: 1.92 / 2.37, 2.17 / 2.41, 2.55 / 2.50, 4.23 / 2.93, 11.14 / 5.28 us; d_inner 5120 at
+# batch 4 and 16: 2.45 / 2.49 and 2.94 / 2.82 us. So it serves from CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM blocks of the
+# tiled conv (128 channels x one batch row each) per SM. Optional, like SCAN_TOKENS_WS_FAMILY.
+CONV_TOKENS_VEC_FAMILY = "conv1d_tokens_silu_vec"
+CONV_TOKENS_VEC_MAX_L = 4  # a thread walks L itself: beyond a few timesteps the tiled conv's parallelism wins
+CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM = 2
 RMS_NORM_ADD_FAMILY = "rmsnorm_forward_resadd_f32in"  # kernels/fixed/norm.toml
 RMS_NORM_KERNELS = {  # (x dtype, out dtype) -> (family, dtype): kernels/fixed/norm.toml
     ("f32", "f32"): ("rmsnorm_forward", "f32"),
@@ -295,6 +305,16 @@ def scan_tokens_ws_serves(batch: int, d_inner: int, d_state: int, sm_count: int)
     return d_state <= SCAN_TOKENS_WS_MAX_STATE and blocks <= SCAN_TOKENS_WS_WAVES * SCAN_TOKENS_WS_BLOCKS_PER_SM * sm_count
 
 
+def conv_tokens_vec_serves(batch: int, d: int, length: int, sm_count: int) -> bool:
+    """Whether conv_tokens at these sizes runs the vectorised conv (CONV_TOKENS_VEC_FAMILY): a few timesteps, and a
+    grid of the tiled conv of at least CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM blocks an SM."""
+    blocks = -(-d // 128) * batch
+    return 1 <= length <= CONV_TOKENS_VEC_MAX_L and sm_count > 0 and blocks >= CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM * sm_count
+
+
+OPTIONAL_SEQUENCE_FAMILIES = (SCAN_TOKENS_WS_FAMILY, CONV_TOKENS_VEC_FAMILY)  # absent: the plain family serves
+
+
 def kernels_used() -> list[tuple[str, str]]:
     """Every (family, dtype) an op may launch: loaded at registration, so a CUDA-graph capture loads no module."""
     return ([softplus_kernel(d) for d in SOFTPLUS_DTYPES] + list(RMS_NORM_KERNELS.values())
@@ -305,7 +325,8 @@ def kernels_used() -> list[tuple[str, str]]:
 
 __all__ = ["CONV1D_FAMILY", "CONV_BWD_FAMILY", "CONV_SAVE_FAMILY", "CONV_TOKENS_FAMILY", "LIBRARY", "REDUCE",
            "RMS_NORM_ADD_FAMILY", "RMS_NORM_BWD_KERNELS", "SCAN_BWD_FAMILIES", "SCAN_SAVE_CHUNK", "SCAN_SAVE_FAMILY",
-           "SCAN_STEP_FAMILY", "SCAN_TOKENS_FAMILY", "SCAN_TOKENS_WS_FAMILY", "scan_tokens_ws_serves", "TRAIN_SCHEMAS", "mixer_backward_kernels", "mixer_shapes", "norm_backward_kernels",
+           "SCAN_STEP_FAMILY", "SCAN_TOKENS_FAMILY", "SCAN_TOKENS_WS_FAMILY", "scan_tokens_ws_serves",
+           "CONV_TOKENS_VEC_FAMILY", "CONV_TOKENS_VEC_MAX_L", "CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM", "conv_tokens_vec_serves", "OPTIONAL_SEQUENCE_FAMILIES", "TRAIN_SCHEMAS", "mixer_backward_kernels", "mixer_shapes", "norm_backward_kernels",
            "rms_norm_bwd_kernel", "scan_bwd_family",
            "conv_tokens_shapes", "scan_tokens_shapes", "RMS_NORM_KERNELS", "SCAN_FAMILY", "SCHEMAS", "SEQUENCE_DTYPES",
            "SOFTPLUS_DTYPES", "conv1d_shapes", "gemm_shape", "kernels_used", "rms_norm_kernel", "rms_norm_shapes", "scan_shapes",

@@ -31,8 +31,10 @@ REF = "gemm_bi_nn_sm90a_wgmma_splitk8_m128n128_s4_{t}"
 CLUSTER = [f"gemm_bi_nn_sm90a_wgmma_splitk8_cluster_{s}_{{t}}"
            for s in ("m64n32_s6", "m64n64_s4", "m64n128_s3", "m64n128_s4", "m64n256_s3")]
 OTHER = ["gemm_bi_nn_sm90a_wgmma_splitk8_m64n128_s8_{t}"]  # the second in-CTA rung
-# the pair rungs (two consumer warpgroups taking the parts in turn, the total handed over in shared memory)
-PAIR = [f"gemm_bi_nn_sm90a_wgmma_splitk8_pair_{s}_{{t}}" for s in ("m64n256_s2", "m128n128_s2", "m64n128_s4")]
+# the pair rungs (two consumer warpgroups taking the parts in turn, the total handed over in shared memory through
+# an mbarrier each way: admitted at full level, racecheck included)
+PAIR = [f"gemm_bi_nn_sm90a_wgmma_splitk8_pair_{s}_{{t}}"
+        for s in ("m64n256_s2", "m128n128_s2", "m64n128_s4", "m64n64_s6")]
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 # (N, K): x_proj and out_proj at d_model 1024 and 2560; ragged: 18 k-tiles (parts of 3, two empty), K % 64 != 0
 NK = [(96, 2048), (1024, 2048), (192, 5120), (2560, 5120), (200, 1096), (8, 1032), (392, 1480)]
@@ -55,16 +57,6 @@ def _bits(t):
     return t.contiguous().view(torch.int16)
 
 
-def _serves(kernels, name):  # noqa: F811
-    """Whether the manifest admitted `name` (the pair rungs: rejected where the sanitizer's racecheck flags their
-    hand-off, so the route skips them; test_pair_rungs_are_admitted_or_rejected_by_the_sanitizer says which)."""
-    try:
-        kernels.function(name, follow_fallback=False)
-    except SymbolUnavailable:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("t", sorted(DTYPES))
 @pytest.mark.parametrize("N,K", NK)
 def test_every_rung_matches_float64_and_the_reference_rows(kernels, t, N, K):  # noqa: F811
@@ -75,7 +67,7 @@ def test_every_rung_matches_float64_and_the_reference_rows(kernels, t, N, K):  #
     want = A.double() @ B.double()
     err = ((ref.double() - want).abs() / (want.abs() + 1)).max().item()
     assert err < (2e-2 if t == "bf16" else 4e-3), f"{REF.format(t=t)} N={N} K={K}: relative error {err:.3g}"
-    pair = [p.format(t=t) for p in PAIR if _serves(kernels, p.format(t=t))]
+    pair = [p.format(t=t) for p in PAIR]
     for name in [REF.format(t=t)] + [c.format(t=t) for c in CLUSTER + OTHER] + pair:
         for m in MS + ((REF_M,) if name in pair else ()):
             got = _gemm(kernels, A[:m].contiguous(), B, name)
@@ -89,30 +81,24 @@ def test_every_rung_matches_float64_and_the_reference_rows(kernels, t, N, K):  #
 
 
 @pytest.mark.parametrize("name", [p.format(t=t) for p in PAIR for t in sorted(DTYPES)])
-def test_pair_rungs_are_admitted_or_rejected_by_the_sanitizer(kernels, name):  # noqa: F811
-    """A pair rung the manifest does not serve was rejected by compute-sanitizer's racecheck (its shared-memory
-    hand-off between the consumer warpgroups), not by a wrong bit or a timeout: anything else fails here."""
-    if _serves(kernels, name):
-        return
-    with pytest.raises(SymbolUnavailable) as err:
+def test_pair_rungs_are_admitted(kernels, name):  # noqa: F811
+    """Every pair rung is in the manifest: with its hand-off on mbarriers the full qualification (compute-sanitizer's
+    racecheck included) admits it; a rejection fails here with the qualifier's check and reason."""
+    try:
         kernels.function(name, follow_fallback=False)
-    assert err.value.check == "sanitize" and "racecheck" in err.value.reason, \
-        f"{name}: rejected by {err.value.check}: {err.value}"
-    pytest.skip(f"{name}: rejected by the qualifier's sanitizer check (racecheck) on this GPU")
+    except SymbolUnavailable as err:
+        pytest.fail(f"{name}: rejected by {err.check}: {err.reason}")
 
 
 @pytest.mark.parametrize("t", sorted(DTYPES))
 def test_pair_rungs_over_several_tiles_per_cta_give_the_reference_bits(kernels, t):  # noqa: F811
     """M = 9000: more tiles than CTAs (grid <= 132), so each CTA's consumers hand the total over for tile after tile
-    (the event counter across tiles); ragged K (23 k-tiles: parts of 3, the last of 2); every element compared."""
+    (the hand-off mbarriers' phases across tiles); ragged K (23 k-tiles: parts of 3, the last of 2); every element compared."""
     dtype = DTYPES[t]
     M, N, K = 9000, 392, 1480
     A, B = _rand((M, K), dtype, seed=5), _rand((K, N), dtype, seed=6)
     ref = _gemm(kernels, A, B, REF.format(t=t))
-    pair = [p.format(t=t) for p in PAIR if _serves(kernels, p.format(t=t))]
-    if not pair:
-        pytest.skip("no pair rung admitted on this GPU (test_pair_rungs_are_admitted_or_rejected_by_the_sanitizer)")
-    for name in pair:
+    for name in [p.format(t=t) for p in PAIR]:
         got = _gemm(kernels, A, B, name)
         same = _bits(got) == _bits(ref)
         assert bool(same.all()), f"{name}: {int((~same).sum())} elements differ from the reference rung, first at " \

@@ -3,7 +3,7 @@
 
 - ssm_scan_tokens over L equals L launches at L = 1 and L steps of the production decode step
   (ssm_step_forward_fused), bit for bit, out and state; any chunking too; ssm_scan_tokens_ws gives its bits; conv1d_tokens_silu likewise against
-  conv1d_step_forward_silu; bf16, f16, f32;
+  conv1d_step_forward_silu, and conv1d_tokens_silu_vec gives its bits; bf16, f16, f32;
 - the layer against a float64 transcription of mamba-ssm's reference path; prefill == chunked prefill == decode
   bit for bit; sequence 0 the same bits at batch 1 and batch 8; CUDA-graph replay and torch.compile as eager;
 - where mamba-ssm is importable, its Mamba's state dict loads unchanged and the outputs agree to bf16 rounding.
@@ -133,6 +133,28 @@ def test_conv_tokens_equals_the_conv_step_bit_for_bit(mft, kernels, dtype, b, L)
         for l0 in range(0, L, chunk):
             parts.append(ops.conv_tokens(xz[:, l0:l0 + chunk].contiguous(), weight, bias, s))
         assert _same(torch.cat(parts, 1), out) and _same(s, st), f"chunks of {chunk}"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+# the op serves L <= CONV_TOKENS_VEC_MAX_L from the vectorised conv; both by name here: the vector path (4 | d,
+# aligned), the element path (d not a multiple of 4; xz one element off its 16-byte alignment), widths 2..4
+@pytest.mark.parametrize("b,L,d,w,offset", [(256, 1, 2048, 4, 0), (1, 1, 5120, 4, 0), (7, 4, 1032, 4, 0),
+                                            (3, 3, 1030, 3, 0), (5, 2, 512, 2, 1), (2, 9, 64, 4, 0)])
+def test_vectorised_conv_gives_the_tiled_bits(kernels, dtype, b, L, d, w, offset):  # noqa: F811
+    """conv1d_tokens_silu_vec and conv1d_tokens_silu: the same out and new state, every bit, from a poisoned out."""
+    g = torch.Generator(device="cuda").manual_seed(b * 31 + L)
+    flat = (torch.rand(b * L * 2 * d + offset, generator=g, device="cuda") * 4 - 2).to(DT[dtype])
+    xz = flat[offset:]  # offset 1: not 16-byte aligned
+    st0 = (torch.rand(b, d, w - 1, generator=g, device="cuda") * 4 - 2).to(DT[dtype])
+    weight = torch.rand(d, w, generator=g, device="cuda") * 2 - 1
+    bias = torch.rand(d, generator=g, device="cuda") * 2 - 1
+    got = []
+    for fam in ("conv1d_tokens_silu", "conv1d_tokens_silu_vec"):
+        st, out = st0.clone(), torch.full((b, L, d), float("nan"), dtype=DT[dtype], device="cuda")
+        kernels.fn(fam, dtype)(out=out, conv_state=st, xz=xz, weight=weight, bias=bias, batch=b, d=d, L=L, width=w)
+        got.append((out, st))
+    assert not torch.isnan(got[1][0].float()).any()
+    assert _same(got[0][0], got[1][0]) and _same(got[0][1], got[1][1])
 
 
 def _layer(mft, d_model=1024, seed=0, dtype=torch.bfloat16):

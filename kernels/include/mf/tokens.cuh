@@ -649,4 +649,127 @@ MF_DEVICE void conv1d_tokens(T* __restrict__ out, T* __restrict__ conv_state, co
   }
 }
 
+// ---- the conv over a few timesteps (decode): conv1d_tokens' contract and bits, vectorised ----
+// A decode step (L = 1) of conv1d_tokens is one output per thread behind a kernel that holds a 32-timestep tile in
+// registers (96 registers, 5 blocks an SM: a batch-256 step is 6 waves of one round trip each). Here a thread
+// takes kTokConvVecCh = 4 consecutive channels of one batch row and walks the L timesteps itself, each output in
+// conv1d_tokens_w's arithmetic (conv_dot on the f64-widened window, mf::silu), so the bits are the same. Every
+// load is issued before the first output (one round trip): the state's width-1 inputs of the 4 channels as
+// width-1 Quads, x as one, the taps as width float4s, the bias as one (4 channels: 8 would need 146 registers, and
+// taps loaded where they are used cost a round trip each). Quads where d % 4 == 0 and the pointers are aligned,
+// element by element otherwise. In place safe: the thread that reads a (row, channel)'s state writes it, after.
+// The op serves small L from it (runtime/torch_ops.py conv_tokens_vec_serves).
+constexpr int kTokConvVecCh = 4;
+constexpr int kTokConvVecBlock = 128;
+
+template <typename T, int W>
+MF_DEVICE void conv1d_tokens_vec_w(T* __restrict__ out, T* __restrict__ conv_state, const T* __restrict__ xz,
+                                   const float* __restrict__ weight, const float* __restrict__ bias, long long b,
+                                   int c0, int d, long long L, bool vec) {
+  constexpr int CH = kTokConvVecCh;
+  static_assert(CH == 4, "one Quad of channels");
+  const int nc = min(CH, d - c0);
+  T win[W][CH];  // win[k][j]: channel c0 + j's input at l - (W-1) + k (win[W-1] the current one)
+  T* st = conv_state + ((long long)b * d + c0) * (W - 1);  // [channel][k], oldest first: W-1 Quads
+  float wt[CH][W], bs[CH];
+  if (vec) {
+    if constexpr (W > 1) {
+      Quad<T> sq[W - 1];
+#pragma unroll
+      for (int q = 0; q + 1 < W; ++q) sq[q] = reinterpret_cast<const Quad<T>*>(st)[q];
+#pragma unroll
+      for (int j = 0; j < CH; ++j)
+#pragma unroll
+        for (int k = 0; k + 1 < W; ++k) win[k][j] = sq[(j * (W - 1) + k) / 4].v[(j * (W - 1) + k) % 4];
+    }
+#pragma unroll
+    for (int q = 0; q < W; ++q) {  // channel-major taps: element 4q + i is channel (4q + i) / W, tap (4q + i) % W
+      const float4 f = reinterpret_cast<const float4*>(weight + (long long)c0 * W)[q];
+      const float fv[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wt[(4 * q + i) / W][(4 * q + i) % W] = fv[i];
+    }
+    const float4 f = *reinterpret_cast<const float4*>(bias + c0);
+    bs[0] = f.x, bs[1] = f.y, bs[2] = f.z, bs[3] = f.w;
+  } else {  // element by element; every index static (no local memory)
+#pragma unroll
+    for (int j = 0; j < CH; ++j) {
+#pragma unroll
+      for (int k = 0; k + 1 < W; ++k) win[k][j] = j < nc ? st[j * (W - 1) + k] : from_f32<T>(0.f);
+#pragma unroll
+      for (int k = 0; k < W; ++k) wt[j][k] = j < nc ? weight[(long long)(c0 + j) * W + k] : 0.f;
+      bs[j] = j < nc ? bias[c0 + j] : 0.f;
+    }
+  }
+  const long long xs = 2LL * d;
+  for (long long l = 0; l < L; ++l) {
+    const T* xp = xz + (b * L + l) * xs + c0;
+    T* op = out + (b * L + l) * d + c0;
+    if (vec) {
+      const Quad<T> xq = *reinterpret_cast<const Quad<T>*>(xp);
+#pragma unroll
+      for (int j = 0; j < CH; ++j) win[W - 1][j] = xq.v[j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < CH; ++j) win[W - 1][j] = j < nc ? xp[j] : from_f32<T>(0.f);
+    }
+    Quad<T> o;
+#pragma unroll
+    for (int j = 0; j < CH; ++j) {
+      double w[W], x[W];
+#pragma unroll
+      for (int k = 0; k < W; ++k) w[k] = wt[j][k], x[k] = (double)to_f32(win[k][j]);
+      o.v[j] = from_f32<T>(silu(conv_dot<W>(w, x, (double)bs[j])));
+    }
+    if (vec) {
+      *reinterpret_cast<Quad<T>*>(op) = o;
+    } else {
+#pragma unroll
+      for (int j = 0; j < CH; ++j)
+        if (j < nc) op[j] = o.v[j];
+    }
+#pragma unroll
+    for (int k = 0; k + 1 < W; ++k)
+#pragma unroll
+      for (int j = 0; j < CH; ++j) win[k][j] = win[k + 1][j];
+  }
+  if constexpr (W > 1) {  // the new state: the last W-1 inputs, now win[0..W-2]
+    if (vec) {
+      Quad<T> sq[W - 1];
+#pragma unroll
+      for (int j = 0; j < CH; ++j)
+#pragma unroll
+        for (int k = 0; k + 1 < W; ++k) sq[(j * (W - 1) + k) / 4].v[(j * (W - 1) + k) % 4] = win[k][j];
+#pragma unroll
+      for (int q = 0; q + 1 < W; ++q) reinterpret_cast<Quad<T>*>(st)[q] = sq[q];
+    } else {
+#pragma unroll
+      for (int j = 0; j < CH; ++j)
+        if (j < nc)
+#pragma unroll
+          for (int k = 0; k + 1 < W; ++k) st[j * (W - 1) + k] = win[k][j];
+    }
+  }
+}
+
+template <typename T>
+MF_DEVICE void conv1d_tokens_vec(T* __restrict__ out, T* __restrict__ conv_state, const T* __restrict__ xz,
+                                 const float* __restrict__ weight, const float* __restrict__ bias, int batch, int d,
+                                 long long L, int width) {
+  const int c0 = (blockIdx.x * kTokConvVecBlock + threadIdx.x) * kTokConvVecCh;
+  if (c0 >= d || L < 1) return;
+  // d % 4 == 0 keeps every row's Quads aligned once the bases are: 16 bytes for the f32 taps and bias
+  const bool vec = d % kTokConvVecCh == 0 && aligned_quad(out) && aligned_quad(xz) && aligned16(weight) &&
+                   aligned16(bias) && (width == 1 || aligned_quad(conv_state));
+  for (long long b = blockIdx.y; b < batch; b += gridDim.y) {
+    switch (width) {
+      case 1: conv1d_tokens_vec_w<T, 1>(out, conv_state, xz, weight, bias, b, c0, d, L, vec); break;
+      case 2: conv1d_tokens_vec_w<T, 2>(out, conv_state, xz, weight, bias, b, c0, d, L, vec); break;
+      case 3: conv1d_tokens_vec_w<T, 3>(out, conv_state, xz, weight, bias, b, c0, d, L, vec); break;
+      case 4: conv1d_tokens_vec_w<T, 4>(out, conv_state, xz, weight, bias, b, c0, d, L, vec); break;
+      default: return;
+    }
+  }
+}
+
 }  // namespace mf

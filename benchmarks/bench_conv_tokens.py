@@ -1,0 +1,117 @@
+"""The decode conv (one token: conv_tokens at L = 1) by kernel: conv1d_tokens_silu (the tiled token conv, one
+channel a thread) and conv1d_tokens_silu_vec (four channels a thread, vector loads; the same bits, checked here),
+against causal-conv1d 1.7.0's causal_conv1d_update (the peer's decode conv, built by
+benchmarks/peers/build_mamba_ssm.sh), GPU time per call in CUDA graphs, bf16, width 4, at d_inner 2048 and 5120
+(d_model 1024 and 2560) and batch 1..256. The op serves L <= CONV_TOKENS_VEC_MAX_L from the vectorised kernel
+(runtime/torch_ops.py conv_tokens_vec_serves); these figures are why. Appends to benchmarks/results/summary.json.
+    python benchmarks/bench_conv_tokens.py --bundle h200.tar.gz --key manifests/keys [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import bench_parser  # noqa: E402  (benchmarks/common.py)
+
+PEER = "causal-conv1d 1.7.0 causal_conv1d_update"
+FAMILIES = ("conv1d_tokens_silu", "conv1d_tokens_silu_vec")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = bench_parser(__doc__, "one small shape, seconds; nothing recorded", signed=True)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--batches", default="1,4,16,64,256")
+    p.add_argument("--dims", default="2048,5120", help="d_inner values")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def peer_update():
+    """(causal_conv1d_update or None, reason)."""
+    from bench_mamba_block import PEER_ROOT
+
+    if (PEER_ROOT / "causal_conv1d-1.7.0").is_dir():
+        sys.path.insert(0, str(PEER_ROOT / "causal_conv1d-1.7.0"))
+    try:
+        from causal_conv1d import causal_conv1d_update
+    except Exception as exc:  # noqa: BLE001 - ours still runs
+        return None, f"causal-conv1d not importable: {exc}"
+    return causal_conv1d_update, ""
+
+
+def graph_us(fn, reps: int, inner: int = 20) -> float:
+    from timing import capture_graph, median_ms
+
+    g = capture_graph(fn, inner)
+    return median_ms(g.replay, reps) / inner * 1e3
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    import torch
+    from common import register_signed
+    from summary import append, record
+
+    kernels = register_signed(a.bundle, a.key)
+    update, why = peer_update()
+    bf, gpu, w = torch.bfloat16, torch.cuda.get_device_name(), 4
+    batches = [1] if a.smoke else [int(x) for x in a.batches.split(",")]
+    dims = [256] if a.smoke else [int(x) for x in a.dims.split(",")]
+    reps = 3 if a.smoke else a.reps
+    records = []
+    for d in dims:
+        for b in batches:
+            g = torch.Generator(device="cuda").manual_seed(b)
+            xz = (torch.rand(b, 1, 2 * d, generator=g, device="cuda") * 4 - 2).to(bf)
+            st0 = (torch.rand(b, d, w - 1, generator=g, device="cuda") * 4 - 2).to(bf)
+            weight = torch.rand(d, w, generator=g, device="cuda") * 2 - 1
+            bias = torch.rand(d, generator=g, device="cuda") * 2 - 1
+            times, firsts = {}, {}
+            for fam in FAMILIES:
+                fn, st, out = kernels.fn(fam, "bf16"), st0.clone(), torch.empty(b, 1, d, dtype=bf, device="cuda")
+                call = lambda fn=fn, st=st, out=out: fn(out=out, conv_state=st, xz=xz, weight=weight, bias=bias,  # noqa: E731, B023
+                                                         batch=b, d=d, L=1, width=w)  # noqa: B023
+                call()  # one step from st0: the bits compared below
+                firsts[fam] = (out.clone(), st.clone())
+                times[fam] = graph_us(call, reps)
+            (o1, s1), (o2, s2) = firsts[FAMILIES[0]], firsts[FAMILIES[1]]
+            same = torch.equal(o1, o2) and torch.equal(s1, s2)
+            if not same:
+                raise SystemExit(f"conv1d_tokens_silu and conv1d_tokens_silu_vec differ at batch {b} d {d}")
+            peer = None
+            if update is not None:
+                # the peer's own layout: x [b, d], state [b, d, width] (it keeps width inputs), weight [d, width]
+                x, pst = xz[:, 0, :d], torch.zeros(b, d, w, dtype=bf, device="cuda")
+                wb = weight.to(bf)
+                peer = graph_us(lambda x=x, pst=pst, wb=wb: update(x, pst, wb, bias.to(bf), "silu"), reps)  # noqa: B023
+            tiled, vec = times[FAMILIES[0]], times[FAMILIES[1]]
+            peer_txt = f"{peer:.2f} us" if peer is not None else f"n/a ({why})"
+            print(f"d {d} batch {b}: tiled {tiled:.2f} us, vec {vec:.2f} us ({tiled / vec:.2f}x), peer {peer_txt}, "
+                  f"bit-identical: {same}", flush=True)
+            if not a.smoke:
+                shape = f"b{b} d{d} L1 w{w}"
+                records.append(record(family="conv1d_tokens_silu_vec", symbol="conv1d_tokens_silu_vec_bf16",
+                                      shape=shape, dtype="bf16", ours=vec / 1e3, baseline=tiled / 1e3,
+                                      baseline_name="conv1d_tokens_silu_bf16 (tiled)", unit="ms", gpu=gpu,
+                                      goal="bit-identical to the tiled conv", met=same))
+                if peer is not None:
+                    best = min(tiled, vec)
+                    records.append(record(family="conv1d_tokens_silu_vec", symbol="conv1d_tokens_silu_vec_bf16",
+                                          shape=shape, dtype="bf16", ours=best / 1e3, baseline=peer / 1e3,
+                                          baseline_name=PEER, unit="ms", gpu=gpu, goal="<= 1.0x peer time",
+                                          met=best <= peer))
+    if records:
+        append(records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
