@@ -26,33 +26,6 @@ constexpr int CONV_FWD_CHUNKS = 4;             // 16-byte chunks per thread in a
 // 0.53 of copy bandwidth against f32's 0.89.) The catalog's grid is batch*d*ceil_div(L, 8192 // sizeof_T).
 constexpr int CONV_STEP_BLOCK = 256;
 
-// mf::silu of N values, bit for bit, without a branch per value. mf::sigmoid's 1.f / y (y = 1 + expf(-z)) is
-// rcp.rn.f32, which ptxas expands to MUFU.RCP + one FMA Newton step when y's exponent is in range and to a
-// slow-path call otherwise; per value that branch (with its convergence barrier) costs more than the arithmetic.
-// Here: y < 2^126 (true for every y >= 1 in the fast range; false for inf/NaN and huge y) for all N values ->
-// the same fast-path sequence inline; else the library expression for all N. conv1d_step keeps mf::silu, so
-// the GPU test step == forward checks this equality.
-template <int N> MF_DEVICE void silu_n(float* out, const float* z) {
-  float y[N];
-  bool fast = true;
-#pragma unroll
-  for (int j = 0; j < N; ++j) {
-    y[j] = 1.f + expf(-z[j]);
-    fast = fast && y[j] < 0x1p126f;
-  }
-  if (fast) {
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-      float r;
-      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y[j]));
-      const float t = __fmaf_rn(y[j], r, -1.f);  // exact: y*r is within 2^-22 of 1
-      out[j] = z[j] * __fmaf_rn(r, -t, r);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < N; ++j) out[j] = silu(z[j]);
-  }
-}
 
 // A backward channel c: its W taps widened to f64 (exact) and its f64 weight-gradient accumulators, zeroed.
 template <int W>

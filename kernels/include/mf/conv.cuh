@@ -17,4 +17,38 @@ template <int W> MF_DEVICE float conv_dot(const double* w, const double* xs, dou
   return (float)acc;
 }
 
+// mf::silu of N values, bit for bit, without a branch per value. mf::sigmoid's 1.f / y (y = 1 + expf(-z)) is
+// rcp.rn.f32, which ptxas expands to MUFU.RCP + one FMA Newton step when y's exponent is in range and to a
+// slow-path call otherwise; per value that branch (with its convergence barrier) costs more than the arithmetic.
+// Here: y < 2^126 (true for every y >= 1 in the fast range; false for inf/NaN and huge y) for all N values ->
+// the same fast-path sequence inline; else the library expression for all N. conv1d_step keeps mf::silu, so
+// the GPU test step == forward checks this equality (and the token conv's emulation, built on the host, takes the
+// library expression: no PTX there).
+template <int N> MF_DEVICE void silu_n(float* out, const float* z) {
+  float y[N];
+  bool fast = true;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    y[j] = 1.f + expf(-z[j]);
+    fast = fast && y[j] < 0x1p126f;
+  }
+#ifdef __CUDA_ARCH__
+  if (fast) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      float r;
+      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y[j]));
+      const float t = __fmaf_rn(y[j], r, -1.f);  // exact: y*r is within 2^-22 of 1
+      out[j] = z[j] * __fmaf_rn(r, -t, r);
+    }
+  } else
+#else
+  (void)fast;
+#endif
+  {
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = silu(z[j]);
+  }
+}
+
 }  // namespace mf

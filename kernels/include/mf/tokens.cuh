@@ -576,13 +576,15 @@ MF_DEVICE void ssm_scan_tokens_ws(T* __restrict__ out, float* __restrict__ state
 
 // ---- the causal conv1d ---------------------------------------------------------------------------------------
 // out[b, l, c] = silu(bias[c] + sum_k w[c, k] x[b, l - (width-1) + k, c]) with x = xz[:, :d] (row stride 2 d), in
-// conv1d_step_w's arithmetic (window widened to f64, conv_dot, mf::silu); positions before 0 come from
+// conv1d_step_w's arithmetic (window widened to f64, conv_dot, mf::silu: a whole tile's outputs through silu_n, the
+// same bits); positions before 0 come from
 // conv_state [b, c, width-1] (oldest first), the previous chunk's last inputs (zeros for a fresh sequence).
 // Thread: one channel, kTokConvSteps consecutive timesteps (consecutive threads: consecutive channels, so each
 // timestep's loads and stores are coalesced). In place safe: only the thread of a channel's first tile reads
 // conv_state, and that thread alone writes the new state (the last width-1 inputs, read from x) after its reads.
 constexpr int kTokConvSteps = 32;
 constexpr int kTokConvBlock = 128;
+static_assert(kTokConvSteps % 4 == 0, "a tile's outputs go through silu_n four at a time");
 
 template <typename T, int W>
 MF_DEVICE void conv1d_tokens_w(T* __restrict__ out, T* __restrict__ conv_state, const T* __restrict__ xz,
@@ -611,8 +613,21 @@ MF_DEVICE void conv1d_tokens_w(T* __restrict__ out, T* __restrict__ conv_state, 
     T xv[kTokConvSteps];  // a whole tile: every load in flight before the first output
 #pragma unroll
     for (int i = 0; i < kTokConvSteps; ++i) xv[i] = xrow[(l0 + i) * xs];
+    // four outputs at a time through silu_n (mf::silu's bits without a slow-path branch per value)
 #pragma unroll
-    for (int i = 0; i < kTokConvSteps; ++i) emit(l0 + i, xv[i]);
+    for (int i = 0; i < kTokConvSteps; i += 4) {
+      float pre[4], y[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int k = 0; k + 1 < W; ++k) win[k] = win[k + 1];
+        win[W - 1] = (double)to_f32(xv[i + j]);
+        pre[j] = conv_dot<W>(w, win, bc);
+      }
+      silu_n<4>(y, pre);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) out[(b * L + l0 + i + j) * d + c] = from_f32<T>(y[j]);
+    }
   } else {
     for (long long l = l0; l < L; ++l) emit(l, xrow[l * xs]);
   }
@@ -713,14 +728,18 @@ MF_DEVICE void conv1d_tokens_vec_w(T* __restrict__ out, T* __restrict__ conv_sta
 #pragma unroll
       for (int j = 0; j < CH; ++j) win[W - 1][j] = j < nc ? xp[j] : from_f32<T>(0.f);
     }
-    Quad<T> o;
+    float pre[CH], y[CH];
 #pragma unroll
     for (int j = 0; j < CH; ++j) {
       double w[W], x[W];
 #pragma unroll
       for (int k = 0; k < W; ++k) w[k] = wt[j][k], x[k] = (double)to_f32(win[k][j]);
-      o.v[j] = from_f32<T>(silu(conv_dot<W>(w, x, (double)bs[j])));
+      pre[j] = conv_dot<W>(w, x, (double)bs[j]);
     }
+    silu_n<CH>(y, pre);  // mf::silu's bits without a slow-path branch per value
+    Quad<T> o;
+#pragma unroll
+    for (int j = 0; j < CH; ++j) o.v[j] = from_f32<T>(y[j]);
     if (vec) {
       *reinterpret_cast<Quad<T>*>(op) = o;
     } else {
