@@ -173,13 +173,15 @@ def _conv(lib, xz, state, weight, bias, b, L, d, w, l0=0, l1=None, name="conv1d_
     return got["out"].reshape(b, l1 - l0, d), got["conv_state"]
 
 
-@pytest.mark.parametrize("b,L,d,w", [(2, 77, 130, 4), (1, 33, 5, 3), (3, 2, 129, 4), (1, 40, 64, 2), (2, 9, 7, 2)])
-def test_conv_tokens_matches_the_reference_and_itself_chunked(emu, b, L, d, w):
-    rng = np.random.default_rng(4)
+def _conv_inputs(rng, b, L, d, w):
     xz = rng.uniform(-2, 2, (b, L, 2 * d)).astype(np.float32)
     st0 = rng.uniform(-2, 2, (b, d, max(w - 1, 1))).astype(np.float32)[:, :, :w - 1].copy()
-    weight = rng.uniform(-1, 1, (d, w)).astype(np.float32)
-    bias = rng.uniform(-1, 1, d).astype(np.float32)
+    return xz, st0, rng.uniform(-1, 1, (d, w)).astype(np.float32), rng.uniform(-1, 1, d).astype(np.float32)
+
+
+@pytest.mark.parametrize("b,L,d,w", [(2, 77, 130, 4), (1, 33, 5, 3), (3, 2, 129, 4), (1, 40, 64, 2), (2, 9, 7, 2)])
+def test_conv_tokens_matches_the_reference_and_itself_chunked(emu, b, L, d, w):
+    xz, st0, weight, bias = _conv_inputs(np.random.default_rng(4), b, L, d, w)
     out, st = _conv(emu, xz, st0, weight, bias, b, L, d, w)
     want, want_st = ref.conv_tokens(st0, xz, weight, bias, w)
     assert np.all(np.isfinite(out))
@@ -193,12 +195,6 @@ def test_conv_tokens_matches_the_reference_and_itself_chunked(emu, b, L, d, w):
                 parts.append(o)
         assert np.array_equal(np.concatenate(parts, axis=1).view(np.uint32), out.view(np.uint32)), cut
         assert np.array_equal(s.view(np.uint32), st.view(np.uint32)), cut
-
-
-def _conv_inputs(rng, b, L, d, w):
-    xz = rng.uniform(-2, 2, (b, L, 2 * d)).astype(np.float32)
-    st0 = rng.uniform(-2, 2, (b, d, max(w - 1, 1))).astype(np.float32)[:, :, :w - 1].copy()
-    return xz, st0, rng.uniform(-1, 1, (d, w)).astype(np.float32), rng.uniform(-1, 1, d).astype(np.float32)
 
 
 # d % 4 == 0: the vector path (d 1032: three channel blocks); otherwise element by element, with a last thread

@@ -100,6 +100,7 @@ SCAN_TOKENS_WS_WAVES = 1
 CONV_TOKENS_VEC_FAMILY = "conv1d_tokens_silu_vec"
 CONV_TOKENS_VEC_MAX_L = 4  # a thread walks L itself: beyond a few timesteps the tiled conv's parallelism wins
 CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM = 2
+CONV_TOKENS_BLOCK_CHANNELS = 128  # channels a block of the tiled conv takes (tokens.toml: grid ceil_div(d, 128))
 RMS_NORM_ADD_FAMILY = "rmsnorm_forward_resadd_f32in"  # kernels/fixed/norm.toml
 RMS_NORM_KERNELS = {  # (x dtype, out dtype) -> (family, dtype): kernels/fixed/norm.toml
     ("f32", "f32"): ("rmsnorm_forward", "f32"),
@@ -308,7 +309,7 @@ def scan_tokens_ws_serves(batch: int, d_inner: int, d_state: int, sm_count: int)
 def conv_tokens_vec_serves(batch: int, d: int, length: int, sm_count: int) -> bool:
     """Whether conv_tokens at these sizes runs the vectorised conv (CONV_TOKENS_VEC_FAMILY): a few timesteps, and a
     grid of the tiled conv of at least CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM blocks an SM."""
-    blocks = -(-d // 128) * batch
+    blocks = -(-d // CONV_TOKENS_BLOCK_CHANNELS) * batch
     return 1 <= length <= CONV_TOKENS_VEC_MAX_L and sm_count > 0 and blocks >= CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM * sm_count
 
 
@@ -326,7 +327,9 @@ def kernels_used() -> list[tuple[str, str]]:
 __all__ = ["CONV1D_FAMILY", "CONV_BWD_FAMILY", "CONV_SAVE_FAMILY", "CONV_TOKENS_FAMILY", "LIBRARY", "REDUCE",
            "RMS_NORM_ADD_FAMILY", "RMS_NORM_BWD_KERNELS", "SCAN_BWD_FAMILIES", "SCAN_SAVE_CHUNK", "SCAN_SAVE_FAMILY",
            "SCAN_STEP_FAMILY", "SCAN_TOKENS_FAMILY", "SCAN_TOKENS_WS_FAMILY", "scan_tokens_ws_serves",
-           "CONV_TOKENS_VEC_FAMILY", "CONV_TOKENS_VEC_MAX_L", "CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM", "conv_tokens_vec_serves", "OPTIONAL_SEQUENCE_FAMILIES", "TRAIN_SCHEMAS", "mixer_backward_kernels", "mixer_shapes", "norm_backward_kernels",
+           "CONV_TOKENS_VEC_FAMILY", "CONV_TOKENS_VEC_MAX_L", "CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM",
+           "CONV_TOKENS_BLOCK_CHANNELS", "conv_tokens_vec_serves", "OPTIONAL_SEQUENCE_FAMILIES", "TRAIN_SCHEMAS",
+           "mixer_backward_kernels", "mixer_shapes", "norm_backward_kernels",
            "rms_norm_bwd_kernel", "scan_bwd_family",
            "conv_tokens_shapes", "scan_tokens_shapes", "RMS_NORM_KERNELS", "SCAN_FAMILY", "SCHEMAS", "SEQUENCE_DTYPES",
            "SOFTPLUS_DTYPES", "conv1d_shapes", "gemm_shape", "kernels_used", "rms_norm_kernel", "rms_norm_shapes", "scan_shapes",
