@@ -3,10 +3,13 @@ the same weights (its fast path where causal-conv1d imports), from torch.profile
 kernels summed per name over a few calls. Not a benchmark (no ratio recorded, no goal): it names the limiter that
 bench_mamba_block.py's figures leave open (which projection, the conv, the scan or a copy).
 
-    python benchmarks/profile_layer.py --bundle h200.tar.gz --key manifests/keys [--d-models 1024,2560] [--smoke]
+    python benchmarks/profile_layer.py --bundle h200.tar.gz --key manifests/keys [--d-models 1024,2560] [--train]
+        [--smoke]
 
 Decode at batch 1, 16 and 256 (one token from a one-token cache, as bench_mamba_block.py's decode), prefill at
-(b1, L2048) and (b4, L4096). --smoke: d_model 256, batch 1 decode and (b1, L64) prefill, two calls each.
+(b1, L2048) and (b4, L4096). --train: forward + backward instead (bench_mamba_train.py's step, from a fixed output
+gradient) at (b8, L2048). --smoke: d_model 256, batch 1 decode and (b1, L64) prefill (--train: (b2, L128)), two calls
+each.
 Peers: benchmarks/peers/build_mamba_ssm.sh (as bench_mamba_block.py).
 """
 
@@ -28,21 +31,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--d-models", default="1024,2560")
     p.add_argument("--calls", type=int, default=20, help="decode calls profiled per shape (prefill: a quarter)")
     p.add_argument("--top", type=int, default=14, help="kernels listed per call")
+    p.add_argument("--train", action="store_true", help="forward + backward at (b8, L2048) instead of inference")
     p.add_argument("--smoke", action="store_true", help="d_model 256, one decode and one prefill shape, 2 calls")
     return p.parse_args(argv)
 
 
 def per_kernel(title: str, module, h, calls: int, top: int, **kw) -> None:
     """Prints module(h, **kw)'s CUDA kernels under torch.profiler: us per call summed per kernel name, largest first."""
+    per_kernel_of(title, lambda: module(h, **kw), calls, top)
+
+
+def per_kernel_of(title: str, call, calls: int, top: int) -> None:
+    """Prints call()'s CUDA kernels under torch.profiler: us per call summed per kernel name, largest first."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
-        module(h, **kw)
+        call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            module(h, **kw)
+            call()
         torch.cuda.synchronize()
     total, count = defaultdict(float), defaultdict(int)
     for e in prof.events():
@@ -70,6 +79,8 @@ def main(argv=None) -> int:
     batches = [1] if a.smoke else [1, 16, 256]
     prefill = [(1, 64)] if a.smoke else [(1, 2048), (4, 4096)]
     calls = 2 if a.smoke else a.calls
+    if a.train:
+        return train_profile(a, mft, Peer, layer_pair, d_models)
     for dm in d_models:
         ours, peer = layer_pair(mft, Peer, dm, bf)
         with torch.no_grad():
@@ -91,6 +102,27 @@ def main(argv=None) -> int:
                 per_kernel(f"d{dm} prefill b{b} L{L}: ours", ours, h, n, a.top)
                 if peer is not None:
                     per_kernel(f"d{dm} prefill b{b} L{L}: peer", peer, h, n, a.top)
+        ours = peer = None
+        torch.cuda.empty_cache()
+    return 0
+
+
+def train_profile(a, mft, Peer, layer_pair, d_models) -> int:
+    """Forward + backward per kernel, ours and the peer's, from the same input and output gradient."""
+    import torch
+    from bench_mamba_train import fwd_bwd
+
+    bf = torch.bfloat16
+    b, L = (2, 128) if a.smoke else (8, 2048)
+    calls = 2 if a.smoke else max(2, a.calls // 4)
+    for dm in d_models:
+        ours, peer = layer_pair(mft, Peer, dm, bf)
+        g = torch.Generator(device="cuda").manual_seed(dm)
+        h = torch.randn(b, L, dm, device="cuda", dtype=bf, generator=g)
+        dout = torch.randn(b, L, dm, device="cuda", dtype=bf, generator=g)
+        for name, model in (("ours", ours), ("peer", peer)):
+            if model is not None:
+                per_kernel_of(f"d{dm} forward+backward b{b} L{L}: {name}", fwd_bwd(model, h, dout)[0], calls, a.top)
         ours = peer = None
         torch.cuda.empty_cache()
     return 0

@@ -100,6 +100,7 @@ TINY = {
     "gather": {"rows": 4, "ncols": 5, "ld": 11, "col0": 3},
     "bc": {"batch": 3, "seqlen": 7, "dt_rank": 4, "d_state": 5},
     "last": {"batch": 3, "seqlen": 4, "dim": 6},
+    "transpose": {"batch": 2, "rows": 5, "cols": 3, "in_pad": 4, "out_pad": 2},
     "concat": {"rows": 4, "dim": 6},
     "pack": {"rows": 5, "dt_rank": 4, "d_state": 3},
 }
@@ -344,3 +345,24 @@ def test_bc_gathers_and_last_timestep_match_loops():
     seq = np.arange(batch * seqlen * dim, dtype=np.float64)
     last = re_.gather_last_timestep({"in": seq, "batch": batch, "seqlen": seqlen, "dim": dim}, {})["out"]
     assert list(last) == [seq[(b * seqlen + seqlen - 1) * dim + d] for b in range(batch) for d in range(dim)]
+
+
+def test_transpose_rows_reference_matches_loops():
+    """out[b, c, r] = src[b, r, c] with padded rows both sides; the padding of out keeps what it held, and a src or
+    out longer than the launch touches is read and returned only up to the touched count."""
+    batch, rows, cols, ld_in, ld_out = 2, 3, 4, 6, 5
+    n_in, n_out = (batch * rows - 1) * ld_in + cols, (batch * cols - 1) * ld_out + rows
+    src = np.arange(n_in + 9, dtype=np.float64)  # 9 elements past the last touched one
+    out0 = -np.arange(n_out + 4, dtype=np.float64) - 1
+    args = {"src": src, "out": out0, "batch": batch, "rows": rows, "cols": cols, "ld_in": ld_in, "ld_out": ld_out}
+    got = re_.transpose_rows(args, {})["out"]
+    assert got.size == n_out
+    written = set()
+    for b in range(batch):
+        for r in range(rows):
+            for c in range(cols):
+                i = (b * cols + c) * ld_out + r
+                assert got[i] == src[(b * rows + r) * ld_in + c]
+                written.add(i)
+    assert all(got[i] == out0[i] for i in range(n_out) if i not in written)  # the padding kept
+    assert len(written) == batch * rows * cols

@@ -321,3 +321,27 @@ def test_gemm_routes_skip_rejected_rungs_and_say_so(tiny, caplog):
     assert k.summary().skipped_rungs == {"nn bf16xbf16->bf16": ["fast_copy_bf16"]}
     text = _runtime_warnings(caplog)[0].getMessage()
     assert "GEMM route rungs skipped (the rest of their routes serve): nn bf16xbf16->bf16: fast_copy_bf16" in text
+
+
+def test_a_launch_from_another_thread_makes_the_context_current_there_once(tiny):
+    """torch's autograd engine runs backward on a thread of its own: a launch there must make the device's context
+    current on that thread first (else the driver answers CUDA_ERROR_INVALID_CONTEXT), once per thread."""
+    import threading
+
+    k, fake = _load(tiny)
+    y, x = T(N), T(N)
+    k.scale(y=y, x=x, a=1.0)
+    k.scale(y=y, x=x, a=1.0)
+    before = len(fake.activated)
+
+    def worker():
+        k.scale(y=y, x=x, a=2.0)
+        k.scale(y=y, x=x, a=3.0)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert fake.activated[before:] == [0]  # one activation on the new thread, none for its second launch
+    assert len(fake.launches) == 4
+    k.scale(y=y, x=x, a=4.0)
+    assert len(fake.activated) == before + 1  # the first thread stays current: nothing more

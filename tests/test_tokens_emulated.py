@@ -45,8 +45,8 @@ inline void mf_named_bar(int id, int n, bool wait) {
 _FIXED = load_catalog(default_catalog_path()).module("Fixed")
 # the warp-specialised scan's f32 symbols (every instance the catalog declares)
 _WS_NAMES = sorted(s.name for s in _FIXED.symbols if s.family == "ssm_scan_tokens_ws" and s.dtype == "f32")
-_EMU_NAMES = ["ssm_step_forward_fused_f32", "ssm_scan_tokens_f32", "conv1d_tokens_silu_f32", "conv1d_tokens_silu_vec_f32",
-              *_WS_NAMES]
+_EMU_NAMES = ["ssm_step_forward_fused_f32", "ssm_scan_tokens_f32", "ssm_scan_tokens_save_f32", "conv1d_tokens_silu_f32",
+              "conv1d_tokens_silu_vec_f32", *_WS_NAMES]
 # scan.cu and tokens.cu, then the catalog's generated wrappers (the text NVRTC compiles), then the launcher
 _EMU_INCLUDES = "#include <thread>\n#include <vector>\n#include <utility>\n#include <cstring>\n#include SCAN_CU\n#include TOKENS_CU\n"
 
@@ -152,6 +152,43 @@ def test_warp_specialised_scan_equals_the_four_lane_scan_bit_for_bit(emu, name, 
     assert np.array_equal(got.view(np.uint32), out.view(np.uint32))
     assert np.array_equal(got_state.view(np.uint32), state.view(np.uint32))
     _assert_chunks_agree(emu, x, (b, L, d, n, r), [0, 1, L // 2 + 1, L], out, state, name=name)
+
+
+# L past one, two and three 256-step chunks (partial and whole last chunks), d_state of one and two slices
+SAVE_DIMS = [(2, 530, 20, 16, 8), (1, 256, 9, 16, 4), (1, 257, 8, 32, 16), (2, 40, 12, 16, 4)]
+
+
+@pytest.mark.parametrize("b,L,d,n,r", SAVE_DIMS)
+def test_saving_scan_gives_the_scan_bits_and_the_states_before_each_chunk(emu, b, L, d, n, r):
+    """ssm_scan_tokens_save: out and final state are ssm_scan_tokens' bits; saved[:, :, c] is, bit for bit, the state
+    a 256-step chunked scan holds before chunk c (the training forward's saves), and agrees with the float64
+    reference's states."""
+    x = {k: v.astype(np.float32) for k, v in _scan_inputs(np.random.default_rng(8), b, L, d, n, r).items()}
+    out, state = _scan(emu, x, b, L, d, n, r)
+    dims = {"batch": b, "d_inner": d, "d_state": n, "dt_rank": r, "L": L}
+    got = _launch(emu, "ssm_scan_tokens_save_f32", dims, x)
+    assert np.array_equal(got["out"].reshape(b, L, d).view(np.uint32), out.view(np.uint32))
+    assert np.array_equal(got["state"].view(np.uint32), state.view(np.uint32))
+    nc = -(-L // 256)
+    saved = got["saved"].reshape(b, d, nc, n)
+    st = x["state"].ravel().copy()
+    for c in range(nc):
+        assert np.array_equal(saved[:, :, c].ravel().view(np.uint32), st.view(np.uint32)), f"chunk {c}"
+        _, st = _scan(emu, x, b, L, d, n, r, 256 * c, min(L, 256 * (c + 1)), st)
+    want = ref.ssm_scan_tokens_save({k: v.ravel() for k, v in x.items()}, dims)["saved"].reshape(b, d, nc, n)
+    assert np.max(np.abs(saved - want)) <= 2e-5 * max(1.0, np.max(np.abs(want)))
+
+
+def test_saved_state_comparison_tells_a_one_ulp_input_apart(emu):
+    """Negative control for the test above: one input of the step before chunk 1 nudged by one ulp saves other bits."""
+    b, L, d, n, r = 1, 300, 8, 16, 4
+    x = {k: v.astype(np.float32) for k, v in _scan_inputs(np.random.default_rng(9), b, L, d, n, r).items()}
+    dims = {"batch": b, "d_inner": d, "d_state": n, "dt_rank": r, "L": L}
+    a = _launch(emu, "ssm_scan_tokens_save_f32", dims, x)["saved"]
+    y = {**x, "u": x["u"].copy()}
+    y["u"][0, 255, 5] = np.nextafter(y["u"][0, 255, 5], np.float32(np.inf))
+    bsv = _launch(emu, "ssm_scan_tokens_save_f32", dims, y)["saved"]
+    assert not np.array_equal(a.reshape(b, d, 2, n)[:, :, 1].view(np.uint32), bsv.reshape(b, d, 2, n)[:, :, 1].view(np.uint32))
 
 
 def test_bitwise_comparison_tells_a_one_ulp_input_apart(emu):

@@ -73,7 +73,7 @@ class RefKernel:
         for k, v in kw.items():
             assert not torch.is_tensor(v) or v.is_contiguous(), f"{self.name}: {k} is not dense"
         self._calls.append(self.name)
-        if self.family in ("ssm_scan_tokens", "ssm_scan_tokens_ws"):
+        if self.family in ("ssm_scan_tokens", "ssm_scan_tokens_ws", "ssm_scan_tokens_save"):
             self._steps(kw)
         else:
             self._run(kw)
@@ -82,15 +82,24 @@ class RefKernel:
         args = {k: v.detach().double().numpy().ravel() if torch.is_tensor(v) else v for k, v in kw.items()}
         dims = {k: v for k, v in kw.items() if isinstance(v, int) and not isinstance(v, bool)}
         for name, value in self._ref(args, dims).items():
-            t = kw[name]
-            t.copy_(torch.from_numpy(np.asarray(value, dtype=np.float64).reshape(t.shape)))
+            t, v = kw[name], torch.from_numpy(np.asarray(value, dtype=np.float64).ravel())
+            if v.numel() < t.numel():  # a flat view past what the launch touches (the kernel writes [0, count))
+                t.view(-1)[:v.numel()].copy_(v)
+            else:
+                t.copy_(v.reshape(t.shape))
 
     def _steps(self, kw) -> None:
         b, length, d, n, r = (kw[k] for k in ("batch", "L", "d_inner", "d_state", "dt_rank"))
         rows = lambda k, c: kw[k].view(b, length, c)  # noqa: E731
         out = kw["out"].view(b, length, d)
+        saved = kw.get("saved")  # ssm_scan_tokens_save: the state before every 256th step, as the kernel saves it
+        nc = -(-length // 256)
         for t in range(length):
             s = slice(t, t + 1)
+            if saved is not None:
+                if t % 256 == 0:
+                    saved.view(b, d, nc, n)[:, :, t // 256].copy_(kw["state"].view(b, d, n))
+                kw = dict(kw, saved=torch.empty(b * d * n, dtype=saved.dtype))  # a one-step call's own save
             self._run(dict(kw, L=1, out=out[:, s], u=rows("u", d)[:, s], dt=rows("dt", d)[:, s],
                            x_dbl=rows("x_dbl", r + 2 * n)[:, s], xz=rows("xz", 2 * d)[:, s]))
 

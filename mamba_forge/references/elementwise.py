@@ -114,6 +114,19 @@ def gather_bc_cols_tmajor(args, dims):
     return {"B": b.transpose(0, 2, 1).ravel(), "C": c.transpose(0, 2, 1).ravel()}
 
 
+def transpose_rows(args, dims):
+    """out[b, c, r] = src[b, r, c]; out's padding keeps the values it came with (out is inout). src and out may
+    hold more than the elements the launch touches (flat views to the end of a wider tensor): only those are read
+    and returned."""
+    b, rows, cols = int(args["batch"]), int(args["rows"]), int(args["cols"])
+    ld_in, ld_out = int(args["ld_in"]), int(args["ld_out"])
+    n_in, n_out = (b * rows - 1) * ld_in + cols, (b * cols - 1) * ld_out + rows
+    src = np.concatenate([_f(args["src"])[:n_in], np.full(ld_in - cols, np.nan)]).reshape(b, rows, ld_in)[:, :, :cols]
+    out = np.concatenate([_f(args["out"])[:n_out], np.full(ld_out - rows, np.nan)])
+    out.reshape(b, cols, ld_out)[:, :, :rows] = src.transpose(0, 2, 1)
+    return {"out": out[:n_out]}
+
+
 def gather_last_timestep(args, dims):
     batch, seqlen, dim = (int(args[k]) for k in ("batch", "seqlen", "dim"))
     return {"out": _f(args["in"]).reshape(batch, seqlen, dim)[:, -1, :].ravel()}

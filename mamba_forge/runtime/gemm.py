@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from mamba_forge.core.vocab import DTYPE_SIZES, GEMM_STORAGE, LAYOUTS
 from mamba_forge.runtime.errors import LaunchRefused
+from mamba_forge.runtime.kernel import current_on_this_thread, on_this_thread
 from mamba_forge.runtime.tensors import TORCH_DTYPE_TOKENS, TORCH_TYPES, describe, torch_dtype
 
 if TYPE_CHECKING:
@@ -339,6 +340,8 @@ def _launch(kern: Kernel, plan: tuple, A, B, C, bias, M: int, N: int, K: int, st
     elif bias is not None:  # select() refuses this; a named symbol= rung without a bias gets here
         raise LaunchRefused(f"{kern.name} takes no bias")
     if blobs:
+        if not on_this_thread(kern.ordinal):  # encoding a tensor map needs the context current too
+            current_on_this_thread(kern)
         kwargs.update(_tensor_maps(kern, A, B, C, M, N, K, blobs, lda))
     kern._launch(kwargs, stream, null)
 

@@ -12,6 +12,7 @@ gpu/launcher.py) and the positional typer (runtime/args.py) are imported on a ke
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -82,6 +83,8 @@ class Kernel:
         """The keyword launch; `null`: the one pointer that may be None (contract.bind: the GEMM bias)."""
         args, packer, default_stream, stream_handle, locate = self._call or self._compile()
         ordinal = self.ordinal
+        if not on_this_thread(ordinal):
+            current_on_this_thread(self)
         values, grid, block, smem, owner = args(kwargs, ordinal, locate, null)  # every check (contract.bind's)
         handle = default_stream(owner, ordinal) if stream is None else stream_handle(stream)  # streams.resolve_stream
         params = packer.fill(values)
@@ -128,6 +131,25 @@ def _owner(args: Sequence) -> str:
     return ""
 
 
+_THREAD = threading.local()  # the device whose context this thread made current (current_on_this_thread)
+
+
+def on_this_thread(ordinal: int) -> bool:
+    """Whether this thread already made device `ordinal`'s context current (current_on_this_thread)."""
+    return getattr(_THREAD, "ordinal", None) == ordinal
+
+
+def current_on_this_thread(fn: Kernel) -> None:
+    """Make fn's device context current on the calling thread, once per thread and device. The loader makes it
+    current on the thread that loads; a launch from another thread (torch's autograd engine runs backward on a
+    thread of its own, where a backward that starts with our kernels finds no current context: the driver answers
+    CUDA_ERROR_INVALID_CONTEXT) makes it current there first."""
+    activate = getattr(fn.backend, "activate", None)
+    if activate is not None:
+        activate(fn.ordinal)
+    _THREAD.ordinal = fn.ordinal
+
+
 def launch(fn: Kernel, grid, block, args: Sequence, shared_mem: int | None = None, stream=None) -> None:
     """Launch a loaded kernel positionally (the power user's path: you compute the grid; int addresses pass
     unchecked). Arguments are typed by the symbol's Param records (args.positional_typer: typed_params' checks,
@@ -153,6 +175,8 @@ def launch(fn: Kernel, grid, block, args: Sequence, shared_mem: int | None = Non
         args = list(args)
     if not fn.params and args:
         raise LaunchRefused(f"{fn.name} has no recorded parameter layout, so its arguments cannot be typed")
+    if not on_this_thread(fn.ordinal):
+        current_on_this_thread(fn)
     typed, packer, resolve = fn._positional or fn._compile_positional()
     values = typed(args, fn.name, fn.ordinal)
     handle = resolve(stream, _owner(args), fn.ordinal)

@@ -112,6 +112,7 @@ RMS_NORM_KERNELS = {  # (x dtype, out dtype) -> (family, dtype): kernels/fixed/n
 # ---- the backward kernels (kernels/fixed/*.toml), resolved at the first backward that needs them --------------
 SCAN_SAVE_CHUNK = 256  # timesteps between the scan's saved states (kernels: mf::kScanSaveChunk)
 SCAN_SAVE_FAMILY = "ssm_parallel_scan_fwd"  # selective_scan's backward replays it for the saved states
+SCAN_TOKENS_SAVE_FAMILY = "ssm_scan_tokens_save"  # mamba_mixer's training forward: ssm_scan_tokens with the saves
 # channel group W -> backward family: the fold (W = 8) is the measured one (fwd+bwd 1.08x and 1.13x mamba-ssm's,
 # the plain W = 4 1.35x and 1.42x: benchmarks/results/README.md); the plain one serves d_inner % 8 != 0
 SCAN_BWD_FAMILIES = {8: "ssm_parallel_scan_bwd_fold", 4: "ssm_parallel_scan_bwd"}
@@ -168,9 +169,12 @@ def mixer_shapes(hidden: tuple[int, ...], in_w: tuple[int, ...], conv_w: tuple[i
 
 
 def mixer_backward_kernels(dtype: str, d_inner: int) -> list[tuple[str, str]]:
-    """Every (family, dtype) mamba_mixer's backward launches besides the GEMMs (Mamba.check_training_kernels)."""
-    return [(CONV_SAVE_FAMILY, dtype), (CONV_BWD_FAMILY, dtype), (scan_bwd_family("mamba_mixer", d_inner)[0], dtype),
+    """Every (family, dtype) mamba_mixer's training launches besides the inference kernels and the GEMMs: the saving
+    scan and the backward's (Mamba.check_training_kernels)."""
+    return [(SCAN_TOKENS_SAVE_FAMILY, dtype), (CONV_SAVE_FAMILY, dtype), (CONV_BWD_FAMILY, dtype),
+            (scan_bwd_family("mamba_mixer", d_inner)[0], dtype),
             ("ssm_reduce_d_BC_groups_tmajor", dtype), REDUCE["dA_log"], REDUCE["batch"], ("residual_add", dtype),
+            ("transpose_rows", dtype),
             ("reduce_bias", dtype)]
 
 
@@ -325,7 +329,7 @@ def kernels_used() -> list[tuple[str, str]]:
 
 
 __all__ = ["CONV1D_FAMILY", "CONV_BWD_FAMILY", "CONV_SAVE_FAMILY", "CONV_TOKENS_FAMILY", "LIBRARY", "REDUCE",
-           "RMS_NORM_ADD_FAMILY", "RMS_NORM_BWD_KERNELS", "SCAN_BWD_FAMILIES", "SCAN_SAVE_CHUNK", "SCAN_SAVE_FAMILY",
+           "RMS_NORM_ADD_FAMILY", "RMS_NORM_BWD_KERNELS", "SCAN_BWD_FAMILIES", "SCAN_SAVE_CHUNK", "SCAN_SAVE_FAMILY", "SCAN_TOKENS_SAVE_FAMILY",
            "SCAN_STEP_FAMILY", "SCAN_TOKENS_FAMILY", "SCAN_TOKENS_WS_FAMILY", "scan_tokens_ws_serves",
            "CONV_TOKENS_VEC_FAMILY", "CONV_TOKENS_VEC_MAX_L", "CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM",
            "CONV_TOKENS_BLOCK_CHANNELS", "conv_tokens_vec_serves", "OPTIONAL_SEQUENCE_FAMILIES", "TRAIN_SCHEMAS",

@@ -3,12 +3,15 @@ parameters, and ``mamba_forge::mamba_mixer_backward``, registered as its autogra
 
 Forward: the inference forward's kernels in the same order on the same operands (runtime/torch_layer.py
 ``Mamba._run``): in_proj, conv1d_tokens_silu from a zero conv state, x_proj, dt_proj, ssm_scan_tokens, out_proj,
-so its output has the inference forward's bits. The scan runs over chunks of 256 timesteps from a zero state;
-ssm_scan_tokens is split-invariant by construction (issue 23), so the chunks give one call's bits, and the state
-after each chunk is copied into saved[b, d_inner, c, d_state] (the state before timestep 256c), the layout the scan
-backward kernels replay from. Saved for the backward: the input, xz, x, x_dbl, dt, y and the saved states.
+so its output has the inference forward's bits. The scan is ssm_scan_tokens_save, ssm_scan_tokens' body that also
+writes saved[b, d_inner, c, d_state] (the state before timestep 256c), the layout the scan backward kernels replay
+from, in one launch over the whole sequence (it ran as 256-step chunks before, each chunk's inputs and output
+copied: 48 strided copies per call at L 2048). Saved for the backward: the input, xz, x, x_dbl, dt, y and the saved
+states.
 
-Backward, channel-major operands ([b, d, L]) made by torch transposes, every computation a qualified kernel:
+Backward, channel-major operands ([b, d, L]) made by transpose_rows (reading column slices and writing the halves of
+dxz in place; torch's strided copies of these took 2.7 of the 7.6 ms of a d_model 1024 (b8, L2048) training step),
+every computation a qualified kernel:
 
     out_proj   dy = dout W_out (nn, batch-invariant rows); dW_out = dout^T y (tn); d out_b: reduce_bias
     scan       ssm_parallel_scan_bwd_fold (W = 8; ssm_parallel_scan_bwd where d_inner % 8 != 0) from the saved
@@ -17,7 +20,8 @@ Backward, channel-major operands ([b, d, L]) made by torch transposes, every com
     dt_proj    d x_dbl[:, :dt_rank] = ddt W_dt (nn); dW_dt = ddt^T x_dbl[:, :dt_rank] (tn)
     x_proj     dx = d x_dbl W_x (nn), + du by residual_add; dW_x = d x_dbl^T x (tn)
     conv       conv1d_burnin_forward_tiled replays pre, conv1d_bwd_tiled gives dx, dweight, dbias
-    in_proj    dxz = [dx_conv | dz] (copies); dh = dxz W_in (nn); dW_in = dxz^T h (tn); d in_b: reduce_bias
+    in_proj    dxz = [dx_conv | dz] (transposed into its halves); dh = dxz W_in (nn); dW_in = dxz^T h (tn);
+               d in_b: reduce_bias
 
 The tn products run the route table's tn class where the manifest serves one for the shape, else the nn route on a
 transposed copy (torch_autograd.gemm_eager). Weight gradients are folded by the catalog's fixed-order reductions
@@ -34,7 +38,7 @@ from mamba_forge.runtime import torch_ops as T
 from mamba_forge.runtime.errors import LaunchRefused
 from mamba_forge.runtime.gemm import a_as_read
 from mamba_forge.runtime.tensors import torch_dtype
-from mamba_forge.runtime.torch import _conv_tokens, _scan_tokens, _state
+from mamba_forge.runtime.torch import _conv_tokens, _state
 from mamba_forge.runtime.torch_autograd import (
     bwd_kernel,
     cast_to,
@@ -69,21 +73,19 @@ def _t(w: torch.Tensor) -> torch.Tensor:
 
 
 def scan_saving(x, dt, dt_b, A_log, x_dbl, D, xz, n: int):
-    """y [b, L, d] by ssm_scan_tokens over 256-step chunks from a zero state, and saved [b, d, chunks, n] (f32):
-    the state before each chunk. x, dt [b, L, d], x_dbl [b, L, r + 2n], xz [b, L, 2d]."""
+    """y [b, L, d] and saved [b, d, chunks, n] (f32): the state before every 256th timestep, from a zero state, in
+    one ssm_scan_tokens_save launch over the whole sequence (ssm_scan_tokens' body, so the inference forward's bits)
+    reading the forward's tensors where they are. x, dt [b, L, d], x_dbl [b, L, r + 2n], xz [b, L, 2d]."""
     batch, length, d = x.shape
-    chunk = T.SCAN_SAVE_CHUNK
-    nc = -(-length // chunk)
+    act = torch_dtype(x.dtype)
+    kernel = bwd_kernel(OP, T.SCAN_TOKENS_SAVE_FAMILY, act)
+    nc = -(-length // T.SCAN_SAVE_CHUNK)
     state = torch.zeros((batch, d, n), dtype=F32, device=x.device)
     saved = torch.empty((batch, d, nc, n), dtype=F32, device=x.device)
-    if nc == 1:
-        saved[:, :, 0].zero_()
-        return _scan_tokens(x, dt, dt_b, A_log, x_dbl, D, xz, state), saved
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    for c in range(nc):
-        saved[:, :, c].copy_(state)
-        s = slice(c * chunk, min(length, (c + 1) * chunk))
-        y[:, s] = _scan_tokens(x[:, s], dt[:, s], dt_b, A_log, x_dbl[:, s], D, xz[:, s], state)
+    kernel(out=y, state=state, saved=saved, u=x.contiguous(), dt=dt.contiguous(), dt_bias=dt_b, A_log=A_log,
+           x_dbl=x_dbl.contiguous(), Dp=D, xz=xz.contiguous(), batch=batch, d_inner=d, d_state=n,
+           dt_rank=x_dbl.shape[-1] - 2 * n, L=length)
     return y, saved
 
 
@@ -117,6 +119,22 @@ def backward_kernels(dtype: str, d_inner: int) -> dict:
     return {fd: bwd_kernel(OP, *fd) for fd in T.mixer_backward_kernels(dtype, d_inner)}
 
 
+def _transposer(k, act):
+    """t(src, batch, rows, cols, in_pad=0, out=None, out_pad=0): src's [batch, rows, cols] (rows cols + in_pad apart)
+    into [batch, cols, rows] (rows + out_pad apart) by transpose_rows, a flat view of `out` if given, else a new
+    dense tensor. src and out may start inside a row (a column slice, a half of wider rows): flat views there."""
+    kernel = k[("transpose_rows", act)]
+
+    def t(src, batch, rows, cols, in_pad=0, out=None, out_pad=0):
+        if out is None:
+            out = torch.empty((batch, cols, rows), dtype=src.dtype, device=src.device)
+        kernel(out=out.reshape(-1) if out.is_contiguous() else out, src=src.reshape(-1), batch=batch, rows=rows,
+               cols=cols, in_pad=in_pad, out_pad=out_pad)
+        return out
+
+    return t
+
+
 def _mixer_backward(dout, hidden, in_w, conv_w, conv_b, x_w, dt_w, dt_b, A_log, D, out_w, xz, x, x_dbl, dt, y,
                     saved, in_bias: bool, out_bias: bool):
     batch, length, dm, d, width, r, n = _dims(hidden, in_w, conv_w, x_w, dt_w, dt_b, A_log, D, out_w)
@@ -124,34 +142,35 @@ def _mixer_backward(dout, hidden, in_w, conv_w, conv_b, x_w, dt_w, dt_b, A_log, 
     k = backward_kernels(act, d)
     family, w = T.scan_bwd_family(OP, d)
     tokens, dev = batch * length, hidden.device
-    cm = lambda t: t.transpose(1, 2).contiguous()  # noqa: E731  [b, L, c] -> [b, c, L] (the backward kernels')
-    tm = lambda t: t.transpose(1, 2)  # noqa: E731  [b, c, L] -> a [b, L, c] view
+    tr = _transposer(k, act)
+    cm = lambda t, c, skip=0, pad=0: tr(t.reshape(-1)[skip:], batch, length, c, pad)  # noqa: E731  [b, L, c] -> [b, c, L]
+    tm = lambda t, c: tr(t, batch, c, length).view(tokens, c)  # noqa: E731  [b, c, L] -> [b*L, c]
     g = dout.reshape(tokens, dm).contiguous()
     # out_proj
     dy = gemm_eager(OP, g, out_w)
     d_out_w = gemm_eager(OP, g, y.reshape(tokens, d), "tn")
     d_out_b = reduce_bias_eager(OP, g, out_w.dtype) if out_bias else g.new_empty(0)
-    # scan (from the saved states)
-    xd = x_dbl.view(batch, length, r + 2 * n)
+    # scan (from the saved states); B, C and z read where they are (columns of x_dbl, the second half of xz)
     A32, dt_b32 = _f32(A_log), _f32(dt_b)
+    xw = r + 2 * n
     du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part = scan_backward(
-        OP, k[(family, act)], w, cm(dy.view(batch, length, d)), saved, cm(x), cm(dt.view(batch, length, d)), A32,
-        cm(xd[..., r:r + n]), cm(xd[..., r + n:]), _f32(D), cm(xz[..., d:]), dt_b32)
-    dx_dbl = torch.empty((tokens, r + 2 * n), dtype=hidden.dtype, device=dev)
+        OP, k[(family, act)], w, cm(dy, d), saved, cm(x, d), cm(dt, d), A32, cm(x_dbl, n, r, xw - n),
+        cm(x_dbl, n, r + n, xw - n), _f32(D), cm(xz, d, d, d), dt_b32)
+    dx_dbl = torch.empty((tokens, xw), dtype=hidden.dtype, device=dev)
     for col, part in ((r, dB_part), (r + n, dC_part)):  # [b, L, n] sums over the channel groups
         got = torch.empty((batch, length, n), dtype=hidden.dtype, device=dev)
         k[("ssm_reduce_d_BC_groups_tmajor", act)](out=got, part=part, batch=batch, groups=d // w, d_state=n, L=length)
         dx_dbl[:, col:col + n] = got.view(tokens, n)
     # dt_proj (its bias entered the scan: its gradient is the scan's)
-    ddt = tm(ddelta).reshape(tokens, d)
+    ddt = tm(ddelta, d)
     dx_dbl[:, :r] = gemm_eager(OP, ddt, dt_w)
     d_dt_w = gemm_eager(OP, ddt, x_dbl[:, :r].contiguous(), "tn")
     # x_proj, then the scan's du joins x's gradient
     dx = gemm_eager(OP, dx_dbl, x_w)
     d_x_w = gemm_eager(OP, dx_dbl, x.reshape(tokens, d), "tn")
-    k[("residual_add", act)](residual=dx, x=tm(du).reshape(tokens, d).contiguous(), n=tokens * d)
+    k[("residual_add", act)](residual=dx, x=tm(du, d), n=tokens * d)
     # conv: pre replayed, then its backward
-    x_in = cm(xz[..., :d])
+    x_in = cm(xz, d, 0, d)
     conv_wf = _f32(conv_w.reshape(d, width))
     conv_bf = _f32(conv_b) if conv_b is not None else torch.zeros(d, dtype=F32, device=dev)
     pre, replay, dxc = (torch.empty_like(x_in) for _ in range(3))
@@ -159,13 +178,12 @@ def _mixer_backward(dout, hidden, in_w, conv_w, conv_b, x_w, dt_w, dt_b, A_log, 
     k[(T.CONV_SAVE_FAMILY, act)](out=replay, pre=pre, x=x_in, weight=conv_wf, bias=conv_bf, **dims)
     dcw = torch.empty((d, width), dtype=F32, device=dev)
     dcb = torch.empty(d, dtype=F32, device=dev)
-    k[(T.CONV_BWD_FAMILY, act)](dx=dxc, dweight=dcw, dbias=dcb, x=x_in, weight=conv_wf, pre=pre,
-                                dout=cm(dx.view(batch, length, d)), **dims)
-    # in_proj
-    dxz = torch.empty((batch, length, 2 * d), dtype=hidden.dtype, device=dev)
-    dxz[..., :d] = tm(dxc)
-    dxz[..., d:] = tm(dz)
-    dxz = dxz.view(tokens, 2 * d)
+    k[(T.CONV_BWD_FAMILY, act)](dx=dxc, dweight=dcw, dbias=dcb, x=x_in, weight=conv_wf, pre=pre, dout=cm(dx, d),
+                                **dims)
+    # in_proj: dxz = [dx_conv | dz], each half written in place
+    dxz = torch.empty((tokens, 2 * d), dtype=hidden.dtype, device=dev)
+    tr(dxc, batch, d, length, out=dxz.view(-1), out_pad=d)
+    tr(dz, batch, d, length, out=dxz.view(-1)[d:], out_pad=d)
     dh = gemm_eager(OP, dxz, in_w).view(batch, length, dm)
     d_in_w = gemm_eager(OP, dxz, hidden.reshape(tokens, dm), "tn")
     d_in_b = reduce_bias_eager(OP, dxz, in_w.dtype) if in_bias else g.new_empty(0)
@@ -192,12 +210,15 @@ IMPLS = {"mamba_mixer": (_mixer, _mixer_fake), "mamba_mixer_backward": (_mixer_b
 def _setup(ctx, inputs, output):
     hidden, in_w, in_b, conv_w, conv_b, x_w, dt_w, dt_b, A_log, D, out_w, out_b = inputs
     ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)  # else autograd fills a zero gradient for each saved output (xz, x, ...: 6 fills)
     ctx.save_for_backward(hidden, in_w, conv_w, conv_b, x_w, dt_w, dt_b, A_log, D, out_w, *output[1:])
     ctx.biases = (in_b is not None, conv_b is not None, out_b is not None)
 
 
 def _grad(ctx, dout, *_unused):
     in_bias, conv_bias, out_bias = ctx.biases
+    if dout is None:  # grads are not materialised (_setup): the output took no part in the loss
+        return (None,) * 12
     g = torch.ops.mamba_forge.mamba_mixer_backward(dout, *ctx.saved_tensors, in_bias, out_bias)
     return (g[0], g[1], g[2] if in_bias else None, g[3], g[4] if conv_bias else None, g[5], g[6], g[7], g[8], g[9],
             g[10], g[11] if out_bias else None)

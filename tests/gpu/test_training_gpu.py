@@ -215,3 +215,50 @@ def test_a_step_along_the_gradient_lowers_the_loss_as_predicted(mft):
         target = teacher(h)
     ratio = descent_ratio(m, h, target)
     assert 0.9 < ratio < 1.1, ratio
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_saving_scan_is_the_scan_and_saves_the_chunked_states(kernels, dtype):  # noqa: F811
+    """ssm_scan_tokens_save on the GPU: out and final state are ssm_scan_tokens' bits over the whole sequence, and
+    saved[:, :, c] is the state a 256-step chunked ssm_scan_tokens holds before chunk c, bit for bit (L 700: a
+    partial last chunk). Outputs start poisoned (NaN)."""
+    b, L, d, n, r = 3, 700, 96, 16, 8
+    g = torch.Generator(device="cuda").manual_seed(11)
+    u = lambda lo, hi, *s, dt=DT[dtype]: (torch.rand(*s, generator=g, device="cuda") * (hi - lo) + lo).to(dt)  # noqa: E731
+    x = {"u": u(-1, 1, b, L, d), "dt": u(-4, 0, b, L, d), "x_dbl": u(-1, 1, b, L, r + 2 * n),
+         "xz": u(-3, 3, b, L, 2 * d), "dt_bias": u(-1, 1, d, dt=torch.float32),
+         "A_log": u(-1, 1.5, d, n, dt=torch.float32), "Dp": u(-1, 1, d, dt=torch.float32)}
+    h0 = u(-1, 1, b, d, n, dt=torch.float32)
+    dims = {"batch": b, "d_inner": d, "d_state": n, "dt_rank": r}
+    nc = -(-L // 256)
+    out = torch.full((b, L, d), float("nan"), dtype=DT[dtype], device="cuda")
+    saved = torch.full((b, d, nc, n), float("nan"), device="cuda")
+    st = h0.clone()
+    kernels.fn("ssm_scan_tokens_save", dtype)(out=out, state=st, saved=saved, **x, **dims, L=L)
+    want_st, parts = h0.clone(), []
+    for c in range(nc):
+        assert _same(saved[:, :, c], want_st), f"saved state before chunk {c}"
+        s = slice(256 * c, min(L, 256 * (c + 1)))
+        part = {k: (v[:, s].contiguous() if v.dim() == 3 else v) for k, v in x.items()}
+        o = torch.empty((b, s.stop - s.start, d), dtype=DT[dtype], device="cuda")
+        kernels.fn("ssm_scan_tokens", dtype)(out=o, state=want_st, **part, **dims, L=s.stop - s.start)
+        parts.append(o)
+    assert _same(out, torch.cat(parts, dim=1)) and _same(st, want_st)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+def test_transpose_rows_reads_and_writes_strided_rows(kernels, dtype):  # noqa: F811
+    """transpose_rows against torch: a column slice read in place (z = xz[..., d:]) into a dense [b, d, L], and a
+    dense [b, d, L] written into one half of [b, L, 2d] rows, the other half untouched; edge tiles both ways."""
+    b, L, d = 3, 130, 75
+    t = DT.get(dtype, torch.float16)
+    xz = torch.randn(b, L, 2 * d, device="cuda").to(t)
+    got = torch.full((b, d, L), float("nan"), dtype=t, device="cuda")
+    kernels.fn("transpose_rows", dtype)(out=got.view(-1), src=xz.view(-1)[d:], batch=b, rows=L, cols=d, in_pad=d,
+                                         out_pad=0)
+    assert _same(got, xz[..., d:].transpose(1, 2).contiguous())
+    dst = torch.randn(b, L, 2 * d, device="cuda").to(t)
+    before = dst.clone()
+    kernels.fn("transpose_rows", dtype)(out=dst.view(-1)[d:], src=got.view(-1), batch=b, rows=d, cols=L, in_pad=0,
+                                         out_pad=d)
+    assert _same(dst[..., d:], xz[..., d:]) and _same(dst[..., :d], before[..., :d])

@@ -284,12 +284,16 @@ MF_DEVICE void tok_scan_tile1(float (&h)[4], const float (&a2)[4], const float2 
 }
 
 // NS: slices held in registers (ceil(d_state / 16) rounded to an instantiated count); slices past nslices skipped.
-template <typename T, int NS>
+// SAVE: also the state before every kScanSaveChunk-th timestep into saved[b, d, c, n] (the training forward's saves,
+// the layout ssm_burnin_forward writes and the backward replays from); nothing else changes, so the same bits.
+template <typename T, int NS, bool SAVE = false>
 MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
                                   const T* __restrict__ dt, const float* __restrict__ dt_bias,
                                   const float* __restrict__ A_log, const T* __restrict__ x_dbl,
                                   const float* __restrict__ Dp, const T* __restrict__ xz, int batch, int d_inner,
-                                  int d_state, int dt_rank, int x_dbl_stride, long long L, TokScanSmem& sm) {
+                                  int d_state, int dt_rank, int x_dbl_stride, long long L, TokScanSmem& sm,
+                                  float* __restrict__ saved = nullptr) {
+  static_assert(kScanSaveChunk % kTokSteps == 0, "saves fall on tile boundaries");
   const int c = threadIdx.x / kTokLanes, j = threadIdx.x % kTokLanes;
   const int d0 = blockIdx.x * kTokChannels;
   const int d = d0 + c;
@@ -326,6 +330,20 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
         const int n = 16 * s + 4 * j + i;
         h[s][i] = (dvalid && n < d_state) ? srow[n] : 0.f;
       }
+    const long long nsaved = (L + kScanSaveChunk - 1) / kScanSaveChunk;
+    float* vrow = SAVE ? saved + ((long long)b * d_inner + dl) * nsaved * d_state : nullptr;
+    auto save = [&](long long chunk) {  // the state before timestep kScanSaveChunk * chunk
+      if (dvalid) {
+#pragma unroll
+        for (int s = 0; s < NS; ++s)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int n = 16 * s + 4 * j + i;
+            if (n < d_state) vrow[chunk * d_state + n] = h[s][i];
+          }
+      }
+    };
+    if constexpr (SAVE) save(0);
     TokScanTile<T, kPrefetch ? NS : 0> nxt;
     __syncthreads();  // the previous row's last tile is no longer read
     tok_scan_fill<T, NS>(sm, 0, stage_bias, u, dt, xz, x_dbl, b, L, 0, d0, d_inner, d_state, dt_rank, x_dbl_stride, vec);
@@ -358,6 +376,9 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
           if (dvalid && j == 0) emit(buf, l0, l, acc);
         }
       }
+      if constexpr (SAVE) {
+        if (tile + 1 < ntiles && (l0 + kTokSteps) % kScanSaveChunk == 0) save((l0 + kTokSteps) / kScanSaveChunk);
+      }
       // buffer buf ^ 1 was last read by the previous tile's steps, which every thread finished before the barrier
       if (tile + 1 < ntiles) {
         if (kPrefetch)
@@ -380,20 +401,20 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
   }
 }
 
-template <typename T>
-MF_DEVICE void ssm_scan_tokens(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
-                               const T* __restrict__ dt, const float* __restrict__ dt_bias,
-                               const float* __restrict__ A_log, const T* __restrict__ x_dbl,
-                               const float* __restrict__ Dp, const T* __restrict__ xz, int batch, int d_inner,
-                               int d_state, int dt_rank, long long L) {
+template <typename T, bool SAVE = false>
+MF_DEVICE void ssm_scan_tokens_any(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
+                                   const T* __restrict__ dt, const float* __restrict__ dt_bias,
+                                   const float* __restrict__ A_log, const T* __restrict__ x_dbl,
+                                   const float* __restrict__ Dp, const T* __restrict__ xz, int batch, int d_inner,
+                                   int d_state, int dt_rank, long long L, float* __restrict__ saved) {
   __shared__ __align__(16) TokScanSmem sm;
   const int x_dbl_stride = dt_rank + 2 * d_state;
   if (d_state < 1 || d_state > MF_STATE_CAP || d_inner < 1 || dt_rank < 0 || L < 1) return;
   constexpr int NSMAX = MF_STATE_CAP / 16;
   const int nslices = (d_state + 15) >> 4;
 #define MF_TOK_SCAN(NS) \
-  ssm_scan_tokens_ns<T, NS>(out, state, u, dt, dt_bias, A_log, x_dbl, Dp, xz, batch, d_inner, d_state, dt_rank, \
-                            x_dbl_stride, L, sm)
+  ssm_scan_tokens_ns<T, NS, SAVE>(out, state, u, dt, dt_bias, A_log, x_dbl, Dp, xz, batch, d_inner, d_state, \
+                                  dt_rank, x_dbl_stride, L, sm, saved)
   if (nslices == 1) {
     MF_TOK_SCAN(1);
   } else if (nslices == 2 && NSMAX >= 2) {
@@ -404,6 +425,28 @@ MF_DEVICE void ssm_scan_tokens(T* __restrict__ out, float* __restrict__ state, c
     MF_TOK_SCAN(NSMAX);
   }
 #undef MF_TOK_SCAN
+}
+
+template <typename T>
+MF_DEVICE void ssm_scan_tokens(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
+                               const T* __restrict__ dt, const float* __restrict__ dt_bias,
+                               const float* __restrict__ A_log, const T* __restrict__ x_dbl,
+                               const float* __restrict__ Dp, const T* __restrict__ xz, int batch, int d_inner,
+                               int d_state, int dt_rank, long long L) {
+  ssm_scan_tokens_any<T>(out, state, u, dt, dt_bias, A_log, x_dbl, Dp, xz, batch, d_inner, d_state, dt_rank, L,
+                         nullptr);
+}
+
+// ssm_scan_tokens writing the saved states too (the training forward: runtime/torch_train.py scan_saving)
+template <typename T>
+MF_DEVICE void ssm_scan_tokens_save(T* __restrict__ out, float* __restrict__ state, float* __restrict__ saved,
+                                    const T* __restrict__ u, const T* __restrict__ dt,
+                                    const float* __restrict__ dt_bias, const float* __restrict__ A_log,
+                                    const T* __restrict__ x_dbl, const float* __restrict__ Dp,
+                                    const T* __restrict__ xz, int batch, int d_inner, int d_state, int dt_rank,
+                                    long long L) {
+  ssm_scan_tokens_any<T, true>(out, state, u, dt, dt_bias, A_log, x_dbl, Dp, xz, batch, d_inner, d_state, dt_rank,
+                               L, saved);
 }
 
 // ---- the selective scan, warp-specialised (d_state <= 16) -------------------------------------------------------
