@@ -340,8 +340,6 @@ def _launch(kern: Kernel, plan: tuple, A, B, C, bias, M: int, N: int, K: int, st
     elif bias is not None:  # select() refuses this; a named symbol= rung without a bias gets here
         raise LaunchRefused(f"{kern.name} takes no bias")
     if blobs:
-        if not on_this_thread(kern.ordinal):  # encoding a tensor map needs the context current too
-            current_on_this_thread(kern)
         kwargs.update(_tensor_maps(kern, A, B, C, M, N, K, blobs, lda))
     kern._launch(kwargs, stream, null)
 
@@ -372,6 +370,8 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs, lda: int 
     if build_maps is None:
         raise LaunchRefused(f"{kern.name}: its record names the tensor-map hook {hook!r}, which "
                             "mamba_forge.gpu.tma does not have (a manifest from another version?)")
+    if not on_this_thread(kern.ordinal):  # encoding needs the context current on this thread (kernel.py)
+        current_on_this_thread(kern)
     try:
         maps = build_maps(ptrs, {}, dims)
     except tma.TmaError as exc:
