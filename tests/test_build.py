@@ -275,3 +275,23 @@ def test_nvrtc_compute_cache_is_off_unless_the_caller_chose(monkeypatch):
     monkeypatch.setenv("CUDA_CACHE_DISABLE", "0")
     nvrtc._nvrtc()
     assert os.environ["CUDA_CACHE_DISABLE"] == "0"
+
+
+def test_ptxas_log_reads_smem_after_a_stack_figure():
+    """ptxas prints "N bytes cumulative stack size" between the barriers and the smem figure when a kernel has a
+    stack: the static shared memory must still be read (it was 0 there, under-counting the admission's smem sum)."""
+    from mamba_forge.build.cubin import parse_ptxas_log
+
+    log = ("ptxas info    : Compiling entry function 'k_stack' for 'sm_90a'\n"
+           "ptxas info    : Function properties for k_stack\n"
+           "    40 bytes stack frame, 16 bytes spill stores, 24 bytes spill loads\n"
+           "ptxas info    : Used 128 registers, used 1 barriers, 40 bytes cumulative stack size, 34816 bytes smem, "
+           "716 bytes cmem[0]\n"
+           "ptxas info    : Compiling entry function 'k_plain' for 'sm_90a'\n"
+           "ptxas info    : Used 64 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]\n"
+           "ptxas info    : Compiling entry function 'k_none' for 'sm_90a'\n"
+           "ptxas info    : Used 32 registers, 380 bytes cmem[0]\n")
+    got = parse_ptxas_log(log)
+    assert (got["k_stack"].registers, got["k_stack"].barriers, got["k_stack"].smem) == (128, 1, 34816)
+    assert (got["k_stack"].stack_frame, got["k_stack"].spill_stores, got["k_stack"].spill_loads) == (40, 16, 24)
+    assert (got["k_plain"].smem, got["k_none"].smem, got["k_none"].barriers) == (1024, 0, 0)

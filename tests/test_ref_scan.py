@@ -36,6 +36,7 @@ EXPECTED = (
     + ["ssm_parallel_scan_fwd_nosave", "ssm_parallel_scan_fwd_nosave_bf16", "ssm_parallel_scan_fwd_nosave_f16"]
     + [f"ssm_parallel_scan_bwd_{t}" for t in ("f32", "bf16", "f16")]
     + [f"ssm_parallel_scan_bwd_fold_{t}" for t in ("f32", "bf16", "f16")]
+    + [f"ssm_parallel_scan_bwd_fold_tokens_{t}" for t in ("f32", "bf16", "f16")]
 )
 
 
@@ -413,6 +414,8 @@ inline double __shfl_xor_sync(unsigned, double v, int o) { return v; }  // unuse
 inline void __syncwarp() { my_warp().bar->arrive_and_wait(); }
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 #define MF_DEVICE inline
+// a block's dynamic shared memory: one buffer (blocks run one at a time), 128 KiB
+#define MF_DYNAMIC_SMEM(name) alignas(16) static unsigned char name[1 << 17]
 namespace mf {
 typedef long long i64; typedef unsigned long long u64; typedef unsigned int u32;
 MF_DEVICE float to_f32(float x) { return x; }
@@ -442,6 +445,7 @@ _EMU_NAMES = [
     "ssm_parallel_scan_fwd_nosave",
     "ssm_parallel_scan_bwd_f32",
     "ssm_parallel_scan_bwd_fold_f32",
+    "ssm_parallel_scan_bwd_fold_tokens_f32",
     "ssm_backward_local",
     "ssm_reduce_d_BC_f32",
     "ssm_reduce_d_BC_tmajor_f32",
@@ -498,6 +502,11 @@ EMULATED = [
     ("ssm_parallel_scan_fwd_nosave", {"batch": 2, "d_inner": 2, "d_state": 5, "L": 1100}),
     ("ssm_parallel_scan_bwd_f32", {"batch": 2, "d_inner": 4, "d_state": 3, "L": 300}),
     ("ssm_parallel_scan_bwd_fold_f32", {"batch": 1, "d_inner": 8, "d_state": 3, "L": 300}),
+    # token-major: the layer's strides (vector stages, 16 states), then odd strides and 3 states (scalar stages)
+    ("ssm_parallel_scan_bwd_fold_tokens_f32",
+     {"batch": 2, "d_inner": 16, "d_state": 16, "L": 300, "z_pad": 16, "bc_pad": 24}),
+    ("ssm_parallel_scan_bwd_fold_tokens_f32",
+     {"batch": 1, "d_inner": 8, "d_state": 3, "L": 260, "z_pad": 3, "bc_pad": 5}),
     ("ssm_backward_local", {"batch": 1, "d_inner": 4, "d_state": 4, "L": 600}),
     ("ssm_reduce_d_BC_f32", {"batch": 2, "L": 77, "d_inner": 5, "d_state": 35}),
     ("ssm_reduce_d_BC_tmajor_f32", {"batch": 2, "L": 77, "d_inner": 5, "d_state": 35}),

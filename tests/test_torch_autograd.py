@@ -90,10 +90,12 @@ def _ref_grads(m, h, g):
 
 
 @pytest.mark.parametrize("b,L,kw", [(2, 9, {}), (2, 300, {}), (1, 7, {"bias": True, "conv_bias": False}),
-                                    (3, 5, {"d_conv": 2, "expand": 1.25})])
-def test_layer_gradients_match_float64_autograd_of_mamba_ssms_reference_path(mft, b, L, kw):
+                                    (3, 5, {"d_conv": 2, "expand": 1.25}), (2, 9, {"d_state": 20})])
+def test_layer_gradients_match_float64_autograd_of_mamba_ssms_reference_path(mft, kernels, b, L, kw):
     """Every parameter's and the input's gradient (L = 300: two scan chunks, the saved state replayed; biases on
-    the projections and none on the conv; d_inner = 20: the W = 4 scan backward)."""
+    the projections and none on the conv; d_inner = 20: the W = 4 scan backward; d_state 20: the channel-major fold,
+    past the token-major fold's 16 states)."""
+    k = kernels()
     m = _layer(mft, **kw)
     h = torch.randn(b, L, 16, requires_grad=True)
     g = torch.randn(b, L, 16)
@@ -107,6 +109,8 @@ def test_layer_gradients_match_float64_autograd_of_mamba_ssms_reference_path(mft
         param = m.get_parameter(name)
         assert param.grad is not None and param.grad.dtype == param.dtype, name
         assert _rel(param.grad, grad) < TOL, (name, _rel(param.grad, grad))
+    ran = {c.rsplit("_", 1)[0] for c in k.calls if isinstance(c, str) and c.startswith("ssm_parallel_scan_bwd")}
+    assert ran == {torch_ops.mixer_scan_bwd_family(m.d_inner, m.d_state)[0]}, ran
 
 
 def test_a_step_along_the_gradient_lowers_the_loss_as_predicted(mft):
@@ -213,7 +217,7 @@ def test_tn_gradients_run_the_nn_route_on_a_transposed_copy_where_no_tn_route_se
 
 
 @pytest.mark.parametrize("missing,says", [
-    ("ssm_parallel_scan_bwd_fold", "ssm_parallel_scan_bwd_fold f32"), ("conv1d_bwd_tiled", "conv1d_bwd_tiled f32"),
+    ("ssm_parallel_scan_bwd_fold_tokens", "ssm_parallel_scan_bwd_fold_tokens f32"), ("conv1d_bwd_tiled", "conv1d_bwd_tiled f32"),
     ("ssm_reduce_d_a_log", "ssm_reduce_d_a_log"), ("ssm_reduce_d_BC_groups_tmajor", "ssm_reduce_d_BC_groups_tmajor"),
     ("residual_add_f32", "residual_add f32"), ("rmsnorm_backward", "rmsnorm_backward f32"),
     ("vec_add_inplace", "vec_add_inplace f32"), ("reduce_sum_axis0", "reduce_sum_axis0 f32")])

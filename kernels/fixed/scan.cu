@@ -237,6 +237,24 @@ MF_DEVICE void ssm_parallel_fwd(T* __restrict__ out, float* __restrict__ last_st
     for (int n = lane; n < d_state; n += 32) last_state[ch * d_state + n] = carry[n];
 }
 
+// A lane's 8 staged items of one channel (TOK): two 16-byte shared-memory reads, or writes.
+MF_DEVICE void fold_tok_items(const float* p, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+// Stage p[0 .. K) (zero from `len` on) as f32 into column threadIdx.x of K rows of kScanSaveChunk.
+template <typename T, int K>
+MF_DEVICE void fold_tok_stage(float (*rows)[kScanSaveChunk], const T* __restrict__ p, int len) {
+  float v[K];
+  load_items<T, K>(p, 0, len < 0 ? 0 : len, v);
+#pragma unroll
+  for (int j = 0; j < K; ++j) rows[j][threadIdx.x] = v[j];
+}
+MF_DEVICE void fold_tok_put(float* p, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Chunked backward: W warps per block, one (b, d) channel per warp, W consecutive channels of one batch element
 // (d_inner % W == 0). Chunks of 256 timesteps (8 per lane) run last to first; per chunk and state n the warp
@@ -246,7 +264,20 @@ MF_DEVICE void ssm_parallel_fwd(T* __restrict__ out, float* __restrict__ last_st
 // dA_part[b, d, n] (w.r.t. A), dD_part[b, d], dbias_part[b, d] (w.r.t. delta_bias): fixed-order per-channel sums.
 // LOCAL: the chunk of a longer sequence: dh_last[b, d, n] is dL/dh at the last timestep's output state,
 // dh0[b, d, n] receives dL/dh0 (h0 = saved[b, d, 0, :]).
-template <typename T, int W, bool LOCAL>
+// TOK: token-major operands, the layouts the layer's GEMMs and token scan use, so the training backward needs no
+// transposes: u, delta, dout, du, ddelta are [batch * L, d_inner] rows; z and dz rows z_ld apart (z = xz[:, d:] read
+// and dz written into dxz's second half in place); B and C rows bc_ld apart (x_dbl's columns). Each chunk goes
+// through shared memory (FoldTokSmem): thread t loads timestep 256c + t's W channels (a 16-byte vector for 16-bit
+// T) and its B, C rows, then every warp reads its channel's 8 items a lane, as from a channel-major row; the
+// chunk's du, ddelta, dz go back the same way. Same arithmetic in the same order as the channel-major kernel.
+constexpr int kFoldTokState = 16;  // the staged B, C span: d_state <= 16 (Mamba-1's 16)
+template <int W> struct FoldTokSmem {
+  float io[4][W][kScanSaveChunk];  // u, delta, dout, z; then du, ddelta, (dout kept), dz
+  float bc[2][kFoldTokState][kScanSaveChunk];
+};
+static_assert(sizeof(FoldTokSmem<8>) == (4 * 8 + 2 * 16) * 256 * 4, "scan.toml's launch.dynamic_smem of the fold");
+
+template <typename T, int W, bool LOCAL, bool TOK = false>
 MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __restrict__ dz, float* __restrict__ dB_part,
                             float* __restrict__ dC_part, float* __restrict__ dA_part, float* __restrict__ dD_part,
                             float* __restrict__ dbias_part, float* __restrict__ dh0, const T* __restrict__ dout,
@@ -254,9 +285,11 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
                             const T* __restrict__ delta, const float* __restrict__ A_log, const T* __restrict__ Bm,
                             const T* __restrict__ Cm, const float* __restrict__ Dp, const T* __restrict__ z,
                             const float* __restrict__ delta_bias, int batch, int d_inner, int d_state, long long L,
-                            int softplus_flag) {
+                            int softplus_flag, long long z_ld = 0, long long bc_ld = 0,
+                            FoldTokSmem<W>* __restrict__ tok = nullptr) {
   constexpr int NI = 8, CH = 32 * NI;
   static_assert(CH == kScanSaveChunk, "the backward's chunk is the saved-state stride");
+  static_assert(!TOK || W == 8, "TOK: a thread stages one timestep's 8 channels");
   __shared__ float qcarry[W][MF_STATE_CAP];
   // Double-buffered: state n writes contrib[buf] while the fold of state n-1 may still read contrib[buf ^ 1], so
   // one block barrier per state suffices (a buffer is rewritten only after the next barrier, which every thread
@@ -267,7 +300,9 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
   int buf = 0;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   // Block-uniform exits only (the block synchronizes below).
-  if (d_state > MF_STATE_CAP || d_inner % W != 0 || (long long)blockIdx.x * W >= (long long)batch * d_inner) return;
+  if (d_state > (TOK ? kFoldTokState : MF_STATE_CAP) || d_inner % W != 0 ||
+      (long long)blockIdx.x * W >= (long long)batch * d_inner)
+    return;
   const long long ch = (long long)blockIdx.x * W + w;
   const auto [b, d, row, bc, bias, Dd] = scan_channel(ch, d_inner, d_state, L, delta_bias, Dp);
   const long long groups = d_inner / W, g = d / W;
@@ -275,13 +310,36 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
   for (int n = lane; n < d_state; n += 32) qcarry[w][n] = LOCAL ? dh_last[ch * d_state + n] : 0.f;
   __syncwarp();
   float dD_acc = 0.f, dbias_acc = 0.f;
+  // TOK: the block's first channel d0 = d - w, and timestep row r of the sequence (b * L + r)
+  const long long d0 = (long long)d - w, seq = b * L;
   for (long long c = nchunks - 1; c >= 0; --c) {
     const long long l0 = c * CH + (long long)lane * NI;
     float uv[NI], dl[NI], dy[NI], zv[NI], y[NI], dsum_u[NI], ddl[NI], raw[NI];
-    load_items<T, NI>(u + row, l0, L, uv);
-    load_items<T, NI>(delta + row, l0, L, raw);
-    load_items<T, NI>(dout + row, l0, L, dy);
-    if (z) load_items<T, NI>(z + row, l0, L, zv);
+    if constexpr (TOK) {
+      // thread t stages timestep c CH + t (zero past L); the barrier before also ends the last chunk's stores
+      const long long l = c * CH + threadIdx.x, r = seq + l;
+      const int len = l < L ? W : 0, nlen = l < L ? d_state : 0;
+      __syncthreads();
+      fold_tok_stage<T, W>(tok->io[0], u + r * d_inner + d0, len);
+      fold_tok_stage<T, W>(tok->io[1], delta + r * d_inner + d0, len);
+      fold_tok_stage<T, W>(tok->io[2], dout + r * d_inner + d0, len);
+      fold_tok_stage<T, W>(tok->io[3], z + r * z_ld + d0, z ? len : 0);
+#pragma unroll
+      for (int h = 0; h < kFoldTokState; h += 8) {
+        fold_tok_stage<T, 8>(&tok->bc[0][h], Bm + r * bc_ld + h, nlen - h);
+        fold_tok_stage<T, 8>(&tok->bc[1][h], Cm + r * bc_ld + h, nlen - h);
+      }
+      __syncthreads();
+      fold_tok_items(&tok->io[0][w][lane * NI], uv);
+      fold_tok_items(&tok->io[1][w][lane * NI], raw);
+      fold_tok_items(&tok->io[2][w][lane * NI], dy);
+      fold_tok_items(&tok->io[3][w][lane * NI], zv);
+    } else {
+      load_items<T, NI>(u + row, l0, L, uv);
+      load_items<T, NI>(delta + row, l0, L, raw);
+      load_items<T, NI>(dout + row, l0, L, dy);
+      if (z) load_items<T, NI>(z + row, l0, L, zv);
+    }
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
       dl[i] = l0 + i < L ? scan_delta(raw[i], bias, softplus_flag) : 0.f;
@@ -294,8 +352,14 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
       const float an = -expf(A_log[(long long)d * d_state + n]);
       const float a2 = an * kLog2e;
       float bv[NI], cv[NI], a[NI], bb[NI], h[NI];
-      load_items<T, NI>(Bm + bc + n * L, l0, L, bv);
-      load_items<T, NI>(Cm + bc + n * L, l0, L, cv);
+      if constexpr (TOK) {
+        fold_tok_items(&tok->io[0][w][lane * NI], uv);  // re-read each state: u not live across the loop
+        fold_tok_items(&tok->bc[0][n][lane * NI], bv);
+        fold_tok_items(&tok->bc[1][n][lane * NI], cv);
+      } else {
+        load_items<T, NI>(Bm + bc + n * L, l0, L, bv);
+        load_items<T, NI>(Cm + bc + n * L, l0, L, cv);
+      }
       // Issued here, used after the scans: their global latency overlaps the arithmetic instead of stalling the
       // warp (and so the block barrier) at the end of the state's work.
       const float hstart = saved[(ch * nchunks + c) * d_state + n];
@@ -374,6 +438,11 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
       buf ^= 1;
     }
     float dzv[NI], ddv[NI];
+    if constexpr (TOK) {  // re-read from the stage: not live in registers across the state loop (128 a thread)
+      fold_tok_items(&tok->io[0][w][lane * NI], uv);
+      fold_tok_items(&tok->io[1][w][lane * NI], raw);
+      fold_tok_items(&tok->io[3][w][lane * NI], zv);
+    }
 #pragma unroll
     for (int i = 0; i < NI; ++i) {
       const bool in = l0 + i < L;
@@ -384,16 +453,37 @@ MF_DEVICE void ssm_scan_bwd(T* __restrict__ du, T* __restrict__ ddelta, T* __res
     }
     if (z && dz) {
       float dov[NI];
-      load_items<T, NI>(dout + row, l0, L, dov);
+      if constexpr (TOK) fold_tok_items(&tok->io[2][w][lane * NI], dov);
+      else load_items<T, NI>(dout + row, l0, L, dov);
 #pragma unroll
       for (int i = 0; i < NI; ++i) {
         const float s = sigmoid(zv[i]);
         dzv[i] = dov[i] * y[i] * (s * (1.f + zv[i] * (1.f - s)));
       }
-      store_items<T, NI>(dz + row, l0, L, dzv);
+      if constexpr (!TOK) store_items<T, NI>(dz + row, l0, L, dzv);
     }
-    store_items<T, NI>(du + row, l0, L, dsum_u);
-    store_items<T, NI>(ddelta + row, l0, L, ddv);
+    if constexpr (TOK) {
+      // each warp writes its own channel's items (slots it alone read), then thread t stores timestep c CH + t
+      fold_tok_put(&tok->io[0][w][lane * NI], dsum_u);
+      fold_tok_put(&tok->io[1][w][lane * NI], ddv);
+      fold_tok_put(&tok->io[3][w][lane * NI], dzv);
+      __syncthreads();
+      const long long l = c * CH + threadIdx.x, r = seq + l;
+      if (l < L) {
+        float v[W];
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+          T* dst = k == 0 ? du + r * d_inner + d0 : k == 1 ? ddelta + r * d_inner + d0 : (z && dz) ? dz + r * z_ld + d0 : nullptr;
+          if (!dst) continue;
+#pragma unroll
+          for (int j = 0; j < W; ++j) v[j] = tok->io[k == 2 ? 3 : k][j][threadIdx.x];
+          store_items<T, W>(dst, 0, W, v);
+        }
+      }
+    } else {
+      store_items<T, NI>(du + row, l0, L, dsum_u);
+      store_items<T, NI>(ddelta + row, l0, L, ddv);
+    }
   }
   const float dD_sum = warp_sum(dD_acc), dbias_sum = warp_sum(dbias_acc);
   if (lane == 0) {
@@ -579,6 +669,22 @@ MF_DEVICE void ssm_parallel_scan_bwd(T* du, T* ddelta, T* dz, float* dB_part, fl
   ssm_scan_bwd<T, W, false>(du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part, nullptr, dout, saved,
                             nullptr, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state, L,
                             delta_softplus);
+}
+
+// Token-major (the training backward's layouts, no transposes): FoldTokSmem in dynamic shared memory (96 KiB,
+// scan.toml's launch), W = 8, d_state <= 16.
+template <typename T, int W>
+MF_DEVICE void ssm_parallel_scan_bwd_tokens(T* du, T* ddelta, T* dz, float* dB_part, float* dC_part, float* dA_part,
+                                            float* dD_part, float* dbias_part, const T* dout, const float* saved,
+                                            const T* u, const T* delta, const float* A_log, const T* Bm, const T* Cm,
+                                            const float* Dp, const T* z, const float* delta_bias, int batch,
+                                            int d_inner, int d_state, long long L, long long z_ld, long long bc_ld,
+                                            int delta_softplus) {
+  MF_DYNAMIC_SMEM(fold_tok_smem_raw);
+  ssm_scan_bwd<T, W, false, true>(du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part, nullptr, dout,
+                                  saved, nullptr, u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner,
+                                  d_state, L, delta_softplus, z_ld, bc_ld,
+                                  reinterpret_cast<FoldTokSmem<W>*>(fold_tok_smem_raw));
 }
 
 // The time-major reductions transpose through a block's 32 x 33 shared tile.

@@ -164,7 +164,9 @@ def _raw_other(blob: bytes, elf: ELFFile, symtab, idx: int) -> int:
 _FUNC = re.compile(r"Function properties for (\S+)")
 _COMPILING = re.compile(r"Compiling entry function '([^']+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+# a kernel with a stack prints "N bytes cumulative stack size" between the barriers and the smem figure
+_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, \d+ bytes cumulative stack size)?"
+                   r"(?:, (\d+) bytes smem)?")
 
 
 @dataclass

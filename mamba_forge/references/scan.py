@@ -16,12 +16,14 @@ import numpy as np
 from mamba_forge.core.errors import ForgeError
 
 SAVE_CHUNK = 256  # timesteps between saved states (kernels: mf::kScanSaveChunk)
-BWD_GROUP = {"ssm_parallel_scan_bwd": 4, "ssm_parallel_scan_bwd_fold": 8, "ssm_backward_local": 4}
+BWD_GROUP = {"ssm_parallel_scan_bwd": 4, "ssm_parallel_scan_bwd_fold": 8, "ssm_parallel_scan_bwd_fold_tokens": 8,
+             "ssm_backward_local": 4}
+FOLD_TOKENS_STATE = 16  # the token-major fold's staged B, C span (mf::kFoldTokState)
 # Families whose kernels hold per-channel state sized by the built capacity (all of the sequence/step kernels).
 STATE_FAMILIES = (
     "ssm_step_forward", "ssm_step_forward_fused", "ssm_step_forward_fused_v", "ssm_burnin_forward",
     "ssm_burnin_forward_nosave", "ssm_parallel_scan_fwd", "ssm_parallel_scan_fwd_nosave", "ssm_parallel_scan_bwd", "ssm_parallel_scan_bwd_fold",
-    "ssm_backward_local",
+    "ssm_parallel_scan_bwd_fold_tokens", "ssm_backward_local",
 )
 
 
@@ -43,6 +45,9 @@ def check_launch(family: str, dims: dict[str, int], state_capacity: int) -> None
     for k in ("batch", "d_inner", "L"):
         if k in dims and dims[k] < 1:
             raise ForgeError(f"{family}: {k} must be at least 1, got {dims[k]}")
+    if family == "ssm_parallel_scan_bwd_fold_tokens" and d_state > FOLD_TOKENS_STATE:
+        raise ForgeError(f"{family}: d_state {d_state} is above the {FOLD_TOKENS_STATE} states it stages",
+                         hint="use ssm_parallel_scan_bwd_fold on channel-major operands")
     w = BWD_GROUP.get(family)
     if w is not None and dims["d_inner"] % w:
         raise ForgeError(f"{family}: d_inner {dims['d_inner']} is not a multiple of the channel group {w}")
@@ -252,6 +257,29 @@ def ssm_parallel_scan_bwd_fold(args, dims):
 
 def ssm_backward_local(args, dims):
     return _bwd(args, dims, 4, True)
+
+
+def _row_index(b: int, L: int, cols: int, ld: int) -> np.ndarray:
+    """Flat positions of [b * L, cols] held in rows ld elements apart."""
+    return np.arange(b * L)[:, None] * ld + np.arange(cols)[None, :]
+
+
+def ssm_parallel_scan_bwd_fold_tokens(args, dims):
+    """ssm_parallel_scan_bwd_fold on token-major operands: u, delta, dout, du, ddelta [batch * L, d_inner]; z and dz
+    rows z_ld apart (dz is inout: what lies between its rows keeps its values); B, C rows bc_ld apart. The partials
+    keep the channel-major kernel's layouts."""
+    b, d, n, L = dims["batch"], dims["d_inner"], dims["d_state"], dims["L"]
+    z_ld, bc_ld = int(args["z_ld"]), int(args["bc_ld"])
+    cm = lambda k, cols, ld: (np.asarray(args[k], dtype=np.float64)[_row_index(b, L, cols, ld)]  # noqa: E731
+                              .reshape(b, L, cols).transpose(0, 2, 1).ravel())
+    channel_major = dict(args, u=cm("u", d, d), delta=cm("delta", d, d), dout=cm("dout", d, d), z=cm("z", d, z_ld),
+                         Bm=cm("Bm", n, bc_ld), Cm=cm("Cm", n, bc_ld))
+    res = _bwd(channel_major, dims, 8, False)
+    tm = lambda v: np.asarray(v).reshape(b, d, L).transpose(0, 2, 1).ravel()  # noqa: E731
+    n_dz = (b * L - 1) * z_ld + d
+    dz = np.asarray(args["dz"], dtype=np.float64)[:n_dz].copy()
+    dz[_row_index(b, L, d, z_ld).ravel()] = tm(res["dz"])
+    return dict(res, du=tm(res["du"]), ddelta=tm(res["ddelta"]), dz=dz)
 
 
 def ssm_reduce_d_BC(args, dims):

@@ -156,7 +156,7 @@ class Mamba(nn.Module):
 
         _, kernels = _ops()
         act = torch_dtype(self.in_proj.weight.dtype)
-        backward_kernels(act, self.d_inner)
+        backward_kernels(act, self.d_inner, self.d_state)
         for name, (n, k) in self._gemm_shapes().items():  # dX = dY W: N and K swapped
             try:
                 kernels.gemm_route(1, k, n, act)

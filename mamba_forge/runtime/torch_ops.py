@@ -116,6 +116,11 @@ SCAN_TOKENS_SAVE_FAMILY = "ssm_scan_tokens_save"  # mamba_mixer's training forwa
 # channel group W -> backward family: the fold (W = 8) is the measured one (fwd+bwd 1.08x and 1.13x mamba-ssm's,
 # the plain W = 4 1.35x and 1.42x: benchmarks/results/README.md); the plain one serves d_inner % 8 != 0
 SCAN_BWD_FAMILIES = {8: "ssm_parallel_scan_bwd_fold", 4: "ssm_parallel_scan_bwd"}
+# mamba_mixer's scan backward where it serves (d_inner % 8 == 0, d_state <= 16: every Mamba-1 model): the fold on
+# the token-major operands the forward left, so the backward transposes none of them (9 of its 12 layout changes,
+# about 0.75 ms of a 5.8 ms d_model 1024 (b8, L2048) step); the channel-major families serve the other shapes
+SCAN_BWD_TOKENS_FAMILY = "ssm_parallel_scan_bwd_fold_tokens"
+SCAN_BWD_TOKENS_MAX_STATE = 16  # the B, C span it stages (mf::kFoldTokState)
 CONV_SAVE_FAMILY = "conv1d_burnin_forward_tiled"  # writes pre = conv + bias, which the backward reads
 CONV_BWD_FAMILY = "conv1d_bwd_tiled"
 RMS_NORM_BWD_KERNELS = {  # dy dtype -> (family, dtype); x is the f32 residual stream in every case
@@ -136,6 +141,14 @@ def scan_bwd_family(op: str, d_inner: int) -> tuple[str, int]:
             return family, w
     raise LaunchRefused(f"mamba_forge::{op}: the scan backward kernels take d_inner in multiples of 4 (the fold 8); "
                         f"d_inner is {d_inner}")
+
+
+def mixer_scan_bwd_family(d_inner: int, d_state: int) -> tuple[str, int, bool]:
+    """(family, channel group W, token-major) of mamba_mixer's scan backward."""
+    if d_inner % 8 == 0 and d_state <= SCAN_BWD_TOKENS_MAX_STATE:
+        return SCAN_BWD_TOKENS_FAMILY, 8, True
+    family, w = scan_bwd_family("mamba_mixer", d_inner)
+    return family, w, False
 
 
 def rms_norm_bwd_kernel(dy_dtype: str) -> tuple[str, str]:
@@ -168,11 +181,11 @@ def mixer_shapes(hidden: tuple[int, ...], in_w: tuple[int, ...], conv_w: tuple[i
     return batch, length, dm, d, width, r, n
 
 
-def mixer_backward_kernels(dtype: str, d_inner: int) -> list[tuple[str, str]]:
+def mixer_backward_kernels(dtype: str, d_inner: int, d_state: int) -> list[tuple[str, str]]:
     """Every (family, dtype) mamba_mixer's training launches besides the inference kernels and the GEMMs: the saving
     scan and the backward's (Mamba.check_training_kernels)."""
     return [(SCAN_TOKENS_SAVE_FAMILY, dtype), (CONV_SAVE_FAMILY, dtype), (CONV_BWD_FAMILY, dtype),
-            (scan_bwd_family("mamba_mixer", d_inner)[0], dtype),
+            (mixer_scan_bwd_family(d_inner, d_state)[0], dtype),
             ("ssm_reduce_d_BC_groups_tmajor", dtype), REDUCE["dA_log"], REDUCE["batch"], ("residual_add", dtype),
             ("transpose_rows", dtype),
             ("reduce_bias", dtype)]
@@ -329,11 +342,12 @@ def kernels_used() -> list[tuple[str, str]]:
 
 
 __all__ = ["CONV1D_FAMILY", "CONV_BWD_FAMILY", "CONV_SAVE_FAMILY", "CONV_TOKENS_FAMILY", "LIBRARY", "REDUCE",
-           "RMS_NORM_ADD_FAMILY", "RMS_NORM_BWD_KERNELS", "SCAN_BWD_FAMILIES", "SCAN_SAVE_CHUNK", "SCAN_SAVE_FAMILY", "SCAN_TOKENS_SAVE_FAMILY",
+           "RMS_NORM_ADD_FAMILY", "RMS_NORM_BWD_KERNELS", "SCAN_BWD_FAMILIES", "SCAN_BWD_TOKENS_FAMILY",
+           "SCAN_BWD_TOKENS_MAX_STATE", "SCAN_SAVE_CHUNK", "SCAN_SAVE_FAMILY", "SCAN_TOKENS_SAVE_FAMILY",
            "SCAN_STEP_FAMILY", "SCAN_TOKENS_FAMILY", "SCAN_TOKENS_WS_FAMILY", "scan_tokens_ws_serves",
            "CONV_TOKENS_VEC_FAMILY", "CONV_TOKENS_VEC_MAX_L", "CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM",
            "CONV_TOKENS_BLOCK_CHANNELS", "conv_tokens_vec_serves", "OPTIONAL_SEQUENCE_FAMILIES", "TRAIN_SCHEMAS",
-           "mixer_backward_kernels", "mixer_shapes", "norm_backward_kernels",
+           "mixer_backward_kernels", "mixer_scan_bwd_family", "mixer_shapes", "norm_backward_kernels",
            "rms_norm_bwd_kernel", "scan_bwd_family",
            "conv_tokens_shapes", "scan_tokens_shapes", "RMS_NORM_KERNELS", "SCAN_FAMILY", "SCHEMAS", "SEQUENCE_DTYPES",
            "SOFTPLUS_DTYPES", "conv1d_shapes", "gemm_shape", "kernels_used", "rms_norm_kernel", "rms_norm_shapes", "scan_shapes",

@@ -9,15 +9,17 @@ from, in one launch over the whole sequence (it ran as 256-step chunks before, e
 copied: 48 strided copies per call at L 2048). Saved for the backward: the input, xz, x, x_dbl, dt, y and the saved
 states.
 
-Backward, channel-major operands ([b, d, L]) made by transpose_rows (reading column slices and writing the halves of
-dxz in place; torch's strided copies of these took 2.7 of the 7.6 ms of a d_model 1024 (b8, L2048) training step),
-every computation a qualified kernel:
+Backward, every computation a qualified kernel. The scan backward reads the forward's token-major tensors where
+they are (ssm_parallel_scan_bwd_fold_tokens: z, B and C as column slices, dz written into dxz's second half); where
+it does not serve (d_state > 16, d_inner % 8 != 0) the channel-major families run on [b, d, L] operands made by
+transpose_rows, which also makes the conv backward's (column slices read and dxz's halves written in place; torch's
+strided copies of these took 2.7 of the 7.6 ms of a d_model 1024 (b8, L2048) training step):
 
     out_proj   dy = dout W_out (nn, batch-invariant rows); dW_out = dout^T y (tn); d out_b: reduce_bias
-    scan       ssm_parallel_scan_bwd_fold (W = 8; ssm_parallel_scan_bwd where d_inner % 8 != 0) from the saved
-               states: du, ddelta (w.r.t. raw dt), dz; dB, dC by ssm_reduce_d_BC_groups_tmajor straight into
+    scan       ssm_parallel_scan_bwd_fold_tokens (else ssm_parallel_scan_bwd_fold, W = 8, or ssm_parallel_scan_bwd,
+               W = 4) from the saved states: du, ddelta (w.r.t. raw dt), dz; dB, dC by ssm_reduce_d_BC_groups_tmajor straight into
                x_dbl's [b*L, d_state] column layout; dA_log by ssm_reduce_d_a_log; dD, d dt_bias by ssm_reduce_d_D
-    dt_proj    d x_dbl[:, :dt_rank] = ddt W_dt (nn); dW_dt = ddt^T x_dbl[:, :dt_rank] (tn)
+    dt_proj    d x_dbl[:, :dt_rank] = ddt W_dt (nn); dW_dt = (x_dbl[:, :dt_rank]^T ddt)^T (tn, transpose_rows)
     x_proj     dx = d x_dbl W_x (nn), + du by residual_add; dW_x = d x_dbl^T x (tn)
     conv       conv1d_burnin_forward_tiled replays pre, conv1d_bwd_tiled gives dx, dweight, dbias
     in_proj    dxz = [dx_conv | dz] (transposed into its halves); dh = dxz W_in (nn); dW_in = dxz^T h (tn);
@@ -69,7 +71,14 @@ def _f32(v: torch.Tensor) -> torch.Tensor:
 
 
 def _t(w: torch.Tensor) -> torch.Tensor:
-    return w.t().contiguous()  # Linear's [N, K] -> [K, N], as Mamba._weights makes it
+    """Linear's [N, K] -> [K, N], as Mamba._weights makes it, by transpose_rows: the same elements, moved at about
+    4x the rate of torch's strided copy of 16-bit elements (the forward's four weight transposes were most of the
+    step's 0.29 ms of torch copies at d_model 2560)."""
+    n, k = w.shape
+    out = torch.empty((k, n), dtype=w.dtype, device=w.device)
+    bwd_kernel(OP, "transpose_rows", torch_dtype(w.dtype))(out=out, src=w.contiguous(), batch=1, rows=n, cols=k,
+                                                           in_pad=0, out_pad=0)
+    return out
 
 
 def scan_saving(x, dt, dt_b, A_log, x_dbl, D, xz, n: int):
@@ -113,10 +122,10 @@ def _mixer_fake(hidden, in_w, in_b, conv_w, conv_b, x_w, dt_w, dt_b, A_log, D, o
             e(batch, length, d), e(batch, d, nc, n, dtype=F32))
 
 
-def backward_kernels(dtype: str, d_inner: int) -> dict:
+def backward_kernels(dtype: str, d_inner: int, d_state: int) -> dict:
     """The mixer backward's kernels, every one resolved before anything launches (LaunchRefused names a missing
     one): (family, dtype) -> kernel."""
-    return {fd: bwd_kernel(OP, *fd) for fd in T.mixer_backward_kernels(dtype, d_inner)}
+    return {fd: bwd_kernel(OP, *fd) for fd in T.mixer_backward_kernels(dtype, d_inner, d_state)}
 
 
 def _transposer(k, act):
@@ -139,8 +148,8 @@ def _mixer_backward(dout, hidden, in_w, conv_w, conv_b, x_w, dt_w, dt_b, A_log, 
                     saved, in_bias: bool, out_bias: bool):
     batch, length, dm, d, width, r, n = _dims(hidden, in_w, conv_w, x_w, dt_w, dt_b, A_log, D, out_w)
     act = torch_dtype(hidden.dtype)
-    k = backward_kernels(act, d)
-    family, w = T.scan_bwd_family(OP, d)
+    k = backward_kernels(act, d, n)
+    family, w, token_major = T.mixer_scan_bwd_family(d, n)
     tokens, dev = batch * length, hidden.device
     tr = _transposer(k, act)
     cm = lambda t, c, skip=0, pad=0: tr(t.reshape(-1)[skip:], batch, length, c, pad)  # noqa: E731  [b, L, c] -> [b, c, L]
@@ -153,22 +162,39 @@ def _mixer_backward(dout, hidden, in_w, conv_w, conv_b, x_w, dt_w, dt_b, A_log, 
     # scan (from the saved states); B, C and z read where they are (columns of x_dbl, the second half of xz)
     A32, dt_b32 = _f32(A_log), _f32(dt_b)
     xw = r + 2 * n
-    du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part = scan_backward(
-        OP, k[(family, act)], w, cm(dy, d), saved, cm(x, d), cm(dt, d), A32, cm(x_dbl, n, r, xw - n),
-        cm(x_dbl, n, r + n, xw - n), _f32(D), cm(xz, d, d, d), dt_b32)
+    dxz = torch.empty((tokens, 2 * d), dtype=hidden.dtype, device=dev)  # [dx_conv | dz]
+    if token_major:  # du, ddelta [b*L, d]; dz straight into dxz's second half
+        du, ddelta = (torch.empty((tokens, d), dtype=hidden.dtype, device=dev) for _ in range(2))
+        dB_part, dC_part = (torch.empty((batch, d // w, n, length), dtype=F32, device=dev) for _ in range(2))
+        dA_part = torch.empty((batch, d, n), dtype=F32, device=dev)
+        dD_part, dbias_part = (torch.empty((batch, d), dtype=F32, device=dev) for _ in range(2))
+        flat = lambda t, skip=0: t.reshape(-1)[skip:]  # noqa: E731  a column slice: a flat view from its first element
+        k[(family, act)](du=du, ddelta=ddelta, dz=flat(dxz, d), dB_part=dB_part, dC_part=dC_part, dA_part=dA_part,
+                         dD_part=dD_part, dbias_part=dbias_part, dout=dy, saved=saved, u=x.reshape(tokens, d),
+                         delta=dt.reshape(tokens, d), A_log=A32, Bm=flat(x_dbl, r), Cm=flat(x_dbl, r + n),
+                         Dp=_f32(D), z=flat(xz, d), delta_bias=dt_b32, batch=batch, d_inner=d, d_state=n, L=length,
+                         z_pad=d, bc_pad=xw - n, delta_softplus=1)
+        ddt, du_rows = ddelta, du
+    else:
+        du, ddelta, dz, dB_part, dC_part, dA_part, dD_part, dbias_part = scan_backward(
+            OP, k[(family, act)], w, cm(dy, d), saved, cm(x, d), cm(dt, d), A32, cm(x_dbl, n, r, xw - n),
+            cm(x_dbl, n, r + n, xw - n), _f32(D), cm(xz, d, d, d), dt_b32)
+        ddt, du_rows = tm(ddelta, d), tm(du, d)
+        tr(dz, batch, d, length, out=dxz.view(-1)[d:], out_pad=d)
     dx_dbl = torch.empty((tokens, xw), dtype=hidden.dtype, device=dev)
     for col, part in ((r, dB_part), (r + n, dC_part)):  # [b, L, n] sums over the channel groups
         got = torch.empty((batch, length, n), dtype=hidden.dtype, device=dev)
         k[("ssm_reduce_d_BC_groups_tmajor", act)](out=got, part=part, batch=batch, groups=d // w, d_state=n, L=length)
         dx_dbl[:, col:col + n] = got.view(tokens, n)
     # dt_proj (its bias entered the scan: its gradient is the scan's)
-    ddt = tm(ddelta, d)
     dx_dbl[:, :r] = gemm_eager(OP, ddt, dt_w)
-    d_dt_w = gemm_eager(OP, ddt, x_dbl[:, :r].contiguous(), "tn")
+    # dW_dt = ddt^T x_dbl[:, :dt_rank] [d, r], taken as its transpose x_dbl[:, :r]^T ddt [r, d]: M = dt_rank rows run
+    # on the tn route's 64-row tiles (32 CTAs over the tokens at d_inner 2048, where [d, r] gave 16 tiles 3/4 empty)
+    d_dt_w = tr(gemm_eager(OP, x_dbl[:, :r].contiguous(), ddt, "tn"), 1, r, d).view(d, r)
     # x_proj, then the scan's du joins x's gradient
     dx = gemm_eager(OP, dx_dbl, x_w)
     d_x_w = gemm_eager(OP, dx_dbl, x.reshape(tokens, d), "tn")
-    k[("residual_add", act)](residual=dx, x=tm(du, d), n=tokens * d)
+    k[("residual_add", act)](residual=dx, x=du_rows, n=tokens * d)
     # conv: pre replayed, then its backward
     x_in = cm(xz, d, 0, d)
     conv_wf = _f32(conv_w.reshape(d, width))
@@ -180,10 +206,8 @@ def _mixer_backward(dout, hidden, in_w, conv_w, conv_b, x_w, dt_w, dt_b, A_log, 
     dcb = torch.empty(d, dtype=F32, device=dev)
     k[(T.CONV_BWD_FAMILY, act)](dx=dxc, dweight=dcw, dbias=dcb, x=x_in, weight=conv_wf, pre=pre, dout=cm(dx, d),
                                 **dims)
-    # in_proj: dxz = [dx_conv | dz], each half written in place
-    dxz = torch.empty((tokens, 2 * d), dtype=hidden.dtype, device=dev)
+    # in_proj: dxz = [dx_conv | dz], each half written in place (dz by the scan backward or above)
     tr(dxc, batch, d, length, out=dxz.view(-1), out_pad=d)
-    tr(dz, batch, d, length, out=dxz.view(-1)[d:], out_pad=d)
     dh = gemm_eager(OP, dxz, in_w).view(batch, length, dm)
     d_in_w = gemm_eager(OP, dxz, hidden.reshape(tokens, dm), "tn")
     d_in_b = reduce_bias_eager(OP, dxz, in_w.dtype) if in_bias else g.new_empty(0)

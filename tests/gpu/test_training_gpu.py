@@ -246,11 +246,12 @@ def test_saving_scan_is_the_scan_and_saves_the_chunked_states(kernels, dtype):  
     assert _same(out, torch.cat(parts, dim=1)) and _same(st, want_st)
 
 
+@pytest.mark.parametrize("d", [75, 128])  # 75: odd offsets, the per-element path; 128: whole tiles in words
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
-def test_transpose_rows_reads_and_writes_strided_rows(kernels, dtype):  # noqa: F811
+def test_transpose_rows_reads_and_writes_strided_rows(kernels, dtype, d):  # noqa: F811
     """transpose_rows against torch: a column slice read in place (z = xz[..., d:]) into a dense [b, d, L], and a
     dense [b, d, L] written into one half of [b, L, 2d] rows, the other half untouched; edge tiles both ways."""
-    b, L, d = 3, 130, 75
+    b, L = 3, 130
     t = DT.get(dtype, torch.float16)
     xz = torch.randn(b, L, 2 * d, device="cuda").to(t)
     got = torch.full((b, d, L), float("nan"), dtype=t, device="cuda")
@@ -262,3 +263,72 @@ def test_transpose_rows_reads_and_writes_strided_rows(kernels, dtype):  # noqa: 
     kernels.fn("transpose_rows", dtype)(out=dst.view(-1)[d:], src=got.view(-1), batch=b, rows=d, cols=L, in_pad=0,
                                          out_pad=d)
     assert _same(dst[..., d:], xz[..., d:]) and _same(dst[..., :d], before[..., :d])
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_token_major_fold_is_the_channel_major_folds_bits(kernels, dtype):  # noqa: F811
+    """ssm_parallel_scan_bwd_fold_tokens on the layer's token-major operands (z in xz's second half, B and C in
+    x_dbl's columns, dz written into dxz's second half) gives, bit for bit, what ssm_parallel_scan_bwd_fold gives
+    on the same operands transposed to [b, d, L]: the same arithmetic in the same order. Outputs poisoned; dxz's
+    first half keeps its values. L 700: three chunks, the last ragged."""
+    b, L, d, n, r = 2, 700, 128, 16, 8
+    t, dev = DT[dtype], "cuda"
+    g = torch.Generator(device=dev).manual_seed(5)
+    rnd = lambda *s, lo=-1.0, hi=1.0: (torch.rand(*s, generator=g, device=dev) * (hi - lo) + lo).to(t)  # noqa: E731
+    x, dt, dy = rnd(b * L, d), rnd(b * L, d, lo=-4.0, hi=0.0), rnd(b * L, d)
+    xz, x_dbl = rnd(b * L, 2 * d, lo=-3.0, hi=3.0), rnd(b * L, r + 2 * n)
+    saved = torch.rand(b, d, 3, n, generator=g, device=dev) * 2 - 1
+    A_log = torch.rand(d, n, generator=g, device=dev) * 2.5 - 1
+    D, bias = (torch.rand(d, generator=g, device=dev) * 2 - 1 for _ in range(2))
+    f32 = lambda *s: torch.full(s, float("nan"), device=dev)  # noqa: E731
+    parts = lambda: dict(dB_part=f32(b, d // 8, n, L), dC_part=f32(b, d // 8, n, L), dA_part=f32(b, d, n),  # noqa: E731
+                         dD_part=f32(b, d), dbias_part=f32(b, d))
+    common = dict(saved=saved, A_log=A_log, Dp=D, delta_bias=bias, batch=b, d_inner=d, d_state=n, L=L,
+                  delta_softplus=1)
+    dxz = torch.full((b * L, 2 * d), float("nan"), dtype=t, device=dev)
+    dxz[:, :d] = 7.0
+    tok = dict(du=torch.full((b * L, d), float("nan"), dtype=t, device=dev), ddelta=torch.full_like(x, float("nan")),
+               **parts())
+    kernels.fn("ssm_parallel_scan_bwd_fold_tokens", dtype)(
+        dz=dxz.view(-1)[d:], dout=dy, u=x, delta=dt, Bm=x_dbl.view(-1)[r:], Cm=x_dbl.view(-1)[r + n:],
+        z=xz.view(-1)[d:], z_pad=d, bc_pad=r + n, **tok, **common)
+    cm = lambda v: v.view(b, L, -1).transpose(1, 2).contiguous()  # noqa: E731
+    ch = dict(du=torch.empty(b, d, L, dtype=t, device=dev), ddelta=torch.empty(b, d, L, dtype=t, device=dev),
+              dz=torch.empty(b, d, L, dtype=t, device=dev), **parts())
+    kernels.fn("ssm_parallel_scan_bwd_fold", dtype)(
+        dout=cm(dy), u=cm(x), delta=cm(dt), Bm=cm(x_dbl[:, r:r + n]), Cm=cm(x_dbl[:, r + n:]), z=cm(xz[:, d:]),
+        **ch, **common)
+    tm = lambda v: v.transpose(1, 2).reshape(b * L, d)  # noqa: E731
+    assert _same(tok["du"], tm(ch["du"])) and _same(tok["ddelta"], tm(ch["ddelta"]))
+    assert _same(dxz[:, d:], tm(ch["dz"])) and bool((dxz[:, :d] == 7.0).all())
+    for k in ("dB_part", "dC_part", "dA_part", "dD_part", "dbias_part"):
+        assert _same(tok[k], ch[k]), k
+
+
+TN_REF = "gemm_bi_tn_sm90a_wgmma_ws2_m128n256_s4"
+# (M, N, K): x_proj's dW at d_model 1024 (M 96) over a long K, dt_proj's dW^T (M 64), ragged N and K, M past 64
+TN_SHAPES = [(96, 2048, 4096), (64, 2048, 1000), (8, 392, 331), (200, 136, 72), (520, 392, 331)]
+
+
+@pytest.mark.parametrize("tile", ["m64n64_s12", "m64n128_s8"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_tn_skinny_rungs_match_float64_and_the_reference_rungs_bits(kernels, dtype, tile):  # noqa: F811
+    """The TN route's 64-row rungs (weight gradients with a small M) against a float64 product, and every element
+    bit-identical to the route's reference rung (128x256 tiles) on the same operands: only the tile differs.
+    Outputs poisoned (NaN)."""
+    t = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    g = torch.Generator(device="cuda").manual_seed(11)
+    for M, N, K in TN_SHAPES:
+        A = (torch.rand(K, M, generator=g, device="cuda") * 2 - 1).to(t)
+        B = (torch.rand(K, N, generator=g, device="cuda") * 2 - 1).to(t)
+        got, ref = (torch.full((M, N), float("nan"), dtype=t, device="cuda") for _ in range(2))
+        kernels.gemm(A, B, got, layout="tn", symbol=f"gemm_bi_tn_sm90a_wgmma_skinny_{tile}_{dtype}")
+        kernels.gemm(A, B, ref, layout="tn", symbol=f"{TN_REF}_{dtype}")
+        a, b = A.double(), B.double()
+        tol = 2 * 2.0**-8 * (a.T @ b).abs() + 1e-5 * (a.abs().T @ b.abs()) + 1e-6
+        what = f"{tile}_{dtype} M={M} N={N} K={K}"
+        assert bool(torch.isfinite(got).all()) and bool(((got.double() - a.T @ b).abs() <= tol).all()), what
+        assert _same(got, ref), f"{what}: bits differ from {TN_REF}"
+    # the route picks the 64-row rung for a small M, the reference rung past 256
+    assert "skinny_m64n64" in kernels.gemm_route(96, 2048, 4096, dtype, layout="tn").symbol
+    assert kernels.gemm_route(1024, 2048, 4096, dtype, layout="tn").symbol.startswith(TN_REF)

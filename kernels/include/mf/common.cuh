@@ -5,6 +5,9 @@
 #include <cuda_fp16.h>
 
 #define MF_DEVICE __device__ __forceinline__
+// A kernel's dynamic shared memory (the size its catalog entry's launch.dynamic_smem declares); a macro so the
+// host emulation of the tests can give it a block-wide buffer.
+#define MF_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
 
 namespace mf {
 

@@ -332,17 +332,19 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
       }
     const long long nsaved = (L + kScanSaveChunk - 1) / kScanSaveChunk;
     float* vrow = SAVE ? saved + ((long long)b * d_inner + dl) * nsaved * d_state : nullptr;
-    auto save = [&](long long chunk) {  // the state before timestep kScanSaveChunk * chunk
+    auto store_states = [&](float* dst) {  // this lane's states into dst[n], n < d_state: the saves, the final state
       if (dvalid) {
 #pragma unroll
         for (int s = 0; s < NS; ++s)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int n = 16 * s + 4 * j + i;
-            if (n < d_state) vrow[chunk * d_state + n] = h[s][i];
+            if (n < d_state) dst[n] = h[s][i];
           }
       }
     };
+    // the state before timestep kScanSaveChunk * chunk
+    auto save = [&](long long chunk) { store_states(vrow + chunk * d_state); };
     if constexpr (SAVE) save(0);
     TokScanTile<T, kPrefetch ? NS : 0> nxt;
     __syncthreads();  // the previous row's last tile is no longer read
@@ -389,15 +391,7 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
       }
       __syncthreads();
     }
-    if (dvalid) {
-#pragma unroll
-      for (int s = 0; s < NS; ++s)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int n = 16 * s + 4 * j + i;
-          if (n < d_state) srow[n] = h[s][i];
-        }
-    }
+    store_states(srow);
   }
 }
 
