@@ -6,6 +6,8 @@
 # (mamba-ssm and causal-conv1d from .peers/) built in the background meanwhile (their sm_90 builds, 26 and 40 MB
 # packed, are over what a call brings back); then BENCHES (python files under benchmarks/, with their arguments,
 # ';'-separated) while time is left.
+# Results: every step's log and the outputs, packed on exit into $OUT/res.tar.gz (the call's one file): run it as the
+# call's last command; anything writing $OUT/res.tar.gz after it replaces them (call 4 of the seventeenth session).
 # Carried: .whl, .keys, .peers. Env: QUALIFY_FLAGS, DEADLINE, TESTS, TESTS_K (pytest -k), TEST_N (workers), TEST_S, TEST_TIMEOUT,
 # BENCHES, BUILD_DIR (a carried build), PEER_CONV=0; 0 turns off: QUALIFY, PEERS, SCAN (late: after the tests),
 # PROFILE; 1 turns on: NCU_SCAN, TUNE, DECODE_STEP, SANITIZE_TIMING.

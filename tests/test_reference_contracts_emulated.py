@@ -73,14 +73,18 @@ _EMU_NAMES = ["grad_sumsq_partial_f32", "grad_region_sumsq_partial_f32", "grad_s
 
 
 
+def compile_fixed(folder: Path, kernel_file: str, names: list[str]):
+    """g++ the Fixed module's `kernel_file` (kernels/fixed/...) with the catalog's generated wrappers of `names` (the
+    text NVRTC compiles) and the launcher, against this file's prelude and 16-bit stand-ins."""
+    source = "#include KERNEL_CU\n" + generated_wrappers(names) + LAUNCH_CPP + entries_cpp(names)
+    return compile_emulator(folder, {"prelude.h": _PRELUDE, "cuda_bf16.h": _BF16, "cuda_fp16.h": _FP16}, source,
+                            ["-include", str(folder / "prelude.h"), f"-I{folder}",
+                             f'-DKERNEL_CU="{ROOT / "kernels/fixed" / kernel_file}"'])
+
+
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    d = tmp_path_factory.mktemp("optim-emu")
-    # optim.cu, then the catalog's generated wrappers (the text NVRTC compiles), then the launcher
-    source = "#include OPTIM_CU\n" + generated_wrappers(_EMU_NAMES) + LAUNCH_CPP + entries_cpp(_EMU_NAMES)
-    return compile_emulator(d, {"prelude.h": _PRELUDE, "cuda_bf16.h": _BF16, "cuda_fp16.h": _FP16}, source,
-                            ["-include", str(d / "prelude.h"), f"-I{d}",
-                             f'-DOPTIM_CU="{ROOT / "kernels/fixed/optim.cu"}"'])
+    return compile_fixed(tmp_path_factory.mktemp("optim-emu"), "optim.cu", _EMU_NAMES)
 
 
 def launch(lib, name: str, grid: int, block: int, *args) -> None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from host_emulation import LAUNCH_CPP, compile_emulator, entries_cpp, generated_wrappers
-from test_reference_contracts_emulated import _BF16, _FP16, _PRELUDE, ROOT
+from test_reference_contracts_emulated import compile_fixed
 
 from mamba_forge.references import elementwise as re_
 
@@ -18,11 +17,7 @@ _NAMES = ["transpose_rows_f32", "transpose_rows_bf16"]
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    d = tmp_path_factory.mktemp("transpose-emu")
-    source = "#include ELEMENTWISE_CU\n" + generated_wrappers(_NAMES) + LAUNCH_CPP + entries_cpp(_NAMES)
-    return compile_emulator(d, {"prelude.h": _PRELUDE, "cuda_bf16.h": _BF16, "cuda_fp16.h": _FP16}, source,
-                            ["-include", str(d / "prelude.h"), f"-I{d}",
-                             f'-DELEMENTWISE_CU="{ROOT / "kernels/fixed/elementwise.cu"}"'])
+    return compile_fixed(tmp_path_factory.mktemp("transpose-emu"), "elementwise.cu", _NAMES)
 
 
 def _run(lib, name, out, out_off, src, src_off, batch, rows, cols, ld_in, ld_out):

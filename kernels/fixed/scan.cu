@@ -671,7 +671,7 @@ MF_DEVICE void ssm_parallel_scan_bwd(T* du, T* ddelta, T* dz, float* dB_part, fl
                             delta_softplus);
 }
 
-// Token-major (the training backward's layouts, no transposes): FoldTokSmem in dynamic shared memory (96 KiB,
+// Token-major (the training backward's layouts, no transposes): FoldTokSmem in dynamic shared memory (64 KiB,
 // scan.toml's launch), W = 8, d_state <= 16.
 template <typename T, int W>
 MF_DEVICE void ssm_parallel_scan_bwd_tokens(T* du, T* ddelta, T* dz, float* dB_part, float* dC_part, float* dA_part,
