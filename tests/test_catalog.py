@@ -193,3 +193,23 @@ def test_state_capacity_refuses_out_of_range(bad):
     with pytest.raises(ForgeError) as exc:
         state_capacity(bad)
     assert "--state-cap" in str(exc.value)
+
+
+RULED = FAMILY.replace("launch = { block = 128 }", """launch = { block = 128, grid = ["ceil_div(n, 128)"] }
+params = [{ name = "x", type = "ptr", dtype = "T", shape = ["n * width"] }, { name = "n", type = "i64", value = "n" }]
+qualify = { dims = { n = 1024, width = 4 } }""")
+
+
+def test_requires_reaches_the_family_and_is_checked_at_load(tmp_path):
+    """A family's dims rules: kept when they name dims of its contract that its qualification shape keeps; a rule
+    on a name no expression uses, or one the qualification dims break, is a load error naming it; bounds >= 1."""
+    ok = load_catalog(make(tmp_path, family=RULED + "requires = { multiple_of = { n = 8 }, at_most = { width = 4 } }\n"))
+    fam = ok.modules[0].family("scale")
+    assert (fam.requires.multiple_of, fam.requires.at_most) == ({"n": 8}, {"width": 4})
+    assert fam.requires.problem({"n": 12, "width": 4}) == "n = 12 is not a multiple of 8"
+    assert fam.requires.problem({"n": 16, "width": 5}) == "width = 5 is above 4"
+    for rule, expect in [("multiple_of = { d_state = 8 }", "requires names ['d_state'], which are not dims"),
+                         ("multiple_of = { n = 1000 }", "qualification dims break its own requires: n = 1024 is not"),
+                         ("at_most = { width = 2 }", "break its own requires: width = 4 is above 2"),
+                         ("at_most = { width = 0 }", "a dims rule's bound must be 1..2**40")]:
+        assert expect in error_of(make(tmp_path, family=RULED + f"requires = {{ {rule} }}\n")), rule

@@ -137,6 +137,16 @@ def launch_dims(cat, name: str) -> list[dict[str, int]]:
         out += [{**base, "M": m, "N": n, "K": k} for m in check_m_values(rung)]
     out.append({d: v if d == "d_state" else v // 2 + 1 for d, v in base.items()})
     out.append({d: v if d == "d_state" else v + 3 for d, v in base.items()})
+    return [_kept(fam.requires, d) for d in out]
+
+
+def _kept(rules, dims: dict[str, int]) -> dict[str, int]:
+    """dims moved inside the family's rules (a multiple rounded up, a maximum capped): the shapes a launch serves."""
+    out = dict(dims)
+    for d, m in rules.multiple_of.items():
+        out[d] = -(-out[d] // m) * m
+    for d, hi in rules.at_most.items():
+        out[d] = min(out[d], hi)
     return out
 
 

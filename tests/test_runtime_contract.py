@@ -4,6 +4,7 @@ positional path (CPU, fake tensors). Every refusal has a case proving the bind r
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import random
 import struct
 import sys
@@ -311,6 +312,36 @@ def test_state_capacity():
     refuse(c, kw(0), "d_state = 0 .* must be 1..64")
     assert contract(ssm_step(state_capacity=0)).bind(kw(65)).grid == (4, 1, 1)  # no capacity recorded: no bound
     assert contract(gemm_wgmma()).state_capacity == 0
+
+
+def _fold_tokens_kwargs(b: int, di: int, ds: int, L: int, r: int = 8) -> dict:
+    """ssm_parallel_scan_bwd_fold_tokens' arguments at the layer's strides (z in xz rows, B and C in x_dbl rows)."""
+    tok, xw = b * L, r + 2 * ds
+    f32 = lambda n: T(n, "f32")  # noqa: E731
+    return {"du": T(tok * di, "bf16"), "ddelta": T(tok * di, "bf16"), "dz": T(tok * 2 * di - di, "bf16"),
+            "dB_part": f32(b * (di // 8 or 1) * ds * L), "dC_part": f32(b * (di // 8 or 1) * ds * L),
+            "dA_part": f32(b * di * ds), "dD_part": f32(b * di), "dbias_part": f32(b * di),
+            "dout": T(tok * di, "bf16"), "saved": f32(b * di * -(-L // 256) * ds), "u": T(tok * di, "bf16"),
+            "delta": T(tok * di, "bf16"), "A_log": f32(di * ds), "Bm": T(tok * xw, "bf16"), "Cm": T(tok * xw, "bf16"),
+            "Dp": f32(di), "z": T(tok * 2 * di - di, "bf16"), "delta_bias": f32(di), "batch": b, "d_inner": di,
+            "d_state": ds, "L": L, "z_pad": di, "bc_pad": xw - ds, "delta_softplus": 1}
+
+
+def test_dims_rules_refuse_what_the_kernel_would_not_write():
+    """The catalog's `requires` reach the record and the checked launch: the token-major fold serves d_inner in
+    multiples of 8 and d_state up to 16 (its kernel returns without writing otherwise); a record without rules (a
+    manifest written before them) binds as before."""
+    rec = catalog_record("ssm_parallel_scan_bwd_fold_tokens_bf16")
+    assert (rec.dims_multiple_of, rec.dims_at_most) == ({"d_inner": 8}, {"d_state": 16})
+    c = contract(rec)
+    assert c.bind(_fold_tokens_kwargs(2, 64, 16, 300)).grid == (16, 1, 1)
+    refuse(c, _fold_tokens_kwargs(2, 64, 17, 300), r"d_state = 17 \(from argument d_state\) must be at most 16")
+    refuse(c, _fold_tokens_kwargs(2, 68, 16, 300),
+           r"d_inner = 68 \(from argument d_inner or the element count of Dp\) must be a multiple of 8; its kernel")
+    old = dataclasses.replace(rec, dims_multiple_of={}, dims_at_most={})
+    assert contract(old).bind(_fold_tokens_kwargs(2, 68, 17, 300)).grid == (17, 1, 1)
+    with pytest.raises(LaunchRefused, match=r"dims rules name \['width'\], which are not dims of its contract"):
+        contract(dataclasses.replace(rec, dims_at_most={"width": 4}))
 
 
 def test_grid_refusals():

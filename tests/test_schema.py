@@ -64,7 +64,8 @@ def _v2_symbol(s: dict, cat, cap: int) -> dict:
     extra = {"grid": grid, "dynamic_smem": s["dynamic_smem"], "dynamic_smem_expr": _e(fam.launch.dynamic_smem),
              "dims": sorted(used - set(constants)), "constants": constants,
              "state_capacity": cap if spec.module.state_capacity else 0, "params": params,
-             "tensor_maps": tensor_map_hook(fam)}
+             "tensor_maps": tensor_map_hook(fam), "dims_multiple_of": dict(fam.requires.multiple_of),
+             "dims_at_most": dict(fam.requires.at_most)}
     return dict(items[:i] + list(extra.items()) + items[i + 1:])
 
 
@@ -280,7 +281,8 @@ def _fmt(path) -> str:
 def _record_tables(data):
     """Tables that are records (not dict[str, X] maps)."""
     return [(p, t) for p, t in _tables(data) if not (p and p[-1] in ("library", "header_sha256", "source_sha256",
-                                                                       "constants", "needs"))]
+                                                                       "constants", "needs", "dims_multiple_of",
+                                                                       "dims_at_most"))]
 
 
 def _scalar_leaves(data):

@@ -127,6 +127,33 @@ class Param(_Model):
         return SCALAR_TYPES[self.type]
 
 
+class Requires(_Model):
+    """Dims a family's kernels serve only under conditions their grid and shapes cannot express (a kernel would
+    return without writing otherwise): `multiple_of` {dim: m} (dim % m == 0), `at_most` {dim: hi} (dim <= hi). The
+    qualified manifest carries them, and the runtime's checked launch refuses a launch outside them."""
+
+    multiple_of: dict[str, int] = Field(default_factory=dict)
+    at_most: dict[str, int] = Field(default_factory=dict)
+
+    @field_validator("multiple_of", "at_most")
+    @classmethod
+    def _positive(cls, v: dict[str, int]) -> dict[str, int]:
+        for k, x in v.items():
+            if not 1 <= x <= 1 << 40:
+                raise ValueError(f"{k} = {x}: a dims rule's bound must be 1..2**40")
+        return v
+
+    def problem(self, dims) -> str | None:
+        """What `dims` (name -> value) breaks, in words; None when they keep every rule."""
+        for k, m in self.multiple_of.items():
+            if dims[k] % m:
+                return f"{k} = {dims[k]} is not a multiple of {m}"
+        for k, hi in self.at_most.items():
+            if dims[k] > hi:
+                return f"{k} = {dims[k]} is above {hi}"
+        return None
+
+
 class Launch(_Model):
     block: Expr | list[Expr] = 256  # threads per block (x or [x, y, z]); expression over instance params
     dynamic_smem: Expr = 0  # bytes of dynamic shared memory; expression over instance params
@@ -207,6 +234,7 @@ class Family(_Model):
     fallback: list[str] = Field(default_factory=list)  # symbol templates to fall back to, in order
     contract: str | None = None  # one line: what it computes, layouts, what it writes
     launch: Launch = Field(default_factory=Launch)
+    requires: Requires = Field(default_factory=Requires)  # dims rules the launch contract cannot express otherwise
     policy: PolicyOverride = Field(default_factory=PolicyOverride)
     params: list[Param] = Field(default_factory=list)
     qualify: QualifySpec = Field(default_factory=QualifySpec)

@@ -202,6 +202,16 @@ def _check_launch_expressions(fam: Family, num_env: dict[str, int], where: str) 
         if unknown and qualified:
             raise CatalogError(f"{where}: {what} {e!r} names {sorted(unknown)}, which are neither qualification "
                                f"dims nor instance parameters (known: {sorted(known)})")
+    # requires: dims of the launch contract (names its expressions use, less the instance's), kept by the
+    # qualification shape (else the qualifier would launch what the runtime refuses)
+    ruled = set(fam.requires.multiple_of) | set(fam.requires.at_most)
+    dims = set().union(*(expr.names(e) for _, e in exprs)) - set(num_env) if exprs else set()
+    if ruled - dims:
+        raise CatalogError(f"{where}: requires names {sorted(ruled - dims)}, which are not dims of its launch "
+                           f"contract (its grid, shape and value expressions use {sorted(dims)})")
+    problem = fam.requires.problem(fam.qualify.dims) if qualified else None
+    if problem:
+        raise CatalogError(f"{where}: its qualification dims break its own requires: {problem}")
 
 
 def _check_options(options: list[str], where: str) -> None:

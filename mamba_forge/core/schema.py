@@ -192,6 +192,9 @@ class QSymbol(_SymbolMethods):
     dims: list[str] = field(default_factory=list)  # the dims the caller supplies to the contract's expressions
     constants: dict[str, int] = field(default_factory=dict)  # fixed names the expressions use (BM, sizeof_T)
     state_capacity: int = 0  # compiled state capacity where the module takes one; 0 when not
+    # the family's dims rules (catalog `requires`): dim % m == 0, dim <= hi; empty in manifests written before them
+    dims_multiple_of: dict[str, int] = field(default_factory=dict)
+    dims_at_most: dict[str, int] = field(default_factory=dict)
     params: list[Param] = field(default_factory=list)
     # the mamba_forge.gpu.tma hook that builds its by-value tensor maps (the family's qualify.prepare), "" for none:
     # the one place an engine learns it, so it cannot disagree with what was qualified

@@ -29,6 +29,10 @@ expressions that cannot be evaluated.
 State capacity: where ``state_capacity`` > 0 (the module was compiled with -DMF_STATE_CAP) and the dims include
 ``d_state``, 1 <= d_state <= state_capacity (the scan kernels return without writing above it). Every scan family
 names the dim ``d_state``; the schema records no capacity-bound dim, so the name is the rule.
+
+Dims rules: a record's ``dims_multiple_of`` {dim: m} and ``dims_at_most`` {dim: hi} (the family's catalog
+``requires``: shapes its kernel returns from without writing, e.g. the scan backward's channel groups) are refused
+before anything launches; a record written before them has none.
 """
 
 from __future__ import annotations
@@ -130,6 +134,14 @@ class Contract(LaunchMemo, LaunchAt):
         self.accepted = self.names + tuple(d for _, d, own, _, _ in self._dim_plan if own)
         self._accepted_set = frozenset(self.accepted)
         self._capacity_at = dim_at.get(CAPACITY_DIM, -1) if symbol.state_capacity > 0 else -1
+        # the family's dims rules: (slot, name, m) for dim % m == 0 and (slot, name, hi) for dim <= hi; a rule on a
+        # name that is no dim of this contract is a malformed record
+        rules = getattr(symbol, "dims_multiple_of", {}), getattr(symbol, "dims_at_most", {})
+        bad = sorted((set(rules[0]) | set(rules[1])) - set(dim_at))
+        if bad:
+            raise LaunchRefused(f"{name}: its record's dims rules name {bad}, which are not dims of its contract")
+        self._multiple_of = tuple((dim_at[d], d, int(m)) for d, m in rules[0].items())
+        self._at_most = tuple((dim_at[d], d, int(hi)) for d, hi in rules[1].items())
         self.state_capacity = symbol.state_capacity
         self._aligns = tuple(blob_align(p.size) if p.kind == "blob" else 0 for p in params)
         self._block = tuple(int(b) for b in symbol.block) + (1,) * (3 - len(symbol.block))
@@ -241,6 +253,14 @@ class Contract(LaunchMemo, LaunchAt):
             raise LaunchRefused(f"{name}: d_state = {dims[self._capacity_at]} (from "
                                 f"{self.derivations[CAPACITY_DIM]}) must be 1..{self.state_capacity}, the state "
                                 f"capacity it was built with (rebuild with --state-cap to go higher)")
+        for k, d, m in self._multiple_of:  # the kernel would return without writing (catalog `requires`)
+            if dims[k] % m:
+                raise LaunchRefused(f"{name}: {d} = {dims[k]} (from {self.derivations[d]}) must be a multiple of "
+                                    f"{m}; its kernel serves no other")
+        for k, d, hi in self._at_most:
+            if dims[k] > hi:
+                raise LaunchRefused(f"{name}: {d} = {dims[k]} (from {self.derivations[d]}) must be at most {hi}; "
+                                    f"its kernel serves no more")
         try:
             out = self._evaluate(*dims)
         except (ArithmeticError, ValueError) as exc:
