@@ -7,7 +7,9 @@
 - gradients bit-identical over 10 runs; sequence 0's input gradient the same bits at batch 1 and batch 8;
 - torch.compile (aot_eager and inductor) gradients bit-identical to eager;
 - the training forward's output bits == the inference forward's (3 scan chunks), for Mamba and Block;
-- a step along the gradient lowers the loss by eps * |grad|^2, as first order predicts (the kernels' own forward).
+- a step along the gradient lowers the loss by eps * |grad|^2, as first order predicts (the kernels' own forward);
+- the kernels the training path added: the saving scan, transpose_rows (both paths), the token-major fold backward
+  (the channel-major fold's bits) and the TN route's 64-row rungs (the 128x256 rung's bits).
 
     MF_RUNTIME_BUNDLE=dist/h200.tar.gz MF_RUNTIME_KEY=manifests/keys python -m pytest -q -s tests/gpu/test_training_gpu.py
 """
