@@ -18,7 +18,6 @@ from mamba_forge.core.errors import ForgeError
 SAVE_CHUNK = 256  # timesteps between saved states (kernels: mf::kScanSaveChunk)
 BWD_GROUP = {"ssm_parallel_scan_bwd": 4, "ssm_parallel_scan_bwd_fold": 8, "ssm_parallel_scan_bwd_fold_tokens": 8,
              "ssm_backward_local": 4}
-FOLD_TOKENS_STATE = 16  # the token-major fold's staged B, C span (mf::kFoldTokState)
 # Families whose kernels hold per-channel state sized by the built capacity (all of the sequence/step kernels).
 STATE_FAMILIES = (
     "ssm_step_forward", "ssm_step_forward_fused", "ssm_step_forward_fused_v", "ssm_burnin_forward",
@@ -45,9 +44,6 @@ def check_launch(family: str, dims: dict[str, int], state_capacity: int) -> None
     for k in ("batch", "d_inner", "L"):
         if k in dims and dims[k] < 1:
             raise ForgeError(f"{family}: {k} must be at least 1, got {dims[k]}")
-    if family == "ssm_parallel_scan_bwd_fold_tokens" and d_state > FOLD_TOKENS_STATE:
-        raise ForgeError(f"{family}: d_state {d_state} is above the {FOLD_TOKENS_STATE} states it stages",
-                         hint="use ssm_parallel_scan_bwd_fold on channel-major operands")
     w = BWD_GROUP.get(family)
     if w is not None and dims["d_inner"] % w:
         raise ForgeError(f"{family}: d_inner {dims['d_inner']} is not a multiple of the channel group {w}")

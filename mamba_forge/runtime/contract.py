@@ -136,7 +136,7 @@ class Contract(LaunchMemo, LaunchAt):
         self._capacity_at = dim_at.get(CAPACITY_DIM, -1) if symbol.state_capacity > 0 else -1
         # the family's dims rules: (slot, name, m) for dim % m == 0 and (slot, name, hi) for dim <= hi; a rule on a
         # name that is no dim of this contract is a malformed record
-        rules = getattr(symbol, "dims_multiple_of", {}), getattr(symbol, "dims_at_most", {})
+        rules = symbol.dims_multiple_of, symbol.dims_at_most
         bad = sorted((set(rules[0]) | set(rules[1])) - set(dim_at))
         if bad:
             raise LaunchRefused(f"{name}: its record's dims rules name {bad}, which are not dims of its contract")

@@ -130,16 +130,22 @@ def reduce_bias_eager(op: str, dy2: torch.Tensor, dtype: torch.dtype | None = No
 
 # ---- the scan backward, shared by selective_scan and the Mamba layer -----------------------------------------------
 
+def scan_partials(batch: int, d: int, w: int, n: int, length: int, device):
+    """The scan backward kernels' f32 partials: dB_part, dC_part [b, d // w, n, L] (per channel group),
+    dA_part [b, d, n], dD_part and dbias_part [b, d]."""
+    dB_part, dC_part = (torch.empty((batch, d // w, n, length), dtype=F32, device=device) for _ in range(2))
+    dA_part = torch.empty((batch, d, n), dtype=F32, device=device)
+    dD_part, dbias_part = (torch.empty((batch, d), dtype=F32, device=device) for _ in range(2))
+    return dB_part, dC_part, dA_part, dD_part, dbias_part
+
+
 def scan_backward(op: str, kernel, w: int, dout, saved, u, delta, A_log, Bm, Cm, Dp, z, delta_bias):
     """The scan backward kernel over channel-major [b, d, L] operands (contiguous): (du, ddelta, dz, dB_part,
     dC_part, dA_part, dD_part, dbias_part), the partials per (b, d // w) group and per (b, d)."""
     batch, d, length = u.shape
     n = A_log.shape[1]
-    dev = u.device
     du, ddelta, dz = (torch.empty_like(u) for _ in range(3))
-    dB_part, dC_part = (torch.empty((batch, d // w, n, length), dtype=F32, device=dev) for _ in range(2))
-    dA_part = torch.empty((batch, d, n), dtype=F32, device=dev)
-    dD_part, dbias_part = (torch.empty((batch, d), dtype=F32, device=dev) for _ in range(2))
+    dB_part, dC_part, dA_part, dD_part, dbias_part = scan_partials(batch, d, w, n, length, u.device)
     kernel(du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, dA_part=dA_part, dD_part=dD_part,
            dbias_part=dbias_part, dout=dout, saved=saved, u=u, delta=delta, A_log=A_log, Bm=Bm, Cm=Cm, Dp=Dp, z=z,
            delta_bias=delta_bias, batch=batch, d_inner=d, d_state=n, L=length, delta_softplus=1)
@@ -374,4 +380,4 @@ FORMULAS = {"gemm": (_gemm_setup, _gemm_grad), "softplus_forward": (_softplus_se
             "causal_conv1d": (_conv_setup, _conv_grad), "selective_scan": (_scan_setup, _scan_grad)}
 
 __all__ = ["FORMULAS", "IMPLS", "bwd_kernel", "cast_kernel", "cast_to", "colsum", "gemm_eager", "gemm_traced", "layout_served",
-           "reduce_a_log", "reduce_batch", "reduce_bias_eager", "scan_backward"]
+           "reduce_a_log", "reduce_batch", "reduce_bias_eager", "scan_backward", "scan_partials"]

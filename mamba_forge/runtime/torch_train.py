@@ -49,6 +49,7 @@ from mamba_forge.runtime.torch_autograd import (
     reduce_batch,
     reduce_bias_eager,
     scan_backward,
+    scan_partials,
 )
 
 F32 = torch.float32
@@ -75,10 +76,7 @@ def _t(w: torch.Tensor) -> torch.Tensor:
     4x the rate of torch's strided copy of 16-bit elements (the forward's four weight transposes were most of the
     step's 0.29 ms of torch copies at d_model 2560)."""
     n, k = w.shape
-    out = torch.empty((k, n), dtype=w.dtype, device=w.device)
-    bwd_kernel(OP, "transpose_rows", torch_dtype(w.dtype))(out=out, src=w.contiguous(), batch=1, rows=n, cols=k,
-                                                           in_pad=0, out_pad=0)
-    return out
+    return _transposer(bwd_kernel(OP, "transpose_rows", torch_dtype(w.dtype)))(w.contiguous(), 1, n, k).view(k, n)
 
 
 def scan_saving(x, dt, dt_b, A_log, x_dbl, D, xz, n: int):
@@ -128,11 +126,10 @@ def backward_kernels(dtype: str, d_inner: int, d_state: int) -> dict:
     return {fd: bwd_kernel(OP, *fd) for fd in T.mixer_backward_kernels(dtype, d_inner, d_state)}
 
 
-def _transposer(k, act):
+def _transposer(kernel):
     """t(src, batch, rows, cols, in_pad=0, out=None, out_pad=0): src's [batch, rows, cols] (rows cols + in_pad apart)
-    into [batch, cols, rows] (rows + out_pad apart) by transpose_rows, a flat view of `out` if given, else a new
-    dense tensor. src and out may start inside a row (a column slice, a half of wider rows): flat views there."""
-    kernel = k[("transpose_rows", act)]
+    into [batch, cols, rows] (rows + out_pad apart) by `kernel` (transpose_rows), a flat view of `out` if given, else
+    a new dense tensor. src and out may start inside a row (a column slice, a half of wider rows): flat views there."""
 
     def t(src, batch, rows, cols, in_pad=0, out=None, out_pad=0):
         if out is None:
@@ -151,7 +148,7 @@ def _mixer_backward(dout, hidden, in_w, conv_w, conv_b, x_w, dt_w, dt_b, A_log, 
     k = backward_kernels(act, d, n)
     family, w, token_major = T.mixer_scan_bwd_family(d, n)
     tokens, dev = batch * length, hidden.device
-    tr = _transposer(k, act)
+    tr = _transposer(k[("transpose_rows", act)])
     cm = lambda t, c, skip=0, pad=0: tr(t.reshape(-1)[skip:], batch, length, c, pad)  # noqa: E731  [b, L, c] -> [b, c, L]
     tm = lambda t, c: tr(t, batch, c, length).view(tokens, c)  # noqa: E731  [b, c, L] -> [b*L, c]
     g = dout.reshape(tokens, dm).contiguous()
@@ -165,9 +162,7 @@ def _mixer_backward(dout, hidden, in_w, conv_w, conv_b, x_w, dt_w, dt_b, A_log, 
     dxz = torch.empty((tokens, 2 * d), dtype=hidden.dtype, device=dev)  # [dx_conv | dz]
     if token_major:  # du, ddelta [b*L, d]; dz straight into dxz's second half
         du, ddelta = (torch.empty((tokens, d), dtype=hidden.dtype, device=dev) for _ in range(2))
-        dB_part, dC_part = (torch.empty((batch, d // w, n, length), dtype=F32, device=dev) for _ in range(2))
-        dA_part = torch.empty((batch, d, n), dtype=F32, device=dev)
-        dD_part, dbias_part = (torch.empty((batch, d), dtype=F32, device=dev) for _ in range(2))
+        dB_part, dC_part, dA_part, dD_part, dbias_part = scan_partials(batch, d, w, n, length, dev)
         flat = lambda t, skip=0: t.reshape(-1)[skip:]  # noqa: E731  a column slice: a flat view from its first element
         k[(family, act)](du=du, ddelta=ddelta, dz=flat(dxz, d), dB_part=dB_part, dC_part=dC_part, dA_part=dA_part,
                          dD_part=dD_part, dbias_part=dbias_part, dout=dy, saved=saved, u=x.reshape(tokens, d),
