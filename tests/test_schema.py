@@ -537,3 +537,18 @@ def test_trusted_reader_builds_what_from_dict_builds_for_the_committed_runtime_t
     checked, trusted = from_dict(RuntimeTable, sparse), from_trusted_dict(RuntimeTable, sparse)
     assert _typed(trusted) == _typed(checked)
     assert type(trusted.qualification_seconds) is float
+
+
+def test_the_committed_runtime_table_is_the_projection_of_the_committed_manifest():
+    """The committed H200 runtime table must be what this code projects from the committed manifest's body, or
+    `bundle` and the loader refuse it ("not the projection of its signed body"): a record field added to the
+    projection (the dims rules of 2026-12-04) without re-qualifying left a manifest that no longer bundled."""
+    body = tomllib.loads(H200.read_text())
+    body.pop("signature")
+    qm = from_dict(QualifiedManifest, body)
+    table = H200.with_name("h200.runtime.json").read_bytes()
+    assert runtime_table_bytes(qm) == table
+    # negative: a projection field the table does not carry makes the bytes differ
+    ruled = next(s for s in qm.symbols if s.dims_multiple_of)
+    ruled.dims_multiple_of = {**ruled.dims_multiple_of, "d_inner": 3}
+    assert runtime_table_bytes(qm) != table
