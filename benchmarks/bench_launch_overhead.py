@@ -68,7 +68,7 @@ def cpu_cases():
     b, di, ds, r = 8, 2048, 16, 64
     kw = {"out": T(b * di, "bf16"), "state": T(b * di * ds), "u": T(b * di, "bf16"), "dt": T(b * di, "bf16"),
           "dt_bias": T(di), "A_log": T(di * ds), "x_dbl": T(b * (r + 2 * ds), "bf16"), "Dp": T(di),
-          "z": T(b * di, "bf16"), "batch": b, "d_state": ds, "dt_rank": r, "z_pad": 0}
+          "z": T(b * di, "bf16"), "batch": b, "d_state": ds, "dt_rank": r}
     yield "ssm_step_forward_fused", ssm_step("bf16"), f"batch={b},d_inner={di},d_state={ds}", kw
     M, N, K = 4096, 4096, 4096
     kw = {"tmA": bytes(128), "tmB": bytes(128), "C": T(M * N, "bf16"), "A": T(M * K, "bf16"),

@@ -31,8 +31,11 @@ if [ "${QUALIFY:-1}" != 0 ]; then  # QUALIFY=0: bundle the committed manifest (t
     --sign-key .keys/release.key --out manifests/h200.toml
   cp manifests/h200.toml manifests/h200.runtime.json "$OUT/"
 fi
-run bundle 60 mamba-forge bundle manifests/h200.toml --build "$BUILD" -o /tmp/h200.tar.gz
-run verify 60 mamba-forge verify /tmp/h200.tar.gz
+# a bundle left by an earlier call on a warm machine must never stand in for this one (the eighteenth session's
+# call 2 verified and benchmarked call 1's after its own bundle failed)
+rm -f /tmp/h200.tar.gz
+run bundle 60 mamba-forge bundle manifests/h200.toml --build "$BUILD" -o /tmp/h200.tar.gz || exit 1
+run verify 60 mamba-forge verify /tmp/h200.tar.gz || exit 1
 export MF_RUNTIME_BUNDLE=/tmp/h200.tar.gz MF_RUNTIME_KEY=manifests/keys
 # SANITIZE_TIMING=1: a full qualification with the sanitizer passes, into /tmp (not committed): its time only
 [ "${SANITIZE_TIMING:-0}" != 0 ] && TAILN=20 run qualify_sanitize ${SANITIZE_S:-150} mamba-forge qualify --device 0 --build "$BUILD" \

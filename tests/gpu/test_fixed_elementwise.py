@@ -47,6 +47,9 @@ ODD = {
     ("batch", "d_state", "dt_rank", "seqlen"): {"batch": 3, "seqlen": 301, "dt_rank": 13, "d_state": 35},
     ("batch", "dim", "seqlen"): {"batch": 5, "seqlen": 7, "dim": 1003},
     ("d_state", "dt_rank", "rows"): {"rows": 301, "dt_rank": 13, "d_state": 35},
+    # transpose_rows: odd rows, columns and pads (the element path; the word path needs even extents), a
+    # column slice of rows twice as wide
+    ("batch", "cols", "in_pad", "out_pad", "rows"): {"batch": 3, "rows": 67, "cols": 1001, "in_pad": 1001, "out_pad": 5},
 }
 
 

@@ -48,11 +48,17 @@ constexpr int kTokBCQuads = kTokSteps * 8 / kTokThreads;                   // B,
 static_assert(kTokSteps * kTokQuadsPerRow == kTokThreads, "one u/dt/z quad per thread per tile");
 static_assert(kTokSteps * 8 % kTokThreads == 0 && kTokSteps % 4 == 0, "whole B, C quads per thread; 4-step groups");
 
+// B and C are staged, and the state held in registers, for at most kTokStateCap states: a build with a larger
+// state capacity (--state-cap 256) overflowed the 48 KiB of static shared memory and failed the whole module,
+// and at 128 the saving scan spills; these families refuse d_state above 64 (tokens.toml requires) and the
+// parallel scan families serve the build's whole capacity. At the default capacity (64) the code is unchanged.
+constexpr int kTokStateCap = MF_STATE_CAP < 64 ? MF_STATE_CAP : 64;
+
 struct TokScanSmem {
   float2 dd[2][kTokSteps][kTokChannels];  // (dt' = softplus(dt + dt_bias), dt' u): one load per step
   float2 us[2][kTokSteps][kTokChannels];  // (u, silu(z)): the output's operands
   // [l][16 s + 4 j + i] = B_n, [l][16 NS + n] = C_n: 0 past d_state
-  float bc[2][kTokSteps][2 * MF_STATE_CAP];
+  float bc[2][kTokSteps][2 * kTokStateCap];
 };
 static_assert(sizeof(TokScanSmem) <= 48 * 1024, "TokScanSmem: static shared memory is capped at 48 KiB");
 
@@ -369,7 +375,7 @@ MF_DEVICE void ssm_scan_tokens_ns(T* __restrict__ out, float* __restrict__ state
                              x_dbl_stride, vec, threadIdx.x);
       const int steps = (int)min((long long)kTokSteps, L - l0);
       if (NS == 1 && steps == kTokSteps) {
-        tok_scan_tile1(h[0], a2[0], sm.dd[buf], &sm.bc[buf][0][0], 2 * MF_STATE_CAP, c, j, dvalid,
+        tok_scan_tile1(h[0], a2[0], sm.dd[buf], &sm.bc[buf][0][0], 2 * kTokStateCap, c, j, dvalid,
                        [&](int l, float acc) { emit(buf, l0, l, acc); });
       } else {
 #pragma unroll 1
@@ -403,8 +409,8 @@ MF_DEVICE void ssm_scan_tokens_any(T* __restrict__ out, float* __restrict__ stat
                                    int d_state, int dt_rank, long long L, float* __restrict__ saved) {
   __shared__ __align__(16) TokScanSmem sm;
   const int x_dbl_stride = dt_rank + 2 * d_state;
-  if (d_state < 1 || d_state > MF_STATE_CAP || d_inner < 1 || dt_rank < 0 || L < 1) return;
-  constexpr int NSMAX = MF_STATE_CAP / 16;
+  if (d_state < 1 || d_state > kTokStateCap || d_inner < 1 || dt_rank < 0 || L < 1) return;
+  constexpr int NSMAX = kTokStateCap / 16;
   const int nslices = (d_state + 15) >> 4;
 #define MF_TOK_SCAN(NS) \
   ssm_scan_tokens_ns<T, NS, SAVE>(out, state, u, dt, dt_bias, A_log, x_dbl, Dp, xz, batch, d_inner, d_state, \
