@@ -17,7 +17,6 @@ anyway, write nothing); capacities 16 and 256 build without spills and compute c
 
 from __future__ import annotations
 
-import importlib
 import shutil
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/gpu_support.py
 
-from gpu_support import empty_device, from_device, load_cubin, to_device  # noqa: E402
+from gpu_support import empty_device, from_device, load_cubin, reference_outputs, to_device  # noqa: E402
 from gpu_support import launch as gpu_launch  # noqa: E402
 
 from mamba_forge.catalog.model import default_catalog_path, load_catalog  # noqa: E402
@@ -134,14 +133,6 @@ def _inputs(spec, rng) -> dict[str, np.ndarray]:
     return {b.name: fills.make_input(b, "uniform", rng) for b in spec.buffers if b.needs_fill}
 
 
-def _reference(ops, spec, host):
-    """The family's own float64 reference (its qualify.reference: references.scan or references.tokens)."""
-    mod, fn = ops.families[spec.family].qualify.reference.split(":")
-    args = {b.name: S.as_f64(host[b.name], b.dtype) for b in spec.buffers if b.name in host}
-    args.update({s.name: s.value for s in spec.scalars})
-    return getattr(importlib.import_module(mod), fn)(args, dict(spec.dims))
-
-
 def _close(got: np.ndarray, want: np.ndarray, dtype: str, what: str):
     assert np.all(np.isfinite(got)), f"{what}: unwritten or non-finite elements at {np.flatnonzero(~np.isfinite(got))[:8]}"
     scale = max(float(np.max(np.abs(want))), 1e-30)
@@ -205,7 +196,7 @@ def test_symbol_matches_reference_and_repeats(ops, name, odd):
         spec = ops.spec(name, _odd_dims(spec.dims, ops.families[spec.family]))
     host = _inputs(spec, rng)
     got = ops.run_spec(spec, host)
-    want = _reference(ops, spec, host)
+    want = reference_outputs(ops.families[spec.family], spec, host)  # the family's own
     for b in spec.outputs:
         if b.name in want:
             _close(got[b.name], want[b.name], b.dtype, f"{name} {b.name} (seed {seed}, dims {spec.dims})")
@@ -397,6 +388,6 @@ def test_other_capacities_admitted_and_correct(cap):
         spec = o.spec(name, dims)
         host = _inputs(spec, rng)
         got = o.run_spec(spec, host)
-        want = _reference(o, spec, host)
+        want = reference_outputs(o.families[spec.family], spec, host)
         for b in spec.outputs:
             _close(got[b.name], want[b.name], b.dtype, f"cap {cap} {name} {b.name}")
