@@ -51,6 +51,17 @@ template <typename T> __device__ __forceinline__ void copy(T* __restrict__ y, co
       const T* __restrict__ B, int M, int N, int K) { \
     if (threadIdx.x == 0 && M > 0) C[0] = tiny::from_f32<T>((float)(tmA.b[0] + tmB.b[0] + N + K) + tiny::to_f32(A[0])); \
   }
+// programmatic dependent launch: waits for the grid before it (sm_90+) before it reads (the pdl tests)
+#define TINY_PDL_COPY(NAME, T) \
+  extern "C" __global__ void __launch_bounds__(128) NAME(T* __restrict__ y, const T* __restrict__ x, long long n) { \
+    TINY_PDL_WAIT; \
+    tiny::copy<T>(y, x, n); \
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define TINY_PDL_WAIT asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define TINY_PDL_WAIT
+#endif
 #define TINY_COPY(NAME, T) \
   extern "C" __global__ void __launch_bounds__(128) NAME(T* __restrict__ y, const T* __restrict__ x, long long n) { \
     tiny::copy<T>(y, x, n); \
@@ -335,7 +346,7 @@ class FakeBackend:
     def set_max_dynamic_smem(self, fn: str, nbytes: int) -> None:
         self.smem[fn] = nbytes
 
-    def launch(self, fn, grid, block, params, shared_mem, stream) -> None:
+    def launch(self, fn, grid, block, params, shared_mem, stream, pdl: bool = False) -> None:
         """params: packed once by the loader (launcher.Packed); read the bytes back as the driver would."""
         layout = params.layout
         n = len(layout.types)
@@ -344,7 +355,7 @@ class FakeBackend:
         values = [(t, r if t == "bytes" else struct.unpack("<" + CODES[t], r)[0])
                   for t, r in zip(layout.types, raw, strict=True)]
         self.launches.append({"fn": fn, "grid": grid, "block": block, "shared_mem": shared_mem, "stream": stream,
-                              "values": values, "raw": raw, "aligns": [arr[i] % 64 for i in range(n)]})
+                              "values": values, "raw": raw, "aligns": [arr[i] % 64 for i in range(n)], "pdl": pdl})
 
 
 CODES = {"ptr": "Q", "i32": "i", "u32": "I", "i64": "q", "u64": "Q", "f32": "f", "f64": "d"}

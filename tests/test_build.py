@@ -81,6 +81,17 @@ def test_siblings_of_rejected_symbols_stay_admitted(negative):
         assert v["good"][0] == "admitted"
         assert v["float_atomic_nondet"][0] == "admitted"  # does not claim determinism
         assert v["int_ticket_allowed"][0] == "admitted"  # the token policy lifted for its family
+        assert v["pdl_waits"][0] == "admitted"  # declares programmatic dependent launch and waits
+
+
+def test_a_pdl_launch_without_a_wait_is_rejected_where_pdl_exists(negative):
+    """pdl_max_blocks promises the runtime that the kernel waits (griddepcontrol.wait) before its first global
+    access; the build holds a symbol to it on targets with PDL (sm_90+) and nowhere else."""
+    status, check, reason = verdicts(negative, "sm_90a")["pdl_no_wait"]
+    assert (status, check) == ("rejected", "pdl-wait")
+    assert reason.startswith("pdl_no_wait on sm_90a: its catalog launch declares pdl_max_blocks = 1024 but its PTX "
+                             "never waits (griddepcontrol.wait)")
+    assert verdicts(negative, "sm_80")["pdl_no_wait"][0] == "admitted"  # no PDL before sm_90: never launched so
 
 
 def test_block_limit_is_checked(tmp_path):

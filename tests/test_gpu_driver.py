@@ -119,9 +119,9 @@ class _Device:
 def test_backend_translates_devices_launches_and_errors(monkeypatch):
     launched = []
 
-    def fake_launch(fn, grid, block, params, *, smem=0, stream=None):
+    def fake_launch(fn, grid, block, params, *, smem=0, stream=None, pdl=False):
         launched.append((fn, grid, block, _read(params, [8, 4, 128]), _addresses(params, 3)[2] % 64, smem,
-                         stream.__cuda_stream__()))
+                         stream.__cuda_stream__(), pdl))
         if smem > 1024:
             raise cu.CudaError("cuLaunchKernel(k)", "CUDA_ERROR_INVALID_VALUE")
 
@@ -138,7 +138,9 @@ def test_backend_translates_devices_launches_and_errors(monkeypatch):
     values = [("ptr", 0x1000), ("i32", 7), ("bytes", blob)]
     b.launch("k", (2, 1, 1), (128, 1, 1), cu.PackedParams(values, [0, 0, 64]), 512, 0x77)  # packed once, by the caller
     assert launched[-1] == ("k", (2, 1, 1), (128, 1, 1), [struct.pack("<Q", 0x1000), struct.pack("<i", 7), blob], 0,
-                            512, (0, 0x77))
+                            512, (0, 0x77), False)
+    b.launch("k", (2, 1, 1), (128, 1, 1), cu.PackedParams(values, [0, 0, 64]), 512, 0x77, pdl=True)
+    assert launched[-1][-1] is True  # programmatic dependent launch reaches the driver layer
     with pytest.raises(DriverError, match=r"cuLaunchKernel\(k\) failed with CUDA_ERROR_INVALID_VALUE"):
         b.launch("k", (1, 1, 1), (128, 1, 1), cu.PackedParams(values, [0, 0, 64]), 4096, 0)
 

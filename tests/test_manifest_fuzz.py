@@ -70,7 +70,10 @@ def test_every_mutation_is_refused(signed, monkeypatch, tmp_path):
     assert fake.loaded == [] and fake.activated == []
     assert sum(reasons.values()) == MUTATIONS
     assert seconds < 15, f"{MUTATIONS} refusals took {seconds:.1f}s"
-    assert in_tail > 10  # positions are drawn over the whole document, signature table included
+    # positions are drawn over the whole document, signature table included: about its share of the mutations (a
+    # fixed count broke when the records grew a field: 6 of 600 for a table of 1.3% of the bytes)
+    expected = MUTATIONS * (len(signed.doc) - tail_start) / len(signed.doc)
+    assert in_tail > 0.4 * expected, (in_tail, expected)
 
 
 def _tail_mutations(doc: bytes, rng: random.Random) -> list[bytes]:

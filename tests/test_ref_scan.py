@@ -429,6 +429,9 @@ MF_DEVICE float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 MF_DEVICE float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 MF_DEVICE float silu(float x) { return x * sigmoid(x); }
 MF_DEVICE float warp_sum(float v) { for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o); return v; }
+// programmatic dependent launch: blocks run one launch after another here, so there is nothing to wait for
+MF_DEVICE void pdl_wait() {}
+MF_DEVICE void pdl_launch_dependents() {}
 }  // namespace mf
 """
 

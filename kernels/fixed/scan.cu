@@ -628,11 +628,11 @@ MF_DEVICE void ssm_step_forward(T* y, float* state, const T* u, const T* delta, 
 
 // The fused decode step and its candidates (mf::ssm_step_v, kernels/include/mf/decode.cuh): LANES threads per
 // channel, ROWS batch rows per thread; B and C both read from the x_dbl row. Then (Dp, z, batch, d_inner, d_state,
-// dt_rank, x_dbl_stride, z_stride).
-template <typename T, int LANES, int ROWS, typename... Rest>
+// dt_rank, x_dbl_stride, z_stride). PDL_BLOCKS: the catalog's pdl_max_blocks (grids it may be launched early on).
+template <typename T, int LANES, int ROWS, int PDL_BLOCKS, typename... Rest>
 MF_DEVICE void ssm_step_fused(T* out, float* state, const T* u, const T* dt, const float* dt_bias, const float* A_log,
                               const T* x_dbl, Rest... rest) {
-  ssm_step_v<T, LANES, ROWS, true>(out, state, u, dt, dt_bias, A_log, x_dbl, x_dbl, rest...);
+  ssm_step_v<T, LANES, ROWS, true, PDL_BLOCKS>(out, state, u, dt, dt_bias, A_log, x_dbl, x_dbl, rest...);
 }
 
 // ssm_burnin without the saved states; then (u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state,

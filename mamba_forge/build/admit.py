@@ -85,6 +85,20 @@ def reject_order_tokens(sym: Symbol, target: Target, tokens: list[str]) -> Verdi
     )
 
 
+# Programmatic dependent launch exists from compute capability 9.0; below it the runtime never asks for it.
+PDL_MIN_CC = 90
+
+
+def reject_pdl_without_wait(sym: Symbol, target: Target) -> Verdict:
+    return Verdict(
+        status="rejected",
+        check="pdl-wait",
+        reason=f"{sym.name} on {target.name}: its catalog launch declares pdl_max_blocks = {sym.pdl_max_blocks} but "
+               "its PTX never waits (griddepcontrol.wait): launched early it would read what the grid before it is "
+               "still writing; call mf::pdl_wait() before its first global access or drop pdl_max_blocks",
+    )
+
+
 def placement_warnings(sym: Symbol, target: Target, registers: list[str], acknowledged: dict[str, str]) -> list[str]:
     """Notes for a deterministic symbol whose PTX (or a .func it calls) reads placement- or time-dependent special
     registers: a warning per unacknowledged read, naming the registers, and one note per acknowledged read with

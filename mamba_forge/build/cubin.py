@@ -258,6 +258,18 @@ def float_atomics_outside_entries(ptx: str) -> list[str]:
     return _outside_entries(ptx, _FLOAT_ATOMIC)
 
 
+# ---- PTX scan for programmatic dependent launch ---------------------------------------------------------
+
+_PDL_WAIT = re.compile(r"\bgriddepcontrol\.wait\b")
+
+
+def pdl_wait_entries(ptx: str) -> list[str]:
+    """The .entry functions of a PTX module whose body holds griddepcontrol.wait (mf::pdl_wait, inlined): the ones
+    a launch with programmatic dependent launch may serve (build/records.py rejects a catalog pdl_max_blocks symbol
+    that is not among them: it would read what the grid before it is still writing)."""
+    return sorted(_by_entry(ptx, _PDL_WAIT))
+
+
 # ---- PTX scan for placement-dependent special registers ----------------------------------------------------
 
 # Special registers whose value depends on where (which SM, warp slot) or when a block runs: a deterministic

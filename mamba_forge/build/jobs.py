@@ -18,7 +18,7 @@ from mamba_forge.catalog.targets import Target
 from mamba_forge.core.cache import cache_key
 from mamba_forge.core.errors import CatalogError
 
-META_VERSION = 3  # the worker's metadata layout (build/worker.py): part of every cache key
+META_VERSION = 4  # the worker's metadata layout (build/worker.py): part of every cache key
 BASE_OPTIONS = ["-std=c++17", "--fmad=true", "-DNDEBUG", "--frandom-seed=mamba-forge"]
 
 

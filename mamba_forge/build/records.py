@@ -61,6 +61,9 @@ def judge(job: Job, meta: dict) -> tuple[list[SymbolBuild], list[str]]:
             if (verdict.status == "admitted" and sym.deterministic and sym.policy.static_tokens == "deterministic"
                     and tokens):
                 verdict = admit.reject_order_tokens(sym, job.target, tokens)
+            if (verdict.status == "admitted" and sym.pdl_max_blocks and job.target.cc >= admit.PDL_MIN_CC
+                    and sym.name not in meta["pdl_waits"]):
+                verdict = admit.reject_pdl_without_wait(sym, job.target)
         rec = _symbol_record(sym, res, verdict)
         if res is not None:
             ack = job.module.family(sym.family).acknowledge

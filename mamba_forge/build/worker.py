@@ -32,6 +32,7 @@ def compile_parts(source: str, name: str, options: list[str], headers: dict[str,
         meta["order_tokens"] = cubin.order_tokens_by_entry(ptx_text)
         meta["order_tokens_funcs"] = cubin.order_tokens_outside_entries(ptx_text)
         meta["special_registers"] = cubin.special_registers_by_entry(ptx_text)
+        meta["pdl_waits"] = cubin.pdl_wait_entries(ptx_text)
     return {
         "cubin": res.cubin,
         "ptx": res.ptx,
@@ -43,7 +44,7 @@ def compile_parts(source: str, name: str, options: list[str], headers: dict[str,
 ENTRY_PARTS = ("cubin", "ptx", "log", "meta")
 ARTIFACT_PARTS = ("cubin", "ptx")  # the parts that become build/ files: a build may leave them unread (lazy)
 _META_SHAPE = {"ok": bool, "kernels": dict, "ptxas": dict, "float_atomics": dict, "float_atomics_funcs": list,
-               "order_tokens": dict, "order_tokens_funcs": list}
+               "order_tokens": dict, "order_tokens_funcs": list, "pdl_waits": list}
 
 
 def entry_problem(parts: dict[str, bytes], cc: int, parsed: dict | None = None) -> str | None:

@@ -158,6 +158,12 @@ class Launch(_Model):
     block: Expr | list[Expr] = 256  # threads per block (x or [x, y, z]); expression over instance params
     dynamic_smem: Expr = 0  # bytes of dynamic shared memory; expression over instance params
     grid: list[Expr] = Field(default_factory=lambda: [1])  # expressions over qualification dims
+    # programmatic dependent launch (sm_90+): launched with the programmatic-serialization attribute when its grid
+    # has at most this many blocks (0: never), so its launch overlaps the grid before; the kernel must call
+    # mf::pdl_wait() before its first global access (the build rejects one whose PTX never waits). An expression
+    # over instance params (the kernel may take the same param, to wait only where it may be launched early);
+    # 0 to 2^31-1, checked per symbol
+    pdl_max_blocks: Expr = 0
 
     @field_validator("grid")
     @classmethod

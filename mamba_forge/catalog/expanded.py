@@ -30,6 +30,7 @@ class Symbol(_Model):
     block: tuple[int, int, int]
     dynamic_smem: int
     policy: Policy
+    pdl_max_blocks: int = 0  # the family's launch.pdl_max_blocks
     deterministic: bool
     fallback: list[str]
 

@@ -140,8 +140,12 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
             blk = fam.launch.block if isinstance(fam.launch.block, list) else [fam.launch.block]
             block = tuple(int(expr.evaluate(b, num_env)) for b in blk) + (1,) * (3 - len(blk))
             smem = int(expr.evaluate(fam.launch.dynamic_smem, num_env))
+            pdl_blocks = int(expr.evaluate(fam.launch.pdl_max_blocks, num_env))
         except expr.ExprError as exc:
             raise CatalogError(f"{where}: symbol {name}: {exc}") from None
+        if not 0 <= pdl_blocks <= 2**31 - 1:
+            raise CatalogError(f"{where}: symbol {name}: launch.pdl_max_blocks is {pdl_blocks}; it must be 0 (never) "
+                               "to 2^31-1 blocks")
         limits.check_block(block, f"{where}: symbol {name}")
         if fam.body is not None:  # the wrapper is written at compose time; here, everything it needs resolves
             try:
@@ -173,6 +177,7 @@ def _expand_family(fam: Family, module: Module, policy: Policy, where: str) -> l
                 block=block,  # type: ignore[arg-type]
                 dynamic_smem=smem,
                 policy=fam_policy,
+                pdl_max_blocks=pdl_blocks,
                 deterministic=deterministic,
                 fallback=fallback,
             )

@@ -163,6 +163,9 @@ class _SymbolMethods:
         return [[p.offset, p.size] for p in self.params]  # type: ignore[attr-defined]
 
     def _check(self) -> str | None:
+        pdl = self.pdl_max_blocks  # type: ignore[attr-defined]
+        if not 0 <= pdl <= 2**31 - 1:
+            return f"symbol {self.name}: pdl_max_blocks {pdl} is not 0 (never) to 2^31-1 blocks"  # type: ignore[attr-defined]
         hook = self.tensor_maps  # type: ignore[attr-defined]
         if hook and not TENSOR_MAP_HOOK.fullmatch(hook):
             return (f"symbol {self.name}: tensor_maps {hook!r} is not a tensor-map hook name "  # type: ignore[attr-defined]
@@ -199,6 +202,10 @@ class QSymbol(_SymbolMethods):
     # the mamba_forge.gpu.tma hook that builds its by-value tensor maps (the family's qualify.prepare), "" for none:
     # the one place an engine learns it, so it cannot disagree with what was qualified
     tensor_maps: str = ""
+    # programmatic dependent launch (the family's catalog launch.pdl_max_blocks): the runtime launches a grid of at
+    # most this many blocks with the programmatic-serialization attribute on sm_90+; 0 (and manifests written
+    # before it): never
+    pdl_max_blocks: int = 0
     deterministic: bool = True
     seed: int | None = None  # the random seed of the inputs
     resources: QResources | None = None

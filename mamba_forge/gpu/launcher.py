@@ -150,6 +150,33 @@ def _dims3(v: Sequence[int], what: str) -> list[int]:
     return dims + [1] * (3 - len(dims))
 
 
+_PDL_CONFIGS: dict = {}  # (grid, block, smem, stream) -> CUlaunchConfig with the PDL attribute (2.7 us to build)
+PDL_CONFIG_ENTRIES = 256
+
+
+def _pdl_config(d, g, b, smem: int, h):
+    """The cuLaunchKernelEx configuration of a programmatic dependent launch (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
+    SERIALIZATION): the grid may start launching before the grid before it on the stream has finished; the kernel
+    waits for it (mf::pdl_wait) before its first global access. Built once per launch shape and stream."""
+    key = (g, b, smem, int(h))
+    cfg = _PDL_CONFIGS.get(key)
+    if cfg is None:
+        cfg = d.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
+        cfg.sharedMemBytes = smem
+        cfg.hStream = h
+        attr = d.CUlaunchAttribute()
+        attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        if len(_PDL_CONFIGS) >= PDL_CONFIG_ENTRIES:  # bounded: shapes and streams of a long run do not pile up
+            _PDL_CONFIGS.clear()
+        _PDL_CONFIGS[key] = cfg
+    return cfg
+
+
 def launch(
     fn: Function,
     grid: Sequence[int],
@@ -158,8 +185,11 @@ def launch(
     *,
     smem: int = 0,
     stream: Stream | None = None,
+    pdl: bool = False,
 ) -> None:
-    """cuLaunchKernel on `stream` (None: the legacy default stream) with `smem` bytes of dynamic shared memory.
+    """cuLaunchKernel on `stream` (None: the legacy default stream) with `smem` bytes of dynamic shared memory;
+    `pdl`: cuLaunchKernelEx with programmatic dependent launch (sm_90+; the kernel must call mf::pdl_wait before
+    its first global access: the catalog's pdl_max_blocks, held to it by the build).
 
     Above 48 KB the function must have been allowed that much first (Function.set_max_dynamic_smem).
     """
@@ -167,6 +197,11 @@ def launch(
     b = block if type(block) is tuple and len(block) == 3 else _dims3(block, "block")
     d = bindings()
     h = stream.handle if stream is not None else d.CUstream(0)
+    if pdl:
+        ret = d.cuLaunchKernelEx(_pdl_config(d, tuple(g), tuple(b), smem, h), fn.handle, params.address, 0)
+        if type(ret) is not tuple or len(ret) != 1 or ret[0] != d.CUresult.CUDA_SUCCESS:
+            check(f"cuLaunchKernelEx({fn.name}, programmatic dependent launch)", ret)
+        return
     ret = d.cuLaunchKernel(fn.handle, g[0], g[1], g[2], b[0], b[1], b[2], smem, h, params.address, 0)
     if type(ret) is not tuple or len(ret) != 1 or ret[0] != d.CUresult.CUDA_SUCCESS:
         check(f"cuLaunchKernel({fn.name})", ret)  # raises naming the function (the name is formatted only here)

@@ -207,8 +207,13 @@ class Instance:
                 cu.memcpy_dtod(self.ptrs[b.name], self.pristine[b.name], b.nbytes, stream)
             elif not b.needs_fill:
                 cu.memset_d8(self.ptrs[b.name], poison, b.nbytes, stream)
-        cu.launch(self.fn, self.spec.grid, self.spec.block, self.params,
-                  smem=self.spec.dynamic_smem if smem is None else smem, stream=stream)
+        g = self.spec.grid
+        # as the runtime launches it (runtime/loader.pdl_blocks, Kernel._launch): a small grid of a pdl_max_blocks
+        # symbol with programmatic dependent launch on sm_90+ (only then the keyword: fakes take none)
+        pdl = self.spec.contract.record.pdl_max_blocks if tuple(self.ctx.info.cc) >= (9, 0) else 0
+        kw = {"pdl": True} if pdl and g[0] * g[1] * g[2] <= pdl else {}
+        cu.launch(self.fn, g, self.spec.block, self.params,
+                  smem=self.spec.dynamic_smem if smem is None else smem, stream=stream, **kw)
 
     def run(self, stream: cu.Stream | None = None, poison: int = POISON, smem: int | None = None) -> dict[str, bytes]:
         st = stream or self.ctx.stream

@@ -35,7 +35,7 @@ def constants_of(sym: Symbol) -> dict[str, int]:
 
 def contract(sym: Symbol, spec: ModuleSpec, layout: list[list[int]], state_capacity: int) -> dict:
     """The QSymbol fields of the launch contract: grid, dynamic_smem_expr, dims, constants, state_capacity,
-    the dims rules, params. `layout` is the ABI census ([offset, size] per parameter, in order); where it does not cover the
+    the dims rules, params, pdl_max_blocks. `layout` is the ABI census ([offset, size] per parameter, in order); where it does not cover the
     declared parameters one for one (the module failed to compile, or the ABI check rejected the symbol), no
     parameter can be placed and `params` stays empty: such a symbol never serves."""
     return family_contract(sym, spec.family(sym.family), layout, state_capacity if spec.module.state_capacity else 0)
@@ -65,7 +65,7 @@ def family_contract(sym: Symbol, fam: Family, layout: list[list[int]], state_cap
         "grid": grid, "dynamic_smem_expr": _text(fam.launch.dynamic_smem), "dims": sorted(used - set(constants)),
         "constants": constants, "state_capacity": state_capacity, "params": params,
         "tensor_maps": tensor_map_hook(fam), "dims_multiple_of": dict(fam.requires.multiple_of),
-        "dims_at_most": dict(fam.requires.at_most),
+        "dims_at_most": dict(fam.requires.at_most), "pdl_max_blocks": sym.pdl_max_blocks,
     }
 
 

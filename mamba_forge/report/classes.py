@@ -32,7 +32,7 @@ CHECK_CLASS = {
     "block": "resource", "registers": "resource", "smem": "resource", "spills": "resource", "stack": "resource",
     "occupancy": "resource",
     "abi": "ABI", "exports": "ABI",
-    "float-atomics": "static policy", "static-tokens": "static policy",
+    "float-atomics": "static policy", "static-tokens": "static policy", "pdl-wait": "static policy",
     "compile": "build",
     # the qualifier could not judge the symbol
     "harness": "harness", "reference": "harness", "spec": "harness", "untested": "harness",

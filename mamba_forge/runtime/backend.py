@@ -61,15 +61,16 @@ class CudaBackend:
         except self.cuda.CudaError:
             return -1
 
-    def launch(self, fn, grid, block, params, shared_mem: int, stream: int) -> None:
+    def launch(self, fn, grid, block, params, shared_mem: int, stream: int, pdl: bool = False) -> None:
         """Launch on the raw stream handle; params: packed once by the caller (anything with ``.address``, the
-        void** kernelParams: launcher.Packed or PackedParams), kept referenced until this returns."""
+        void** kernelParams: launcher.Packed or PackedParams), kept referenced until this returns. pdl: with
+        programmatic dependent launch (Kernel.pdl_max_blocks decides)."""
         s = self._streams.get(stream)
         if s is None:
             if len(self._streams) >= 64:  # bounded: handles of destroyed streams do not pile up
                 self._streams.clear()
             s = self._streams[stream] = self.cuda.Stream.wrap(stream)
         try:
-            self.cuda.launch(fn, grid, block, params, smem=shared_mem, stream=s)
+            self.cuda.launch(fn, grid, block, params, smem=shared_mem, stream=s, pdl=pdl)
         except self.cuda.CudaError as exc:
             raise DriverError(str(exc)) from None

@@ -40,6 +40,9 @@ class Kernel:
     handle: object = field(repr=False)
     backend: object = field(repr=False)
     ordinal: int = 0  # the device the kernels are loaded on
+    # grids of at most this many blocks launch with programmatic dependent launch (the record's pdl_max_blocks
+    # where the target has it, sm_90+; else 0: never)
+    pdl_max_blocks: int = 0
     _call: object = field(default=None, init=False, repr=False, compare=False)  # (args, packer, streams, locate), compiled
     _packer: object = field(default=None, init=False, repr=False, compare=False)
     _positional: object = field(default=None, init=False, repr=False, compare=False)  # (typer, packer, resolve)
@@ -89,7 +92,11 @@ class Kernel:
         handle = default_stream(owner, ordinal) if stream is None else stream_handle(stream)  # streams.resolve_stream
         params = packer.fill(values)
         try:
-            self.backend.launch(self.handle, grid, block, params, smem, handle)
+            pdl = self.pdl_max_blocks
+            if pdl and grid[0] * grid[1] * grid[2] <= pdl:
+                self.backend.launch(self.handle, grid, block, params, smem, handle, pdl=True)
+            else:
+                self.backend.launch(self.handle, grid, block, params, smem, handle)
         finally:
             packer.release(params)  # the driver copied the parameters when it enqueued the launch
 
@@ -182,6 +189,9 @@ def launch(fn: Kernel, grid, block, args: Sequence, shared_mem: int | None = Non
     handle = resolve(stream, _owner(args), fn.ordinal)
     params = packer.fill(values)
     try:
-        fn.backend.launch(fn.handle, g, b, params, shared_mem, handle)
+        if fn.pdl_max_blocks and g[0] * g[1] * g[2] <= fn.pdl_max_blocks:  # as the keyword call decides
+            fn.backend.launch(fn.handle, g, b, params, shared_mem, handle, pdl=True)
+        else:
+            fn.backend.launch(fn.handle, g, b, params, shared_mem, handle)
     finally:
         packer.release(params)  # the driver copied the parameters when it enqueued the launch

@@ -236,7 +236,7 @@ class Kernels:
                     name=name, requested=name, module=s.module, target=s.target, family=s.family, dtype=s.dtype,
                     block=block[:3], dynamic_smem=smem, params=s.params_layout(), symbol=s,
                     max_threads=s.resources.max_threads if s.resources else 0, handle=handle, backend=self.backend,
-                    ordinal=self.device.ordinal,
+                    ordinal=self.device.ordinal, pdl_max_blocks=pdl_blocks(s, self.device),
                 )
                 self._functions[name] = k
             if requested != name:
@@ -263,6 +263,15 @@ class Kernels:
     @property
     def loaded_modules(self) -> list[str]:
         return list(self._modules)
+
+
+PDL_MIN_CC = (9, 0)  # programmatic dependent launch: compute capability 9.0 and later (build/admit.PDL_MIN_CC)
+
+
+def pdl_blocks(s: RuntimeSymbol, dev: DeviceInfo) -> int:  # type: ignore[valid-type]
+    """The grid size up to which `s` launches with programmatic dependent launch on `dev`: the record's
+    pdl_max_blocks where the device has PDL, else 0 (never)."""
+    return s.pdl_max_blocks if tuple(dev.cc) >= PDL_MIN_CC else 0
 
 
 def check_device(want: QDevice, dev: DeviceInfo, what: str) -> None:

@@ -346,3 +346,81 @@ def test_every_admitted_symbol_loads_quickly(bundle):
     seconds = time.perf_counter() - t0
     assert modules >= 1 and len(k.admitted()) >= 3
     assert seconds < 2.0, f"verify + load of {modules} modules took {seconds:.3f}s"
+
+
+class _SpyBackend:
+    """Forwards launches to the real backend, recording whether each asked for programmatic dependent launch."""
+
+    def __init__(self, real):
+        self.real, self.pdl = real, []
+
+    def launch(self, fn, grid, block, params, shared_mem, stream, pdl=False):
+        self.pdl.append(pdl)
+        self.real.launch(fn, grid, block, params, shared_mem, stream, pdl=pdl)
+
+
+def test_the_decode_step_under_programmatic_dependent_launch_equals_plain_launches(kernels):
+    """ssm_step_forward_fused declares pdl_max_blocks (kernels/fixed/scan.toml): on sm_90+ a grid of at most that
+    many blocks launches with programmatic dependent launch, so it may start before the kernel before it has
+    finished and must wait (mf::pdl_wait) before it reads. Each of 24 steps here follows a torch kernel that writes
+    its u and the step before it that wrote its state: eager and in a CUDA graph with PDL, the out of every step and
+    the final state equal, bit for bit, the same steps launched plainly; a grid over the bound launches plainly."""
+    import dataclasses
+
+    fn = kernels.function("ssm_step_forward_fused_bf16")
+    if torch.cuda.get_device_capability() < (9, 0):
+        assert fn.pdl_max_blocks == 0
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    assert fn.pdl_max_blocks == 2048
+    bf, f32, dev = torch.bfloat16, torch.float32, "cuda"
+    T, D, N, R = 24, 2048, 16, 64
+
+    def run(kernel, batch, graph=False):
+        g = torch.Generator(device=dev).manual_seed(batch)
+        U = torch.randn(T, batch, D, device=dev, generator=g).to(bf)
+        dt = (torch.rand(batch, D, device=dev, generator=g) * -4).to(bf)
+        z = torch.randn(batch, D, device=dev, generator=g).to(bf)
+        x_dbl = torch.randn(batch, R + 2 * N, device=dev, generator=g).to(bf)
+        dt_bias, A_log = torch.rand(D, device=dev, generator=g), torch.rand(D, N, device=dev, generator=g)
+        Dp = torch.randn(D, device=dev, generator=g)
+        state0 = torch.randn(batch, D, N, device=dev, generator=g, dtype=f32)
+        state, u = state0.clone(), torch.empty(batch, D, device=dev, dtype=bf)
+        outs = torch.empty(T, batch, D, device=dev, dtype=bf)
+
+        def steps():
+            for i in range(T):
+                u.copy_(U[i])  # a torch kernel right before the step writes what it reads
+                kernel(out=outs[i], state=state, u=u, dt=dt, dt_bias=dt_bias, A_log=A_log, x_dbl=x_dbl, Dp=Dp, z=z,
+                       batch=batch, d_inner=D, d_state=N, dt_rank=R, x_dbl_stride=R + 2 * N, z_pad=0)
+
+        if graph:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                steps()  # warm-up outside the capture
+            torch.cuda.current_stream().wait_stream(s)
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr):
+                steps()
+            state.copy_(state0)
+            outs.fill_(float("nan"))
+            gr.replay()
+        else:
+            steps()
+        torch.cuda.synchronize()
+        return outs.view(torch.int16).clone(), state.view(torch.int32).clone()
+
+    spy = _SpyBackend(fn.backend)
+    with_pdl = dataclasses.replace(fn, backend=spy)
+    plain = dataclasses.replace(fn, pdl_max_blocks=0)
+    for batch in (1, 4, 32):  # 64 to 2048 blocks of 64 threads: every launch with PDL
+        want = run(plain, batch)
+        spy.pdl.clear()
+        got = run(with_pdl, batch)
+        assert spy.pdl and all(spy.pdl), spy.pdl[:4]
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {batch}: eager PDL differs"
+        graphed = run(with_pdl, batch, graph=True)
+        assert torch.equal(graphed[0], want[0]) and torch.equal(graphed[1], want[1]), f"batch {batch}: graph differs"
+    spy.pdl.clear()
+    run(with_pdl, 64)  # 4096 blocks: over the bound, launched plainly
+    assert spy.pdl and not any(spy.pdl)

@@ -64,6 +64,24 @@ template <typename T> MF_DEVICE void store_vec(T* p, const Vec<T>& r) { *reinter
 
 MF_DEVICE bool aligned16(const void* p) { return (reinterpret_cast<u64>(p) & 15ull) == 0; }
 
+// ---- programmatic dependent launch (sm_90+) ----
+// A kernel whose catalog launch declares pdl_max_blocks may be launched with the programmatic-serialization attribute:
+// its blocks may then start while the grid before it on the stream is still running, so its launch latency hides
+// behind that grid's tail. pdl_wait() blocks until that grid has completed and its memory is visible: call it before
+// the first global load or store (an input may be what that grid wrote; a weight what an optimiser step wrote).
+// pdl_launch_dependents() lets the next such grid start launching (its own pdl_wait still waits for all of this one).
+// Without the attribute, and before sm_90 or on the host (the emulation tests), both do nothing.
+MF_DEVICE void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+MF_DEVICE void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- math in the Mamba reference's conventions ----
 MF_DEVICE float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }  // threshold 20, as torch
 MF_DEVICE float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }

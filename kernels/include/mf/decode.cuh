@@ -55,11 +55,14 @@ MF_DEVICE void store_quad(float* __restrict__ p, bool vec, int nv, const float (
 
 // One row group's slices. FAST: d_state % 16 == 0 and every pointer aligned, so every chunk is whole and is one
 // vector load from per-row base pointers (offsets are immediates); otherwise scalar loads of the elements in range.
+// Order (measured on the H200, scripts/probe_decode_latency.py: 1.97 against 2.05 us at batch 1, the same bits):
+// every load first, then the gate silu(z) and the output address, which do not wait for the sum, so after the
+// butterfly only one fma, one multiply and the store remain on the critical path.
 template <typename T, int LANES, int ROWS, bool FUSED, bool FAST>
 MF_DEVICE void ssm_step_rows(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
                              const T* __restrict__ dt, float bias, const float* __restrict__ arow,
                              const T* __restrict__ Bbase, const T* __restrict__ Cbase, float Dd, const T* __restrict__ z,
-                             long long b0, int d, int q, bool dvalid, int batch, int d_inner, int d_state, int bc_stride,
+                             int b0, int d, int q, bool dvalid, int batch, int d_inner, int d_state, int bc_stride,
                              int z_stride) {
   constexpr int KC = 4 / LANES;  // float4 chunks per lane per 16-state slice
   const int nslices = (d_state + 15) >> 4;
@@ -74,13 +77,13 @@ MF_DEVICE void ssm_step_rows(T* __restrict__ out, float* __restrict__ state, con
     rv[r] = dvalid && b0 + r < batch;
     // FAST: a lane outside the launch (channel or row past the end) loads the last valid channel/row instead,
     // so no load is predicated and nothing needs zeroing; it computes garbage it never stores.
-    const long long bl = FAST ? min(b0 + r, (long long)batch - 1) : b0 + r;
-    ch[r] = FAST ? bl * d_inner + d : (rv[r] ? (b0 + r) * d_inner + d : 0);
+    const int bl = FAST ? min(b0 + r, batch - 1) : b0 + r;
+    ch[r] = FAST ? (long long)bl * d_inner + d : (rv[r] ? (long long)bl * d_inner + d : 0);
     uv[r] = (FAST || rv[r]) ? to_f32(u[ch[r]]) : 0.f;
     dtr[r] = (FAST || rv[r]) ? to_f32(dt[ch[r]]) : 0.f;
-    zv[r] = (FUSED && (FAST || rv[r])) ? to_f32(z[bl * z_stride + d]) : 0.f;
+    zv[r] = (FUSED && (FAST || rv[r])) ? to_f32(z[(long long)bl * z_stride + d]) : 0.f;
     acc[r] = 0.f;
-    const long long brow = (FAST || rv[r]) ? bl * bc_stride : 0;
+    const long long brow = (FAST || rv[r]) ? (long long)bl * bc_stride : 0;
     sp[r] = state + ch[r] * d_state + 4 * q;
     bp[r] = Bbase + brow + 4 * q;
     cp[r] = Cbase + brow + 4 * q;
@@ -109,9 +112,12 @@ MF_DEVICE void ssm_step_rows(T* __restrict__ out, float* __restrict__ state, con
   // slice 0's loads come before the first arithmetic on a loaded value (dt' below), in one basic block, so the
   // step costs one memory round trip: nothing the loads need waits on another load
   load_slice(0);
-  float dtv[ROWS], dtu[ROWS];
+  float dtv[ROWS], dtu[ROWS], gate[ROWS];
+  T* op[ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
+    gate[r] = FUSED ? silu(zv[r]) : 1.f;  // off the sum's path (y * gate: the same bits as before, when it was last)
+    op[r] = out + ch[r];
     dtv[r] = FUSED ? softplus(dtr[r] + bias) : dtr[r];
     dtu[r] = dtv[r] * uv[r];
   }
@@ -168,11 +174,7 @@ MF_DEVICE void ssm_step_rows(T* __restrict__ out, float* __restrict__ state, con
     // fixed butterfly over the channel's lanes (a + b == b + a bitwise: every lane ends with the same sum)
 #pragma unroll
     for (int o = 1; o < LANES; o <<= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-    if (rv[r] && q == 0) {
-      float y = fmaf(Dd, uv[r], acc[r]);
-      if (FUSED) y *= silu(zv[r]);
-      out[ch[r]] = from_f32<T>(y);
-    }
+    if (rv[r] && q == 0) *op[r] = from_f32<T>(fmaf(Dd, uv[r], acc[r]) * gate[r]);
   }
 }
 
@@ -239,7 +241,11 @@ MF_DEVICE void ssm_step_rows_general(T* __restrict__ out, float* __restrict__ st
 // FUSED: dt' = softplus(dt + dt_bias), B/C gathered from the x_dbl row (B at bc_offset, C right after), out = y silu(z),
 // z's rows z_stride elements apart (the layer passes xz's second half in place: z_stride = 2 * d_inner).
 // Plain: delta is dt' itself, B and C are [batch, d_state] rows (bc_offset 0, bc_stride d_state), no gate.
-template <typename T, int LANES, int ROWS, bool FUSED>
+// PDL_BLOCKS (the catalog instance's, also its launch.pdl_max_blocks): a grid of at most that many blocks may have
+// been launched with programmatic dependent launch, so it waits (pdl_wait) before its first load; a larger grid
+// never is, and skips both instructions (executed in every block of a several-wave grid they cost 20-30%: 6.21
+// against 5.07 us at batch 64, 21.3 against 16.4 at 256, the same run). 0: never launched so (no instructions).
+template <typename T, int LANES, int ROWS, bool FUSED, int PDL_BLOCKS = 0>
 MF_DEVICE void ssm_step_v(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
                           const T* __restrict__ dt, const float* __restrict__ dt_bias, const float* __restrict__ A_log,
                           const T* __restrict__ Bm, const T* __restrict__ Cm, const float* __restrict__ Dp,
@@ -258,12 +264,19 @@ MF_DEVICE void ssm_step_v(T* __restrict__ out, float* __restrict__ state, const 
                    aligned_quad(Bbase) && aligned_quad(Cbase);
   const int dl = min(d, d_inner - 1);  // the channel whose inputs this lane loads (clamped: always in bounds)
   const float* arow = A_log + (long long)dl * d_state;
+  // launched with programmatic dependent launch on small grids (the catalog's pdl_max_blocks): no global access
+  // before this point, so the index math above overlaps the grid before
+  if (PDL_BLOCKS > 0 && (long long)gridDim.x * gridDim.y * gridDim.z <= PDL_BLOCKS) {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
   const float bias = FUSED ? dt_bias[dl] : 0.f;
   const float Dd = Dp[dl];
-  for (long long b0 = (long long)blockIdx.y * ROWS; b0 < batch; b0 += (long long)gridDim.y * ROWS) {
+  const long long row_step = (long long)gridDim.y * ROWS;  // rows past 65535 * ROWS: a grid-stride loop
+  for (long long b0 = (long long)blockIdx.y * ROWS; b0 < batch; b0 += row_step) {
     if (vec)
-      ssm_step_rows<T, LANES, ROWS, FUSED, true>(out, state, u, dt, bias, arow, Bbase, Cbase, Dd, z, b0, dl, q, dvalid,
-                                                 batch, d_inner, d_state, bc_stride, z_stride);
+      ssm_step_rows<T, LANES, ROWS, FUSED, true>(out, state, u, dt, bias, arow, Bbase, Cbase, Dd, z, (int)b0, dl, q,
+                                                 dvalid, batch, d_inner, d_state, bc_stride, z_stride);
     else
       ssm_step_rows_general<T, LANES, ROWS, FUSED>(out, state, u, dt, bias, arow, Bbase, Cbase, Dd, z, b0, dl, q, dvalid,
                                                    batch, d_inner, d_state, bc_stride, z_stride);
