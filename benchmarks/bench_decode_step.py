@@ -15,7 +15,9 @@ and batch: out and state of one step against the float64 reference, and the step
 bitwise equal. Floor: the bytes one step moves (state read + written, A_log, x_dbl, u/dt/z/out, dt_bias, D) at the
 torch device-copy bandwidth measured in the same run. The decode-step symbols are built here (benchmarks/scan_ops.py
 Ours, benchmarks/built.py) and each step is the runtime's keyword launch (grid, block and arguments from the
-symbol's contract), captured in the graph.
+symbol's contract), captured in the graph: a grid within the symbol's pdl_max_blocks (batch 1..32 here) launches
+with programmatic dependent launch, as an engine's does, so a step's launch overlaps the step before it (what that
+is worth alone: scripts/probe_decode_latency.py, the same kernel launched both ways).
 Writes: rows appended to benchmarks/results/scan.md and records in benchmarks/results/summary.json.
 """
 

@@ -69,6 +69,17 @@ def test_the_record_carries_the_catalog_figure_and_small_grids_launch_with_pdl(t
     assert fake.launches[-1]["pdl"] is False
 
 
+def test_load_can_turn_pdl_off(tiny):
+    fake = FakeBackend()
+    k = load(tiny.manifest, trusted_keys=[tiny.pub], backend=fake, pdl=False)
+    fn = k.fn("pdl_copy", "bf16")
+    assert fn.symbol.pdl_max_blocks == 16 and fn.pdl_max_blocks == 0  # the record keeps it; this load does not use it
+    fn(y=T(128, "bf16"), x=T(128, "bf16"))
+    assert fake.launches[-1]["pdl"] is False
+    with pytest.raises(TypeError, match=r"load\(pdl=...\) takes True or False, not 'no'"):
+        load(tiny.manifest, trusted_keys=[tiny.pub], backend=FakeBackend(), pdl="no")
+
+
 def test_no_pdl_before_sm_90():
     rec = catalog_record("ssm_step_forward_fused_bf16")
     assert rec.pdl_max_blocks == 2048  # kernels/fixed/scan.toml: PDL_BLOCKS

@@ -121,6 +121,7 @@ def test_report_diff(tiny, tmp_path, capsys):
     syms["scale_f16"].update(status="rejected", check="batch", reason="scale_f16: row 3 differs between batch 1 and 64")
     syms["mid_copy_bf16"].update(status="admitted", check="", reason="")
     syms["scale_bf16"]["resources"]["registers"] += 8
+    syms["mid_copy_f16"]["pdl_max_blocks"] = 64  # now launched with programmatic dependent launch on small grids
     syms["scale"]["checks"][0]["digest"] = "0" * 64
     b["symbols"] = [s for s in b["symbols"] if s["name"] != "slow_copy_f16"]
     b["symbols"].append(dict(syms["scale_f32"], name="scale_new"))
@@ -135,7 +136,9 @@ def test_report_diff(tiny, tmp_path, capsys):
     assert [x["symbol"] for x in d["newly_rejected"]] == ["Tiny/sm_90a/scale_f16"]
     assert d["newly_rejected"][0]["reason"].startswith("scale_f16: row 3")
     assert [x["symbol"] for x in d["newly_admitted"]] == ["Tiny/sm_90a/mid_copy_bf16"]
-    assert d["resource_changes"] == [{"symbol": "Tiny/sm_90a/scale_bf16", "field": "registers",
+    assert d["resource_changes"] == [{"symbol": "Tiny/sm_90a/mid_copy_f16", "field": "pdl_max_blocks", "old": 0,
+                                      "new": 64},
+                                     {"symbol": "Tiny/sm_90a/scale_bf16", "field": "registers",
                                       "old": syms["scale_bf16"]["resources"]["registers"] - 8,
                                       "new": syms["scale_bf16"]["resources"]["registers"]}]
     assert [x["symbol"] for x in d["digest_changes"]] == ["Tiny/sm_90a/scale"]

@@ -84,7 +84,7 @@ def normalize(m: BuildManifest | QualifiedManifest | ReleaseIndex) -> tuple[dict
         for s in m.symbols:
             symbols[f"{s.module}/{s.target}/{s.name}"] = {
                 "status": s.status, "reason": s.reason, "check": s.check, "resources": _resources(s.resources),
-                "dynamic_smem": s.dynamic_smem, "block": s.block,
+                "dynamic_smem": s.dynamic_smem, "block": s.block, "pdl_max_blocks": s.pdl_max_blocks,
                 "digests": {c.name: c.digest for c in s.checks if c.digest},
             }
     else:
@@ -119,8 +119,8 @@ def diff(a, b) -> dict:
             if x["resources"].get(name) != y["resources"].get(name):
                 out["resource_changes"].append({"symbol": key, "field": name, "old": x["resources"].get(name),
                                                 "new": y["resources"].get(name)})
-        for name in ("dynamic_smem", "block"):
-            if x[name] != y[name]:
+        for name in ("dynamic_smem", "block", "pdl_max_blocks"):  # the last: qualified records only
+            if name in x and name in y and x[name] != y[name]:
                 out["resource_changes"].append({"symbol": key, "field": name, "old": x[name], "new": y[name]})
         for check in sorted(set(x["digests"]) & set(y["digests"])):
             if x["digests"][check] != y["digests"][check]:

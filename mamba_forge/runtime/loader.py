@@ -67,8 +67,9 @@ def _import_gemm():
 class Kernels:
     """The admitted symbols of one verified manifest on one device; cubins load on first use."""
 
-    def __init__(self, verified: Verified, device: DeviceInfo, backend):
+    def __init__(self, verified: Verified, device: DeviceInfo, backend, *, pdl: bool = True):
         self.verified, self.device, self.backend = verified, device, backend
+        self.pdl = pdl  # load(pdl=False): no launch with programmatic dependent launch
         self.manifest = verified.manifest  # a RuntimeTable, or the whole QualifiedManifest when none was signed
         self._lock = threading.Lock()
         self._artifacts: dict[tuple[str, str], QArtifact] = {
@@ -236,7 +237,7 @@ class Kernels:
                     name=name, requested=name, module=s.module, target=s.target, family=s.family, dtype=s.dtype,
                     block=block[:3], dynamic_smem=smem, params=s.params_layout(), symbol=s,
                     max_threads=s.resources.max_threads if s.resources else 0, handle=handle, backend=self.backend,
-                    ordinal=self.device.ordinal, pdl_max_blocks=pdl_blocks(s, self.device),
+                    ordinal=self.device.ordinal, pdl_max_blocks=pdl_blocks(s, self.device) if self.pdl else 0,
                 )
                 self._functions[name] = k
             if requested != name:
@@ -291,7 +292,7 @@ def check_device(want: QDevice, dev: DeviceInfo, what: str) -> None:
 
 def load(manifest_or_bundle: str | Path, device: int = 0, trusted_keys: Iterable[KeySpec] | Mapping | None = None, *,
          default_keys: bool = True, build: str | Path | None = None, backend=None, now: datetime | None = None,
-         strict: bool = False) -> Kernels:
+         strict: bool = False, pdl: bool = True) -> Kernels:
     """Verify and open a signed qualified manifest, bundle (.tar.gz or folder) or release index for a device.
 
     trusted_keys: public keys (objects, 'ed25519 <base64>' text, files or folders of *.pub) trusted besides the
@@ -299,8 +300,12 @@ def load(manifest_or_bundle: str | Path, device: int = 0, trusted_keys: Iterable
     bare manifest's artifacts are (default: its folder). Raises a LoadError subclass; loads nothing on refusal.
     Logs one warning listing the family variants that do not serve here (Kernels.summary() has it as data);
     strict=True raises IncompleteOnDevice instead when a kernel qualified for this device is rejected or cannot
-    serve (checked-only and built-only symbols belong to other GPUs and do not count).
+    serve (checked-only and built-only symbols belong to other GPUs and do not count). pdl=False: never launch
+    with programmatic dependent launch, even where a record allows it (its kernels still wait; nothing changes but
+    when a launch may start), e.g. to rule it out while debugging.
     """
+    if type(pdl) is not bool:
+        raise TypeError(f"load(pdl=...) takes True or False, not {pdl!r}")
     keys = collect_keys(trusted_keys, defaults=default_keys)
     backend = backend or CudaBackend()
     seen: list[DeviceInfo] = []
@@ -313,7 +318,7 @@ def load(manifest_or_bundle: str | Path, device: int = 0, trusted_keys: Iterable
                       full_body=False, device=device_key)
     dev = seen[0] if seen else backend.device_info(device)
     check_device(v.manifest.device, dev, str(v.path))
-    kernels = Kernels(v, dev, backend)
+    kernels = Kernels(v, dev, backend, pdl=pdl)
     summary = kernels.summary()
     if strict and summary.strict_problems:
         raise IncompleteOnDevice(f"{v.path} (strict): {len(summary.strict_problems)} kernels do not serve on "
