@@ -155,3 +155,64 @@ def test_the_step_kernels_take_the_figure_their_launch_declares():
         fam = cat.module(s.module).family(s.family)
         assert re.search(r"\bPDL_BLOCKS\b", fam.body) and fam.launch.pdl_max_blocks == "PDL_BLOCKS"
         assert s.pdl_max_blocks == s.params_env["PDL_BLOCKS"] > 0
+
+
+# ---- the qualifier's pdl check (qualify/pdl.py), its launch sequence on a recording stand-in for the driver ----
+
+
+class _Buf:
+    def __init__(self, name, role, nbytes, needs_fill):
+        self.name, self.role, self.nbytes, self.needs_fill = name, role, nbytes, needs_fill
+
+
+def test_the_pdl_check_poisons_every_input_and_lets_a_late_writer_restore_it(monkeypatch):
+    """The sequence on the stream: a copy of each `in` buffer, every buffer poisoned, the late writer (one wave)
+    restoring the filled ones from those copies and the pristine ones, then the symbol with PDL; it applies only
+    where the runtime would launch with PDL."""
+    from types import SimpleNamespace
+
+    from mamba_forge.qualify import pdl as PDL
+
+    calls, n = [], [0]
+
+    class DB:
+        def __init__(self, nbytes):
+            n[0] += 1
+            self.ptr, self.nbytes = 0x9000 * n[0], nbytes
+            calls.append(("alloc", self.ptr, nbytes))
+
+        def free(self):
+            calls.append(("free", self.ptr))
+
+    fake = SimpleNamespace(
+        DeviceBuffer=DB, context_synchronize=lambda: calls.append(("sync",)),
+        memcpy_dtod=lambda d, s, nb, st=None: calls.append(("dtod", d, s, nb)),
+        memset_d8=lambda d, v, nb, st=None: calls.append(("memset", d, v, nb)),
+        memcpy_htod=lambda d, data: calls.append(("htod", d, len(data))),
+        PackedParams=lambda values, aligns: ("params", tuple(values)),
+        launch=lambda fn, grid, block, params, smem=0, stream=None, pdl=False: calls.append(
+            ("launch", fn, grid, block, pdl)))
+    monkeypatch.setattr(PDL, "cu", fake)
+    monkeypatch.setattr(PDL, "writer_function", lambda ctx: "writer")
+    bufs = [_Buf("out", "out", 64, False), _Buf("state", "inout", 128, True), _Buf("u", "in", 32, True)]
+    rec = SimpleNamespace(pdl_max_blocks=2048)
+    spec = SimpleNamespace(all_buffers=bufs, grid=(4, 3, 1), block=(64, 1, 1), dynamic_smem=0,
+                           contract=SimpleNamespace(record=rec))
+    ctx = SimpleNamespace(stream="s", info=SimpleNamespace(cc=(9, 0), sm_count=132), wait=lambda st: calls.append(
+        ("wait",)))
+    inst = SimpleNamespace(spec=spec, fn="step", params="P", ptrs={"out": 0x100, "state": 0x200, "u": 0x300},
+                           pristine={"state": 0x2000}, verify=lambda st: calls.append(("verify",)),
+                           outputs=lambda: {"out": b"o", "state": b"s"})
+    assert PDL.applies(spec, ctx.info)
+    assert PDL.run_after_late_writer(ctx, inst) == {"out": b"o", "state": b"s"}
+    keep = 0x9000
+    assert calls[:5] == [("memset", 0x100, 0xFF, 64), ("memset", 0x200, 0xFF, 128), ("alloc", keep, 32),
+                         ("dtod", keep, 0x300, 32), ("memset", 0x300, 0xFF, 32)]
+    launches = [c for c in calls if c[0] == "launch"]
+    assert launches == [("launch", "writer", (132,), (256,), False), ("launch", "step", (4, 3, 1), (64, 1, 1), True)]
+    assert calls.index(("sync",)) < calls.index(launches[0]) and calls[-2:] == [("free", keep), ("free", 0x9000 * 2)]
+    # where the runtime would not use PDL, the check does not apply
+    assert not PDL.applies(SimpleNamespace(**{**vars(spec), "grid": (4096, 1, 1)}), ctx.info)
+    assert not PDL.applies(spec, SimpleNamespace(cc=(8, 9)))
+    assert not PDL.applies(SimpleNamespace(**{**vars(spec), "contract": SimpleNamespace(
+        record=SimpleNamespace(pdl_max_blocks=0))}), ctx.info)

@@ -39,6 +39,7 @@ ONE_PER_CLASS = {
     *((c, k) for k, c in ONE_PER_CLASS.items()),
     ("load", "fault"), ("stream", "nondeterministic"), ("neighbour", "nondeterministic"),
     ("address", "nondeterministic"), ("graph", "nondeterministic"), ("cross-device", "nondeterministic"),
+    ("pdl", "nondeterministic"), ("pdl-wait", "static policy"),
     ("smem", "resource"), ("spills", "resource"), ("stack", "resource"), ("occupancy", "resource"),
     ("block", "resource"), ("exports", "ABI"), ("float-atomics", "static policy"), ("reference", "harness"),
     ("spec", "harness"), ("untested", "harness"), ("", "other"), ("Placement", "other"),

@@ -17,6 +17,7 @@ from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import checks as C
 from mamba_forge.qualify import equivalence as E
 from mamba_forge.qualify import guards as G
+from mamba_forge.qualify import pdl as PDL
 from mamba_forge.qualify import placement as P
 from mamba_forge.qualify import spec as S
 from mamba_forge.qualify import split as SP
@@ -298,7 +299,12 @@ class SymbolRun:
             outs = inst.outputs()
         finally:
             graph.destroy()
-        return same("graph", outs, "replayed from a captured CUDA graph")
+        v = same("graph", outs, "replayed from a captured CUDA graph")
+        if v or not PDL.applies(spec, ctx.info):
+            return v
+        return same(PDL.CHECK, PDL.run_after_late_writer(ctx, inst),
+                    "launched with programmatic dependent launch behind a kernel that writes its inputs "
+                    f"{PDL.SPIN_CYCLES} cycles late")
 
 
 __all__ = ["REPEATS", "SANITIZE_BATCH", "SymbolRun", "emit", "symbol_seed"]

@@ -23,6 +23,7 @@ CHECK_CLASS = {
     # bits that change with something other than the inputs
     "repeat": "nondeterministic", "stream": "nondeterministic", "neighbour": "nondeterministic",
     "address": "nondeterministic", "graph": "nondeterministic", "cross-device": "nondeterministic",
+    "pdl": "nondeterministic",  # read before its programmatic-dependent-launch wait: bits that depend on timing
     "batch": "batch-variant",
     "placement": "placement-variant",
     "split": "split-variant",  # bits that change with how a sequence is cut into calls (qualify/split.py)

@@ -58,6 +58,8 @@ EXPECTED = [
     ("clock_ordered_row_sum", {"repeat", "placement"}, ""),
     # split (src/split.cu): its first position of each call is an fma, so a chunked run differs from one call
     ("split_variant_running_sum", {"split"}, "called over chunks of L = "),
+    # programmatic dependent launch (qualify/pdl.py): reads x before its griddepcontrol.wait
+    ("reads_before_pdl_wait", {"pdl"}, "launched with programmatic dependent launch behind a kernel that writes"),
 ]
 GUARDS = ["uninitialized", "bounds", "input-written"]
 CONTROLS = ["control_row_sum", "control_smem_reverse"]
@@ -156,6 +158,16 @@ def test_route_class_controls_admitted_bitwise_equal(negative_manifest, name):
     assert "bitwise equal to control_gemm_chain" in eq[-1].detail or "the class reference" in eq[-1].detail
     routes = negative_manifest.routes
     assert [r.symbols for r in routes] == [["control_gemm_chain_2d", "pairwise_gemm", "control_gemm_chain"]]
+
+
+def test_pdl_control_admitted_with_its_pdl_check(negative_manifest):
+    s = negative_manifest.symbol("control_pdl_scale")
+    assert s.status == "admitted", f"[{s.check}] {s.reason}"
+    rec = next(c for c in s.checks if c.name == "pdl")
+    assert rec.passed and "programmatic dependent launch" in rec.detail, rec.detail
+    assert rec.digest == next(c for c in s.checks if c.name == "repeat").digest
+    assert s.pdl_max_blocks == 64
+    assert reason_class(negative_manifest.symbol("reads_before_pdl_wait").check) == "nondeterministic"
 
 
 def test_split_control_admitted_with_its_split_check(negative_manifest):
