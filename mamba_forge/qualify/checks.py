@@ -20,6 +20,7 @@ from mamba_forge.qualify import spec as S
 from mamba_forge.qualify.budget import LaunchBudget, seconds_text
 from mamba_forge.qualify.events import LiveResources
 from mamba_forge.qualify.guards import POISON, plain
+from mamba_forge.qualify.helper_kernels import compile_helper
 from mamba_forge.qualify.outputs import (  # the pure NumPy half, re-exported: outputs.py
     check_outputs,
     compare,
@@ -103,17 +104,9 @@ class Context:
 
     def neighbour(self) -> tuple[cu.Function, cu.DeviceBuffer]:
         if self.neighbour_fn is None:
-            from mamba_forge.build import nvrtc
-
-            major, minor = self.info.cc
-            res = nvrtc.compile_program(
-                NEIGHBOUR_SOURCE, "mamba_forge_qualify_neighbour.cu",
-                ["-std=c++17", f"-arch=sm_{major}{minor}"], {}, want_ptx=False,
-            )
-            if not res.ok:
-                raise RuntimeError(f"the noisy-neighbour kernel failed to compile: {res.log[:300]}")
-            self._neighbour_module = cu.Module(res.cubin)
-            self.neighbour_fn = self._neighbour_module.function("mf_noisy_neighbour")
+            self._neighbour_module, self.neighbour_fn = compile_helper(
+                self.info.cc, NEIGHBOUR_SOURCE, "mamba_forge_qualify_neighbour.cu", "mf_noisy_neighbour",
+                "noisy-neighbour kernel")
             self.neighbour_buf = cu.DeviceBuffer(NEIGHBOUR_FLOATS * 4)
             cu.memset_d8(self.neighbour_buf.ptr, 0, NEIGHBOUR_FLOATS * 4)
             cu.context_synchronize()

@@ -23,6 +23,7 @@ import numpy as np
 from mamba_forge.core.vocab import DTYPE_SIZES
 from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import spec as S
+from mamba_forge.qualify.helper_kernels import compile_helper
 
 GUARD_BYTES = 64 << 10  # per side: a multiple of 256, so the user pointer keeps the allocation's alignment
 CANARY = 0xA5  # guard bytes; neither poison pattern, nor zero, nor a small float
@@ -100,15 +101,8 @@ class GuardViolation(Exception):
 def guard_function(ctx) -> cu.Function:
     """The compiled mf_guard_check for the context's device (compiled once per worker)."""
     if getattr(ctx, "_guard_fn", None) is None:
-        from mamba_forge.build import nvrtc
-
-        major, minor = ctx.info.cc
-        res = nvrtc.compile_program(CHECK_SOURCE, "mamba_forge_qualify_guards.cu",
-                                    ["-std=c++17", f"-arch=sm_{major}{minor}"], {}, want_ptx=False)
-        if not res.ok:
-            raise RuntimeError(f"the guard-check kernel failed to compile: {res.log[:300]}")
-        ctx._guard_module = cu.Module(res.cubin)
-        ctx._guard_fn = ctx._guard_module.function("mf_guard_check")
+        ctx._guard_module, ctx._guard_fn = compile_helper(ctx.info.cc, CHECK_SOURCE, "mamba_forge_qualify_guards.cu",
+                                                          "mf_guard_check", "guard-check kernel")
     return ctx._guard_fn
 
 

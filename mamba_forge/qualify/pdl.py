@@ -12,6 +12,7 @@ import struct
 
 from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import guards as G
+from mamba_forge.qualify.helper_kernels import compile_helper
 
 CHECK = "pdl"
 SPIN_CYCLES = 60_000  # ~30 us at the H200's clock: far longer than a launch takes to reach a kernel's first load
@@ -46,15 +47,8 @@ def applies(spec, info) -> bool:
 def writer_function(ctx) -> cu.Function:
     """The compiled mf_pdl_late_writer for the context's device (compiled once per worker)."""
     if getattr(ctx, "_pdl_writer", None) is None:
-        from mamba_forge.build import nvrtc
-
-        major, minor = ctx.info.cc
-        res = nvrtc.compile_program(WRITER_SOURCE, "mamba_forge_qualify_pdl.cu",
-                                    ["-std=c++17", f"-arch=sm_{major}{minor}"], {}, want_ptx=False)
-        if not res.ok:
-            raise RuntimeError(f"the PDL writer kernel failed to compile: {res.log[:300]}")
-        ctx._pdl_module = cu.Module(res.cubin)
-        ctx._pdl_writer = ctx._pdl_module.function("mf_pdl_late_writer")
+        ctx._pdl_module, ctx._pdl_writer = compile_helper(ctx.info.cc, WRITER_SOURCE, "mamba_forge_qualify_pdl.cu",
+                                                          "mf_pdl_late_writer", "PDL writer kernel")
     return ctx._pdl_writer
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from mamba_forge.gpu import driver as cu
 from mamba_forge.gpu import green
+from mamba_forge.qualify.helper_kernels import compile_helper
 
 GREEN_SM_COUNTS = (16, None)  # None: half the device's SMs
 REPEATS_WARNED = 3  # runs per placement for a symbol that reads %smid, %clock... (the build's warning)
@@ -99,19 +100,14 @@ class DevicePlacer:
 
     def blocker(self) -> cu.Function:
         if self._blocker is None:
-            from mamba_forge.build import nvrtc
-
-            major, minor = self.ctx.info.cc
-            res = nvrtc.compile_program(BLOCKER_SOURCE, "mamba_forge_qualify_blocker.cu",
-                                        ["-std=c++17", f"-arch=sm_{major}{minor}"], {}, want_ptx=False)
-            if not res.ok:
-                raise Unavailable(f"the blocker failed to compile: {res.log[:200]}")
             try:
-                self._module = cu.Module(res.cubin)
-                fn = self._module.function("mf_placement_blocker")
+                self._module, fn = compile_helper(self.ctx.info.cc, BLOCKER_SOURCE, "mamba_forge_qualify_blocker.cu",
+                                                  "mf_placement_blocker", "blocker")
                 fn.set_max_dynamic_smem(self.blocker_smem())
-            except cu.CudaError as exc:
+            except cu.CudaError as exc:  # before RuntimeError: the driver's errors may be one
                 raise Unavailable(f"the blocker did not load: {exc}") from None
+            except RuntimeError as exc:  # it did not compile
+                raise Unavailable(str(exc)[:230]) from None
             self._blocker = fn
         return self._blocker
 
