@@ -10,7 +10,7 @@
 # call's last command; anything writing $OUT/res.tar.gz after it replaces them (call 4 of the seventeenth session).
 # Carried: .whl, .keys, .peers. Env: QUALIFY_FLAGS, DEADLINE, TESTS, TESTS_K (pytest -k), TEST_N (workers), TEST_S, TEST_TIMEOUT,
 # BENCHES, BUILD_DIR (a carried build), PEER_CONV=0; 0 turns off: QUALIFY, PEERS, SCAN (late: after the tests),
-# PROFILE; 1 turns on: NCU_SCAN, TUNE, DECODE_STEP, SANITIZE_TIMING.
+# PROFILE; 1 turns on: NCU_SCAN, TUNE, DECODE_STEP, PROBE_DECODE (PROBE_BATCHES), SANITIZE_TIMING.
 set -uo pipefail
 WHL=${WHL:-.whl}
 DEADLINE=${DEADLINE:-570}
@@ -61,6 +61,9 @@ TAILN=60 run tests_gpu $(( $(left) - 15 < ${TEST_S:-150} ? $(left) - 15 : ${TEST
   -c 1 python3 benchmarks/bench_scan_tokens.py --bundle /tmp/h200.tar.gz --key manifests/keys --reps 1
 # DECODE_STEP=1: the decode step against Triton's selective_state_update (mamba-ssm's source, by file path)
 [ "${DECODE_STEP:-0}" != 0 ] && TAILN=20 run bench_decode_step 120 python3 benchmarks/bench_decode_step.py
+# PROBE_DECODE=1: the step launched plainly and with programmatic dependent launch, beside an empty kernel
+[ "${PROBE_DECODE:-0}" != 0 ] && TAILN=40 run probe_decode 120 python3 scripts/probe_decode_latency.py \
+  --batches "${PROBE_BATCHES:-1,16,32,64,256}"
 IFS=';' read -ra benches <<<"${BENCHES:-}"
 for b in "${benches[@]}"; do
   [ -z "$b" ] && continue

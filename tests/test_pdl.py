@@ -13,9 +13,9 @@ import dataclasses
 import re
 
 import pytest
-from runtime_support import H200, FakeBackend, signed_tiny
 from runtime_fakes import FakeTorchTensor as T
 from runtime_fakes import catalog_record
+from runtime_support import H200, FakeBackend, signed_tiny
 
 from mamba_forge.build import cubin
 from mamba_forge.catalog.model import load_catalog
