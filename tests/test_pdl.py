@@ -15,7 +15,7 @@ import re
 import pytest
 from runtime_fakes import FakeTorchTensor as T
 from runtime_fakes import catalog_record
-from runtime_support import H200, FakeBackend, signed_tiny
+from runtime_support import H200, FakeBackend, signed_tiny, write_tiny_catalog
 
 from mamba_forge.build import cubin
 from mamba_forge.catalog.model import load_catalog
@@ -97,30 +97,22 @@ def test_the_record_refuses_a_negative_figure():
 
 
 def _catalog(tmp_path, launch_line: str):
-    (tmp_path / "include").mkdir(exist_ok=True)
-    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* y) { y[0] = 1.f; }\n')
-    (tmp_path / "k.toml").write_text(f"""
+    """The runtime tests' tiny catalog with one more family, `k` (one instance, CAP = 8), launched as given."""
+    return load_catalog(write_tiny_catalog(tmp_path, f"""
 [[family]]
 name = "k"
+instantiate = "TINY_COPY"
+variants = ["f32"]
 instances = [{{ CAP = 8 }}]
 symbol = "k"
 {launch_line}
-params = [{{ name = "y", type = "ptr", dtype = "f32", role = "out", shape = ["1"] }}]
-qualify = {{ dims = {{}}, skip = "a catalog-rule fixture: never launched" }}
-""")
-    (tmp_path / "catalog.toml").write_text("""
-[catalog]
-schema = 1
-name = "pdl"
-
-[[module]]
-kind = "K"
-mandatory = true
-arch = ["sm_90a"]
-sources = ["k.cu"]
-families = ["k.toml"]
-""")
-    return load_catalog(tmp_path / "catalog.toml")
+params = [
+  {{ name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"] }},
+  {{ name = "x", type = "ptr", dtype = "T", shape = ["n"] }},
+  {{ name = "n", type = "i64", value = "n" }},
+]
+qualify = {{ dims = {{ n = 4096 }} }}
+"""))
 
 
 def test_the_catalog_evaluates_pdl_max_blocks_per_instance_and_refuses_what_is_out_of_range(tmp_path):

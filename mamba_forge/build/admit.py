@@ -85,10 +85,6 @@ def reject_order_tokens(sym: Symbol, target: Target, tokens: list[str]) -> Verdi
     )
 
 
-# Programmatic dependent launch exists from compute capability 9.0; below it the runtime never asks for it.
-PDL_MIN_CC = 90
-
-
 def reject_pdl_without_wait(sym: Symbol, target: Target) -> Verdict:
     return Verdict(
         status="rejected",

@@ -14,6 +14,7 @@ from mamba_forge.catalog.model import Symbol
 from mamba_forge.catalog.targets import SMEM_RESERVED_BYTES, Target
 from mamba_forge.core.cache import DIGEST_PREFIX, SIZE_PREFIX
 from mamba_forge.core.schema import Artifact, ModuleBuild, Resources, SymbolBuild, Verdict
+from mamba_forge.core.vocab import PDL_MIN_CC
 
 LOG_HEAD_LINES = 12
 
@@ -61,7 +62,7 @@ def judge(job: Job, meta: dict) -> tuple[list[SymbolBuild], list[str]]:
             if (verdict.status == "admitted" and sym.deterministic and sym.policy.static_tokens == "deterministic"
                     and tokens):
                 verdict = admit.reject_order_tokens(sym, job.target, tokens)
-            if (verdict.status == "admitted" and sym.pdl_max_blocks and job.target.cc >= admit.PDL_MIN_CC
+            if (verdict.status == "admitted" and sym.pdl_max_blocks and job.target.cc >= PDL_MIN_CC.number
                     and sym.name not in meta["pdl_waits"]):
                 verdict = admit.reject_pdl_without_wait(sym, job.target)
         rec = _symbol_record(sym, res, verdict)

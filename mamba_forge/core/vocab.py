@@ -51,6 +51,12 @@ class ComputeCapability(NamedTuple):
         return self.major * 10 + self.minor
 
 
+# Programmatic dependent launch exists from compute capability 9.0: the build holds a pdl_max_blocks symbol to its
+# wait there (build/records.py), the runtime and the qualifier launch with it there only (runtime/loader.pdl_blocks,
+# qualify/pdl.applies).
+PDL_MIN_CC = ComputeCapability(9, 0)
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     """One GPU as the driver layer reads it: what the loader checks a manifest against (ordinal to driver

@@ -16,6 +16,7 @@ from mamba_forge.catalog.model import Family, Symbol
 from mamba_forge.core.vocab import DTYPE_SIZES
 from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import guards as G
+from mamba_forge.qualify import pdl as PDL
 from mamba_forge.qualify import spec as S
 from mamba_forge.qualify.budget import LaunchBudget, seconds_text
 from mamba_forge.qualify.events import LiveResources
@@ -200,12 +201,10 @@ class Instance:
                 cu.memcpy_dtod(self.ptrs[b.name], self.pristine[b.name], b.nbytes, stream)
             elif not b.needs_fill:
                 cu.memset_d8(self.ptrs[b.name], poison, b.nbytes, stream)
-        g = self.spec.grid
-        # as the runtime launches it (runtime/loader.pdl_blocks, Kernel._launch): a small grid of a pdl_max_blocks
-        # symbol with programmatic dependent launch on sm_90+ (only then the keyword: fakes take none)
-        pdl = self.spec.contract.record.pdl_max_blocks if tuple(self.ctx.info.cc) >= (9, 0) else 0
-        kw = {"pdl": True} if pdl and g[0] * g[1] * g[2] <= pdl else {}
-        cu.launch(self.fn, g, self.spec.block, self.params,
+        # as the runtime launches it (pdl.applies): a small grid of a pdl_max_blocks symbol with programmatic
+        # dependent launch on sm_90+ (only then the keyword: fakes take none)
+        kw = {"pdl": True} if PDL.applies(self.spec, self.ctx.info) else {}
+        cu.launch(self.fn, self.spec.grid, self.spec.block, self.params,
                   smem=self.spec.dynamic_smem if smem is None else smem, stream=stream, **kw)
 
     def run(self, stream: cu.Stream | None = None, poison: int = POISON, smem: int | None = None) -> dict[str, bytes]:

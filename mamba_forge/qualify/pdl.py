@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 
+from mamba_forge.core.vocab import PDL_MIN_CC
 from mamba_forge.gpu import driver as cu
 from mamba_forge.qualify import guards as G
 from mamba_forge.qualify.helper_kernels import compile_helper
@@ -41,7 +42,7 @@ def applies(spec, info) -> bool:
     """Whether the runtime would launch `spec` with PDL on this device (runtime/loader.pdl_blocks, Kernel._launch)."""
     cap = spec.contract.record.pdl_max_blocks
     g = spec.grid
-    return bool(cap) and tuple(info.cc) >= (9, 0) and g[0] * g[1] * g[2] <= cap
+    return bool(cap) and tuple(info.cc) >= PDL_MIN_CC and g[0] * g[1] * g[2] <= cap
 
 
 def writer_function(ctx) -> cu.Function:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mamba_forge.core.schema import QArtifact, QDevice, RuntimeSymbol
-from mamba_forge.core.vocab import DeviceInfo
+from mamba_forge.core.vocab import PDL_MIN_CC, DeviceInfo
 from mamba_forge.runtime.backend import CudaBackend
 from mamba_forge.runtime.errors import (
     DeviceMismatch,
@@ -264,9 +264,6 @@ class Kernels:
     @property
     def loaded_modules(self) -> list[str]:
         return list(self._modules)
-
-
-PDL_MIN_CC = (9, 0)  # programmatic dependent launch: compute capability 9.0 and later (build/admit.PDL_MIN_CC)
 
 
 def pdl_blocks(s: RuntimeSymbol, dev: DeviceInfo) -> int:  # type: ignore[valid-type]
