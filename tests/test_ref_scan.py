@@ -432,6 +432,7 @@ MF_DEVICE float warp_sum(float v) { for (int o = 16; o > 0; o >>= 1) v += __shfl
 // programmatic dependent launch: blocks run one launch after another here, so there is nothing to wait for
 MF_DEVICE void pdl_wait() {}
 MF_DEVICE void pdl_launch_dependents() {}
+template <int PDL_BLOCKS> MF_DEVICE void pdl_enter() {}
 }  // namespace mf
 """
 

@@ -262,7 +262,7 @@ def test_measure_key_checks_times_and_feeds_a_table_the_catalog_accepts(monkeypa
     assert sorted(x_proj["M"]) == ["1", "300", "64"]
     row = x_proj["M"]["1"]
     # every wgmma-k16 rung; a graph replay runs INNER calls, so a figure is the replay's time / INNER
-    assert len(row["rungs"]) == 7 and row["cublas"] == pytest.approx((0.0075 + 1e-6) / tr.INNER)
+    assert len(row["rungs"]) == 8 and row["cublas"] == pytest.approx((0.0075 + 1e-6) / tr.INNER)
     assert row["served"] == "gemm_bi_nn_sm90a_wgmma_skinny_m64n64_s12_bf16"  # the class order's pick at M 1
     results = {"gpu": "CPU stand-in", "date": "2026-05-01 12:00 UTC", "inner": 10, "reps": 5, "tie": 0.02,
                "entries": [entry]}

@@ -70,11 +70,13 @@ MF_DEVICE void rmsnorm_forward(TY* __restrict__ y, float* __restrict__ rstd, con
 }
 
 // Fused residual add (residual stream in f32): residual[r,:] += x[r,:], then y = rmsnorm(residual) as above.
-template <typename T>
+// PDL_BLOCKS: mf::pdl_enter's (a Block's decode launches it behind the previous layer's out_proj GEMM).
+template <typename T, int PDL_BLOCKS = 0>
 MF_DEVICE void rmsnorm_forward_resadd(T* __restrict__ y, float* __restrict__ rstd, float* __restrict__ residual,
                                       const T* __restrict__ x, const float* __restrict__ w, i64 rows, i64 dim,
                                       float eps) {
   __shared__ float scratch[NORM_BLOCK / 32];
+  pdl_enter<PDL_BLOCKS>();
   const bool vx = rows_vec(x, dim), vy = rows_vec(y, dim), vw = rows_vec(w, dim), vr = rows_vec(residual, dim);
   for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * dim;

@@ -460,22 +460,29 @@ MF_DEVICE void gemm_wgmma_split_pair(const TmaDesc* tmA, const TmaDesc* tmB, T* 
 
 // One symbol per (layout, tile, dtype). Threads: 128 per consumer warpgroup + one producer warpgroup; one CTA per
 // SM (setmaxnreg requires __launch_bounds__(threads, 1)). TMASTORE = 1 symbols take a third tensor map, for C.
-#define MF_GEMM_WGMMA(NAME, T, LAYOUT, BM, BN, NC, STAGES) \
+// The _PDL forms (the decode rungs, behind the kernel before them on the stream): mf::pdl_enter<PDL_BLOCKS> first,
+// so every thread waits for that grid before the first TMA load or C store (the catalog's pdl_max_blocks).
+#define MF_GEMM_WGMMA_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, PDL_BLOCKS) \
   extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) NAME( \
       const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, T* __restrict__ C, \
       const T* __restrict__ A, const T* __restrict__ B, int M, int N, int K) { \
     (void)A; (void)B; /* the tensor maps address A and B; the pointers are in the ABI for the qualifier */ \
+    mf::pdl_enter<PDL_BLOCKS>(); \
     mf::gemm_wgmma_ws<T, BM, BN, NC, STAGES, LAYOUT, 0>(&tmA, &tmB, nullptr, C, M, N, K); \
   }
+#define MF_GEMM_WGMMA(NAME, T, LAYOUT, BM, BN, NC, STAGES) MF_GEMM_WGMMA_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, 0)
 // Split-K rungs (NN): SPLIT parts; CLUSTER = 1 launches clusters of SPLIT CTAs along x (compile-time cluster
 // dimensions: an ordinary launch whose grid is a multiple of SPLIT).
-#define MF_GEMM_WGMMA_SPLITK(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER) \
+#define MF_GEMM_WGMMA_SPLITK_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER, PDL_BLOCKS) \
   extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) MF_WG_CLUSTER_##CLUSTER(SPLIT) NAME( \
       const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, T* __restrict__ C, \
       const T* __restrict__ A, const T* __restrict__ B, int M, int N, int K) { \
     (void)A; (void)B; /* the tensor maps address A and B; the pointers are in the ABI for the qualifier */ \
+    mf::pdl_enter<PDL_BLOCKS>(); \
     mf::gemm_wgmma_ws<T, BM, BN, NC, STAGES, LAYOUT, 0, SPLIT, CLUSTER>(&tmA, &tmB, nullptr, C, M, N, K); \
   }
+#define MF_GEMM_WGMMA_SPLITK(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER) \
+  MF_GEMM_WGMMA_SPLITK_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER, 0)
 // The pair rungs of the split class: 2 consumer warpgroups taking the parts in turn, two rings of RS stages.
 #define MF_GEMM_WGMMA_SPLITK_PAIR(NAME, T, LAYOUT, BM, BN, RS, SPLIT) \
   extern "C" __global__ void __launch_bounds__(384, 1) NAME( \

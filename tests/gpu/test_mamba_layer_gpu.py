@@ -243,3 +243,134 @@ def test_mamba_ssm_state_dict_loads_and_agrees(mft):
     with torch.no_grad():
         a, b = ours(h).float(), peer(h).float()
     assert float((a - b).abs().max() / b.abs().max()) < 3e-2
+
+
+class _PdlSpy:
+    """A backend that records (grid, whether it asked for programmatic dependent launch) for each launch."""
+
+    def __init__(self, real):
+        self.real, self.launches = real, []
+
+    def launch(self, fn, grid, block, params, shared_mem, stream, pdl=False):
+        self.launches.append((tuple(grid), pdl))
+        self.real.launch(fn, grid, block, params, shared_mem, stream, pdl=pdl)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def _decode_chain(mft, m, h, steps, graph):
+    """Prefill h[:, :1], then `steps` decode steps of h[:, 1 + t] (eager, or captured once in a CUDA graph and
+    replayed): (the outputs, conv_state, ssm_state)."""
+    batch = h.shape[0]
+    cache = mft.InferenceParams(max_seqlen=steps + 1, max_batch_size=batch)
+    m(h[:, :1], inference_params=cache)
+    cache.seqlen_offset = 1
+    toks = h[:, 1:1 + steps].clone()
+    outs = torch.empty(steps, batch, 1, h.shape[2], device="cuda", dtype=h.dtype)
+
+    def run():
+        for t in range(steps):
+            outs[t].copy_(m(toks[:, t:t + 1], inference_params=cache))
+
+    if not graph:
+        run()
+    else:
+        start = [t.clone() for t in cache.key_value_memory_dict[0]]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            run()  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            run()
+        for t, t0 in zip(cache.key_value_memory_dict[0], start, strict=True):
+            t.copy_(t0)
+        outs.fill_(float("nan"))
+        g.replay()
+    torch.cuda.synchronize()
+    conv_state, ssm_state = cache.key_value_memory_dict[0]
+    return outs.clone(), conv_state.clone(), ssm_state.clone()
+
+
+def test_layer_decode_chain_under_programmatic_dependent_launch_equals_plain_launches(mft, kernels, bundle):  # noqa: F811
+    """Every kernel of the layer's decode chain (in_proj, conv, x_proj, dt_proj, step, out_proj) declares
+    pdl_max_blocks, so on sm_90+ each may start before the one before it has finished and must wait before it reads
+    (the GEMMs' TMA producer included). 12 decode steps, eager and replayed from one CUDA graph, give the same
+    outputs and states, bit for bit, as the same steps from kernels loaded with pdl=False."""
+    from mamba_forge.runtime import load
+    from mamba_forge.runtime.backend import CudaBackend
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    path, key = bundle
+    plain = load(path, trusted_keys=[key], pdl=False)
+    spy = _PdlSpy(CudaBackend())
+    with_pdl = load(path, trusted_keys=[key], backend=spy)
+    assert with_pdl.fn("conv1d_tokens_silu_vec", "bf16").pdl_max_blocks == 2048
+    assert plain.fn("conv1d_tokens_silu_vec", "bf16").pdl_max_blocks == 0
+    m = _layer(mft)
+    try:
+        for batch in (1, 16, 256):
+            h = torch.randn(batch, 13, 1024, device="cuda", dtype=torch.bfloat16)
+            with torch.no_grad():
+                mft.register(plain)
+                want = _decode_chain(mft, m, h, 12, graph=False)
+                mft.register(with_pdl)
+                spy.launches.clear()
+                got = _decode_chain(mft, m, h, 12, graph=False)
+                launches = list(spy.launches)
+                graphed = _decode_chain(mft, m, h, 12, graph=True)
+            assert not torch.isnan(want[0].float()).any()
+            assert all(_same(a, b) for a, b in zip(got, want, strict=True)), f"batch {batch}: eager PDL differs"
+            assert all(_same(a, b) for a, b in zip(graphed, want, strict=True)), f"batch {batch}: graphed PDL differs"
+            if batch == 1:  # every launch of the chain at batch 1 is within its kernel's bound
+                assert len(launches) >= 6 * 13 and all(p for _, p in launches), [g for g, p in launches if not p]
+    finally:
+        mft.register(kernels)
+
+
+def test_block_decode_under_programmatic_dependent_launch_equals_plain_launches(mft, kernels, bundle):  # noqa: F811
+    """A Block's decode: the fused residual add + RMSNorm (rmsnorm_forward_resadd_f32in, pdl_max_blocks 2048) then
+    the mixer's chain, 8 tokens at batch 4: every launch with PDL, and the hidden states and residuals the same
+    bits as from kernels loaded with pdl=False."""
+    import functools
+
+    from mamba_forge.runtime import load
+    from mamba_forge.runtime.backend import CudaBackend
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    path, key = bundle
+    plain = load(path, trusted_keys=[key], pdl=False)
+    spy = _PdlSpy(CudaBackend())
+    with_pdl = load(path, trusted_keys=[key], backend=spy)
+    torch.manual_seed(3)
+    blk = mft.Block(1024, functools.partial(mft.Mamba, layer_idx=0, device="cuda", dtype=torch.bfloat16)).cuda()
+    with torch.no_grad():
+        blk.norm.weight.uniform_(0.5, 1.5)
+    h = torch.randn(4, 8, 1024, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(4, 8, 1024, device="cuda", dtype=torch.float32)
+
+    def run():
+        cache = mft.InferenceParams(max_seqlen=8, max_batch_size=4)
+        outs = []
+        for t in range(8):
+            cache.seqlen_offset = t
+            hid, r = blk(h[:, t:t + 1], res[:, t:t + 1].contiguous(), inference_params=cache)
+            outs += [hid.clone(), r.clone()]
+        torch.cuda.synchronize()
+        return outs
+
+    try:
+        with torch.no_grad():
+            mft.register(plain)
+            want = run()
+            mft.register(with_pdl)
+            spy.launches.clear()
+            got = run()
+    finally:
+        mft.register(kernels)
+    assert all(_same(a, b) for a, b in zip(got, want, strict=True))
+    assert len(spy.launches) == 8 * 7 and all(p for _, p in spy.launches), spy.launches

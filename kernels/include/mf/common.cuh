@@ -81,6 +81,17 @@ MF_DEVICE void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// A kernel built for PDL on grids of at most PDL_BLOCKS blocks (its catalog instance's PDL_BLOCKS, also its
+// launch.pdl_max_blocks): such a grid may have been launched early, so it waits before any global access and then
+// lets the next grid launch. A larger grid never is, and skips both: there the next grid's blocks, launched early,
+// would take the slots of this grid's later waves (executed in every block of a several-wave grid they cost 20-30%:
+// the decode step at batch 64 and 256, kernels/include/mf/decode.cuh). PDL_BLOCKS = 0: no instruction at all.
+template <int PDL_BLOCKS> MF_DEVICE void pdl_enter() {
+  if (PDL_BLOCKS > 0 && (long long)gridDim.x * gridDim.y * gridDim.z <= PDL_BLOCKS) {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
+}
 
 // ---- math in the Mamba reference's conventions ----
 MF_DEVICE float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }  // threshold 20, as torch

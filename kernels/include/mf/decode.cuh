@@ -241,10 +241,9 @@ MF_DEVICE void ssm_step_rows_general(T* __restrict__ out, float* __restrict__ st
 // FUSED: dt' = softplus(dt + dt_bias), B/C gathered from the x_dbl row (B at bc_offset, C right after), out = y silu(z),
 // z's rows z_stride elements apart (the layer passes xz's second half in place: z_stride = 2 * d_inner).
 // Plain: delta is dt' itself, B and C are [batch, d_state] rows (bc_offset 0, bc_stride d_state), no gate.
-// PDL_BLOCKS (the catalog instance's, also its launch.pdl_max_blocks): a grid of at most that many blocks may have
-// been launched with programmatic dependent launch, so it waits (pdl_wait) before its first load; a larger grid
-// never is, and skips both instructions (executed in every block of a several-wave grid they cost 20-30%: 6.21
-// against 5.07 us at batch 64, 21.3 against 16.4 at 256, the same run). 0: never launched so (no instructions).
+// PDL_BLOCKS: mf::pdl_enter's (a grid of at most that many blocks waits before its first load; executed in every
+// block of a several-wave grid the two instructions cost 20-30%: 6.21 against 5.07 us at batch 64, 21.3 against 16.4
+// at 256, the same run).
 template <typename T, int LANES, int ROWS, bool FUSED, int PDL_BLOCKS = 0>
 MF_DEVICE void ssm_step_v(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
                           const T* __restrict__ dt, const float* __restrict__ dt_bias, const float* __restrict__ A_log,
@@ -266,10 +265,7 @@ MF_DEVICE void ssm_step_v(T* __restrict__ out, float* __restrict__ state, const 
   const float* arow = A_log + (long long)dl * d_state;
   // launched with programmatic dependent launch on small grids (the catalog's pdl_max_blocks): no global access
   // before this point, so the index math above overlaps the grid before
-  if (PDL_BLOCKS > 0 && (long long)gridDim.x * gridDim.y * gridDim.z <= PDL_BLOCKS) {
-    pdl_wait();
-    pdl_launch_dependents();
-  }
+  pdl_enter<PDL_BLOCKS>();
   const float bias = FUSED ? dt_bias[dl] : 0.f;
   const float Dd = Dp[dl];
   const long long row_step = (long long)gridDim.y * ROWS;  // rows past 65535 * ROWS: a grid-stride loop

@@ -688,7 +688,9 @@ MF_DEVICE void conv1d_tokens_w(T* __restrict__ out, T* __restrict__ conv_state, 
   }
 }
 
-template <typename T>
+// PDL_BLOCKS: mf::pdl_enter's (the decode chain launches it behind in_proj's GEMM where the vectorised conv does not
+// serve: batch below ~100 at d_inner 2048).
+template <typename T, int PDL_BLOCKS = 0>
 MF_DEVICE void conv1d_tokens(T* __restrict__ out, T* __restrict__ conv_state, const T* __restrict__ xz,
                              const float* __restrict__ weight, const float* __restrict__ bias, int batch, int d,
                              long long L, int width) {
@@ -696,6 +698,7 @@ MF_DEVICE void conv1d_tokens(T* __restrict__ out, T* __restrict__ conv_state, co
   if (c >= d || L < 1) return;
   for (long long b = blockIdx.z; b < batch; b += gridDim.z) {
     for (long long l0 = (long long)blockIdx.y * kTokConvSteps; l0 < L; l0 += (long long)gridDim.y * kTokConvSteps) {
+      pdl_enter<PDL_BLOCKS>();  // before the first access (again per tile: a no-op; placed here, f32 spills none)
       switch (width) {
         case 1: conv1d_tokens_w<T, 1>(out, conv_state, xz, weight, bias, b, c, d, L, l0); break;
         case 2: conv1d_tokens_w<T, 2>(out, conv_state, xz, weight, bias, b, c, d, L, l0); break;
@@ -814,10 +817,12 @@ MF_DEVICE void conv1d_tokens_vec_w(T* __restrict__ out, T* __restrict__ conv_sta
   }
 }
 
-template <typename T>
+// PDL_BLOCKS: mf::pdl_enter's (the decode chain launches it behind in_proj's GEMM with programmatic dependent launch).
+template <typename T, int PDL_BLOCKS = 0>
 MF_DEVICE void conv1d_tokens_vec(T* __restrict__ out, T* __restrict__ conv_state, const T* __restrict__ xz,
                                  const float* __restrict__ weight, const float* __restrict__ bias, int batch, int d,
                                  long long L, int width) {
+  pdl_enter<PDL_BLOCKS>();
   const int c0 = (blockIdx.x * kTokConvVecBlock + threadIdx.x) * kTokConvVecCh;
   if (c0 >= d || L < 1) return;
   // d % 4 == 0 keeps every row's Quads aligned once the bases are: 16 bytes for the f32 taps and bias
