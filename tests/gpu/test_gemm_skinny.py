@@ -33,7 +33,8 @@ from mamba_forge.core import expr  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 TARGET = "sm_90a"
-WG_SKINNY = [f"gemm_bi_nn_sm90a_wgmma_skinny_{t}" for t in ("m64n64_s12", "m64n32_s18", "m64n128_s8", "m128n64_s8")]
+WG_SKINNY = [f"gemm_bi_nn_sm90a_wgmma_skinny_{t}" for t in ("m64n64_s12", "m64n32_s18", "m64n128_s8", "m128n64_s8",
+                                                             "m64n64_s6")]
 WG_REF = "gemm_bi_nn_sm90a_wgmma_ws2_m128n256_s4"
 F32_SKINNY = ["gemm_bi_f32_f32_skinny_n64", "gemm_bi_f32_f32_skinny_n32"]
 F32_DECODE = ["gemm_bi_f32_f32_decode_n64", "gemm_bi_f32_f32_decode_n32"]
