@@ -259,6 +259,19 @@ class _PdlSpy:
         return getattr(self.real, name)
 
 
+@pytest.fixture(scope="module")
+def pdl_kernels(bundle):  # noqa: F811
+    """(plain, with_pdl, spy): the bundle loaded with pdl=False, and loaded as usual through a _PdlSpy backend."""
+    from mamba_forge.runtime import load
+    from mamba_forge.runtime.backend import CudaBackend
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    path, key = bundle
+    spy = _PdlSpy(CudaBackend())
+    return load(path, trusted_keys=[key], pdl=False), load(path, trusted_keys=[key], backend=spy), spy
+
+
 def _decode_chain(mft, m, h, steps, graph):
     """Prefill h[:, :1], then `steps` decode steps of h[:, 1 + t] (eager, or captured once in a CUDA graph and
     replayed): (the outputs, conv_state, ssm_state)."""
@@ -294,20 +307,12 @@ def _decode_chain(mft, m, h, steps, graph):
     return outs.clone(), conv_state.clone(), ssm_state.clone()
 
 
-def test_layer_decode_chain_under_programmatic_dependent_launch_equals_plain_launches(mft, kernels, bundle):  # noqa: F811
+def test_layer_decode_chain_under_programmatic_dependent_launch_equals_plain_launches(mft, kernels, pdl_kernels):  # noqa: F811
     """Every kernel of the layer's decode chain (in_proj, conv, x_proj, dt_proj, step, out_proj) declares
     pdl_max_blocks, so on sm_90+ each may start before the one before it has finished and must wait before it reads
     (the GEMMs' TMA producer included). 12 decode steps, eager and replayed from one CUDA graph, give the same
     outputs and states, bit for bit, as the same steps from kernels loaded with pdl=False."""
-    from mamba_forge.runtime import load
-    from mamba_forge.runtime.backend import CudaBackend
-
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("programmatic dependent launch needs sm_90+")
-    path, key = bundle
-    plain = load(path, trusted_keys=[key], pdl=False)
-    spy = _PdlSpy(CudaBackend())
-    with_pdl = load(path, trusted_keys=[key], backend=spy)
+    plain, with_pdl, spy = pdl_kernels
     assert with_pdl.fn("conv1d_tokens_silu_vec", "bf16").pdl_max_blocks == 2048
     assert plain.fn("conv1d_tokens_silu_vec", "bf16").pdl_max_blocks == 0
     m = _layer(mft)
@@ -331,21 +336,13 @@ def test_layer_decode_chain_under_programmatic_dependent_launch_equals_plain_lau
         mft.register(kernels)
 
 
-def test_block_decode_under_programmatic_dependent_launch_equals_plain_launches(mft, kernels, bundle):  # noqa: F811
+def test_block_decode_under_programmatic_dependent_launch_equals_plain_launches(mft, kernels, pdl_kernels):  # noqa: F811
     """A Block's decode: the fused residual add + RMSNorm (rmsnorm_forward_resadd_f32in, pdl_max_blocks 2048) then
     the mixer's chain, 8 tokens at batch 4: every launch with PDL, and the hidden states and residuals the same
     bits as from kernels loaded with pdl=False."""
     import functools
 
-    from mamba_forge.runtime import load
-    from mamba_forge.runtime.backend import CudaBackend
-
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("programmatic dependent launch needs sm_90+")
-    path, key = bundle
-    plain = load(path, trusted_keys=[key], pdl=False)
-    spy = _PdlSpy(CudaBackend())
-    with_pdl = load(path, trusted_keys=[key], backend=spy)
+    plain, with_pdl, spy = pdl_kernels
     torch.manual_seed(3)
     blk = mft.Block(1024, functools.partial(mft.Mamba, layer_idx=0, device="cuda", dtype=torch.bfloat16)).cuda()
     with torch.no_grad():
