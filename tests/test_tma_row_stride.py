@@ -136,3 +136,37 @@ def test_a_strided_matrix_needs_only_its_stride_aligned():
         tma.check_matrix(PTRS["A"], 4, 13, "A", 2)
     with pytest.raises(tma.TmaError, match="K = 13"):
         tma.gemm_tensor_maps("nn", PTRS["A"], PTRS["B"], 4, 64, 13, a_row_stride=16)
+
+
+# ---- the short A box of the SHORT_A decode rungs (kernels/sm90a/wgmma.cu, mf::short_a_rows) ----
+
+
+@pytest.mark.parametrize("m,rows", [(1, 8), (7, 8), (8, 8), (9, 16), (17, 24), (63, 64), (64, 64), (65, 64),
+                                    (1000, 64)])
+def test_short_a_box_rows_are_m_rounded_up_to_8_below_64(m, rows):
+    assert tma.skinny_a_box_rows(m) == rows
+
+
+def test_the_skinny_hook_builds_a_short_a_box_only_for_a_short_a_instance(driver):
+    dims = {"M": 3, "N": 256, "K": 128, "BN": 128}
+    plain = tma.prepare_gemm_nn_skinny(PTRS, {}, dims)
+    short = tma.prepare_gemm_nn_skinny(PTRS, {}, {**dims, "SHORT_A": 1})
+    a_plain, b_plain, a_short, b_short = driver
+    assert a_plain["box"] == [64, 64] and a_short["box"] == [64, 8]  # (columns, rows): only the rows differ
+    assert {k: v for k, v in a_short.items() if k != "box"} == {k: v for k, v in a_plain.items() if k != "box"}
+    assert b_short == b_plain and short["tmB"] == plain["tmB"] and short["tmA"] != plain["tmA"]
+    tma.prepare_gemm_nn_skinny(PTRS, {}, {**dims, "M": 64, "SHORT_A": 1})  # a whole tile of rows: the 64-row box
+    assert driver[-2]["box"] == [64, 64]
+
+
+@pytest.mark.parametrize("rows", [0, 4, 12, 72, 64.0, True])
+def test_an_a_box_height_the_kernels_do_not_count_is_refused(driver, rows):
+    with pytest.raises(tma.TmaError, match="rows not supported"):
+        tma.encode_2d(PTRS["A"], 5, 64, "A", box_rows=rows)
+    assert driver == []
+
+
+def test_a_short_a_box_is_for_the_nn_layout_only(driver):
+    with pytest.raises(tma.TmaError, match="NN layout only"):
+        tma.gemm_tensor_maps("tn", PTRS["A"], PTRS["B"], 8, 64, 64, a_box_rows=8)
+    assert driver == []

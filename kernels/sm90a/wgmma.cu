@@ -130,8 +130,18 @@ MF_DEVICE float2 ld_peer_f32x2(u32 local_addr, u32 rank) {  // the same shared a
   return v;
 }
 
+// The rows of A's box at M < 64 for a SHORT_A rung: M rounded up to 8 (mamba_forge/gpu/tma.py skinny_a_box_rows,
+// which builds the map, computes the same); a whole 64-row box from M = 64 on.
+MF_DEVICE int short_a_rows(int M) { return M >= WG_BOX ? WG_BOX : (M + 7) / 8 * 8; }
+
 // SPLIT = 1: the whole-K rungs. SPLIT > 1: split-K (above), CLUSTER = 1 in clusters of SPLIT CTAs, else in-CTA.
-template <typename T, int BM, int BN, int NC, int STAGES, int LAYOUT, int TMASTORE, int SPLIT = 1, int CLUSTER = 0>
+// SHORT_A (NN, BM = 64: the decode rungs): A's tensor map has a box of short_a_rows(M) rows, so at M < 64 a stage's
+// TMA writes that many rows of A instead of 64 rows mostly of zero fill (on the H200 an SM's TMA writes ~50 GB/s
+// into shared memory whatever the tile: at M = 1 the zero fill was a third to two thirds of it). The rows past M hold
+// whatever shared memory held; wgmma reads them into accumulator rows >= M, which are never stored, and a row's
+// result depends on its own row of A only, so the bits of every stored row are those of the 64-row box.
+template <typename T, int BM, int BN, int NC, int STAGES, int LAYOUT, int TMASTORE, int SPLIT = 1, int CLUSTER = 0,
+          bool SHORT_A = false>
 MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDesc* tmC, T* __restrict__ C, int M,
                              int N, int K) {
   constexpr int PS = BN + WG_SPLIT_PAD;  // row stride (floats) of a cluster rung's partial tile
@@ -144,6 +154,7 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
   static_assert(BN == 32 || BN == 64 || BN == 128 || BN == 256, "wgmma N is 32, 64, 128 or 256 here");
   static_assert(BM % WG_BOX == 0 && (BN % WG_BOX == 0 || BN == 32), "tiles are whole TMA boxes");
   static_assert(BN >= 64 || (LAYOUT == Layout::NN && !TMASTORE), "BN = 32 (64-byte swizzled B box) is NN only");
+  static_assert(!SHORT_A || (LAYOUT == Layout::NN && BM == WG_BOX), "a short A box: NN, one m64 row block a tile");
   constexpr int TA = LAYOUT == Layout::TN ? 1 : 0;  // A is M-major (transposed) in TN
   constexpr int TB = LAYOUT == Layout::NT ? 0 : 1;  // B is N-major in NN and TN, K-major in NT
   constexpr u32 BOX_BYTES = WG_BOX * WG_BOX * 2;
@@ -154,7 +165,12 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
   extern __shared__ unsigned char wg_smem_raw[];
   const u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;  // 128-byte swizzle atoms need 1024 alignment
 
+  // SHORT_A: the A box's bytes the stage's expectation (a whole box) counts but the TMA will not write
+  const u32 a_short_bytes = SHORT_A ? (u32)(WG_BOX - short_a_rows(M)) * (WG_BK * 2) : 0u;
   auto boxes = [&](u32 sa, u32 sb, u32 fb, int m0, int n0, int k0) {
+    if constexpr (SHORT_A) {
+      if (a_short_bytes) mbar_complete_tx(fb, a_short_bytes);
+    }
 #pragma unroll
     for (int j = 0; j < BM / WG_BOX; ++j) {
       if (LAYOUT == Layout::TN) tma_load_2d(sa + j * BOX_BYTES, tmA, fb, m0 + j * WG_BOX, k0);  // A is K x M

@@ -134,33 +134,46 @@ SWIZZLE_BYTES = {64: 128, 32: 64}  # box columns (16-bit elements) -> swizzle sp
 
 
 def encode_2d(ptr: int, rows: int, cols: int, name: str = "matrix", box_cols: int = BOX,
-              row_stride: int | None = None) -> bytes:
+              row_stride: int | None = None, box_rows: int = BOX) -> bytes:
     """The 128 bytes of a CUtensorMap for a row-major rows x cols 16-bit matrix (rows row_stride elements apart;
-    None: dense): a box of box_cols x 64 rows with the swizzle one box row spans (64 columns: 128-byte swizzle, the
-    default; 32 columns: 64-byte swizzle)."""
+    None: dense): a box of box_cols x box_rows with the swizzle one box row spans (64 columns: 128-byte swizzle, the
+    default; 32 columns: 64-byte swizzle). box_rows: 64 (the default), or a multiple of 8 below it (whole swizzle
+    atoms: the rows land where a 64-row box puts its first ones)."""
     check_matrix(ptr, rows, cols, name, row_stride=row_stride)
     if box_cols not in SWIZZLE_BYTES:
         raise TmaError(f"{name}: box of {box_cols} columns not supported (known: {sorted(SWIZZLE_BYTES)})")
-    return _encode_tiled(ptr, rows, cols, ELEMENT_BYTES, "UINT16", (box_cols, BOX), f"{SWIZZLE_BYTES[box_cols]}B",
-                         "256B", name, row_stride)
+    if type(box_rows) is not int or not 8 <= box_rows <= BOX or box_rows % 8:
+        raise TmaError(f"{name}: box of {box_rows!r} rows not supported (8, 16, ..., {BOX})")
+    return _encode_tiled(ptr, rows, cols, ELEMENT_BYTES, "UINT16", (box_cols, box_rows),
+                         f"{SWIZZLE_BYTES[box_cols]}B", "256B", name, row_stride)
 
 
 def gemm_tensor_maps(layout: str, a_ptr: int, b_ptr: int, M: int, N: int, K: int, *,
-                     b_box_cols: int = BOX, a_row_stride: int | None = None) -> dict[str, bytes]:
+                     b_box_cols: int = BOX, a_row_stride: int | None = None,
+                     a_box_rows: int = BOX) -> dict[str, bytes]:
     """{"tmA": ..., "tmB": ...} for a wgmma GEMM launch; refuses unsupported shapes first. b_box_cols = 32 only
     for the NN skinny rungs with BN = 32 (B read through a 32 x 64 box, 64-byte swizzle); a_row_stride: A's rows
-    that many elements apart (None: dense)."""
+    that many elements apart (None: dense); a_box_rows below 64 only for the NN rungs built with SHORT_A
+    (skinny_a_box_rows)."""
     check_gemm(layout, M, N, K)
     if b_box_cols != BOX and layout != "nn":
         raise TmaError(f"a {b_box_cols}-column B box is for the NN layout only, not {layout.upper()}")
+    if a_box_rows != BOX and layout != "nn":
+        raise TmaError(f"a {a_box_rows}-row A box is for the NN layout only, not {layout.upper()}")
     (ar, ac), (br, bc) = operand_shapes(layout, M, N, K)
-    return {"tmA": encode_2d(a_ptr, ar, ac, "A", row_stride=a_row_stride),
+    return {"tmA": encode_2d(a_ptr, ar, ac, "A", row_stride=a_row_stride, box_rows=a_box_rows),
             "tmB": encode_2d(b_ptr, br, bc, "B", box_cols=b_box_cols)}
 
 
 def skinny_b_box_cols(bn: int) -> int:
     """The B box width a skinny NN rung of tile width BN reads: BN itself below 64 (32), else 64."""
     return bn if bn < BOX else BOX
+
+
+def skinny_a_box_rows(m: int) -> int:
+    """The A box height of an NN rung built with SHORT_A (kernels/sm90a/wgmma.cu, whose mf::short_a_rows computes
+    the same from M to count the stage's bytes): M rounded up to 8 below 64 rows, else 64."""
+    return BOX if m >= BOX else -(-m // 8) * 8
 
 
 def gemm_tensor_maps_with_c(layout: str, a_ptr: int, b_ptr: int, c_ptr: int, M: int, N: int, K: int, *,
@@ -179,9 +192,12 @@ def prepare_gemm_nn(pointers: dict[str, int], scalars: dict[str, int | float], d
 
 
 def prepare_gemm_nn_skinny(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
-    """The skinny NN rungs: as prepare_gemm_nn, the B box as wide as the instance's BN (dims carries it) up to 64."""
+    """The skinny NN rungs: as prepare_gemm_nn, the B box as wide as the instance's BN (dims carries it) up to 64;
+    an instance with SHORT_A = 1 reads A through a box of skinny_a_box_rows(M) rows."""
+    a_rows = skinny_a_box_rows(dims["M"]) if int(dims.get("SHORT_A", 0)) else BOX
     return gemm_tensor_maps("nn", pointers["A"], pointers["B"], dims["M"], dims["N"], dims["K"],
-                            b_box_cols=skinny_b_box_cols(int(dims.get("BN", BOX))), a_row_stride=dims.get(A_ROW_STRIDE))
+                            b_box_cols=skinny_b_box_cols(int(dims.get("BN", BOX))), a_row_stride=dims.get(A_ROW_STRIDE),
+                            a_box_rows=a_rows)
 
 
 def prepare_gemm_nt(pointers: dict[str, int], scalars: dict[str, int | float], dims: dict[str, int]) -> dict[str, bytes]:
