@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from test_runtime_gpu import bundle, kernels  # noqa: E402,F401  (module fixtures: the signed bundle, load())
+from test_runtime_gpu import SpyBackend, bundle, captured, kernels  # noqa: E402,F401  (fixtures: the signed bundle, load())
 
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -245,30 +245,16 @@ def test_mamba_ssm_state_dict_loads_and_agrees(mft):
     assert float((a - b).abs().max() / b.abs().max()) < 3e-2
 
 
-class _PdlSpy:
-    """A backend that records (grid, whether it asked for programmatic dependent launch) for each launch."""
-
-    def __init__(self, real):
-        self.real, self.launches = real, []
-
-    def launch(self, fn, grid, block, params, shared_mem, stream, pdl=False):
-        self.launches.append((tuple(grid), pdl))
-        self.real.launch(fn, grid, block, params, shared_mem, stream, pdl=pdl)
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-
 @pytest.fixture(scope="module")
 def pdl_kernels(bundle):  # noqa: F811
-    """(plain, with_pdl, spy): the bundle loaded with pdl=False, and loaded as usual through a _PdlSpy backend."""
+    """(plain, with_pdl, spy): the bundle loaded with pdl=False, and loaded as usual through a SpyBackend."""
     from mamba_forge.runtime import load
     from mamba_forge.runtime.backend import CudaBackend
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90+")
     path, key = bundle
-    spy = _PdlSpy(CudaBackend())
+    spy = SpyBackend(CudaBackend())
     return load(path, trusted_keys=[key], pdl=False), load(path, trusted_keys=[key], backend=spy), spy
 
 
@@ -290,14 +276,7 @@ def _decode_chain(mft, m, h, steps, graph):
         run()
     else:
         start = [t.clone() for t in cache.key_value_memory_dict[0]]
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            run()  # warm-up outside the capture
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            run()
+        g = captured(run)
         for t, t0 in zip(cache.key_value_memory_dict[0], start, strict=True):
             t.copy_(t0)
         outs.fill_(float("nan"))

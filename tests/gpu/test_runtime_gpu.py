@@ -348,15 +348,33 @@ def test_every_admitted_symbol_loads_quickly(bundle):
     assert seconds < 2.0, f"verify + load of {modules} modules took {seconds:.3f}s"
 
 
-class _SpyBackend:
-    """Forwards launches to the real backend, recording whether each asked for programmatic dependent launch."""
+class SpyBackend:
+    """Forwards launches (and everything else) to the real backend, recording whether each launch asked for
+    programmatic dependent launch (`pdl`) and its (grid, that flag) (`launches`)."""
 
     def __init__(self, real):
-        self.real, self.pdl = real, []
+        self.real, self.pdl, self.launches = real, [], []
 
     def launch(self, fn, grid, block, params, shared_mem, stream, pdl=False):
         self.pdl.append(pdl)
+        self.launches.append((tuple(grid), pdl))
         self.real.launch(fn, grid, block, params, shared_mem, stream, pdl=pdl)
+
+    def __getattr__(self, name):  # load() through it: device_info, load_module, ...
+        return getattr(self.real, name)
+
+
+def captured(fn):
+    """A CUDA graph of fn(), captured after one warm-up run on a side stream (outside the capture)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
 
 
 def test_the_decode_step_under_programmatic_dependent_launch_equals_plain_launches(kernels):
@@ -394,14 +412,7 @@ def test_the_decode_step_under_programmatic_dependent_launch_equals_plain_launch
                        batch=batch, d_inner=D, d_state=N, dt_rank=R, x_dbl_stride=R + 2 * N, z_pad=0)
 
         if graph:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                steps()  # warm-up outside the capture
-            torch.cuda.current_stream().wait_stream(s)
-            gr = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(gr):
-                steps()
+            gr = captured(steps)
             state.copy_(state0)
             outs.fill_(float("nan"))
             gr.replay()
@@ -410,7 +421,7 @@ def test_the_decode_step_under_programmatic_dependent_launch_equals_plain_launch
         torch.cuda.synchronize()
         return outs.view(torch.int16).clone(), state.view(torch.int32).clone()
 
-    spy = _SpyBackend(fn.backend)
+    spy = SpyBackend(fn.backend)
     with_pdl = dataclasses.replace(fn, backend=spy)
     plain = dataclasses.replace(fn, pdl_max_blocks=0)
     for batch in (1, 4, 32):  # 64 to 2048 blocks of 64 threads: every launch with PDL
