@@ -130,6 +130,37 @@ MF_DEVICE float2 ld_peer_f32x2(u32 local_addr, u32 rank) {  // the same shared a
   return v;
 }
 
+// LSU_B (the NN skinny rungs with a 128-byte B box, BN >= 64): the last LSU_B of a k-tile's 64-column B boxes come
+// through cp.async, 16 bytes a copy from the producer warpgroup's 128 threads, written where the TMA would write
+// them (the 128-byte swizzle: 16-byte chunk c of row r at r * 128 + ((c ^ r % 8) * 16) from the 1024-aligned box)
+// with the TMA's zero fill past K and N (a copy of 0 source bytes: N % 8 == 0, so a chunk is wholly in or out).
+// Why: an SM's TMA issues about one box row (<= 128 bytes) per 3.4-3.8 ns whatever its width (H200, 2026-12-04:
+// scripts/probe_gemm_sm_rate.py), ~36 GB/s of B an SM; at M = 1 a CTA streams nothing but B, so a tile with two
+// 64-column boxes a k-tile runs at half the rate it would with the second box on the LSU beside the TMA. The bytes
+// in shared memory are the TMA's, so the arithmetic and the bits are those of the TMA-only rung.
+template <typename T, int BOX0, int NBOX> struct LsuB {
+  static constexpr int THREADS = 128;
+  static constexpr u32 BYTES = NBOX * WG_BOX * WG_BOX * 2;
+  static constexpr int PIECES = NBOX * WG_BOX * 8;  // 16-byte copies a k-tile: 64 rows x 8 chunks per box
+  static_assert(PIECES % THREADS == 0, "whole copies per thread");
+  const T* __restrict__ B;
+  int N, K;
+  MF_DEVICE void operator()(u32 sb, u32 fb, int, int n0, int k0, int tid) const {
+#pragma unroll
+    for (int i = 0; i < PIECES / THREADS; ++i) {
+      const int p = tid + i * THREADS;  // consecutive threads: consecutive 16-byte chunks of a row (coalesced)
+      const int box = BOX0 + p / (WG_BOX * 8), r = (p / 8) % WG_BOX, c = p % 8;
+      const int gk = k0 + r, gn = n0 + box * WG_BOX + c * 8;
+      const bool ok = gk < K && gn < N;
+      const u32 dst = sb + box * (WG_BOX * WG_BOX * 2) + r * 128 + ((c ^ (r & 7)) << 4);
+      const T* src = ok ? B + (long long)gk * N + gn : B;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
+                   : "memory");
+    }
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fb) : "memory");
+  }
+};
+
 // The rows of A's box at M < 64 for a SHORT_A rung: M rounded up to 8 (mamba_forge/gpu/tma.py skinny_a_box_rows,
 // which builds the map, computes the same); a whole 64-row box from M = 64 on.
 MF_DEVICE int short_a_rows(int M) { return M >= WG_BOX ? WG_BOX : (M + 7) / 8 * 8; }
@@ -141,9 +172,9 @@ MF_DEVICE int short_a_rows(int M) { return M >= WG_BOX ? WG_BOX : (M + 7) / 8 * 
 // whatever shared memory held; wgmma reads them into accumulator rows >= M, which are never stored, and a row's
 // result depends on its own row of A only, so the bits of every stored row are those of the 64-row box.
 template <typename T, int BM, int BN, int NC, int STAGES, int LAYOUT, int TMASTORE, int SPLIT = 1, int CLUSTER = 0,
-          bool SHORT_A = false>
+          bool SHORT_A = false, int LSU_B = 0>
 MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDesc* tmC, T* __restrict__ C, int M,
-                             int N, int K) {
+                             int N, int K, const T* __restrict__ B = nullptr) {
   constexpr int PS = BN + WG_SPLIT_PAD;  // row stride (floats) of a cluster rung's partial tile
   using S = WgSmem<BM, BN, STAGES, TMASTORE ? BM * BN * 2 : CLUSTER ? BM * PS * 4 : 0>;
   static_assert(SPLIT >= 1 && SPLIT <= 8, "a split is at most a portable cluster (8 CTAs)");
@@ -155,6 +186,8 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
   static_assert(BM % WG_BOX == 0 && (BN % WG_BOX == 0 || BN == 32), "tiles are whole TMA boxes");
   static_assert(BN >= 64 || (LAYOUT == Layout::NN && !TMASTORE), "BN = 32 (64-byte swizzled B box) is NN only");
   static_assert(!SHORT_A || (LAYOUT == Layout::NN && BM == WG_BOX), "a short A box: NN, one m64 row block a tile");
+  static_assert(LSU_B == 0 || (LAYOUT == Layout::NN && SPLIT == 1 && BN >= 64 && LSU_B <= BN / 64),
+                "B boxes on the LSU: NN whole-K rungs with 64-column B boxes");
   constexpr int TA = LAYOUT == Layout::TN ? 1 : 0;  // A is M-major (transposed) in TN
   constexpr int TB = LAYOUT == Layout::NT ? 0 : 1;  // B is N-major in NN and TN, K-major in NT
   constexpr u32 BOX_BYTES = WG_BOX * WG_BOX * 2;
@@ -177,7 +210,7 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
       else tma_load_2d(sa + j * BOX_BYTES, tmA, fb, k0, m0 + j * WG_BOX);                      // A is M x K
     }
 #pragma unroll
-    for (int j = 0; j < B_BOXES; ++j) {
+    for (int j = 0; j < B_BOXES - LSU_B; ++j) {  // the last LSU_B boxes: LsuB
       if (LAYOUT == Layout::NT) tma_load_2d(sb + j * BOX_BYTES, tmB, fb, k0, n0 + j * WG_BOX);  // B is N x K
       else tma_load_2d(sb + j * BOX_BYTES, tmB, fb, n0 + j * B_BOX_N, k0);                     // B is K x N
     }
@@ -270,7 +303,10 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
       if (tid_in_wg == 0) bulk_wait_all();  // the last tile's stores finish before the CTA (and its smem) retires
     }
   };
-  if constexpr (SPLIT == 1) {
+  if constexpr (SPLIT == 1 && LSU_B > 0) {
+    wgmma_ring_units<S, BM, BN, NC, STAGES, WG_BK>(base, tmA, tmB, M, N, K, WholeK<WG_GROUP_M>(), boxes, k_tile,
+                                                   epilogue, finish, LsuB<T, B_BOXES - LSU_B, LSU_B>{B, N, K});
+  } else if constexpr (SPLIT == 1) {
     wgmma_ring<S, BM, BN, NC, STAGES, WG_BK, WG_GROUP_M>(base, tmA, tmB, M, N, K, boxes, k_tile, epilogue, finish);
   } else if constexpr (!CLUSTER) {
     const SplitFold<WG_GROUP_M, MB, BN / 2> sched{total, kper, k_tiles};
@@ -305,6 +341,59 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
     }
     cluster_sync_all();
   }
+}
+
+// ---- the 80-column skinny rung (decode): a 64-column B box on the TMA, 16 columns on the LSU ----
+// in_proj at d_model 2560 (N 10240) is 128 tiles of 80 columns, one per SM, where 64- or 128-column tiles leave
+// 28 SMs with twice the bytes of the rest (an SM streams ~36 GB/s of B however it loads: the TMA, the LSU or both).
+// Shared memory per stage: A's box, then B as two 64-column 128-byte-swizzled boxes of which the TMA writes the first
+// and the LSU the first 16 columns of the second (chunks 0 and 1 of each 128-byte row, at the swizzled positions);
+// one wgmma m64n80k16 per k16 step reads columns 0..79 across the two (the n128 rungs' descriptor, N = 80). The rest
+// of the second box is never written nor read. Per-element arithmetic as every rung of the class.
+template <typename T> struct LsuTail16 {
+  static constexpr int THREADS = 128;                  // one 16-byte copy each: 64 rows x 2 chunks
+  static constexpr u32 BYTES = WG_BOX * WG_BOX * 2;    // the second box: left out of the TMA's expectation
+  const T* __restrict__ B;
+  int N, K;
+  MF_DEVICE void operator()(u32 sb, u32 fb, int, int n0, int k0, int tid) const {
+    const int r = tid / 2, c = tid % 2;
+    const int gk = k0 + r, gn = n0 + WG_BOX + c * 8;
+    const bool ok = gk < K && gn < N;
+    const u32 dst = sb + WG_BOX * WG_BOX * 2 + r * 128 + ((c ^ (r & 7)) << 4);
+    const T* src = ok ? B + (long long)gk * N + gn : B;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fb) : "memory");
+  }
+};
+
+template <typename T, int STAGES>
+MF_DEVICE void gemm_wgmma_skinny80(const TmaDesc* tmA, const TmaDesc* tmB, T* __restrict__ C, int M, int N, int K,
+                                   const T* __restrict__ B) {
+  constexpr int BM = 64, BN = 80;
+  using S = WgSmem<BM, 2 * WG_BOX, STAGES, 0>;
+  constexpr u32 BOX_BYTES = WG_BOX * WG_BOX * 2;
+  extern __shared__ unsigned char wg_smem_raw[];
+  const u32 base = (smem_addr(wg_smem_raw) + 1023u) & ~1023u;
+  const u32 a_short_bytes = (u32)(WG_BOX - short_a_rows(M)) * (WG_BK * 2);  // SHORT_A, as gemm_wgmma_ws
+  auto boxes = [&](u32 sa, u32 sb, u32 fb, int m0, int n0, int k0) {
+    if (a_short_bytes) mbar_complete_tx(fb, a_short_bytes);
+    tma_load_2d(sa, tmA, fb, k0, m0);
+    tma_load_2d(sb, tmB, fb, n0, k0);
+  };
+  auto k_tile = [&](float (&acc)[1][BN / 2], u32 sa, u32 sb, int) {
+#pragma unroll
+    for (int kk = 0; kk < WG_BK / 16; ++kk)
+      Wgmma<T, BN, 0, 1>::run(acc[0], wgmma_desc_sw128(sa + kk * 32, 16, 1024),
+                              wgmma_desc_sw128(sb + kk * 2048, BOX_BYTES, 1024));
+  };
+  auto epilogue = [&](float (&acc)[1][BN / 2], int tm, int tn, int c, int warp, int lane, int) {
+    wgmma_store_pairs<BM, BN, 1, 0>(C, tm, tn, c, warp, lane, M, N, [&](T* p, int mb, int i, int) {
+      *reinterpret_cast<u32*>(p) = pack2<T>(acc[mb][i], acc[mb][i + 1]);
+    });
+  };
+  auto finish = [](int) {};
+  wgmma_ring_units<S, BM, BN, 1, STAGES, WG_BK>(base, tmA, tmB, M, N, K, WholeK<WG_GROUP_M>(), boxes, k_tile,
+                                                epilogue, finish, LsuTail16<T>{B, N, K});
 }
 
 // ---- the pair rung of the split class (prefill) ----
@@ -478,27 +567,41 @@ MF_DEVICE void gemm_wgmma_split_pair(const TmaDesc* tmA, const TmaDesc* tmB, T* 
 // SM (setmaxnreg requires __launch_bounds__(threads, 1)). TMASTORE = 1 symbols take a third tensor map, for C.
 // The _PDL forms (the decode rungs, behind the kernel before them on the stream): mf::pdl_enter<PDL_BLOCKS> first,
 // so every thread waits for that grid before the first TMA load or C store (the catalog's pdl_max_blocks).
-#define MF_GEMM_WGMMA_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, PDL_BLOCKS) \
+// SHORT_A = 1 (the NN decode rungs of one m64 row block): A's box is short_a_rows(M) rows (the tensor map's, built by
+// mamba_forge/gpu/tma.py prepare_gemm_nn_skinny from the instance's SHORT_A).
+#define MF_GEMM_WGMMA_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, PDL_BLOCKS, SHORT_A) \
   extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) NAME( \
       const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, T* __restrict__ C, \
       const T* __restrict__ A, const T* __restrict__ B, int M, int N, int K) { \
     (void)A; (void)B; /* the tensor maps address A and B; the pointers are in the ABI for the qualifier */ \
     mf::pdl_enter<PDL_BLOCKS>(); \
-    mf::gemm_wgmma_ws<T, BM, BN, NC, STAGES, LAYOUT, 0>(&tmA, &tmB, nullptr, C, M, N, K); \
+    mf::gemm_wgmma_ws<T, BM, BN, NC, STAGES, LAYOUT, 0, 1, 0, (SHORT_A) != 0>(&tmA, &tmB, nullptr, C, M, N, K); \
   }
-#define MF_GEMM_WGMMA(NAME, T, LAYOUT, BM, BN, NC, STAGES) MF_GEMM_WGMMA_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, 0)
+#define MF_GEMM_WGMMA(NAME, T, LAYOUT, BM, BN, NC, STAGES) MF_GEMM_WGMMA_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, 0, 0)
+// The skinny rungs with LSU_B of each k-tile's B boxes copied by the producer warpgroup's LSU (LsuB): B is read
+// through its pointer too, so B must be the dense K x N matrix the tensor map describes.
+#define MF_GEMM_WGMMA_LSU(NAME, T, LAYOUT, BM, BN, NC, STAGES, PDL_BLOCKS, SHORT_A, LSU_B) \
+  extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) NAME( \
+      const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, T* __restrict__ C, \
+      const T* __restrict__ A, const T* __restrict__ B, int M, int N, int K) { \
+    (void)A; /* the tensor map addresses A; the pointer is in the ABI for the qualifier */ \
+    mf::pdl_enter<PDL_BLOCKS>(); \
+    mf::gemm_wgmma_ws<T, BM, BN, NC, STAGES, LAYOUT, 0, 1, 0, (SHORT_A) != 0, LSU_B>(&tmA, &tmB, nullptr, C, M, N, K, \
+                                                                                   B); \
+  }
 // Split-K rungs (NN): SPLIT parts; CLUSTER = 1 launches clusters of SPLIT CTAs along x (compile-time cluster
 // dimensions: an ordinary launch whose grid is a multiple of SPLIT).
-#define MF_GEMM_WGMMA_SPLITK_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER, PDL_BLOCKS) \
+#define MF_GEMM_WGMMA_SPLITK_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER, PDL_BLOCKS, SHORT_A) \
   extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) MF_WG_CLUSTER_##CLUSTER(SPLIT) NAME( \
       const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, T* __restrict__ C, \
       const T* __restrict__ A, const T* __restrict__ B, int M, int N, int K) { \
     (void)A; (void)B; /* the tensor maps address A and B; the pointers are in the ABI for the qualifier */ \
     mf::pdl_enter<PDL_BLOCKS>(); \
-    mf::gemm_wgmma_ws<T, BM, BN, NC, STAGES, LAYOUT, 0, SPLIT, CLUSTER>(&tmA, &tmB, nullptr, C, M, N, K); \
+    mf::gemm_wgmma_ws<T, BM, BN, NC, STAGES, LAYOUT, 0, SPLIT, CLUSTER, (SHORT_A) != 0>(&tmA, &tmB, nullptr, C, M, N, \
+                                                                                       K); \
   }
 #define MF_GEMM_WGMMA_SPLITK(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER) \
-  MF_GEMM_WGMMA_SPLITK_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER, 0)
+  MF_GEMM_WGMMA_SPLITK_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER, 0, 0)
 // The pair rungs of the split class: 2 consumer warpgroups taking the parts in turn, two rings of RS stages.
 #define MF_GEMM_WGMMA_SPLITK_PAIR(NAME, T, LAYOUT, BM, BN, RS, SPLIT) \
   extern "C" __global__ void __launch_bounds__(384, 1) NAME( \
@@ -507,6 +610,17 @@ MF_DEVICE void gemm_wgmma_split_pair(const TmaDesc* tmA, const TmaDesc* tmB, T* 
     static_assert(LAYOUT == mf::Layout::NN, "the pair rungs are NN"); \
     (void)A; (void)B; /* the tensor maps address A and B; the pointers are in the ABI for the qualifier */ \
     mf::gemm_wgmma_split_pair<T, BM, BN, RS, SPLIT>(&tmA, &tmB, C, M, N, K); \
+  }
+// The 80-column skinny rung (gemm_wgmma_skinny80): NN, BM 64, one consumer warpgroup, SHORT_A; B read through its
+// pointer as well as its tensor map.
+#define MF_GEMM_WGMMA_SKINNY80(NAME, T, LAYOUT, STAGES, PDL_BLOCKS) \
+  extern "C" __global__ void __launch_bounds__(256, 1) NAME( \
+      const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, T* __restrict__ C, \
+      const T* __restrict__ A, const T* __restrict__ B, int M, int N, int K) { \
+    static_assert(LAYOUT == mf::Layout::NN, "the 80-column rung is NN"); \
+    (void)A; /* the tensor map addresses A; the pointer is in the ABI for the qualifier */ \
+    mf::pdl_enter<PDL_BLOCKS>(); \
+    mf::gemm_wgmma_skinny80<T, STAGES>(&tmA, &tmB, C, M, N, K, B); \
   }
 #define MF_WG_CLUSTER_0(SPLIT)
 #define MF_WG_CLUSTER_1(SPLIT) __cluster_dims__(SPLIT, 1, 1)

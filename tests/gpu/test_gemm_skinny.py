@@ -34,7 +34,8 @@ pytestmark = pytest.mark.gpu
 
 TARGET = "sm_90a"
 WG_SKINNY = [f"gemm_bi_nn_sm90a_wgmma_skinny_{t}" for t in ("m64n64_s12", "m64n32_s18", "m64n128_s8", "m128n64_s8",
-                                                             "m64n64_s6")]
+                                                             "m64n64_s6", "lsu1_m64n128_s8", "lsu2_m64n128_s8",
+                                                             "lsu1_m64n64_s12", "tail_m64n80_s8")]  # lsu, tail: B on the LSU too
 WG_REF = "gemm_bi_nn_sm90a_wgmma_ws2_m128n256_s4"
 F32_SKINNY = ["gemm_bi_f32_f32_skinny_n64", "gemm_bi_f32_f32_skinny_n32"]
 F32_DECODE = ["gemm_bi_f32_f32_decode_n64", "gemm_bi_f32_f32_decode_n32"]
@@ -43,7 +44,7 @@ F32_TILE = "gemm_bi_f32_f32_n128_s2"  # the fma-chain route class's reference ru
 DECODE_MS = (1, 2, 3, 5, 8, 9, 17)  # the route's M range (1..8), then more row chunks than one
 # (N, K): the headline decode shape, aligned, ragged K (tail k-tile), odd N and K (4-byte copies), N < BN
 DECODE_NK = [(8192, 8192), (4096, 4096), (1032, 1000), (263, 201), (37, 29), (1, 3), (8193, 517)]
-SKINNY_MS = (1, 3, 17, 64, 256)
+SKINNY_MS = (1, 3, 17, 41, 64, 256)  # the SHORT_A rungs' A box: 8, 8, 24, 48 rows, then whole 64-row boxes
 REF_M = 1000
 # (N, K): ragged (the qualifier's N and K), and a decode projection
 EQUIV_NK = [(392, 328), (4096, 4096)]
@@ -67,17 +68,23 @@ def _grid(catalog, sym, M, N, K):
     return tuple(int(expr.evaluate(g, e)) for g in fam.launch.grid)
 
 
-def run_wgmma(env, name, A, B):
-    """One NN wgmma launch (A: M x K, B: K x N, 16-bit); returns C (M x N), poisoned with NaN first."""
+def run_wgmma(env, name, A, B, C=None):
+    """One NN wgmma launch (A: M x K, B: K x N, 16-bit); returns C (M x N), poisoned with NaN first (C: a caller's
+    buffer of at least M rows, C's first M rows the product)."""
     from mamba_forge.gpu import tma
 
     torch, _, catalog, _ = env
     fn, sym = _fn(env, name)
     M, K = A.shape
     N = B.shape[1]
-    C = torch.full((M, N), float("nan"), dtype=A.dtype, device="cuda")
-    box = tma.skinny_b_box_cols(sym.params_env["BN"]) if "_skinny_" in name else tma.BOX
-    maps = tma.gemm_tensor_maps("nn", A.data_ptr(), B.data_ptr(), M, N, K, b_box_cols=box)
+    if C is None:
+        C = torch.full((M, N), float("nan"), dtype=A.dtype, device="cuda")
+    ptrs = {"A": A.data_ptr(), "B": B.data_ptr(), "C": C.data_ptr()}
+    if "_skinny_" in name:  # the family's hook, as qualified: B's box as wide as BN, A's short box where SHORT_A
+        dims = {k_: v for k_, v in sym.params_env.items() if isinstance(v, int)}
+        maps = tma.prepare_gemm_nn_skinny(ptrs, {}, {**dims, "M": M, "N": N, "K": K})
+    else:
+        maps = tma.gemm_tensor_maps("nn", A.data_ptr(), B.data_ptr(), M, N, K)
     args = [maps["tmA"], maps["tmB"], ("ptr", C.data_ptr()), ("ptr", A.data_ptr()), ("ptr", B.data_ptr()),
             ("i32", M), ("i32", N), ("i32", K)]
     gpu_launch(fn, _grid(catalog, sym, M, N, K), sym.block, args, smem=sym.dynamic_smem,
@@ -160,6 +167,30 @@ def test_wgmma_skinny_repeat_bitwise(env, family):
     first = run_wgmma(env, f"{family}_bf16", A, B).clone()
     for _ in range(3):
         assert _same_bits(torch, run_wgmma(env, f"{family}_bf16", A, B), first), f"{family}: a run differs"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("family", [f for f in WG_SKINNY if "_m64" in f])
+def test_wgmma_skinny_short_a_box_keeps_stale_rows_out_of_c(env, family, dtype):
+    """The SHORT_A rungs read A at M < 64 through a box of M rounded up to 8 rows; the tile's other rows hold what
+    shared memory held. Fill every SM's tiles with NaN rows first (a launch at M = 64 on an all-NaN A), then at
+    M = 1, 5, 13, 41: C's M rows are bitwise those of the reference rung and the buffer's rows past M keep their
+    poison bits (a stale row never reaches C, and nothing is stored past M)."""
+    torch = env[0]
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+    name = f"{family}_{dtype}"
+    assert _fn(env, name)[1].params_env.get("SHORT_A") == 1, f"{name}: not built with the short A box"
+    N, K = 1032, 1000
+    B = _rand(torch, (K, N), tdt, 41)
+    nan_a = torch.full((64, K), float("nan"), dtype=tdt, device="cuda")
+    A = _rand(torch, (64, K), tdt, 42)
+    want = run_wgmma(env, f"{WG_REF}_{dtype}", A, B)
+    for M in (1, 5, 13, 41):
+        run_wgmma(env, name, nan_a, B)  # every CTA's ring: NaN rows left behind in shared memory
+        C = torch.full((64, N), -7.0, dtype=tdt, device="cuda")
+        run_wgmma(env, name, A[:M].contiguous(), B, C=C)
+        assert _same_bits(torch, C[:M], want[:M]), f"{name} M={M}: rows differ from {WG_REF}_{dtype}"
+        assert bool((C[M:] == -7.0).all()), f"{name} M={M}: a row past M was written"
 
 
 # ---- exact f32 skinny rungs ----

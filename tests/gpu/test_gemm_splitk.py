@@ -111,3 +111,24 @@ def test_the_route_serves_the_split_class_where_its_region_says(kernels):  # noq
         for m in (1, 64, 2048):
             route = kernels.gemm_route(m, n, k, "bf16", "bf16", "bf16")
             assert route.eq_class == want, f"M={m} N={n} K={k}: served by {route.symbol} ({route.eq_class})"
+
+
+@pytest.mark.parametrize("t", sorted(DTYPES))
+def test_cluster_rungs_short_a_box_keeps_stale_rows_out_of_c(kernels, t):  # noqa: F811
+    """The cluster rungs read A at M < 64 through a box of M rounded up to 8 rows (SHORT_A); the rest of each
+    stage's 64 rows is what shared memory held. After a launch on an all-NaN A at M = 64 (NaN rows left in every
+    CTA's ring), the rows at M = 1, 5, 13, 41 are bitwise the reference rung's, and a buffer's rows past M keep
+    their poison (stale rows reach neither the cluster's sum nor C)."""
+    dtype = DTYPES[t]
+    N, K = 392, 1480
+    A, B = _rand((64, K), dtype, seed=51), _rand((K, N), dtype, seed=52)
+    nan_a = torch.full((64, K), float("nan"), dtype=dtype, device="cuda")
+    ref = _gemm(kernels, A, B, REF.format(t=t))
+    for name in [c.format(t=t) for c in CLUSTER]:
+        assert kernels.function(name, follow_fallback=False).symbol.constants.get("SHORT_A") == 1, name
+        for m in (1, 5, 13, 41):
+            _gemm(kernels, nan_a, B, name)
+            C = torch.full((64, N), -7.0, dtype=dtype, device="cuda")
+            kernels.gemm(A[:m].contiguous(), B, C[:m], symbol=name)
+            assert bool((_bits(C[:m]) == _bits(ref[:m])).all()), f"{name} M={m}: rows differ from the reference rung"
+            assert bool((C[m:] == -7.0).all()), f"{name} M={m}: a row past M was written"

@@ -51,11 +51,13 @@ template <int R> MF_DEVICE void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.
 // every one). MF_WG_REGS<R> is their text, MF_WG_ACC<R>(0) their constraints.
 #define MF_WG_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define MF_WG_REGS32 MF_WG_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define MF_WG_REGS40 MF_WG_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39"
 #define MF_WG_REGS64 MF_WG_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define MF_WG_REGS128 MF_WG_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 #define MF_WG_ACC4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define MF_WG_ACC16(i) MF_WG_ACC4(i), MF_WG_ACC4(i + 4), MF_WG_ACC4(i + 8), MF_WG_ACC4(i + 12)
 #define MF_WG_ACC32(i) MF_WG_ACC16(i), MF_WG_ACC16(i + 16)
+#define MF_WG_ACC40(i) MF_WG_ACC32(i), MF_WG_ACC4(i + 32), MF_WG_ACC4(i + 36)
 #define MF_WG_ACC64(i) MF_WG_ACC32(i), MF_WG_ACC32(i + 32)
 #define MF_WG_ACC128(i) MF_WG_ACC64(i), MF_WG_ACC64(i + 64)
 
@@ -80,6 +82,8 @@ MF_WGMMA_K16(__nv_bfloat16, "bf16", 32, 16, 16, 17, 18, 19, 20)
 MF_WGMMA_K16(__half, "f16", 32, 16, 16, 17, 18, 19, 20)
 MF_WGMMA_K16(__nv_bfloat16, "bf16", 64, 32, 32, 33, 34, 35, 36)
 MF_WGMMA_K16(__half, "f16", 64, 32, 32, 33, 34, 35, 36)
+MF_WGMMA_K16(__nv_bfloat16, "bf16", 80, 40, 40, 41, 42, 43, 44)
+MF_WGMMA_K16(__half, "f16", 80, 40, 40, 41, 42, 43, 44)
 MF_WGMMA_K16(__nv_bfloat16, "bf16", 128, 64, 64, 65, 66, 67, 68)
 MF_WGMMA_K16(__nv_bfloat16, "bf16", 256, 128, 128, 129, 130, 131, 132)
 MF_WGMMA_K16(__half, "f16", 128, 64, 64, 65, 66, 67, 68)

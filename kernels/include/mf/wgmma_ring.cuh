@@ -37,16 +37,27 @@ template <int GROUP_M> struct WholeK {
   template <class Acc> MF_DEVICE void between(Acc&, int, int) const {}
 };
 
+// Loads that reach the ring through the LSU (cp.async) beside the TMA boxes. NoLsu: none (the TMA writes every byte).
+// A loader with THREADS > 0 gives the stage's bytes the TMA does not write (BYTES, left out of its expectation) and
+// operator()(sb, fb, m0, n0, k0, tid): producer thread tid's 16-byte copies of one k-tile, then its
+// cp.async.mbarrier.arrive.noinc on fb; the stage's barrier then waits for THREADS such arrivals beside the TMA's.
+struct NoLsu {
+  static constexpr int THREADS = 0;
+  static constexpr u32 BYTES = 0;
+  MF_DEVICE void operator()(u32, u32, int, int, int, int) const {}
+};
+
 template <class S, int BM, int BN, int NC, int STAGES, int BK, int GROUP_M, class Boxes, class KTile, class Epilogue,
           class Finish>
 MF_DEVICE void wgmma_ring(u32 base, const TmaDesc* tmA, const TmaDesc* tmB, int M, int N, int K, const Boxes& boxes,
                           const KTile& k_tile, const Epilogue& epilogue, const Finish& finish);
 
 template <class S, int BM, int BN, int NC, int STAGES, int BK, class Sched, class Boxes, class KTile, class Epilogue,
-          class Finish>
+          class Finish, class Lsu = NoLsu>
 MF_DEVICE void wgmma_ring_units(u32 base, const TmaDesc* tmA, const TmaDesc* tmB, int M, int N, int K,
                                 const Sched& sched, const Boxes& boxes, const KTile& k_tile, const Epilogue& epilogue,
-                                const Finish& finish) {
+                                const Finish& finish, const Lsu& lsu = Lsu{}) {
+  static_assert(Lsu::THREADS >= 0 && Lsu::THREADS <= 128, "the LSU copies are the producer warpgroup's");
   constexpr int MB = BM / (64 * NC);  // m64 blocks per consumer warpgroup
   static_assert(MB >= 1 && MB * 64 * NC == BM, "BM must be 64 * NC * MB");
   const u32 full_bar = base + S::BAR_OFFSET;    // STAGES barriers: "stage loaded"
@@ -58,7 +69,8 @@ MF_DEVICE void wgmma_ring_units(u32 base, const TmaDesc* tmA, const TmaDesc* tmB
     tma_prefetch_desc(tmA);
     tma_prefetch_desc(tmB);
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full_bar + 8 * s, 1);        // the producer's expect_tx arrival (+ the TMA bytes)
+      mbar_init(full_bar + 8 * s, 1 + Lsu::THREADS);  // the producer's expect_tx arrival (+ the TMA bytes), and
+                                                       // one per LSU copying thread (its copies landed)
       mbar_init(empty_bar + 8 * s, NC * 4);  // one arrival per consumer warp
     }
     mbar_init_fence();
@@ -71,9 +83,9 @@ MF_DEVICE void wgmma_ring_units(u32 base, const TmaDesc* tmA, const TmaDesc* tmB
   const int num_units = sched.units(tiles_m, tiles_n, k_tiles);
 
   if (wg == 0) {
-    // ---- producer warpgroup: one thread streams A and B boxes into the ring ----
+    // ---- producer warpgroup: one thread issues the TMA boxes; with an LSU loader, its threads copy the rest ----
     if constexpr (NC >= 2) setmaxnreg_dec<40>();  // 384 threads launch at <= 168 registers: give 128 back
-    if (tid_in_wg == 0) {
+    if (tid_in_wg < (Lsu::THREADS > 0 ? Lsu::THREADS : 1)) {
       int stage = 0;
       u32 phase = 0;
       for (int t = blockIdx.x; t < num_units; t += gridDim.x) {
@@ -84,12 +96,16 @@ MF_DEVICE void wgmma_ring_units(u32 base, const TmaDesc* tmA, const TmaDesc* tmB
           const int k0 = kt * BK;
           mbar_wait(empty_bar + 8 * stage, phase ^ 1u);
           const u32 fb = full_bar + 8 * stage;
-          mbar_expect_tx(fb, (u32)S::STAGE_BYTES);  // zero-filled box parts count as transferred bytes
           const u32 sa = base + stage * S::STAGE_BYTES;
-          boxes(sa, sa + S::A_BYTES, fb, m0, n0, k0);
+          if (tid_in_wg == 0) {
+            mbar_expect_tx(fb, (u32)S::STAGE_BYTES - Lsu::BYTES);  // zero-filled box parts count as transferred
+            boxes(sa, sa + S::A_BYTES, fb, m0, n0, k0);
+          }
+          if constexpr (Lsu::THREADS > 0) lsu(sa + S::A_BYTES, fb, m0, n0, k0, tid_in_wg);
           if (++stage == STAGES) { stage = 0; phase ^= 1u; }
         }
       }
+      if constexpr (Lsu::THREADS > 0) asm volatile("cp.async.wait_all;\n" ::: "memory");  // none left in flight
     }
     return;
   }
@@ -111,6 +127,8 @@ MF_DEVICE void wgmma_ring_units(u32 base, const TmaDesc* tmA, const TmaDesc* tmB
 
     for (int kt = kt0; kt < kt1; ++kt) {
       mbar_wait(full_bar + 8 * stage, phase);
+      // The LSU's copies are generic-proxy writes; wgmma reads the stage through the async proxy.
+      if constexpr (Lsu::THREADS > 0) fence_proxy_async_smem();
       const u32 sa = base + stage * S::STAGE_BYTES;
       wgmma_fence();
       k_tile(acc, sa, sa + S::A_BYTES, c);
