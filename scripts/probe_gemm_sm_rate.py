@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 SKINNY = "gemm_bi_nn_sm90a_wgmma_skinny_{}_bf16"
 # (rung, BN, CTAs an SM it is sized for)
-RUNGS = [("m64n128_s8", 128, 1), ("m64n64_s12", 64, 1), ("m64n32_s18", 32, 1), ("m64n64_s6", 64, 2)]
+RUNGS = [("m64n128_s8", 128, 1), ("m64n64_s12", 64, 1), ("m64n32_s18", 32, 1), ("m64n64_s6", 64, 2),
+         ("lsu1_m64n128_s8", 128, 1), ("lsu2_m64n128_s8", 128, 1), ("tail_m64n80_s8", 80, 1)]  # B on the LSU too
 INNER = 20
 
 
@@ -36,6 +37,7 @@ def main(argv=None) -> int:
     p.add_argument("--key", required=True)
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--k", default="2560,5120")
+    p.add_argument("--rungs", default="", help="comma-separated names from RUNGS (default: all)")
     a = p.parse_args(argv)
     import torch
     from timing import capture_graph, median_ms
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
     print(f"{'rung':12s} {'K':>5s} {'CTAs':>5s} {'N':>6s} {'us':>7s} {'KB/CTA':>7s} {'GB/s/CTA':>9s} {'TB/s':>6s} "
           f"{'cuBLAS us':>9s}")
     for K in (int(k) for k in a.k.split(",")):
-        for rung, bn, cps in RUNGS:
+        for rung, bn, cps in [r for r in RUNGS if not a.rungs or r[0] in a.rungs.split(",")]:
             for ctas in sorted({80, sms, sms * cps}):
                 N = ctas * bn
                 g = torch.Generator(device="cuda").manual_seed(N + K)
