@@ -154,10 +154,9 @@ template <typename T, int BOX0, int NBOX> struct LsuB {
       const bool ok = gk < K && gn < N;
       const u32 dst = sb + box * (WG_BOX * WG_BOX * 2) + r * 128 + ((c ^ (r & 7)) << 4);
       const T* src = ok ? B + (long long)gk * N + gn : B;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
-                   : "memory");
+      cp_async16_zfill(dst, src, ok);
     }
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fb) : "memory");
+    cp_async_mbar_arrive_noinc(fb);
   }
 };
 
@@ -361,8 +360,8 @@ template <typename T> struct LsuTail16 {
     const bool ok = gk < K && gn < N;
     const u32 dst = sb + WG_BOX * WG_BOX * 2 + r * 128 + ((c ^ (r & 7)) << 4);
     const T* src = ok ? B + (long long)gk * N + gn : B;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fb) : "memory");
+    cp_async16_zfill(dst, src, ok);
+    cp_async_mbar_arrive_noinc(fb);
   }
 };
 

@@ -25,6 +25,14 @@ MF_DEVICE void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.clu
 MF_DEVICE void mbar_expect_tx(u32 bar, u32 bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+// One 16-byte cp.async (LSU) copy into shared memory, zero-filled (no source byte read) when !ok.
+MF_DEVICE void cp_async16_zfill(u32 dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+// An arrival on the barrier once this thread's earlier cp.async copies have landed (counted in its init count).
+MF_DEVICE void cp_async_mbar_arrive_noinc(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 // The transaction bytes of a phase that will not arrive (a box the expectation counted that was not issued whole):
 // counted as arrived, so the phase completes when the bytes that do come have.
 MF_DEVICE void mbar_complete_tx(u32 bar, u32 bytes) {
