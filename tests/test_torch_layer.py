@@ -209,6 +209,82 @@ def test_scan_tokens_routes_by_shape_to_kernels_with_the_same_bits(mft, batch, d
         mft.register(_RefKernels())
 
 
+def _scan_tokens_args(batch, length, d, dtype, state_dtype, seed=0):
+    n, r = 16, 4
+    g = torch.Generator().manual_seed(seed)
+    u, dt = torch.rand(batch, length, d, generator=g), torch.rand(batch, length, d, generator=g) - 4
+    x_dbl, xz = torch.rand(batch, length, r + 2 * n, generator=g), torch.rand(batch, length, 2 * d, generator=g)
+    state = (torch.rand(batch, d, n, generator=g) * 2 - 1).to(state_dtype)
+    return ([t.to(dtype) for t in (u, dt)] + [torch.zeros(d), torch.zeros(d, n), x_dbl.to(dtype), torch.ones(d),
+                                              xz.to(dtype), state])
+
+
+@pytest.mark.parametrize("length,want", [(1, ["ssm_step_forward_fused_state16_bf16"]),
+                                         (5, ["ssm_scan_tokens_ws_bf16"])])
+def test_scan_tokens_takes_a_16bit_state_of_the_activations_dtype(mft, length, want):
+    """A bf16 state (mamba-ssm's cache default): a decode step runs the 16-bit-state step in place; a chunk of
+    prefill runs the token scan on the state's values in f32 and writes the new state back rounded. Both give the
+    f32-state path's outputs within bf16 rounding, and the state stays bf16 (the caller's tensor, updated)."""
+    k = _RefKernels()
+    mft.register(k)
+    try:
+        args16 = _scan_tokens_args(2, length, 32, torch.bfloat16, torch.bfloat16)
+        args32 = [*args16[:-1], args16[-1].float()]
+        state16 = args16[-1]
+        ptr, before = state16.data_ptr(), state16.clone()
+        y16 = torch.ops.mamba_forge.scan_tokens(*args16)
+        assert [c for c in k.calls if "scan" in c or "step" in c] == want
+        y32 = torch.ops.mamba_forge.scan_tokens(*args32)
+        assert state16.dtype == torch.bfloat16 and state16.data_ptr() == ptr
+        assert torch.allclose(y16.float(), y32.float(), rtol=2e-2, atol=2e-2)
+        assert torch.allclose(state16.float(), args32[-1], rtol=1e-2, atol=1e-2)
+        assert not torch.equal(state16, before)  # updated in place
+    finally:
+        mft.register(_RefKernels())
+
+
+def test_scan_tokens_refuses_a_state_dtype_it_does_not_serve(mft):
+    k = _RefKernels(missing={"ssm_step_forward_fused_state16"})
+    mft.register(k)
+    try:
+        with pytest.raises(LaunchRefused, match="ssm_step_forward_fused_state16_bf16.*keep the state in float32"):
+            torch.ops.mamba_forge.scan_tokens(*_scan_tokens_args(2, 1, 32, torch.bfloat16, torch.bfloat16))
+        for act, st in ((torch.bfloat16, torch.float16), (torch.float32, torch.bfloat16),
+                        (torch.bfloat16, torch.float64)):
+            with pytest.raises(LaunchRefused, match="float32 or, for 16-bit activations, their dtype"):
+                torch.ops.mamba_forge.scan_tokens(*_scan_tokens_args(2, 1, 32, act, st))
+        assert not [c for c in k.calls if "scan" in c or "step" in c]  # refused before any launch
+    finally:
+        mft.register(_RefKernels())
+
+
+def test_layer_decodes_from_a_16bit_cache_as_mamba_ssm_allocates_it(mft):
+    """allocate_inference_cache(..., ssm_dtype=torch.bfloat16): prefill then decode steps from a bf16 ssm_state,
+    within bf16 rounding of the float32-state decode (the default); a state of another dtype is refused."""
+    torch.manual_seed(0)
+    m = mft.Mamba(32, d_state=16, layer_idx=0, dtype=torch.bfloat16)
+    h = torch.randn(2, 7, 32, dtype=torch.bfloat16)
+    outs = {}
+    for ssm_dtype in (None, torch.bfloat16):
+        cache = mft.InferenceParams(max_seqlen=7, max_batch_size=2)
+        cache.key_value_memory_dict[0] = m.allocate_inference_cache(2, 7, dtype=torch.bfloat16, ssm_dtype=ssm_dtype)
+        parts = [m(h[:, :4], inference_params=cache)]
+        for t in range(4, 7):
+            cache.seqlen_offset = t
+            parts.append(m(h[:, t:t + 1], inference_params=cache))
+        assert cache.key_value_memory_dict[0][1].dtype == (ssm_dtype or torch.float32)
+        outs[ssm_dtype] = torch.cat(parts, 1).float()
+    assert torch.allclose(outs[torch.bfloat16], outs[None], rtol=5e-2, atol=5e-2)
+    with pytest.raises(ValueError, match="ssm_dtype torch.float16 is neither float32 nor"):
+        m.allocate_inference_cache(2, 7, dtype=torch.bfloat16, ssm_dtype=torch.float16)
+    cache = mft.InferenceParams(max_seqlen=7, max_batch_size=2)
+    conv, _ = m.allocate_inference_cache(2, 7, dtype=torch.bfloat16)
+    cache.key_value_memory_dict[0] = (conv, torch.zeros(2, m.d_inner, 16, dtype=torch.float16))
+    cache.seqlen_offset = 1
+    with pytest.raises(LaunchRefused, match="float32 or the activations' dtype"):
+        m(h[:, :1], inference_params=cache)
+
+
 def test_conv_tokens_vec_serves_a_few_timesteps_on_large_grids_only():
     from mamba_forge.runtime.torch_ops import (
         CONV_TOKENS_VEC_MAX_L,

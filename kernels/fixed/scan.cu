@@ -635,6 +635,15 @@ MF_DEVICE void ssm_step_fused(T* out, float* state, const T* u, const T* dt, con
   ssm_step_v<T, LANES, ROWS, true, PDL_BLOCKS>(out, state, u, dt, dt_bias, A_log, x_dbl, x_dbl, rest...);
 }
 
+// The fused step on a 16-bit state (T, as mamba-ssm's inference cache keeps it by default): the same arithmetic in
+// f32 on the state read as T, the new state rounded to T; half the state bytes of the f32 step (the decode step's
+// traffic at large batch).
+template <typename T, int LANES, int ROWS, int PDL_BLOCKS, typename... Rest>
+MF_DEVICE void ssm_step_fused_state16(T* out, T* state, const T* u, const T* dt, const float* dt_bias,
+                                      const float* A_log, const T* x_dbl, Rest... rest) {
+  ssm_step_v<T, LANES, ROWS, true, PDL_BLOCKS, T>(out, state, u, dt, dt_bias, A_log, x_dbl, x_dbl, rest...);
+}
+
 // ssm_burnin without the saved states; then (u, delta, A_log, Bm, Cm, Dp, z, delta_bias, batch, d_inner, d_state,
 // L, delta_softplus).
 template <typename T, typename... Rest>

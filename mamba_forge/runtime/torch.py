@@ -43,10 +43,12 @@ from mamba_forge.runtime.torch_ops import (
     RMS_NORM_ADD_FAMILY,
     SCAN_FAMILY,
     SCAN_STEP_FAMILY,
+    SCAN_STEP_STATE16_FAMILY,
     SCAN_TOKENS_FAMILY,
     SCAN_TOKENS_WS_FAMILY,
     SCHEMAS,
     SEQUENCE_DTYPES,
+    STATE16_DTYPES,
     TRAIN_SCHEMAS,
     conv1d_shapes,
     conv_tokens_shapes,
@@ -230,15 +232,36 @@ def _scan_tokens_out(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
     return kernel, dims, torch.empty(u.shape, dtype=u.dtype, device=u.device)
 
 
+def _state16_step(u_dtype: str):
+    """The decode step on a 16-bit state of the activations' dtype, or a refusal saying what serves instead."""
+    fn = _state["functions"].get((SCAN_STEP_STATE16_FAMILY, u_dtype))
+    if fn is None:
+        raise LaunchRefused(f"mamba_forge::scan_tokens: a {u_dtype} state needs {SCAN_STEP_STATE16_FAMILY}_{u_dtype}, "
+                            "which the registered manifest does not serve: keep the state in float32")
+    return fn
+
+
+def _check_state_dtype(u, state) -> bool:
+    """Whether the state is 16-bit (the activations' dtype); float32 otherwise; anything else is refused."""
+    if state.dtype == torch.float32:
+        return False
+    if state.dtype != u.dtype or torch_dtype(u.dtype) not in STATE16_DTYPES:
+        raise LaunchRefused(f"mamba_forge::scan_tokens: state is {state.dtype}; it is float32 or, for 16-bit "
+                            f"activations, their dtype ({u.dtype})")
+    return True
+
+
 def _scan_tokens(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
     kernel = sequence_kernel("scan_tokens", SCAN_TOKENS_FAMILY, torch_dtype(u.dtype))  # _scan_tokens_out's steps
     batch, length, d, n, r = _shapes(scan_tokens_shapes, *(t.shape for t in (u, dt, dt_bias, A_log, x_dbl, D, xz,
                                                                               state)))
+    state16 = _check_state_dtype(u, state)
     out = u.new_empty(u.shape)
     if length == 1:  # a decode step: the production step kernel, the same bits (torch_ops.SCAN_STEP_FAMILY)
         # z = xz[..., d:] read in place: rows 2d apart from element d of the dense xz (no copy)
         z, z_pad = (xz.reshape(-1)[d:], d) if xz.is_contiguous() else (xz.narrow(2, d, d).contiguous(), 0)
-        _kernel(SCAN_STEP_FAMILY, kernel[1])(
+        step = _state16_step(kernel[1]) if state16 else _kernel(SCAN_STEP_FAMILY, kernel[1])
+        step(
             out=out, state=_dense(state, "state"), u=u.contiguous(), dt=dt.contiguous(), dt_bias=dt_bias.contiguous(),
             A_log=A_log.contiguous(), x_dbl=x_dbl.contiguous(), Dp=D.contiguous(), z=z, batch=batch, d_inner=d,
             d_state=n, dt_rank=r, x_dbl_stride=r + 2 * n, z_pad=z_pad)
@@ -246,9 +269,13 @@ def _scan_tokens(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
     # a small grid: the warp-specialised scan where the manifest has it (the same bits, torch_ops.SCAN_TOKENS_WS_FAMILY)
     ws = _state["functions"].get((SCAN_TOKENS_WS_FAMILY, kernel[1]))
     fn = ws if ws is not None and scan_tokens_ws_serves(batch, d, n, _state["sm_count"]) else _kernel(*kernel)
-    fn(out=out, state=_dense(state, "state"), u=u.contiguous(), dt=dt.contiguous(), dt_bias=dt_bias.contiguous(),
+    # a 16-bit state: the token scans keep theirs in f32 (from the cache's values, written back rounded)
+    h = _dense(state, "state").float() if state16 else _dense(state, "state")
+    fn(out=out, state=h, u=u.contiguous(), dt=dt.contiguous(), dt_bias=dt_bias.contiguous(),
        A_log=A_log.contiguous(), x_dbl=x_dbl.contiguous(), Dp=D.contiguous(), xz=xz.contiguous(), batch=batch,
        d_inner=d, d_state=n, dt_rank=r, L=length)
+    if state16:
+        state.copy_(h)
     return out
 
 
@@ -315,6 +342,11 @@ def register(kernels) -> list[str]:
                 functions[(family, d)] = kernels.fn(family, d)
             except SymbolUnavailable:
                 pass
+    for d in STATE16_DTYPES:  # absent: scan_tokens refuses a 16-bit state (_state16_step)
+        try:
+            functions[(SCAN_STEP_STATE16_FAMILY, d)] = kernels.fn(SCAN_STEP_STATE16_FAMILY, d)
+        except SymbolUnavailable:
+            pass
     _state["kernels"], _state["functions"] = kernels, functions
     _state["sm_count"] = kernels.device.sm_count
     if _lib is None:

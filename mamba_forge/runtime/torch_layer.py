@@ -27,7 +27,9 @@ train: ``loss.backward()`` on requires-grad parameters. ``check_training_kernels
 backward would (a backward kernel the manifest lacks). torch.no_grad() and inference_params run the inference path.
 
 Differences from mamba-ssm, on purpose: the inference cache holds conv_state [b, d_inner, d_conv-1] in the
-activation dtype and ssm_state [b, d_inner, d_state] in float32 (the kernels' state); ``seqlen_offset > 0`` with
+activation dtype and ssm_state [b, d_inner, d_state] in float32 by default (the kernels' state: a decode continues a
+prefill bit for bit; ``allocate_inference_cache(..., ssm_dtype=torch.bfloat16)`` keeps it in the activations' dtype
+as mamba-ssm does, half the bytes a decode step moves, rounded at every step); ``seqlen_offset > 0`` with
 more than one token continues the sequence (mamba-ssm asserts one token). Only kernels of the registered manifest
 run: a dtype, shape or route the manifest cannot serve is an error when the layer is built, never a fallback.
 The GEMMs read transposed weights ([K, N], the layout whose routes hold the decode tiles), made once per weight
@@ -199,11 +201,18 @@ class Mamba(nn.Module):
         self._weights()
 
     # ---- inference cache ----------------------------------------------------------------------------------------
-    def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None, **kwargs):
+    def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None, ssm_dtype=None, **kwargs):
+        """(conv_state, ssm_state). ssm_dtype: float32 by default (a decode continues a prefill bit for bit);
+        the activations' 16-bit dtype (mamba-ssm's default) halves the state's bytes at every decode step, which
+        then rounds the state each step (no longer the prefill's bits)."""
         device = self.out_proj.weight.device
         conv_dtype = self.in_proj.weight.dtype if dtype is None else dtype
+        ssm_dtype = torch.float32 if ssm_dtype is None else ssm_dtype
+        if ssm_dtype not in (torch.float32, conv_dtype):
+            raise ValueError(f"Mamba.allocate_inference_cache: ssm_dtype {ssm_dtype} is neither float32 nor the "
+                             f"cache's activation dtype {conv_dtype}")
         conv_state = torch.zeros(batch_size, self.d_inner, self.d_conv - 1, device=device, dtype=conv_dtype)
-        ssm_state = torch.zeros(batch_size, self.d_inner, self.d_state, device=device, dtype=torch.float32)
+        ssm_state = torch.zeros(batch_size, self.d_inner, self.d_state, device=device, dtype=ssm_dtype)
         return conv_state, ssm_state
 
     def _get_states_from_cache(self, inference_params, batch_size, initialize_states=False):
@@ -229,10 +238,11 @@ class Mamba(nn.Module):
         if inference_params is not None:
             conv_state, ssm_state = self._get_states_from_cache(
                 inference_params, batch, initialize_states=inference_params.seqlen_offset == 0)
-            if tuple(conv_state.shape) != (batch, self.d_inner, self.d_conv - 1) or ssm_state.dtype != torch.float32:
+            if (tuple(conv_state.shape) != (batch, self.d_inner, self.d_conv - 1)
+                    or ssm_state.dtype not in (torch.float32, hidden_states.dtype)):
                 raise LaunchRefused("Mamba: the cache's states are not this layer's (conv_state [b, d_inner, "
-                                    "d_conv-1], ssm_state float32 [b, d_inner, d_state]): allocate them with "
-                                    "allocate_inference_cache")
+                                    "d_conv-1], ssm_state [b, d_inner, d_state] float32 or the activations' dtype): "
+                                    "allocate them with allocate_inference_cache")
         else:
             conv_state, ssm_state = self.allocate_inference_cache(batch, seqlen, dtype=hidden_states.dtype)
         return self._run(hidden_states, conv_state, ssm_state)

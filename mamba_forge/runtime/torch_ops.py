@@ -80,6 +80,10 @@ SCAN_TOKENS_FAMILY = "ssm_scan_tokens"
 # (mf/tokens.cuh reproduces mf/decode.cuh at LANES = 2; equal bit for bit, tests/gpu/test_mamba_layer_gpu.py and
 # tests/test_tokens_emulated.py), at 2 lanes x 64-thread blocks sized for one token rather than 16-step tiles
 SCAN_STEP_FAMILY = "ssm_step_forward_fused"  # kernels/fixed/scan.toml
+# the decode step on a 16-bit state (scan_tokens with state in the activations' dtype, as mamba-ssm's cache keeps it
+# by default): half the state bytes of the f32 step; optional (a manifest without it refuses such a state)
+SCAN_STEP_STATE16_FAMILY = "ssm_step_forward_fused_state16"
+STATE16_DTYPES = ("bf16", "f16")
 # scan_tokens on a small grid (batch x d_inner / 16 blocks within SCAN_TOKENS_WS_WAVES of the GPU's resident blocks,
 # d_state <= 16) runs the warp-specialised scan instead: the same bits (mf/tokens.cuh; the emulation and GPU tests
 # prove it), so which one serves a call changes nothing but the time. Optional: a manifest without it serves every
@@ -344,7 +348,7 @@ def kernels_used() -> list[tuple[str, str]]:
 __all__ = ["CONV1D_FAMILY", "CONV_BWD_FAMILY", "CONV_SAVE_FAMILY", "CONV_TOKENS_FAMILY", "LIBRARY", "REDUCE",
            "RMS_NORM_ADD_FAMILY", "RMS_NORM_BWD_KERNELS", "SCAN_BWD_FAMILIES", "SCAN_BWD_TOKENS_FAMILY",
            "SCAN_BWD_TOKENS_MAX_STATE", "SCAN_SAVE_CHUNK", "SCAN_SAVE_FAMILY", "SCAN_TOKENS_SAVE_FAMILY",
-           "SCAN_STEP_FAMILY", "SCAN_TOKENS_FAMILY", "SCAN_TOKENS_WS_FAMILY", "scan_tokens_ws_serves",
+           "SCAN_STEP_FAMILY", "SCAN_STEP_STATE16_FAMILY", "STATE16_DTYPES", "SCAN_TOKENS_FAMILY", "SCAN_TOKENS_WS_FAMILY", "scan_tokens_ws_serves",
            "CONV_TOKENS_VEC_FAMILY", "CONV_TOKENS_VEC_MAX_L", "CONV_TOKENS_VEC_MIN_BLOCKS_PER_SM",
            "CONV_TOKENS_BLOCK_CHANNELS", "conv_tokens_vec_serves", "OPTIONAL_SEQUENCE_FAMILIES", "TRAIN_SCHEMAS",
            "mixer_backward_kernels", "mixer_scan_bwd_family", "mixer_shapes", "norm_backward_kernels",

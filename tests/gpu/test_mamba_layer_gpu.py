@@ -6,7 +6,9 @@
   conv1d_step_forward_silu, and conv1d_tokens_silu_vec gives its bits; bf16, f16, f32;
 - the layer against a float64 transcription of mamba-ssm's reference path; prefill == chunked prefill == decode
   bit for bit; sequence 0 the same bits at batch 1 and batch 8; CUDA-graph replay and torch.compile as eager;
-- where mamba-ssm is importable, its Mamba's state dict loads unchanged and the outputs agree to bf16 rounding.
+- where mamba-ssm is importable, its Mamba's state dict loads unchanged and the outputs agree to bf16 rounding;
+- a 16-bit ssm_state (ssm_step_forward_fused_state16): the f32 step's bits on the rounded state, and the layer's
+  decode from a bf16 cache within bf16 rounding of the f32 one, graph replay as eager.
 """
 
 from __future__ import annotations
@@ -155,6 +157,69 @@ def test_vectorised_conv_gives_the_tiled_bits(kernels, dtype, b, L, d, w, offset
         got.append((out, st))
     assert not torch.isnan(got[1][0].float()).any()
     assert _same(got[0][0], got[1][0]) and _same(got[0][1], got[1][1])
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+# the vector path (d_inner 256, d_state 16) and the scalar-load one (d_inner 70, dt_rank 13, d_state 13)
+@pytest.mark.parametrize("b,d,n,r", [(1, 256, 16, 16), (3, 256, 16, 16), (256, 256, 16, 16), (3, 70, 13, 13)])
+def test_the_16bit_state_step_is_the_f32_step_on_the_rounded_state(mft, kernels, dtype, b, d, n, r):  # noqa: F811
+    """ssm_step_forward_fused_state16 (scan_tokens at L = 1 with a state of the activations' dtype) reads the
+    state, computes as the f32 step does and rounds the new state: its out is the f32 step's on the state's
+    values, bit for bit, and its new state that step's rounded to the dtype; row 0 alone gives row 0's bits."""
+    x = _scan_inputs(b, 1, d, n, r, DT[dtype], seed=b * 7 + d)
+    ops = torch.ops.mamba_forge
+    args = [x[k] for k in ("u", "dt", "dt_bias", "A_log", "x_dbl", "D", "xz")]
+    s16 = x["state"].to(DT[dtype])
+    s32 = s16.float()
+    before, ptr = s16.clone(), s16.data_ptr()
+    out16 = ops.scan_tokens(*args, s16)
+    out32 = ops.scan_tokens(*args, s32)
+    assert s16.data_ptr() == ptr and s16.dtype == DT[dtype]
+    assert _same(out16, out32) and _same(s16, s32.to(DT[dtype]))
+    assert not torch.equal(s16, before)  # updated in place
+    if b > 1:
+        row = x["state"][:1].to(DT[dtype])
+        one = ops.scan_tokens(*[t[:1].contiguous() if t.dim() == 3 else t for t in args], row)
+        assert _same(one[0], out16[0]) and _same(row[0], s16[0])
+
+
+def test_layer_decodes_from_a_bf16_cache_in_graphs_as_eagerly(mft):
+    """A bf16 ssm_state (allocate_inference_cache(..., ssm_dtype=torch.bfloat16), mamba-ssm's default): prefill then
+    decode steps within bf16 rounding of the float32-state decode, and a decode step replayed from a CUDA graph
+    the same bits as eager."""
+    m = _layer(mft)
+    h = torch.randn(4, 80, 1024, device="cuda", dtype=torch.bfloat16)
+    outs = {}
+    with torch.no_grad():
+        for ssm_dtype in (torch.float32, torch.bfloat16):
+            cache = mft.InferenceParams(max_seqlen=80, max_batch_size=4)
+            cache.key_value_memory_dict[0] = m.allocate_inference_cache(4, 80, dtype=torch.bfloat16,
+                                                                        ssm_dtype=ssm_dtype)
+            parts = [m(h[:, :64], inference_params=cache)]
+            for t in range(64, 80):
+                cache.seqlen_offset = t
+                parts.append(m(h[:, t:t + 1], inference_params=cache))
+            outs[ssm_dtype] = torch.cat(parts, 1).float()
+            assert cache.key_value_memory_dict[0][1].dtype == ssm_dtype
+        err = (outs[torch.bfloat16] - outs[torch.float32]).abs().max().item()
+        assert err < 0.1 * outs[torch.float32].abs().max().item(), err
+        conv0, ssm0 = (t.clone() for t in cache.key_value_memory_dict[0])
+        tok = h[:, 79:80].clone()
+        eager = m(tok, inference_params=cache).clone()
+        m.prepare()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            m(tok, inference_params=cache)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = m(tok, inference_params=cache)
+        for t, t0 in zip(cache.key_value_memory_dict[0], (conv0, ssm0), strict=True):
+            t.copy_(t0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _same(out, eager)
 
 
 def _layer(mft, d_model=1024, seed=0, dtype=torch.bfloat16):

@@ -40,6 +40,25 @@ template <typename T> MF_DEVICE void load_quad(const T* __restrict__ p, bool vec
   }
 }
 
+// A 16-bit state (ssm_step_forward_fused_state16): each element rounded to S (round to nearest even).
+template <typename S> MF_DEVICE void store_quad(S* __restrict__ p, bool vec, int nv, const float (&h)[4]) {
+  if (vec) {
+    Quad<S> q;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) q.v[j] = from_f32<S>(h[j]);
+    *reinterpret_cast<Quad<S>*>(p) = q;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (j < nv) p[j] = from_f32<S>(h[j]);
+  }
+}
+// The state's vector path: a whole Quad<S> at every chunk (16 bytes for f32, 8 for a 16-bit state).
+template <typename S> MF_DEVICE bool aligned_state(const S* p) {
+  if constexpr (sizeof(S) == 4) return aligned16(p);
+  else return aligned_quad(p);
+}
+
 MF_DEVICE void store_quad(float* __restrict__ p, bool vec, int nv, const float (&h)[4]) {
   if (vec) {
     Quad<float> q;
@@ -58,8 +77,8 @@ MF_DEVICE void store_quad(float* __restrict__ p, bool vec, int nv, const float (
 // Order (measured on the H200, scripts/probe_decode_latency.py: 1.97 against 2.05 us at batch 1, the same bits):
 // every load first, then the gate silu(z) and the output address, which do not wait for the sum, so after the
 // butterfly only one fma, one multiply and the store remain on the critical path.
-template <typename T, int LANES, int ROWS, bool FUSED, bool FAST>
-MF_DEVICE void ssm_step_rows(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
+template <typename T, int LANES, int ROWS, bool FUSED, bool FAST, typename S = float>
+MF_DEVICE void ssm_step_rows(T* __restrict__ out, S* __restrict__ state, const T* __restrict__ u,
                              const T* __restrict__ dt, float bias, const float* __restrict__ arow,
                              const T* __restrict__ Bbase, const T* __restrict__ Cbase, float Dd, const T* __restrict__ z,
                              int b0, int d, int q, bool dvalid, int batch, int d_inner, int d_state, int bc_stride,
@@ -69,7 +88,7 @@ MF_DEVICE void ssm_step_rows(T* __restrict__ out, float* __restrict__ state, con
   bool rv[ROWS];
   long long ch[ROWS];
   float uv[ROWS], dtr[ROWS], zv[ROWS], acc[ROWS];
-  float* sp[ROWS];
+  S* sp[ROWS];
   const T* bp[ROWS];
   const T* cp[ROWS];
 #pragma unroll
@@ -181,8 +200,8 @@ MF_DEVICE void ssm_step_rows(T* __restrict__ out, float* __restrict__ state, con
 // The general path (d_state % 16 != 0 or unaligned rows): the same arithmetic and the same summation order as
 // ssm_step_rows (so the same bits), with scalar loads, one chunk at a time (few registers: the fast path's
 // occupancy is not paid for by this one).
-template <typename T, int LANES, int ROWS, bool FUSED>
-MF_DEVICE void ssm_step_rows_general(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
+template <typename T, int LANES, int ROWS, bool FUSED, typename S = float>
+MF_DEVICE void ssm_step_rows_general(T* __restrict__ out, S* __restrict__ state, const T* __restrict__ u,
                                      const T* __restrict__ dt, float bias, const float* __restrict__ arow,
                                      const T* __restrict__ Bbase, const T* __restrict__ Cbase, float Dd,
                                      const T* __restrict__ z, long long b0, int d, int q, bool dvalid, int batch,
@@ -200,7 +219,7 @@ MF_DEVICE void ssm_step_rows_general(T* __restrict__ out, float* __restrict__ st
     const float dtu = dtv * uv;
     const T* brow = Bbase + (rv ? (b0 + r) * bc_stride : 0);
     const T* crow = Cbase + (rv ? (b0 + r) * bc_stride : 0);
-    float* srow = state + ch * d_state;
+    S* srow = state + ch * d_state;
     float acc = 0.f;
 #pragma unroll 1
     for (int s = 0; s < nslices; ++s) {
@@ -244,8 +263,9 @@ MF_DEVICE void ssm_step_rows_general(T* __restrict__ out, float* __restrict__ st
 // PDL_BLOCKS: mf::pdl_enter's (a grid of at most that many blocks waits before its first load; executed in every
 // block of a several-wave grid the two instructions cost 20-30%: 6.21 against 5.07 us at batch 64, 21.3 against 16.4
 // at 256, the same run).
-template <typename T, int LANES, int ROWS, bool FUSED, int PDL_BLOCKS = 0>
-MF_DEVICE void ssm_step_v(T* __restrict__ out, float* __restrict__ state, const T* __restrict__ u,
+// S: the state's element (float; T itself for ssm_step_forward_fused_state16: read as f32, the new state rounded to T).
+template <typename T, int LANES, int ROWS, bool FUSED, int PDL_BLOCKS = 0, typename S = float>
+MF_DEVICE void ssm_step_v(T* __restrict__ out, S* __restrict__ state, const T* __restrict__ u,
                           const T* __restrict__ dt, const float* __restrict__ dt_bias, const float* __restrict__ A_log,
                           const T* __restrict__ Bm, const T* __restrict__ Cm, const float* __restrict__ Dp,
                           const T* __restrict__ z, int batch, int d_inner, int d_state, int bc_offset, int bc_stride,
@@ -259,7 +279,7 @@ MF_DEVICE void ssm_step_v(T* __restrict__ out, float* __restrict__ state, const 
   const T* Bbase = Bm + bc_offset;
   const T* Cbase = Cm + bc_offset + (FUSED ? d_state : 0);
   // the vector path: d_state % 16 == 0 and every row's chunks aligned (uniform over the launch)
-  const bool vec = (d_state & 15) == 0 && (bc_stride & 3) == 0 && aligned16(state) && aligned16(A_log) &&
+  const bool vec = (d_state & 15) == 0 && (bc_stride & 3) == 0 && aligned_state(state) && aligned16(A_log) &&
                    aligned_quad(Bbase) && aligned_quad(Cbase);
   const int dl = min(d, d_inner - 1);  // the channel whose inputs this lane loads (clamped: always in bounds)
   const float* arow = A_log + (long long)dl * d_state;
@@ -271,11 +291,11 @@ MF_DEVICE void ssm_step_v(T* __restrict__ out, float* __restrict__ state, const 
   const long long row_step = (long long)gridDim.y * ROWS;  // rows past 65535 * ROWS: a grid-stride loop
   for (long long b0 = (long long)blockIdx.y * ROWS; b0 < batch; b0 += row_step) {
     if (vec)
-      ssm_step_rows<T, LANES, ROWS, FUSED, true>(out, state, u, dt, bias, arow, Bbase, Cbase, Dd, z, (int)b0, dl, q,
-                                                 dvalid, batch, d_inner, d_state, bc_stride, z_stride);
+      ssm_step_rows<T, LANES, ROWS, FUSED, true, S>(out, state, u, dt, bias, arow, Bbase, Cbase, Dd, z, (int)b0, dl,
+                                                    q, dvalid, batch, d_inner, d_state, bc_stride, z_stride);
     else
-      ssm_step_rows_general<T, LANES, ROWS, FUSED>(out, state, u, dt, bias, arow, Bbase, Cbase, Dd, z, b0, dl, q, dvalid,
-                                                   batch, d_inner, d_state, bc_stride, z_stride);
+      ssm_step_rows_general<T, LANES, ROWS, FUSED, S>(out, state, u, dt, bias, arow, Bbase, Cbase, Dd, z, b0, dl, q,
+                                                      dvalid, batch, d_inner, d_state, bc_stride, z_stride);
   }
 }
 
