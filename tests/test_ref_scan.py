@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = (
     ["ssm_step_forward"] + [f"ssm_step_forward_fused_{t}" for t in ("f32", "bf16", "f16")]
     + [f"ssm_step_forward_fused_{c}_{t}" for c in ("l4b128r1", "l2b64r1", "l1b64r1", "l2b64r2") for t in ("f32", "bf16", "f16")]
+    + [f"ssm_step_forward_fused_state16_{t}" for t in ("bf16", "f16")]  # the step on a 16-bit state
     + ["ssm_burnin_forward", "ssm_burnin_forward_bf16", "ssm_burnin_forward_f16"]
     + ["ssm_burnin_forward_nosave"] + [f"ssm_burnin_forward_nosave_{t}" for t in ("f32", "bf16", "f16")]
     + ["ssm_backward_local"] + [f"ssm_backward_local_{t}" for t in ("f32", "bf16", "f16")]
