@@ -40,7 +40,8 @@ template <typename T> MF_DEVICE void load_quad(const T* __restrict__ p, bool vec
   }
 }
 
-// A 16-bit state (ssm_step_forward_fused_state16): each element rounded to S (round to nearest even).
+// The state's four elements from f32: a 16-bit state (ssm_step_forward_fused_state16) rounded to S (round to
+// nearest even), an f32 state as is.
 template <typename S> MF_DEVICE void store_quad(S* __restrict__ p, bool vec, int nv, const float (&h)[4]) {
   if (vec) {
     Quad<S> q;
@@ -51,24 +52,6 @@ template <typename S> MF_DEVICE void store_quad(S* __restrict__ p, bool vec, int
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       if (j < nv) p[j] = from_f32<S>(h[j]);
-  }
-}
-// The state's vector path: a whole Quad<S> at every chunk (16 bytes for f32, 8 for a 16-bit state).
-template <typename S> MF_DEVICE bool aligned_state(const S* p) {
-  if constexpr (sizeof(S) == 4) return aligned16(p);
-  else return aligned_quad(p);
-}
-
-MF_DEVICE void store_quad(float* __restrict__ p, bool vec, int nv, const float (&h)[4]) {
-  if (vec) {
-    Quad<float> q;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) q.v[j] = h[j];
-    *reinterpret_cast<Quad<float>*>(p) = q;
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (j < nv) p[j] = h[j];
   }
 }
 
@@ -279,7 +262,7 @@ MF_DEVICE void ssm_step_v(T* __restrict__ out, S* __restrict__ state, const T* _
   const T* Bbase = Bm + bc_offset;
   const T* Cbase = Cm + bc_offset + (FUSED ? d_state : 0);
   // the vector path: d_state % 16 == 0 and every row's chunks aligned (uniform over the launch)
-  const bool vec = (d_state & 15) == 0 && (bc_stride & 3) == 0 && aligned_state(state) && aligned16(A_log) &&
+  const bool vec = (d_state & 15) == 0 && (bc_stride & 3) == 0 && aligned_quad(state) && aligned16(A_log) &&
                    aligned_quad(Bbase) && aligned_quad(Cbase);
   const int dl = min(d, d_inner - 1);  // the channel whose inputs this lane loads (clamped: always in bounds)
   const float* arow = A_log + (long long)dl * d_state;
