@@ -191,8 +191,11 @@ def _tokens(dt: str) -> tuple[str, str, str | None]:
     return ("tf32", "f32", "tf32") if dt == "tf32" else (dt, dt, None)
 
 
-def measure_key(torch, kernels, layout: str, dt: str, shapes, ms_list, reps: int) -> list[dict]:
-    """One entry per (key, class) served at the shapes: every serving rung of the class, checked and timed."""
+def measure_key(torch, kernels, layout: str, dt: str, shapes, ms_list, reps: int,
+                eq_class: str | None = None) -> list[dict]:
+    """One entry per (key, class) served at the shapes: every serving rung of the class, checked and timed.
+    `eq_class`: that class of the key's route instead of the one served, at the shapes its region holds (to
+    compare classes: which class serves an (N, K) is routes.toml's choice, never the tuner's)."""
     from mamba_forge.runtime.errors import LaunchRefused
     from mamba_forge.runtime.routes import NoRoute
 
@@ -219,6 +222,14 @@ def measure_key(torch, kernels, layout: str, dt: str, shapes, ms_list, reps: int
 
     for name, N, K in shapes:
         served = next((r for m in ms_list if (r := route(m, N, K)) is not None), None)
+        if eq_class is not None and served is not None and not served.cast:
+            named = next((x for r in kernels.manifest.routes if (r.layout, r.a, r.b, r.c) == (layout, served.a,
+                          served.b, served.c) for x in r.rungs if x.eq_class == eq_class and x.mode == "auto"
+                          and (x.m_min, x.m_max) == (1, 0) and route(1, N, K, x.symbol) is not None), None)
+            if named is None:
+                print(f"{layout} {dt} {name}: class {eq_class} does not serve (N {N}, K {K}) here; not measured")
+                continue
+            served = dataclasses.replace(served, eq_class=eq_class)
         if served is None or served.cast:
             print(f"{layout} {dt} {name}: {'no route' if served is None else 'served with casts'}; not tuned")
             continue
@@ -287,6 +298,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=10, help="graph replays per figure (median; at least 5)")
     p.add_argument("--tie", type=float, default=0.02, help="a previous winner within this fraction keeps winning")
     p.add_argument("--no-record", action="store_true", help="no benchmarks/results/summary.json rows")
+    p.add_argument("--class", dest="eq_class", help="measure this route class (where its region holds) instead of "
+                   "the one served: compares classes; with it nothing is written in place or recorded")
     return p
 
 
@@ -306,6 +319,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--keys, --ms (each >= 1) and --d-models (each >= 16) need at least one value")
     if a.reps < 5 or not 0 <= a.tie < 0.5:
         p.error("--reps must be at least 5 and --tie in [0, 0.5)")
+    if a.eq_class and a.write:
+        p.error("--class measures a class for comparison only: drop --write")
+    if a.eq_class:
+        a.no_record = True
     if a.smoke:
         if a.write:
             p.error("--smoke writes nothing in place: drop --write")
@@ -328,7 +345,7 @@ def main(argv=None) -> int:
                "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "inner": INNER,
                "reps": a.reps, "tie": a.tie, "entries": []}
     for layout, dt in a.keys:
-        results["entries"] += measure_key(torch, kernels, layout, dt, shapes, a.ms, a.reps)
+        results["entries"] += measure_key(torch, kernels, layout, dt, shapes, a.ms, a.reps, a.eq_class)
     return emit(results, a, started)
 
 

@@ -169,7 +169,8 @@ def test_arguments():
     assert (a.keys, a.d_models, a.ms, a.reps, a.no_record) == ([("nn", "bf16")], [1024], [1, 2048], 3, True)
     assert tr.parse_args([*req, "--keys", "nt:tf32, nn:f32", "--ms", "64,1,64"]).ms == [1, 64]
     for bad in (["--keys", "nn"], ["--keys", "xx:bf16"], ["--keys", "nn:f64"], ["--ms", "0"], ["--ms", "a"],
-                ["--d-models", "8"], ["--reps", "4"], ["--tie", "0.5"], ["--smoke", "--write"], ["--keys", ""]):
+                ["--d-models", "8"], ["--reps", "4"], ["--tie", "0.5"], ["--smoke", "--write"], ["--keys", ""],
+                ["--class", "wgmma-k16", "--write"]):
         with contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit) as exc:
             tr.parse_args([*req, *bad])
         assert exc.value.code == 2, bad
@@ -231,7 +232,7 @@ def _speed(symbol: str, m: int, n: int) -> float:
     return 0.008 + m * 1e-6 + (0.0001 if "tmastore" in symbol or "wg1" in symbol else 0.0)
 
 
-def _device_run(monkeypatch, off: str = "", refuse: str = ""):
+def _device_run(monkeypatch, off: str = "", refuse: str = "", eq_class=None, shapes=None):
     torch = pytest.importorskip("torch")
     from mamba_forge.catalog.model import load_catalog
 
@@ -251,8 +252,8 @@ def _device_run(monkeypatch, off: str = "", refuse: str = ""):
 
     monkeypatch.setattr(tr, "median_ms", median_ms)
     monkeypatch.setattr(tr, "capture_graph", capture_graph)
-    shapes = [("d64 x_proj", 96, 128), ("d64 in_proj", 256, 64)]
-    return tr.measure_key(shim, kern, "nn", "bf16", shapes, [1, 64, 300], 5)
+    shapes = shapes or [("d64 x_proj", 96, 128), ("d64 in_proj", 256, 64)]
+    return tr.measure_key(shim, kern, "nn", "bf16", shapes, [1, 64, 300], 5, eq_class)
 
 
 def test_measure_key_checks_times_and_feeds_a_table_the_catalog_accepts(monkeypatch, tmp_path, capsys):
@@ -284,6 +285,21 @@ def test_measure_key_checks_times_and_feeds_a_table_the_catalog_accepts(monkeypa
     assert tr.TABLE.read_text() == (tmp_path / "out" / "route_tuning.toml").read_text() == tr.render_table(results)
     assert json.loads((tmp_path / "out" / tr.TIMINGS).read_text()) == results
     assert len(recorded) == 7 and recorded[-1]["goal"] == "every projection GEMM at least 0.9x cuBLAS"
+
+
+def test_a_named_class_is_measured_instead_of_the_served_one_where_its_region_holds(monkeypatch, capsys):
+    assert tr.parse_args(["--bundle", "b", "--key", "k", "--class", "wgmma-k16"]).no_record  # comparison only
+    split = [("d1024 x_proj", 96, 2048), ("d64 in_proj", 256, 64)]  # the split class serves x_proj, not in_proj
+    (served,) = _device_run(monkeypatch, shapes=split[:1])
+    assert served["class"] == "wgmma-k16-split8"
+    assert all("splitk8" in s for s in served["shapes"][0]["M"]["1"]["rungs"])
+    (whole,) = _device_run(monkeypatch, eq_class="wgmma-k16", shapes=split[:1])
+    row = whole["shapes"][0]["M"]["1"]
+    assert whole["class"] == "wgmma-k16" and "skinny_m64n32_s18_bf16" in " ".join(row["rungs"])
+    assert not any("splitk" in s for s in row["rungs"]) and "splitk8" in row["served"]  # what serves now: split 8
+    (entry,) = _device_run(monkeypatch, eq_class="wgmma-k16-split8", shapes=split)
+    assert [s["name"] for s in entry["shapes"]] == ["d1024 x_proj"]  # K 64 is outside the split class's region
+    assert "class wgmma-k16-split8 does not serve (N 256, K 64) here; not measured" in capsys.readouterr().out
 
 
 def test_a_rung_off_its_class_bits_is_dropped_and_the_run_fails(monkeypatch, tmp_path, capsys):

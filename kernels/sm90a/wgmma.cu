@@ -119,6 +119,51 @@ template <int GROUP_M, int MB, int R> struct SplitFold {
   }
 };
 
+// The in-CTA rung on a 128 x 256 tile (two consumer warpgroups, m64n256k16 each, as the whole-K class's fastest
+// rung): 128 accumulators a thread, so a register total (another 128) cannot fit. The total's last TS values of each
+// m64 block's fragment live in shared memory, each consumer thread's own words (value-major: a warp's 32 accesses
+// hit 32 banks; no other thread reads them, so no barrier), the rest in registers. The fold is SplitFold's, value
+// for value: total = p0, then total = total + p, in the same order; only where a value waits between parts differs.
+MF_DEVICE float lds_f32(u32 addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+MF_DEVICE void sts_f32(u32 addr, float v) { asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory"); }
+
+template <int GROUP_M, int MB, int R, int TS, int NT> struct SplitFoldSmem {
+  static_assert(TS > 0 && TS < R, "some of the total in shared memory, some in registers");
+  float (&total)[MB][R - TS];
+  u32 tsm;  // the shared-memory total: MB * TS values a consumer thread, NT consumer threads
+  int kper, k_tiles;
+  // the shared word of value i (>= R - TS) of m64 block mb for this consumer thread
+  MF_DEVICE u32 word(int mb, int i) const { return tsm + ((mb * TS + i - (R - TS)) * NT + (threadIdx.x - 128)) * 4; }
+  MF_DEVICE int units(int tiles_m, int tiles_n, int) const { return tiles_m * tiles_n; }
+  MF_DEVICE void unit(int t, int tiles_m, int tiles_n, int k_tiles_, int& tm, int& tn, int& kt0, int& kt1) const {
+    grouped_tile_coords<GROUP_M>(t, tiles_m, tiles_n, tm, tn);
+    kt0 = 0;
+    kt1 = k_tiles_;
+  }
+  MF_DEVICE void between(float (&acc)[MB][R], int kt, int) const {
+    if ((kt + 1) % kper != 0 && kt + 1 != k_tiles) return;
+    wgmma_wait<0>();
+    const bool first = kt < kper;
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        if (i < R - TS) {
+          float& t = total[mb][i < R - TS ? i : 0];
+          t = first ? acc[mb][i] : t + acc[mb][i];
+        } else {
+          const u32 a = word(mb, i);
+          sts_f32(a, first ? acc[mb][i] : lds_f32(a) + acc[mb][i]);
+        }
+        acc[mb][i] = 0.f;
+      }
+  }
+};
+
 MF_DEVICE void cluster_sync_all() {  // every thread of every CTA of the cluster; release / acquire at cluster scope
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
@@ -171,16 +216,18 @@ MF_DEVICE int short_a_rows(int M) { return M >= WG_BOX ? WG_BOX : (M + 7) / 8 * 
 // whatever shared memory held; wgmma reads them into accumulator rows >= M, which are never stored, and a row's
 // result depends on its own row of A only, so the bits of every stored row are those of the 64-row box.
 template <typename T, int BM, int BN, int NC, int STAGES, int LAYOUT, int TMASTORE, int SPLIT = 1, int CLUSTER = 0,
-          bool SHORT_A = false, int LSU_B = 0>
+          bool SHORT_A = false, int LSU_B = 0, int TS = 0>
 MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDesc* tmC, T* __restrict__ C, int M,
                              int N, int K, const T* __restrict__ B = nullptr) {
   constexpr int PS = BN + WG_SPLIT_PAD;  // row stride (floats) of a cluster rung's partial tile
-  using S = WgSmem<BM, BN, STAGES, TMASTORE ? BM * BN * 2 : CLUSTER ? BM * PS * 4 : 0>;
+  constexpr int MB = BM / (64 * NC);  // m64 blocks per consumer warpgroup
+  // TS > 0: an in-CTA split rung keeping TS of each m64 block's BN / 2 running totals a thread in shared memory
+  static_assert(TS == 0 || (SPLIT > 1 && !CLUSTER && TS < BN / 2), "a shared-memory total: in-CTA split rungs");
+  using S = WgSmem<BM, BN, STAGES, TMASTORE ? BM * BN * 2 : CLUSTER ? BM * PS * 4 : NC * 128 * MB * TS * 4>;
   static_assert(SPLIT >= 1 && SPLIT <= 8, "a split is at most a portable cluster (8 CTAs)");
   static_assert(SPLIT == 1 || (LAYOUT == Layout::NN && !TMASTORE), "split-K rungs are NN, C stored from registers");
   static_assert(!CLUSTER || (SPLIT > 1 && NC == 1 && BM % SPLIT == 0),
                 "a cluster rung has one consumer warpgroup (every thread joins the reduction at full registers)");
-  constexpr int MB = BM / (64 * NC);  // m64 blocks per consumer warpgroup
   static_assert(BN == 32 || BN == 64 || BN == 128 || BN == 256, "wgmma N is 32, 64, 128 or 256 here");
   static_assert(BM % WG_BOX == 0 && (BN % WG_BOX == 0 || BN == 32), "tiles are whole TMA boxes");
   static_assert(BN >= 64 || (LAYOUT == Layout::NN && !TMASTORE), "BN = 32 (64-byte swizzled B box) is NN only");
@@ -233,7 +280,7 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
   };
   const int k_tiles = (K + WG_BK - 1) / WG_BK;
   const int kper = split_k_part<SPLIT>(k_tiles);
-  float total[MB][SPLIT > 1 && !CLUSTER ? BN / 2 : 1];  // the in-CTA split-K rung's running sum over parts
+  float total[MB][SPLIT > 1 && !CLUSTER ? BN / 2 - TS : 1];  // the in-CTA split-K rung's running sum over parts
   auto epilogue = [&](float (&acc)[MB][BN / 2], int tm, int tn, int c, int warp, int lane, int tid_in_wg) {
     if constexpr (CLUSTER) {
       // This part's partial tile into this CTA's shared memory (f32 pairs), summed over the cluster below.
@@ -247,6 +294,19 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
           asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[mb][i]), "f"(acc[mb][i + 1])
                        : "memory");
         }
+    } else if constexpr (SPLIT > 1 && TS > 0) {
+      // As below, each value from where SplitFoldSmem keeps it.
+      const int parts = (k_tiles + kper - 1) / kper;
+      const SplitFoldSmem<WG_GROUP_M, MB, BN / 2, TS, NC * 128> at{total, base + S::C_OFFSET, kper, k_tiles};
+      auto final_total = [&](int mb, int i) {
+        float v = i < BN / 2 - TS ? total[mb][i < BN / 2 - TS ? i : 0] : lds_f32(at.word(mb, i));
+        if (parts == 0) v = 0.f;
+        for (int f = max(parts, 1); f < SPLIT; ++f) v = v + 0.f;
+        return v;
+      };
+      wgmma_store_pairs<BM, BN, MB, 0>(C, tm, tn, c, warp, lane, M, N, [&](T* p, int mb, int i, int) {
+        *reinterpret_cast<u32*>(p) = pack2<T>(final_total(mb, i), final_total(mb, i + 1));
+      });
     } else if constexpr (SPLIT > 1) {
       // The parts after the last non-empty one are empty: each adds +0 (k_tiles = 0: every part is, total = +0).
       const int parts = (k_tiles + kper - 1) / kper;
@@ -307,6 +367,9 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
                                                    epilogue, finish, LsuB<T, B_BOXES - LSU_B, LSU_B>{B, N, K});
   } else if constexpr (SPLIT == 1) {
     wgmma_ring<S, BM, BN, NC, STAGES, WG_BK, WG_GROUP_M>(base, tmA, tmB, M, N, K, boxes, k_tile, epilogue, finish);
+  } else if constexpr (!CLUSTER && TS > 0) {
+    const SplitFoldSmem<WG_GROUP_M, MB, BN / 2, TS, NC * 128> sched{total, base + S::C_OFFSET, kper, k_tiles};
+    wgmma_ring_units<S, BM, BN, NC, STAGES, WG_BK>(base, tmA, tmB, M, N, K, sched, boxes, k_tile, epilogue, finish);
   } else if constexpr (!CLUSTER) {
     const SplitFold<WG_GROUP_M, MB, BN / 2> sched{total, kper, k_tiles};
     wgmma_ring_units<S, BM, BN, NC, STAGES, WG_BK>(base, tmA, tmB, M, N, K, sched, boxes, k_tile, epilogue, finish);
@@ -601,6 +664,14 @@ MF_DEVICE void gemm_wgmma_split_pair(const TmaDesc* tmA, const TmaDesc* tmB, T* 
   }
 #define MF_GEMM_WGMMA_SPLITK(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER) \
   MF_GEMM_WGMMA_SPLITK_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER, 0, 0)
+// The in-CTA split rungs with TS of each thread's running totals in shared memory (SplitFoldSmem): 2 consumers.
+#define MF_GEMM_WGMMA_SPLITK_SMT(NAME, T, LAYOUT, BM, BN, STAGES, SPLIT, TS) \
+  extern "C" __global__ void __launch_bounds__(384, 1) NAME( \
+      const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, T* __restrict__ C, \
+      const T* __restrict__ A, const T* __restrict__ B, int M, int N, int K) { \
+    (void)A; (void)B; /* the tensor maps address A and B; the pointers are in the ABI for the qualifier */ \
+    mf::gemm_wgmma_ws<T, BM, BN, 2, STAGES, LAYOUT, 0, SPLIT, 0, false, 0, TS>(&tmA, &tmB, nullptr, C, M, N, K); \
+  }
 // The pair rungs of the split class: 2 consumer warpgroups taking the parts in turn, two rings of RS stages.
 #define MF_GEMM_WGMMA_SPLITK_PAIR(NAME, T, LAYOUT, BM, BN, RS, SPLIT) \
   extern "C" __global__ void __launch_bounds__(384, 1) NAME( \

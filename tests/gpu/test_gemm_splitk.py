@@ -30,7 +30,8 @@ CLASS = "wgmma-k16-split8"
 REF = "gemm_bi_nn_sm90a_wgmma_splitk8_m128n128_s4_{t}"
 CLUSTER = [f"gemm_bi_nn_sm90a_wgmma_splitk8_cluster_{s}_{{t}}"
            for s in ("m64n32_s6", "m64n64_s4", "m64n128_s3", "m64n128_s4", "m64n256_s3")]
-OTHER = ["gemm_bi_nn_sm90a_wgmma_splitk8_m64n128_s8_{t}"]  # the second in-CTA rung
+# the other in-CTA rungs: m64n128, and m128n256 with half of each thread's running total in shared memory
+OTHER = ["gemm_bi_nn_sm90a_wgmma_splitk8_m64n128_s8_{t}", "gemm_bi_nn_sm90a_wgmma_splitk8_smt_m128n256_s3_{t}"]
 # the pair rungs (two consumer warpgroups taking the parts in turn, the total handed over in shared memory through
 # an mbarrier each way: admitted at full level, racecheck included)
 PAIR = [f"gemm_bi_nn_sm90a_wgmma_splitk8_pair_{s}_{{t}}"
@@ -98,7 +99,7 @@ def test_pair_rungs_over_several_tiles_per_cta_give_the_reference_bits(kernels, 
     M, N, K = 9000, 392, 1480
     A, B = _rand((M, K), dtype, seed=5), _rand((K, N), dtype, seed=6)
     ref = _gemm(kernels, A, B, REF.format(t=t))
-    for name in [p.format(t=t) for p in PAIR]:
+    for name in [p.format(t=t) for p in PAIR + OTHER[1:]]:  # and the in-CTA rung whose total is partly in smem
         got = _gemm(kernels, A, B, name)
         same = _bits(got) == _bits(ref)
         assert bool(same.all()), f"{name}: {int((~same).sum())} elements differ from the reference rung, first at " \
