@@ -203,23 +203,28 @@ def test_layer_decodes_from_a_bf16_cache_in_graphs_as_eagerly(mft):
             assert cache.key_value_memory_dict[0][1].dtype == ssm_dtype
         err = (outs[torch.bfloat16] - outs[torch.float32]).abs().max().item()
         assert err < 0.1 * outs[torch.float32].abs().max().item(), err
-        conv0, ssm0 = (t.clone() for t in cache.key_value_memory_dict[0])
-        tok = h[:, 79:80].clone()
-        eager = m(tok, inference_params=cache).clone()
-        m.prepare()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            m(tok, inference_params=cache)  # warm-up outside the capture
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = m(tok, inference_params=cache)
-        for t, t0 in zip(cache.key_value_memory_dict[0], (conv0, ssm0), strict=True):
+        _replay_is_eager(m, h[:, 79:80].clone(), cache)
+
+
+def _replay_is_eager(m, tok, cache):
+    """One decode step of `tok` from the cache's state, eager and then captured in a CUDA graph (warmed up outside
+    the capture) and replayed from the same state: the replay's output is the eager bits."""
+    start = [t.clone() for t in cache.key_value_memory_dict[0]]
+
+    def restore():
+        for t, t0 in zip(cache.key_value_memory_dict[0], start, strict=True):
             t.copy_(t0)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert _same(out, eager)
+
+    eager = m(tok, inference_params=cache).clone()
+    m.prepare()
+    restore()
+    out = torch.empty_like(eager)
+    graph = captured(lambda: out.copy_(m(tok, inference_params=cache)))
+    restore()
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _same(out, eager)
 
 
 def _layer(mft, d_model=1024, seed=0, dtype=torch.bfloat16):
@@ -272,28 +277,8 @@ def test_layer_batch_invariance_graphs_and_compile(mft):
         # decode of one token in a CUDA graph, replayed, against eager
         cache = mft.InferenceParams(max_seqlen=2, max_batch_size=8)
         m(h[:, :1], inference_params=cache)
-        conv0, ssm0 = (t.clone() for t in cache.key_value_memory_dict[0])
         cache.seqlen_offset = 1
-        tok = h[:, 1:2].clone()
-        eager = m(tok, inference_params=cache).clone()
-        m.prepare()
-        for t, t0 in zip(cache.key_value_memory_dict[0], (conv0, ssm0), strict=True):
-            t.copy_(t0)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            m(tok, inference_params=cache)  # warm-up outside the capture
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        for t, t0 in zip(cache.key_value_memory_dict[0], (conv0, ssm0), strict=True):
-            t.copy_(t0)
-        with torch.cuda.graph(graph):
-            out = m(tok, inference_params=cache)
-        for t, t0 in zip(cache.key_value_memory_dict[0], (conv0, ssm0), strict=True):
-            t.copy_(t0)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert _same(out, eager)
+        _replay_is_eager(m, h[:, 1:2].clone(), cache)
         compiled = torch.compile(lambda x: m(x), fullgraph=False)
         assert _same(compiled(h[:2, :64]), m(h[:2, :64]))
 
