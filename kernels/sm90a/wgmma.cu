@@ -95,8 +95,9 @@ template <int GROUP_M, int SPLIT> struct SplitCluster {
 // The in-CTA rung folds part q (= kt / kper) into the running total when the part's last k-tile completes: the
 // pipeline drains there (wgmma_wait<0>), as the part's accumulators are final only then. (Two alternating
 // accumulator sets would let the next part run during the fold, but ptxas then serialises every wgmma.)
-template <int GROUP_M, int MB, int R> struct SplitFold {
-  float (&total)[MB][R];
+// The schedule: one unit a tile over the whole K range; a part ends with k-tile kt when kt + 1 is a multiple of
+// kper or the last k-tile.
+template <int GROUP_M> struct SplitInCta {
   int kper, k_tiles;
   MF_DEVICE int units(int tiles_m, int tiles_n, int) const { return tiles_m * tiles_n; }
   MF_DEVICE void unit(int t, int tiles_m, int tiles_n, int k_tiles_, int& tm, int& tn, int& kt0, int& kt1) const {
@@ -104,26 +105,9 @@ template <int GROUP_M, int MB, int R> struct SplitFold {
     kt0 = 0;
     kt1 = k_tiles_;
   }
-  // After k-tile kt's batch was issued: at a part's last k-tile, wait for it and fold the part into the total.
-  MF_DEVICE void between(float (&acc)[MB][R], int kt, int) const {
-    if ((kt + 1) % kper != 0 && kt + 1 != k_tiles) return;
-    wgmma_wait<0>();
-    const bool first = kt < kper;
-#pragma unroll
-    for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-        total[mb][i] = first ? acc[mb][i] : total[mb][i] + acc[mb][i];
-        acc[mb][i] = 0.f;
-      }
-  }
+  MF_DEVICE bool part_ends(int kt) const { return (kt + 1) % kper == 0 || kt + 1 == k_tiles; }
 };
 
-// The in-CTA rung on a 128 x 256 tile (two consumer warpgroups, m64n256k16 each, as the whole-K class's fastest
-// rung): 128 accumulators a thread, so a register total (another 128) cannot fit. The total's last TS values of each
-// m64 block's fragment live in shared memory, each consumer thread's own words (value-major: a warp's 32 accesses
-// hit 32 banks; no other thread reads them, so no barrier), the rest in registers. The fold is SplitFold's, value
-// for value: total = p0, then total = total + p, in the same order; only where a value waits between parts differs.
 MF_DEVICE float lds_f32(u32 addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
@@ -131,23 +115,22 @@ MF_DEVICE float lds_f32(u32 addr) {
 }
 MF_DEVICE void sts_f32(u32 addr, float v) { asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory"); }
 
-template <int GROUP_M, int MB, int R, int TS, int NT> struct SplitFoldSmem {
-  static_assert(TS > 0 && TS < R, "some of the total in shared memory, some in registers");
+// The fold (after k-tile kt's batch was issued: at a part's last k-tile, wait for it and fold the part into the
+// total), value for value: total = p0, then total = total + p. TS = 0 (the m128n128 and m64n128 rungs): the whole
+// total in registers. TS > 0 (the smt rung on a 128 x 256 tile, two consumer warpgroups m64n256k16 each, as the
+// whole-K class's fastest rung: 128 accumulators a thread leave no room for another 128): the last TS values of each
+// m64 block's fragment in shared memory, each consumer thread's own words (value-major: a warp's 32 accesses hit 32
+// banks; no other thread reads them, so no barrier), the rest in registers.
+template <int GROUP_M, int MB, int R, int TS = 0, int NT = 0> struct SplitFold : SplitInCta<GROUP_M> {
+  static_assert(TS >= 0 && TS < R, "some of the total in registers, TS values a thread in shared memory");
   float (&total)[MB][R - TS];
   u32 tsm;  // the shared-memory total: MB * TS values a consumer thread, NT consumer threads
-  int kper, k_tiles;
   // the shared word of value i (>= R - TS) of m64 block mb for this consumer thread
   MF_DEVICE u32 word(int mb, int i) const { return tsm + ((mb * TS + i - (R - TS)) * NT + (threadIdx.x - 128)) * 4; }
-  MF_DEVICE int units(int tiles_m, int tiles_n, int) const { return tiles_m * tiles_n; }
-  MF_DEVICE void unit(int t, int tiles_m, int tiles_n, int k_tiles_, int& tm, int& tn, int& kt0, int& kt1) const {
-    grouped_tile_coords<GROUP_M>(t, tiles_m, tiles_n, tm, tn);
-    kt0 = 0;
-    kt1 = k_tiles_;
-  }
   MF_DEVICE void between(float (&acc)[MB][R], int kt, int) const {
-    if ((kt + 1) % kper != 0 && kt + 1 != k_tiles) return;
+    if (!this->part_ends(kt)) return;
     wgmma_wait<0>();
-    const bool first = kt < kper;
+    const bool first = kt < this->kper;
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
@@ -295,9 +278,9 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
                        : "memory");
         }
     } else if constexpr (SPLIT > 1 && TS > 0) {
-      // As below, each value from where SplitFoldSmem keeps it.
+      // As below, each value from where SplitFold keeps it.
       const int parts = (k_tiles + kper - 1) / kper;
-      const SplitFoldSmem<WG_GROUP_M, MB, BN / 2, TS, NC * 128> at{total, base + S::C_OFFSET, kper, k_tiles};
+      const SplitFold<WG_GROUP_M, MB, BN / 2, TS, NC * 128> at{{kper, k_tiles}, total, base + S::C_OFFSET};
       auto final_total = [&](int mb, int i) {
         float v = i < BN / 2 - TS ? total[mb][i < BN / 2 - TS ? i : 0] : lds_f32(at.word(mb, i));
         if (parts == 0) v = 0.f;
@@ -367,11 +350,8 @@ MF_DEVICE void gemm_wgmma_ws(const TmaDesc* tmA, const TmaDesc* tmB, const TmaDe
                                                    epilogue, finish, LsuB<T, B_BOXES - LSU_B, LSU_B>{B, N, K});
   } else if constexpr (SPLIT == 1) {
     wgmma_ring<S, BM, BN, NC, STAGES, WG_BK, WG_GROUP_M>(base, tmA, tmB, M, N, K, boxes, k_tile, epilogue, finish);
-  } else if constexpr (!CLUSTER && TS > 0) {
-    const SplitFoldSmem<WG_GROUP_M, MB, BN / 2, TS, NC * 128> sched{total, base + S::C_OFFSET, kper, k_tiles};
-    wgmma_ring_units<S, BM, BN, NC, STAGES, WG_BK>(base, tmA, tmB, M, N, K, sched, boxes, k_tile, epilogue, finish);
   } else if constexpr (!CLUSTER) {
-    const SplitFold<WG_GROUP_M, MB, BN / 2> sched{total, kper, k_tiles};
+    const SplitFold<WG_GROUP_M, MB, BN / 2, TS, NC * 128> sched{{kper, k_tiles}, total, base + S::C_OFFSET};
     wgmma_ring_units<S, BM, BN, NC, STAGES, WG_BK>(base, tmA, tmB, M, N, K, sched, boxes, k_tile, epilogue, finish);
   } else {
     wgmma_ring_units<S, BM, BN, NC, STAGES, WG_BK>(base, tmA, tmB, M, N, K, SplitCluster<WG_GROUP_M, SPLIT>{kper},
@@ -664,7 +644,7 @@ MF_DEVICE void gemm_wgmma_split_pair(const TmaDesc* tmA, const TmaDesc* tmB, T* 
   }
 #define MF_GEMM_WGMMA_SPLITK(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER) \
   MF_GEMM_WGMMA_SPLITK_PDL(NAME, T, LAYOUT, BM, BN, NC, STAGES, SPLIT, CLUSTER, 0, 0)
-// The in-CTA split rungs with TS of each thread's running totals in shared memory (SplitFoldSmem): 2 consumers.
+// The in-CTA split rungs with TS of each thread's running totals in shared memory (SplitFold): 2 consumers.
 #define MF_GEMM_WGMMA_SPLITK_SMT(NAME, T, LAYOUT, BM, BN, STAGES, SPLIT, TS) \
   extern "C" __global__ void __launch_bounds__(384, 1) NAME( \
       const __grid_constant__ mf::TmaDesc tmA, const __grid_constant__ mf::TmaDesc tmB, T* __restrict__ C, \
