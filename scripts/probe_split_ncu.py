@@ -5,7 +5,8 @@ cuBLAS) once each at out_proj d_model 2560, M 16384, for Nsight Compute to read.
     ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
         -k regex:gemm_bi python3 scripts/probe_split_ncu.py --bundle /tmp/h200.tar.gz --key manifests/keys
 
-gave splitk8_m128n128_s4 747 us with the tensor pipe busy 62.7% of elapsed cycles (L2 59%, DRAM 22%).
+gave splitk8_m128n128_s4 747 us with the tensor pipe busy 62.7% of elapsed cycles (L2 59%, DRAM 22%); the
+twenty-third session added the smt rung (splitk8_smt_m128n256_s3) to the list.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 SYMBOLS = ("gemm_bi_nn_sm90a_wgmma_splitk8_m128n128_s4_bf16", "gemm_bi_nn_sm90a_wgmma_splitk8_pair_m64n256_s2_bf16",
-           "gemm_bi_nn_sm90a_wgmma_ws2_m128n256_s4_bf16")
+           "gemm_bi_nn_sm90a_wgmma_splitk8_smt_m128n256_s3_bf16", "gemm_bi_nn_sm90a_wgmma_ws2_m128n256_s4_bf16")
 
 
 def main(argv=None) -> int:
