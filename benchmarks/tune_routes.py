@@ -22,6 +22,8 @@ cuBLAS" to benchmarks/results/summary.json.
     python benchmarks/tune_routes.py --bundle h200.tar.gz --key manifests/keys [--write] [--smoke]
 
 --smoke: nn bf16, d1024 x_proj at M 1 and 2048, 3 replays; seconds; writes into a temporary folder only.
+--class NAME: measure that class of each key's route (where its region holds the shape) instead of the one served,
+to compare classes before kernels/routes.toml changes which serves an (N, K); nothing written in place or recorded.
 """
 
 from __future__ import annotations
