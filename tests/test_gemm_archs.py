@@ -164,13 +164,15 @@ def test_wgmma_tensor_map_params(catalog):
         # quarter used: kernels/sm90a/wgmma.cu gemm_wgmma_skinny80), BN itself below
         b_cols = -(-e["BN"] // 64) * 64 if e["BN"] >= 64 else e["BN"]
         ring = e["STAGES"] * (e["BM"] + b_cols) * 128
-        if "SPLIT" in e:  # split-K: a cluster rung's f32 partial tile (rows padded by 8 floats), in-CTA none
+        if "TS" in e:  # the in-CTA smt rung: TS of each consumer thread's running totals in shared memory (2 x 128)
+            staging = 2 * 128 * e["TS"] * 4
+        elif "SPLIT" in e:  # split-K: a cluster rung's f32 partial tile (rows padded by 8 floats), in-CTA none
             staging = e["CLUSTER"] * e["BM"] * (e["BN"] + 8) * 4
         else:  # TMASTORE: the C tile staged as 16-bit boxes (the 80-column rung: none, one consumer warpgroup)
             staging = e.get("TMASTORE", 0) * e["BM"] * e["BN"] * 2
         assert s.dynamic_smem == ring + staging + 16 * e["STAGES"] + 1024
         assert s.dynamic_smem <= 227 * 1024 - 1024  # the system reserves 1 KB per block on sm_90
-        assert s.threads == 128 * (e.get("NC", 1) + 1)
+        assert s.threads == 128 * (e.get("NC", 2 if "TS" in e else 1) + 1)  # smt: 2 consumers (its macro's)
 
 
 def test_sm120_tma_tiles_take_tensor_maps(catalog):
