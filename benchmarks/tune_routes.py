@@ -224,19 +224,17 @@ def measure_key(torch, kernels, layout: str, dt: str, shapes, ms_list, reps: int
 
     for name, N, K in shapes:
         served = next((r for m in ms_list if (r := route(m, N, K)) is not None), None)
-        if eq_class is not None and served is not None and not served.cast:
-            named = next((x for r in kernels.manifest.routes if (r.layout, r.a, r.b, r.c) == (layout, served.a,
-                          served.b, served.c) for x in r.rungs if x.eq_class == eq_class and x.mode == "auto"
-                          and (x.m_min, x.m_max) == (1, 0) and route(1, N, K, x.symbol) is not None), None)
-            if named is None:
-                print(f"{layout} {dt} {name}: class {eq_class} does not serve (N {N}, K {K}) here; not measured")
-                continue
-            served = dataclasses.replace(served, eq_class=eq_class)
         if served is None or served.cast:
             print(f"{layout} {dt} {name}: {'no route' if served is None else 'served with casts'}; not tuned")
             continue
         key = (layout, served.a, served.b, served.c)
         qroute = next(r for r in kernels.manifest.routes if (r.layout, r.a, r.b, r.c) == key)
+        if eq_class is not None:  # the named class where its region holds (N, K): its reference rung serves there
+            if not any(x.eq_class == eq_class and x.mode == "auto" and (x.m_min, x.m_max) == (1, 0)
+                       and route(1, N, K, x.symbol) is not None for x in qroute.rungs):
+                print(f"{layout} {dt} {name}: class {eq_class} does not serve (N {N}, K {K}) here; not measured")
+                continue
+            served = dataclasses.replace(served, eq_class=eq_class)
         members = [x for x in qroute.rungs if x.mode == "auto" and x.eq_class == served.eq_class]
         if len(members) < 2:
             print(f"{layout} {dt} {name}: class {served.eq_class} has one rung; nothing to tune")

@@ -336,15 +336,12 @@ def register(kernels) -> list[str]:
     functions = {fd: kernels.fn(*fd) for fd in kernels_used()}  # refuse before anything is changed
     for rung in serving_gemm_rungs(kernels):  # their modules load now, not inside a capture
         kernels.function(rung, follow_fallback=False)
-    for family in OPTIONAL_SEQUENCE_FAMILIES:  # absent from the manifest: the plain family serves every call
-        for d in SEQUENCE_DTYPES:
-            try:
-                functions[(family, d)] = kernels.fn(family, d)
-            except SymbolUnavailable:
-                pass
-    for d in STATE16_DTYPES:  # absent: scan_tokens refuses a 16-bit state (_state16_step)
+    # optional families, absent from some manifests: the plain sequence family serves every call instead; without the
+    # 16-bit-state step, scan_tokens refuses a 16-bit state (_state16_step)
+    optional = [(f, d) for f in OPTIONAL_SEQUENCE_FAMILIES for d in SEQUENCE_DTYPES]
+    for family, d in optional + [(SCAN_STEP_STATE16_FAMILY, d) for d in STATE16_DTYPES]:
         try:
-            functions[(SCAN_STEP_STATE16_FAMILY, d)] = kernels.fn(SCAN_STEP_STATE16_FAMILY, d)
+            functions[(family, d)] = kernels.fn(family, d)
         except SymbolUnavailable:
             pass
     _state["kernels"], _state["functions"] = kernels, functions
