@@ -1,7 +1,8 @@
 """Host time per call of the layer's launch paths, under cProfile (issue 25's host-path goal: at most 1.2x
 torch.matmul's host time per call). Not a benchmark (nothing recorded): a dev tool that prints, for kernels.gemm at
 M = 1 (in_proj's shape at d_model 1024), for torch.ops.mamba_forge.gemm and for one Mamba decode call at batch 1,
-the mean host time per call against torch.matmul's and the top functions by own time.
+the mean host time per call against torch.matmul's (with out=: kernels.gemm's baseline; allocating: the op's) and the
+top functions by own time.
 
     python scripts/profile_host_path.py --bundle h200.tar.gz --key manifests/keys [--calls 2000]
 """
@@ -68,6 +69,7 @@ def main(argv=None) -> int:
         ip.seqlen_offset = 1
         cases = {
             "torch.matmul(out=)": lambda: torch.matmul(A, W, out=C),
+            "torch.matmul": lambda: torch.matmul(A, W),  # allocates C, as the op does: the op's baseline
             "kernels.gemm(out=)": lambda: kernels.gemm(A, W, C),
             "torch.ops.mamba_forge.gemm": lambda: torch.ops.mamba_forge.gemm(A, W, None),
             "Mamba decode call (b1)": lambda: layer(h, inference_params=ip),

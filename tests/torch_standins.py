@@ -163,23 +163,14 @@ class RefKernels:
         return c
 
 
-_cpu_registered: set[str] = set()
-
-
 def register_cpu(kernels=None):
     """mamba_forge.runtime.torch registered with `kernels` (a RefKernels by default), every op's implementation
-    also dispatched for CPU tensors. Returns the module."""
+    also dispatched for CPU tensors (and called directly by the differentiable ops' Autograd kernel, as on CUDA).
+    Returns the module."""
     import mamba_forge.runtime.torch as mft
 
     mft.register(kernels if kernels is not None else RefKernels())
-    for name, (impl, _) in mft.op_impls().items():
-        if name in _cpu_registered:
-            continue
-        try:
-            torch.library.impl(f"mamba_forge::{name}", "CPU")(impl)
-        except RuntimeError:
-            pass  # registered for CPU by an earlier module of this process
-        _cpu_registered.add(name)
+    mft.implement_for("CPU")
     return mft
 
 

@@ -17,8 +17,8 @@ Fake (meta) implementations give torch.compile the output shapes and dtypes. The
 mamba_forge/runtime/torch_ops.py.
 
 Training: gemm, softplus_forward, rms_norm, causal_conv1d and selective_scan are differentiable (autograd formulas
-registered with torch.library.register_autograd, each gradient a qualified backward kernel:
-runtime/torch_autograd.py); rms_norm_residual is rms_norm_add without the in-place update, differentiable; the ops
+registered as torch.library.register_autograd does, with a shorter no-grad path (runtime/torch_dispatch.py), each
+gradient a qualified backward kernel: runtime/torch_autograd.py); rms_norm_residual is rms_norm_add without the in-place update, differentiable; the ops
 that update state in place (conv_tokens, scan_tokens, rms_norm_add) are not, and the Mamba layer trains through
 its own op, mamba_mixer (runtime/torch_train.py). A backward kernel the manifest lacks is a LaunchRefused at the
 first backward that needs it (an inference-only manifest registers and runs forwards).
@@ -34,6 +34,7 @@ import torch
 from mamba_forge.runtime.errors import LaunchRefused, SymbolUnavailable
 from mamba_forge.runtime.gemm import a_as_read
 from mamba_forge.runtime.tensors import torch_dtype
+from mamba_forge.runtime.torch_dispatch import autograd_kernel, serve_directly, served_directly
 from mamba_forge.runtime.torch_ops import (
     CONV1D_FAMILY,
     CONV_TOKENS_FAMILY,
@@ -327,6 +328,20 @@ def op_impls() -> dict:
     return {**_IMPLS, **torch_autograd.IMPLS, **torch_train.IMPLS}
 
 
+def implement_for(dispatch_key: str) -> None:
+    """Register every op's Python implementation for `dispatch_key` ("CUDA" at the first register(); the tests add
+    "CPU", where the kernels are stood in for), whose calls the differentiable ops' Autograd kernel then makes
+    directly (torch_dispatch.serve_directly)."""
+    if _lib is None:
+        raise LaunchRefused("mamba_forge torch ops: call mamba_forge.runtime.torch.register(kernels) first")
+    key = getattr(torch._C.DispatchKey, dispatch_key)
+    if key in served_directly():
+        return
+    for name, (impl, _) in op_impls().items():
+        _lib.impl(name, impl, dispatch_key)
+    serve_directly(key)
+
+
 def register(kernels) -> list[str]:
     """Point the ops at a loaded Kernels (the first call defines them and their autograd formulas); loads every
     kernel the forward ops may launch now (a backward's kernels load at the first backward that needs them, so an
@@ -352,13 +367,14 @@ def register(kernels) -> list[str]:
         lib = torch.library.Library(LIBRARY, "DEF")
         impls = op_impls()
         for name, schema in {**SCHEMAS, **TRAIN_SCHEMAS}.items():
-            impl, fake = impls[name]
             lib.define(schema)
-            lib.impl(name, impl, "CUDA")
-            _register_fake(f"{LIBRARY}::{name}", fake)
-        for name, (setup, grad) in {**torch_autograd.FORMULAS, **torch_train.FORMULAS}.items():
-            torch.library.register_autograd(f"{LIBRARY}::{name}", grad, setup_context=setup, lib=lib)
+            _register_fake(f"{LIBRARY}::{name}", impls[name][1])
         _lib = lib
+        implement_for("CUDA")
+        for name, (setup, grad) in {**torch_autograd.FORMULAS, **torch_train.FORMULAS}.items():
+            # register_autograd's kernel with a shorter no-grad path (runtime/torch_dispatch.py)
+            op = getattr(getattr(torch.ops, LIBRARY), name).default
+            lib.impl(name, autograd_kernel(op, impls[name][0], setup, grad), "Autograd", with_keyset=True)
     return [f"{LIBRARY}::{n}" for n in {**SCHEMAS, **TRAIN_SCHEMAS}]
 
 
