@@ -380,3 +380,41 @@ def test_the_gemm_op_passes_a_row_strided_a_through_and_its_fake_takes_one(mft):
         a = torch.empty(5, 24, dtype=torch.bfloat16)[:, :8]
         c = torch.ops.mamba_forge.gemm(a, torch.empty(8, 16, dtype=torch.bfloat16))
         assert tuple(c.shape) == (5, 16) and c.dtype == torch.bfloat16
+
+
+# ---- the derived tensors (transposed weights, f32 vectors): remade when a source parameter changes ---------------
+
+def test_derived_weights_follow_every_change_of_their_sources(mft):
+    """Mamba._weights answers a repeat call from one key over all its sources (a decode step asks every call); an
+    in-place update, a replaced parameter, a replaced submodule and a load_state_dict each remake what they touch,
+    so the layer's output is a fresh layer's with the same parameters."""
+    torch.manual_seed(11)
+    m = mft.Mamba(16, d_state=8, layer_idx=0, dtype=torch.float32)
+    h = torch.randn(2, 5, 16)
+
+    def same_as_fresh():
+        fresh = mft.Mamba(16, d_state=8, layer_idx=0, dtype=torch.float32)
+        fresh.load_state_dict(m.state_dict())
+        with torch.no_grad():
+            return torch.equal(m(h), fresh(h))
+
+    with torch.no_grad():
+        first = m._weights()
+        assert m._weights() is first  # the memo: nothing remade
+        m(h)
+        m.out_proj.weight.mul_(0.5)  # an optimizer's in-place step
+    assert m._weights() is not first and same_as_fresh()
+    m.D = torch.nn.Parameter(torch.randn(m.d_inner))  # a replaced parameter
+    assert same_as_fresh()
+    m.x_proj = torch.nn.Linear(m.d_inner, m.dt_rank + 2 * m.d_state, bias=False)  # a replaced submodule
+    assert same_as_fresh()
+    other = mft.Mamba(16, d_state=8, layer_idx=0, dtype=torch.float32)
+    m.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        assert torch.equal(m(h), other(h))
+    key = m._sources_key()
+    assert len(key) == len(m._SOURCES) and all(k is not None for k in key)
+    m.conv1d.bias = None  # a layer without the conv bias: the zero vector serves instead
+    assert m._sources_key()[m._SOURCES.index(("conv1d", "bias"))] is None
+    with torch.no_grad():
+        m(h)
