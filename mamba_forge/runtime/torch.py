@@ -18,10 +18,11 @@ mamba_forge/runtime/torch_ops.py.
 
 Training: gemm, softplus_forward, rms_norm, causal_conv1d and selective_scan are differentiable (autograd formulas
 registered as torch.library.register_autograd does, with a shorter no-grad path (runtime/torch_dispatch.py), each
-gradient a qualified backward kernel: runtime/torch_autograd.py); rms_norm_residual is rms_norm_add without the in-place update, differentiable; the ops
-that update state in place (conv_tokens, scan_tokens, rms_norm_add) are not, and the Mamba layer trains through
-its own op, mamba_mixer (runtime/torch_train.py). A backward kernel the manifest lacks is a LaunchRefused at the
-first backward that needs it (an inference-only manifest registers and runs forwards).
+gradient a qualified backward kernel: runtime/torch_autograd.py); rms_norm_residual is rms_norm_add without the
+in-place update, differentiable; the ops that update state in place (conv_tokens, scan_tokens, rms_norm_add) are
+not, and the Mamba layer trains through its own op, mamba_mixer (runtime/torch_train.py). A backward kernel the
+manifest lacks is a LaunchRefused at the first backward that needs it (an inference-only manifest registers and runs
+forwards).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ tensor subclass: fake tensors, FunctionalTensor, a TorchDispatchMode; no functio
 would reach next is the backend's, whose kernel is the op's own Python implementation: this kernel calls that
 implementation directly. Every other case (torch.compile's tracing, a mode, a subclass) redispatches exactly as
 torch's kernel does, and a call that records a graph runs the formula through an autograd.Function as torch's does.
-Measured on the CPU (scripts/bench_torch_dispatch_cpu.py): a call through the op costs the register_autograd kernel's
-time less about a third.
+Measured on the CPU machine (scripts/bench_torch_dispatch_cpu.py, thread CPU time): the dispatch around a no-grad
+call's implementation 27.7 us with register_autograd's kernel, 13.0 with this one (8.7 with no autograd kernel).
 """
 
 from __future__ import annotations
