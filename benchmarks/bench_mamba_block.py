@@ -12,7 +12,8 @@ selective_state_update for decode), on one GPU in one run (issue 25's goals):
 Appends every figure to benchmarks/results/summary.json.
     python benchmarks/bench_mamba_block.py --bundle h200.tar.gz --key manifests/keys [--smoke]
 Peers: benchmarks/peers/build_mamba_ssm.sh (mamba_ssm-2.3.2.post1 and causal_conv1d-1.7.0) builds them in place
-under /tmp/peers; this script puts those folders on sys.path.
+under /tmp/peers, or unpacks the extensions benchmarks/peers/prebuild.sh built on a CPU machine for the GPU
+machine's torch (.peers/prebuilt/) where they load; this script puts those folders on sys.path.
 """
 
 from __future__ import annotations

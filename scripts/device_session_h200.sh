@@ -3,8 +3,9 @@
 # session; the older per-session scripts were folded into it): build for sm_90a, full qualification signed with the
 # release key (.keys/release.key) into manifests/h200.toml + .runtime.json, bundle, verify; the token-scan benchmark;
 # the route tuner (TUNE); the GPU tests named by TESTS; the decode step against Triton (DECODE_STEP); the peers
-# (mamba-ssm and causal-conv1d from .peers/) built in the background meanwhile (their sm_90 builds, 26 and 40 MB
-# packed, are over what a call brings back); then BENCHES (python files under benchmarks/, with their arguments,
+# (mamba-ssm and causal-conv1d from .peers/) built in the background meanwhile, or loaded from .peers/prebuilt/ where
+# benchmarks/peers/prebuild.sh left them and they load with this torch (their sm_90 builds are over what a call
+# brings back); then BENCHES (python files under benchmarks/, with their arguments,
 # ';'-separated) while time is left.
 # Results: every step's log and the outputs, packed on exit into $OUT/res.tar.gz (the call's one file): run it as the
 # call's last command; anything writing $OUT/res.tar.gz after it replaces them (call 4 of the seventeenth session).
