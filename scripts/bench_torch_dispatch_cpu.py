@@ -1,8 +1,10 @@
 """Host time per call of a torch custom op's dispatch on the CPU (torch installed; no GPU): a scratch op with
 mamba_forge::gemm's schema whose implementation only allocates C (``A.new_empty``), called through the dispatcher
 with no autograd kernel, with torch.library.register_autograd's kernel, and with runtime/torch_dispatch.py's,
-against the implementation called as a Python function. What the differentiable ops' Autograd kernel costs a call
-that records no graph (issue 25's host path), apart from the launch path that scripts/bench_host_path_cpu.py times.
+against the implementation called as a Python function; the two kernels again on an A that requires grad (a graph
+recorded). What the differentiable ops' Autograd kernel costs a call (issue 25's host path), apart from the launch
+path that scripts/bench_host_path_cpu.py times. Measured on the 2-core CPU machine (2026-12-04, median of 3 runs):
+5.4 / 14.6 / 32.8 / 19.0 us without a graph, 91.1 / 53.6 with one.
 
 Not a benchmark (nothing recorded): a dev tool. Figures are thread-CPU microseconds per call, the median over
 --repeat runs of the fastest of --batches batches of --calls calls, the cases interleaved.
@@ -60,11 +62,14 @@ def cases():
              with_keyset=True)
     torch_dispatch.serve_directly(torch._C.DispatchKey.CPU)  # as runtime/torch.py's implement_for does for CUDA
     A, B = torch.randn(1, 1024), torch.randn(1024, 64)
+    Ag = A.clone().requires_grad_()  # a call that records a graph (the output and its node dropped at once)
     return lib, {
         "implementation as a function": lambda: impl(A, B, None),
         "op, no autograd kernel": lambda: ops.plain.default(A, B, None),
         "op, register_autograd's kernel": lambda: ops.torch_autograd.default(A, B, None),
         "op, torch_dispatch's kernel": lambda: ops.ours.default(A, B, None),
+        "graph: register_autograd's kernel": lambda: ops.torch_autograd.default(Ag, B, None),
+        "graph: torch_dispatch's kernel": lambda: ops.ours.default(Ag, B, None),
     }
 
 
