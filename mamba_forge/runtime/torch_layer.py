@@ -182,45 +182,49 @@ class Mamba(nn.Module):
             self._derived[name] = got
         return got[1]
 
-    # every parameter a derived tensor comes from: (submodule or None for the layer's own, parameter name)
+    # every parameter a derived tensor comes from: (submodule or None for the layer's own, parameter name), in the
+    # order _make_weights takes them, so the key and the derived tensors read the same list
     _SOURCES = (("in_proj", "weight"), ("x_proj", "weight"), ("dt_proj", "weight"), ("out_proj", "weight"),
                 ("conv1d", "weight"), ("conv1d", "bias"), ("dt_proj", "bias"), (None, "A_log"), (None, "D"))
 
-    def _sources_key(self) -> tuple:
-        """(storage, version, dtype, device) of every source parameter, read from the dicts nn.Module keeps them in
-        (each name through nn.Module.__getattr__ costs about a microsecond): a replaced submodule or parameter, an
-        in-place update or a move changes it."""
+    def _source_tensors(self) -> tuple:
+        """The _SOURCES parameters, read from the dicts nn.Module keeps them in (each name through
+        nn.Module.__getattr__ costs about a microsecond)."""
         mods, own = self._modules, self._parameters
-        key = []
-        for m, name in self._SOURCES:
-            p = own[name] if m is None else mods[m]._parameters[name]
-            key.append(None if p is None else (p.data_ptr(), p._version, p.dtype, p.device))
-        return tuple(key)
+        return tuple([own[name] if m is None else mods[m]._parameters[name] for m, name in self._SOURCES])
+
+    @staticmethod
+    def _key(sources) -> tuple:
+        """(storage, version, dtype, device) of each source: a replaced submodule or parameter, an in-place update or
+        a move changes it."""
+        return tuple([None if p is None else (p.data_ptr(), p._version, p.dtype, p.device) for p in sources])
+
+    def _sources_key(self) -> tuple:
+        return self._key(self._source_tensors())
 
     @torch.compiler.disable  # a cache keyed by storage and version: kept out of traced graphs
     def _weights(self):
         """The derived tensors, remade where a source changed; one key over all of them first (a decode step asks
-        every call: 56 -> 13 us on the CPU machine), then each tensor's own (_derive) when that key moved."""
-        key = self._sources_key()
+        every call: 56 -> 15 us on the CPU machine), then each tensor's own (_derive) when that key moved."""
+        sources = self._source_tensors()
+        key = self._key(sources)
         hit = self._weights_memo
         if hit is not None and hit[0] == key:
             return hit[1]
-        w = self._make_weights()
+        w = self._make_weights(*sources)
         self._weights_memo = (key, w)
         return w
 
-    def _make_weights(self):
+    def _make_weights(self, in_w, x_w, dt_w, out_w, conv_w, conv_b, dt_b, A_log, D):
         t = lambda w: w.t().contiguous()  # noqa: E731  Linear's [N, K] -> [K, N]
         f32 = lambda v: v.float().contiguous()  # noqa: E731
         d = self._derive
-        conv_b = (d("conv_b", self.conv1d.bias, f32) if self.conv1d.bias is not None
-                  else d("conv_b0", self.conv1d.weight, lambda w: w.new_zeros(w.shape[0], dtype=torch.float32)))
+        conv_b = (d("conv_b", conv_b, f32) if conv_b is not None
+                  else d("conv_b0", conv_w, lambda w: w.new_zeros(w.shape[0], dtype=torch.float32)))
         return {
-            "in": d("in", self.in_proj.weight, t), "x": d("x", self.x_proj.weight, t),
-            "dt": d("dt", self.dt_proj.weight, t), "out": d("out", self.out_proj.weight, t),
-            "conv_w": d("conv_w", self.conv1d.weight, lambda w: w.reshape(w.shape[0], -1).float().contiguous()),
-            "conv_b": conv_b, "dt_bias": d("dt_bias", self.dt_proj.bias, f32),
-            "A_log": d("A_log", self.A_log, f32), "D": d("D", self.D, f32),
+            "in": d("in", in_w, t), "x": d("x", x_w, t), "dt": d("dt", dt_w, t), "out": d("out", out_w, t),
+            "conv_w": d("conv_w", conv_w, lambda w: w.reshape(w.shape[0], -1).float().contiguous()),
+            "conv_b": conv_b, "dt_bias": d("dt_bias", dt_b, f32), "A_log": d("A_log", A_log, f32), "D": d("D", D, f32),
         }
 
     def prepare(self) -> None:
