@@ -6,7 +6,8 @@ it names, and checked against the layer of the importer:
 
     core     mamba_forge.core.*, mamba_forge/__init__.py     standard library only
     gpu      mamba_forge.gpu.*                               core, itself; cuda-bindings
-    runtime  mamba_forge.runtime.*                           core, gpu, itself; torch, cuda-bindings, cryptography
+    runtime  mamba_forge.runtime.*                           core, gpu, itself; torch, cuda-bindings, cryptography;
+                                                             huggingface_hub, safetensors (optional: from_pretrained)
     forge    everything else (catalog, build, qualify, ...)  anything
 
     python scripts/import_graph.py [--edges]     prints the counts, the package graph and every violation
@@ -24,7 +25,9 @@ LAYERS = ("core", "gpu", "runtime", "forge")
 THIRD_PARTY: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "gpu": frozenset({"cuda"}),
-    "runtime": frozenset({"cuda", "torch", "cryptography"}),
+    # huggingface_hub and safetensors: imported only by MambaLMHeadModel.from_pretrained for a Hub name or a
+    # model.safetensors, where installed (runtime/torch_model.py); nothing else needs them
+    "runtime": frozenset({"cuda", "torch", "cryptography", "huggingface_hub", "safetensors"}),
     "forge": frozenset({"*"}),
 }
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}

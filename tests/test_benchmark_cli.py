@@ -283,3 +283,15 @@ def test_mamba_train_counts_differing_gradient_elements():
     model[0].weight.requires_grad_(False)  # a parameter the backward does not reach is named
     step()
     assert mod.missing_grads(model, x) == ["0.weight"]
+
+
+def test_mamba_generate_arguments():
+    mod = load_bench(BENCHMARKS / "bench_mamba_generate.py")
+    req = ["--bundle", "b", "--key", "k"]
+    a = mod.parse_args(req)
+    assert (a.models.split(","), a.batches, a.prompt, a.new_tokens) == (list(mod.MODELS), "1,16", 512, 128)
+    assert mod.parse_args([*req, "--models", "mamba-130m,mamba-2.8b"]).models == "mamba-130m,mamba-2.8b"
+    for bad in (["--models", "mamba-7b"], ["--new-tokens", "1"], ["--prompt", "0"], ["--reps", "0"], []):
+        with contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit) as exc:
+            mod.parse_args(bad if not bad else [*req, *bad])
+        assert exc.value.code == 2, bad

@@ -381,6 +381,8 @@ def register(kernels) -> list[str]:
 
 from mamba_forge.runtime.torch_clip import clip_grad_norm_  # noqa: E402
 from mamba_forge.runtime.torch_layer import Block, InferenceParams, Mamba, RMSNorm  # noqa: E402  (uses the ops above)
+from mamba_forge.runtime.torch_model import MambaConfig, MambaLMHeadModel, MixerModel  # noqa: E402
 from mamba_forge.runtime.torch_optim import AdamW  # noqa: E402
 
-__all__ = ["AdamW", "Block", "InferenceParams", "Mamba", "RMSNorm", "clip_grad_norm_", "register"]
+__all__ = ["AdamW", "Block", "InferenceParams", "Mamba", "MambaConfig", "MambaLMHeadModel", "MixerModel", "RMSNorm",
+           "clip_grad_norm_", "register"]
