@@ -256,6 +256,9 @@ def test_construction_refuses_a_head_no_qualified_gemm_serves(mft):
         m = mft.MambaLMHeadModel(_config(mft, pad_vocab_size_multiple=16), dtype=torch.float32,
                                  kernels=NoHead())  # 64 rows: served
         m.check_training_kernels()
+        with pytest.raises(LaunchRefused, match="lm_head's input gradient"):
+            mft.MambaLMHeadModel(_config(mft, pad_vocab_size_multiple=16), dtype=torch.float32,
+                                 kernels=RefKernels(layouts=("nn", "tn"))).check_training_kernels()
     finally:
         mft.register(RefKernels())
 

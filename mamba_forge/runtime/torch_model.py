@@ -181,7 +181,8 @@ class MambaLMHeadModel(nn.Module):
 
     def check_training_kernels(self) -> None:
         """What the first loss.backward() would refuse: each Block's backward kernels, the final norm's, and the
-        head's input- and weight-gradient GEMMs (nn with N and K swapped; tn)."""
+        head's gradient GEMMs (the gemm op's formula for C = A B with B = W^T [d_model, vocab]: dA = dC B^T, nt with
+        N = d_model and K = vocab; dB = A^T dC, tn with M = d_model and N = vocab)."""
         from mamba_forge.runtime.torch_autograd import bwd_kernel
         from mamba_forge.runtime.torch_ops import norm_backward_kernels
 
@@ -191,13 +192,13 @@ class MambaLMHeadModel(nn.Module):
             layer.check_training_kernels()
         for fd in norm_backward_kernels(act):
             bwd_kernel("rms_norm_residual", *fd)
-        n, k = self.lm_head.weight.shape
-        for what, layout, (nn_, kk) in (("input", "nn", (k, n)), ("weight", "tn", (n, k))):
+        vocab, d_model = self.lm_head.weight.shape
+        for what, layout, (m, n, k) in (("input", "nt", (1, d_model, vocab)), ("weight", "tn", (d_model, vocab, 8))):
             try:
-                kernels.gemm_route(1, nn_, kk, act, layout=layout)
+                kernels.gemm_route(m, n, k, act, layout=layout)
             except (LaunchRefused, LookupError) as exc:
                 raise LaunchRefused(f"MambaLMHeadModel: no qualified GEMM serves lm_head's {what} gradient "
-                                    f"({layout}, N={nn_}, K={kk}, {act}): {exc}") from None
+                                    f"({layout}, N={n}, K={k}, {act}): {exc}") from None
 
     # ---- the head ------------------------------------------------------------------------------------------------
     def _head_weight_t(self) -> torch.Tensor:
