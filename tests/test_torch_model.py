@@ -392,3 +392,23 @@ def test_a_hub_name_without_huggingface_hub_says_what_to_install(mft, monkeypatc
     monkeypatch.setattr(builtins, "__import__", no_hub)
     with pytest.raises(ValueError, match="pip install huggingface_hub"):
         mft.MambaLMHeadModel.from_pretrained("state-spaces/mamba-130m")
+
+
+def test_generate_takes_mamba_ssms_state_dtype_and_timing_arguments(mft, capsys):
+    torch.manual_seed(0)
+    m = mft.MambaLMHeadModel(_config(mft), dtype=torch.bfloat16).eval()
+    ids = _ids(56, 2, 5)
+    out = m.generate(ids, 9, ssm_dtype=torch.bfloat16, enable_timing=True)  # mamba-ssm's own cache dtype
+    assert out.shape == (2, 9) and torch.equal(out[:, :5], ids)
+    assert capsys.readouterr().out.startswith("Prompt processing + decoding time: ")
+    with pytest.raises(ValueError, match="neither float32 nor"):
+        _model(mft).generate(ids, 9, ssm_dtype=torch.bfloat16)  # an f32 model: its state is f32
+
+
+def test_model_forward_traces_under_torch_compile(mft):
+    m = _model(mft)
+    ids = _ids(56, 2, 6)
+    with torch.no_grad():
+        want = m(ids).logits
+        got = torch.compile(m, backend="aot_eager")(ids).logits
+    assert torch.equal(got, want)

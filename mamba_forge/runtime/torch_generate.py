@@ -9,6 +9,8 @@ prompt's ids are range-checked once (the decode steps feed the sampler's own ids
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from mamba_forge.runtime.torch_layer import InferenceParams
@@ -106,9 +108,10 @@ def decode_graph(model, batch: int, ssm_dtype) -> DecodeGraph:
 
 def decode(model, input_ids, max_length, *, top_k=1, top_p=0.0, min_p=0.0, temperature=1.0,
            return_dict_in_generate=False, output_scores=False, repetition_penalty=1.0, eos_token_id=None,
-           teacher_outputs=None, vocab_size=None, cg=False, streamer=None, ssm_dtype=None):
+           teacher_outputs=None, vocab_size=None, cg=False, streamer=None, ssm_dtype=None, enable_timing=False):
     """MambaLMHeadModel.generate's loop (its docstring); mamba-ssm's stopping rule: max_length tokens in all, or
     every sequence's last token eos_token_id."""
+    started = time.perf_counter()
     vocab = model.lm_head.weight.shape[0]
     device = model.lm_head.weight.device
     check_input_ids(input_ids, vocab, device)
@@ -164,6 +167,10 @@ def decode(model, input_ids, max_length, *, top_k=1, top_p=0.0, min_p=0.0, tempe
     if streamer is not None:
         streamer.end()
     out = torch.cat(sequences, dim=1)
+    if enable_timing:  # mamba-ssm's line (its figure is between CUDA events; this one is wall time, drained)
+        if out.is_cuda:
+            torch.cuda.synchronize(out.device)
+        print(f"Prompt processing + decoding time: {(time.perf_counter() - started) * 1e3:.0f}ms")
     if not return_dict_in_generate:
         return out
     return GenerationOutput(sequences=out, scores=tuple(scores) if output_scores else None)

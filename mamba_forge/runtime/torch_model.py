@@ -258,18 +258,20 @@ class MambaLMHeadModel(nn.Module):
     @torch.inference_mode()
     def generate(self, input_ids, max_length, top_k=1, top_p=0.0, min_p=0.0, temperature=1.0,
                  return_dict_in_generate=False, output_scores=False, repetition_penalty=1.0, eos_token_id=None,
-                 teacher_outputs=None, vocab_size=None, cg=False, streamer=None, ssm_dtype=None):
+                 teacher_outputs=None, vocab_size=None, cg=False, streamer=None, ssm_dtype=None,
+                 enable_timing=False):
         """mamba-ssm's GenerationMixin.generate: greedy (top_k=1, the default) or sampled tokens until max_length
         tokens in all (prompt included) or every sequence's eos_token_id. cg=True replays each decode step from a
-        CUDA graph captured once per batch size (and again after a weight changes). Returns sequences [b, length],
-        or GenerationOutput(sequences, scores) with return_dict_in_generate."""
+        CUDA graph captured once per batch size (and again after a weight changes); ssm_dtype: the cache's state
+        dtype (Mamba.allocate_inference_cache); enable_timing prints the wall time as mamba-ssm does. Returns
+        sequences [b, length], or GenerationOutput(sequences, scores) with return_dict_in_generate."""
         from mamba_forge.runtime.torch_generate import decode
 
         return decode(self, input_ids, max_length, top_k=top_k, top_p=top_p, min_p=min_p, temperature=temperature,
                       return_dict_in_generate=return_dict_in_generate, output_scores=output_scores,
                       repetition_penalty=repetition_penalty, eos_token_id=eos_token_id,
                       teacher_outputs=teacher_outputs, vocab_size=vocab_size, cg=cg, streamer=streamer,
-                      ssm_dtype=ssm_dtype)
+                      ssm_dtype=ssm_dtype, enable_timing=enable_timing)
 
     # ---- checkpoints -------------------------------------------------------------------------------------------
     @classmethod
