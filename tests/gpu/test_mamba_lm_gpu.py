@@ -112,6 +112,20 @@ def test_mamba_ssms_model_loads_and_agrees(mft):
     assert torch.equal(ga[:, :66], gb[:, :66])  # greedy: the first two new tokens (later ones may part on a tie)
 
 
+def test_the_same_seed_gives_mamba_ssms_initial_weights(mft):
+    """mamba-ssm's initialisation, draw for draw: after the same seed, the same tensors (same RNG calls in the same
+    order: each layer's norm then its mixer, the mixer's own draws, the two _init_weights passes)."""
+    mixer = pytest.importorskip("mamba_ssm.models.mixer_seq_simple")
+    cfg_mod = pytest.importorskip("mamba_ssm.models.config_mamba")
+    torch.manual_seed(11)
+    peer = mixer.MambaLMHeadModel(cfg_mod.MambaConfig(d_model=256, n_layer=3, vocab_size=1000), device="cuda",
+                                  dtype=torch.bfloat16)
+    ours = _model(mft, torch.bfloat16, seed=11, d_model=256, n_layer=3)
+    a, b = ours.state_dict(), peer.state_dict()
+    assert a.keys() == b.keys()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
 def test_training_step_is_the_inference_forward_and_bit_reproducible(mft):
     def grads():
         m = _model(mft, torch.float32, d_model=128, n_layer=2).train()
