@@ -217,6 +217,9 @@ def test_forward_refuses_ids_the_embedding_cannot_take(mft, ids, match):
         m(ids)
     with pytest.raises(ValueError, match=match):
         m.generate(ids, 5)
+    m.check_ids = False  # an engine's own validation: forward no longer reads the range, generate still does
+    with pytest.raises(ValueError, match=match):
+        m.generate(ids, 5)
 
 
 # ---- configurations and kernels ----------------------------------------------------------------------------------

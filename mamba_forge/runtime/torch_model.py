@@ -136,7 +136,12 @@ class MixerModel(nn.Module):
 
 
 class MambaLMHeadModel(nn.Module):
-    """mamba_ssm.models.mixer_seq_simple.MambaLMHeadModel on qualified kernels (see the module docstring)."""
+    """mamba_ssm.models.mixer_seq_simple.MambaLMHeadModel on qualified kernels (see the module docstring).
+
+    check_ids: forward reads input_ids' range on the host (one sync a call; generate checks its prompt once either
+    way). An engine that validates ids itself and calls forward per decode step may set it False."""
+
+    check_ids: bool = True
 
     def __init__(self, config: MambaConfig, initializer_cfg=None, device=None, dtype=None, *, kernels=None):
         super().__init__()
@@ -244,7 +249,8 @@ class MambaLMHeadModel(nn.Module):
     def forward(self, input_ids, position_ids=None, inference_params=None, num_last_tokens=0, **mixer_kwargs):
         """input_ids [b, L] (int64 token ids below the padded vocabulary) -> CausalLMOutput(logits [b, L, vocab] or
         [b, num_last_tokens, vocab]). position_ids is taken and ignored, as mamba-ssm does."""
-        check_input_ids(input_ids, self.lm_head.weight.shape[0], self.lm_head.weight.device)
+        if self.check_ids:
+            check_input_ids(input_ids, self.lm_head.weight.shape[0], self.lm_head.weight.device)
         return CausalLMOutput(logits=self.logits_of(input_ids, inference_params, num_last_tokens, **mixer_kwargs))
 
     def logits_of(self, input_ids, inference_params=None, num_last_tokens=0, **mixer_kwargs) -> torch.Tensor:
