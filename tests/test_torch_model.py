@@ -415,3 +415,45 @@ def test_model_forward_traces_under_torch_compile(mft):
         want = m(ids).logits
         got = torch.compile(m, backend="aot_eager")(ids).logits
     assert torch.equal(got, want)
+
+
+def test_cg_path_captures_once_per_batch_and_again_after_a_weight_change(mft, monkeypatch):
+    """generate(cg=True)'s bookkeeping on the CPU, the CUDA graph stood in for by a replay that runs the captured
+    step again into the captured output (what a graph replay does): the same sequences and logits as eager, one
+    capture per batch size, a new one after a weight changed, the old graph's output never read after that."""
+    from mamba_forge.runtime import torch_generate as tg
+
+    captures = []
+
+    class Replay:
+        def __init__(self, fn, out):
+            self.fn, self.out = fn, out
+
+        def replay(self):
+            self.out.copy_(self.fn())
+
+    def fake_capture(fn, device):
+        for _ in range(tg.WARMUP_STEPS):
+            fn()
+        out = fn()
+        captures.append(out)
+        return Replay(fn, out), out
+
+    monkeypatch.setattr(tg, "capture", fake_capture)
+    monkeypatch.setattr(tg, "check_capture_device", lambda device: None)
+    m = _model(mft)
+    ids = _ids(56, 2, 5)
+    eager = m.generate(ids, 11, return_dict_in_generate=True, output_scores=True)
+    got = m.generate(ids, 11, return_dict_in_generate=True, output_scores=True, cg=True)
+    assert torch.equal(got.sequences, eager.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(got.scores, eager.scores, strict=True))
+    assert len(captures) == 1
+    assert torch.equal(m.generate(ids, 11, cg=True), eager.sequences) and len(captures) == 1  # kept
+    m.generate(ids[:1], 9, cg=True)
+    assert len(captures) == 2 and sorted(m._graphs) == [1, 2]  # one per batch size
+    with torch.no_grad():
+        m.backbone.layers[0].mixer.out_proj.weight.mul_(-2)  # read through its derived transpose
+    eager2 = m.generate(ids, 11, return_dict_in_generate=True, output_scores=True)
+    got2 = m.generate(ids, 11, return_dict_in_generate=True, output_scores=True, cg=True)
+    assert len(captures) == 3 and not torch.equal(eager2.scores[-1], eager.scores[-1])
+    assert all(torch.equal(a, b) for a, b in zip(got2.scores, eager2.scores, strict=True))

@@ -68,6 +68,27 @@ def penalise_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -
     return logits.scatter(1, seen, score)
 
 
+def check_capture_device(device) -> None:
+    """cg=True replays CUDA graphs: a model elsewhere is refused."""
+    if device.type != "cuda":
+        raise ValueError(f"generate: cg=True replays CUDA graphs; the model is on {device}")
+
+
+def capture(fn, device):
+    """(graph, out): fn() captured in a CUDA graph after WARMUP_STEPS eager calls on a side stream (mamba-ssm's
+    capture_graph), out its output tensor, which graph.replay() rewrites."""
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_STEPS):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 class DecodeGraph:
     """One batch size's decode step captured in a CUDA graph, on its own inference cache: run(tokens) copies the
     [b, 1] tokens in, replays and returns the step's logits [b, vocab] (a copy: the next replay reuses the output)."""
@@ -80,15 +101,7 @@ class DecodeGraph:
         self.ids = torch.zeros((batch, 1), dtype=torch.int64, device=device)
         model.prepare()  # the derived tensors exist before the capture, which then allocates none of them
         self.params.seqlen_offset = 1  # a decode step: the states are continued, not reset
-        side = torch.cuda.Stream(device=device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_STEPS):
-                model.logits_of(self.ids, self.params, 1)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = model.logits_of(self.ids, self.params, 1)
+        self.graph, self.logits = capture(lambda: model.logits_of(self.ids, self.params, 1), device)
         self.params.seqlen_offset = 0
 
     def run(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -127,8 +140,7 @@ def decode(model, input_ids, max_length, *, top_k=1, top_p=0.0, min_p=0.0, tempe
         if teacher_outputs.shape[0] != batch:
             raise ValueError(f"generate: teacher_outputs has {teacher_outputs.shape[0]} rows, input_ids {batch}")
     if cg:
-        if device.type != "cuda":
-            raise ValueError(f"generate: cg=True replays CUDA graphs; the model is on {device}")
+        check_capture_device(device)
         graph = decode_graph(model, batch, ssm_dtype)
         params = graph.params
     else:
@@ -176,4 +188,5 @@ def decode(model, input_ids, max_length, *, top_k=1, top_p=0.0, min_p=0.0, tempe
     return GenerationOutput(sequences=out, scores=tuple(scores) if output_scores else None)
 
 
-__all__ = ["DecodeGraph", "WARMUP_STEPS", "check_sampling", "decode", "decode_graph", "penalise_repeats", "sample"]
+__all__ = ["DecodeGraph", "WARMUP_STEPS", "capture", "check_capture_device", "check_sampling", "decode", "decode_graph",
+           "penalise_repeats", "sample"]
