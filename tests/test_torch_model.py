@@ -457,3 +457,18 @@ def test_cg_path_captures_once_per_batch_and_again_after_a_weight_change(mft, mo
     got2 = m.generate(ids, 11, return_dict_in_generate=True, output_scores=True, cg=True)
     assert len(captures) == 3 and not torch.equal(eager2.scores[-1], eager.scores[-1])
     assert all(torch.equal(a, b) for a, b in zip(got2.scores, eager2.scores, strict=True))
+
+
+def test_create_block_is_mamba_ssms_and_refuses_what_it_does_not_build(mft):
+    from mamba_forge.runtime.torch_model import create_block
+
+    blk = create_block(32, 0, ssm_cfg={"d_state": 8}, norm_epsilon=1e-6, rms_norm=True, residual_in_fp32=True,
+                       fused_add_norm=True, layer_idx=4, dtype=torch.float32)
+    assert blk.layer_idx == 4 and blk.mixer.layer_idx == 4 and blk.norm.eps == 1e-6 and blk.mixer.d_state == 8
+    ok = dict(rms_norm=True, residual_in_fp32=True, fused_add_norm=True, layer_idx=1)
+    for kw, match in (({"d_intermediate": 64}, "no MLP"), ({"attn_layer_idx": [1]}, "attention"),
+                      ({"rms_norm": False}, "rms_norm")):
+        args = {**ok, **kw}
+        with pytest.raises(ValueError, match=match):
+            create_block(32, args.pop("d_intermediate", 0), **args)
+    create_block(32, 0, attn_layer_idx=[0], **ok)  # attention elsewhere: this layer is a Mamba one

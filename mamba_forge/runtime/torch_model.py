@@ -84,6 +84,24 @@ def _init_weights(module: nn.Module, n_layer: int, initializer_range: float = 0.
                     p /= math.sqrt(n_residuals_per_layer * n_layer)
 
 
+def create_block(d_model, d_intermediate, ssm_cfg=None, attn_layer_idx=None, attn_cfg=None, norm_epsilon=1e-5,
+                 rms_norm=False, residual_in_fp32=False, fused_add_norm=False, layer_idx=None, device=None,
+                 dtype=None) -> Block:
+    """mamba_ssm.models.mixer_seq_simple.create_block: Block(Mamba(layer_idx, **ssm_cfg)) with an RMSNorm of
+    norm_epsilon; what these layers do not build (an MLP, attention, Mamba2, LayerNorm, an unfused norm) is refused
+    as check_config refuses it."""
+    check_config(MambaConfig(d_model=d_model, n_layer=1, d_intermediate=d_intermediate, vocab_size=1,
+                             ssm_cfg=dict(ssm_cfg or {}),
+                             attn_layer_idx=[0] if layer_idx is not None and layer_idx in (attn_layer_idx or []) else [],
+                             rms_norm=rms_norm, fused_add_norm=fused_add_norm, residual_in_fp32=residual_in_fp32))
+    factory = {"device": device, "dtype": dtype}
+    mamba_args = {k: v for k, v in copy.deepcopy(dict(ssm_cfg or {})).items() if k != "layer"}
+    block = Block(d_model, partial(Mamba, layer_idx=layer_idx, **mamba_args, **factory),
+                  norm_cls=partial(RMSNorm, eps=norm_epsilon, **factory))
+    block.layer_idx = layer_idx
+    return block
+
+
 class MixerModel(nn.Module):
     """mamba_ssm.models.mixer_seq_simple.MixerModel on Block(Mamba): embedding, layers, norm_f. forward returns the
     final norm's output [b, L, d_model] in the model's dtype."""
@@ -99,18 +117,11 @@ class MixerModel(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.residual_in_fp32, self.fused_add_norm = True, True
         self.embedding = nn.Embedding(vocab_size, d_model, **factory)
-        mamba_args = {k: v for k, v in copy.deepcopy(dict(ssm_cfg or {})).items() if k != "layer"}
         self.layers = nn.ModuleList(
-            self._block(d_model, i, mamba_args, norm_epsilon, factory) for i in range(n_layer))
+            create_block(d_model, 0, ssm_cfg=ssm_cfg, norm_epsilon=norm_epsilon, rms_norm=True, residual_in_fp32=True,
+                         fused_add_norm=True, layer_idx=i, **factory) for i in range(n_layer))
         self.norm_f = RMSNorm(d_model, eps=norm_epsilon, **factory)
         self.apply(partial(_init_weights, n_layer=n_layer, **(initializer_cfg or {})))
-
-    @staticmethod
-    def _block(d_model, i, mamba_args, eps, factory) -> Block:
-        block = Block(d_model, partial(Mamba, layer_idx=i, **mamba_args, **factory),
-                      norm_cls=partial(RMSNorm, eps=eps, **factory))
-        block.layer_idx = i
-        return block
 
     def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None, **kwargs):
         return {i: layer.allocate_inference_cache(batch_size, max_seqlen, dtype=dtype, **kwargs)
@@ -330,4 +341,4 @@ def check_input_ids(input_ids, vocab: int, device) -> None:
 
 
 __all__ = ["CausalLMOutput", "GenerationOutput", "InferenceParams", "MambaConfig", "MambaLMHeadModel", "MixerModel",
-           "check_input_ids"]
+           "check_input_ids", "create_block"]
