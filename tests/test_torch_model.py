@@ -472,3 +472,18 @@ def test_create_block_is_mamba_ssms_and_refuses_what_it_does_not_build(mft):
         with pytest.raises(ValueError, match=match):
             create_block(32, args.pop("d_intermediate", 0), **args)
     create_block(32, 0, attn_layer_idx=[0], **ok)  # attention elsewhere: this layer is a Mamba one
+
+
+def test_a_hub_name_the_hub_cannot_give_is_one_line(mft, monkeypatch):
+    import sys
+    import types
+
+    hub = types.ModuleType("huggingface_hub")
+
+    def snapshot_download(name, **kw):
+        raise OSError("Network is unreachable")
+
+    hub.snapshot_download = snapshot_download
+    monkeypatch.setitem(sys.modules, "huggingface_hub", hub)
+    with pytest.raises(ValueError, match="did not give it .OSError: Network is unreachable"):
+        mft.MambaLMHeadModel.from_pretrained("state-spaces/mamba-130m")

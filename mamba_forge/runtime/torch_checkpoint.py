@@ -131,7 +131,11 @@ def checkpoint_folder(name) -> Path:
         raise ValueError(f"{text}: no such folder; a Hugging Face Hub name needs huggingface_hub "
                          "(pip install huggingface_hub), or pass a local folder with config.json and "
                          f"{WEIGHTS_NAME}") from None
-    return Path(snapshot_download(text, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, SAFE_WEIGHTS_NAME]))
+    try:
+        return Path(snapshot_download(text, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME, SAFE_WEIGHTS_NAME]))
+    except Exception as exc:  # noqa: BLE001  no network, no such repository, no access: one line, not a traceback
+        raise ValueError(f"{text}: no such folder, and the Hugging Face Hub did not give it "
+                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
 
 
 def load_config(path: Path) -> MambaConfig:
