@@ -70,6 +70,14 @@ HEADER = """\
 """
 
 
+HEAD_VOCAB = 50280  # mamba-ssm's GPT-NeoX vocabulary padded to a multiple of 8 (the published checkpoints')
+
+
+def head_shape(d_model: int) -> tuple[str, int, int]:
+    """(name, N, K) of a language model's head: logits = hidden [M, d_model] @ lm_head.weight^T [d_model, vocab]."""
+    return (f"d{d_model} lm_head", HEAD_VOCAB, d_model)
+
+
 def model_shapes(d_model: int) -> list[tuple[str, int, int]]:
     """(name, N, K) of a Mamba-1 layer's projections (expand 2, d_state 16, dt_rank ceil(d_model / 16))."""
     d_inner, dt_rank = 2 * d_model, math.ceil(d_model / 16)
@@ -293,7 +301,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help=f"folder for the table and the timings (default {OUT})")
     p.add_argument("--write", action="store_true", help=f"also replace {TABLE} (checked, temporary file + rename)")
     p.add_argument("--keys", default=KEYS, help="layout:dtype list (dtype bf16, f16, f32 or tf32)")
-    p.add_argument("--d-models", default=",".join(map(str, D_MODELS)))
+    p.add_argument("--d-models", default=",".join(map(str, D_MODELS)), help="the layers' widths (empty: none)")
+    p.add_argument("--heads", default="", help=f"d_model list: also the language-model head at each (N {HEAD_VOCAB}, "
+                   "K d_model; MambaLMHeadModel's logits GEMM)")
     p.add_argument("--ms", default=",".join(map(str, M_VALUES)), help="the M values measured")
     p.add_argument("--reps", type=int, default=10, help="graph replays per figure (median; at least 5)")
     p.add_argument("--tie", type=float, default=0.02, help="a previous winner within this fraction keeps winning")
@@ -309,14 +319,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     try:
         a.keys = [tuple(x.strip().split(":")) for x in a.keys.split(",") if x.strip()]
         a.d_models = [int(x) for x in a.d_models.split(",") if x.strip()]
+        a.heads = [int(x) for x in a.heads.split(",") if x.strip()]
         a.ms = sorted({int(x) for x in a.ms.split(",") if x.strip()})
     except ValueError as exc:
         p.error(f"--keys, --d-models and --ms are comma-separated lists: {exc}")
     for k in a.keys:
         if len(k) != 2 or k[0] not in ("nn", "nt", "tn") or k[1] not in DTYPES:
             p.error(f"--keys takes layout:dtype (layout nn, nt or tn; dtype {', '.join(DTYPES)}), not {':'.join(k)}")
-    if not a.keys or not a.ms or min(a.ms) < 1 or not a.d_models or min(a.d_models) < 16:
-        p.error("--keys, --ms (each >= 1) and --d-models (each >= 16) need at least one value")
+    if not a.keys or not a.ms or min(a.ms) < 1 or not (a.d_models or a.heads) or min(a.d_models + a.heads) < 16:
+        p.error("--keys and --ms (each >= 1) need at least one value, and --d-models or --heads (each >= 16)")
     if a.reps < 5 or not 0 <= a.tie < 0.5:
         p.error("--reps must be at least 5 and --tie in [0, 0.5)")
     if a.eq_class and a.write:
@@ -326,7 +337,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.smoke:
         if a.write:
             p.error("--smoke writes nothing in place: drop --write")
-        a.keys, a.d_models, a.ms, a.reps, a.no_record = [("nn", "bf16")], [1024], [1, 2048], 3, True
+        a.keys, a.d_models, a.heads, a.ms, a.reps, a.no_record = [("nn", "bf16")], [1024], [], [1, 2048], 3, True
     return a
 
 
@@ -340,6 +351,7 @@ def main(argv=None) -> int:
     kernels = load(a.bundle, trusted_keys=[a.key])
     props = torch.cuda.get_device_properties(0)
     shapes = [s for d in a.d_models for s in model_shapes(d) if not a.smoke or s[0].endswith("x_proj")]
+    shapes += [head_shape(d) for d in a.heads]
     shapes = list({(n, k): (name, n, k) for name, n, k in shapes}.values())  # one rule set per (N, K)
     results = {"gpu": f"{props.name} ({props.multi_processor_count} SMs)", "torch": torch.__version__,
                "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "inner": INNER,

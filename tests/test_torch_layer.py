@@ -418,3 +418,42 @@ def test_derived_weights_follow_every_change_of_their_sources(mft):
     assert m._sources_key()[m._SOURCES.index(("conv1d", "bias"))] is None
     with torch.no_grad():
         m(h)
+
+
+def test_norm_weight_f32_is_made_once_per_version_of_a_16bit_weight(mft):
+    """RMSNorm.weight_f32: a float32 weight is handed over as it is; a 16-bit one's float32 copy is made once and
+    remade after an in-place update, a replaced parameter or a move of dtype, so the Block never reads a stale
+    weight (its output equals a fresh Block's with the same parameters) and launches no cast at a repeat call."""
+    norm = mft.RMSNorm(32, dtype=torch.float32)
+    assert norm.weight_f32() is norm.weight
+    norm = mft.RMSNorm(32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, 32))
+    first = norm.weight_f32()
+    assert first.dtype == torch.float32 and torch.equal(first, norm.weight.float())
+    assert norm.weight_f32() is first  # nothing remade
+    with torch.no_grad():
+        norm.weight.mul_(0.5)  # an optimizer's in-place step
+    second = norm.weight_f32()
+    assert second is not first and torch.equal(second, norm.weight.float())
+    norm.weight = torch.nn.Parameter(torch.full((32,), 2.0, dtype=torch.bfloat16))  # a replaced parameter
+    assert torch.equal(norm.weight_f32(), torch.full((32,), 2.0))
+    norm.float()  # a move to float32: the parameter itself again
+    assert norm.weight_f32() is norm.weight
+
+    torch.manual_seed(3)
+    blk = mft.Block(32, lambda dim: mft.Mamba(dim, d_state=8, layer_idx=0, dtype=torch.float32))
+    blk.norm.weight = torch.nn.Parameter(torch.rand(32, dtype=torch.bfloat16) + 0.5)
+    h, res = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
+
+    def fresh_out():
+        fresh = mft.Block(32, lambda dim: mft.Mamba(dim, d_state=8, layer_idx=0, dtype=torch.float32))
+        fresh.norm.weight = torch.nn.Parameter(blk.norm.weight.detach().clone())
+        fresh.mixer.load_state_dict(blk.mixer.state_dict())
+        with torch.no_grad():
+            return fresh(h, res.clone())[0]
+
+    with torch.no_grad():
+        assert torch.equal(blk(h, res.clone())[0], fresh_out())
+        blk.norm.weight.mul_(1.25)
+        assert torch.equal(blk(h, res.clone())[0], fresh_out())

@@ -168,9 +168,12 @@ def test_arguments():
     a = tr.parse_args([*req, "--smoke"])
     assert (a.keys, a.d_models, a.ms, a.reps, a.no_record) == ([("nn", "bf16")], [1024], [1, 2048], 3, True)
     assert tr.parse_args([*req, "--keys", "nt:tf32, nn:f32", "--ms", "64,1,64"]).ms == [1, 64]
+    a = tr.parse_args([*req, "--d-models", "", "--heads", "2560,768"])  # the language-model heads alone
+    assert (a.d_models, a.heads) == ([], [2560, 768])
+    assert tr.head_shape(2560) == ("d2560 lm_head", 50280, 2560)
     for bad in (["--keys", "nn"], ["--keys", "xx:bf16"], ["--keys", "nn:f64"], ["--ms", "0"], ["--ms", "a"],
                 ["--d-models", "8"], ["--reps", "4"], ["--tie", "0.5"], ["--smoke", "--write"], ["--keys", ""],
-                ["--class", "wgmma-k16", "--write"]):
+                ["--class", "wgmma-k16", "--write"], ["--d-models", ""], ["--heads", "8"], ["--heads", "x"]):
         with contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit) as exc:
             tr.parse_args([*req, *bad])
         assert exc.value.code == 2, bad

@@ -83,6 +83,30 @@ def _ops():
     return mft, mft._state["kernels"]
 
 
+class DerivedTensors:
+    """Tensors made from a parameter (a transpose, a float32 copy), each remade when its source's storage, version,
+    dtype, device or shape moved: an optimizer step, load_state_dict, .to() or a replaced parameter. Made under
+    no_grad from the detached source (what autograd differentiates is the parameter itself, on its own path)."""
+
+    __slots__ = ("_got",)
+
+    def __init__(self) -> None:
+        self._got: dict[str, tuple[tuple, torch.Tensor]] = {}
+
+    def get(self, name: str, src: torch.Tensor, make) -> torch.Tensor:
+        key = (src.data_ptr(), src._version, src.dtype, src.device, tuple(src.shape))
+        got = self._got.get(name)
+        if got is None or got[0] != key:
+            if src.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                # made inside a capture, the tensor would hold its values only once the graph replays
+                raise RuntimeError(f"{name} of a changed or new parameter would be made inside a CUDA-graph capture: "
+                                   "call the module's prepare() (or run it once eagerly) before capturing")
+            with torch.no_grad():
+                got = (key, make(src.detach()))
+            self._got[name] = got
+        return got[1]
+
+
 class Mamba(nn.Module):
     """mamba_ssm.modules.mamba_simple.Mamba on qualified kernels (see the module docstring)."""
 
@@ -124,7 +148,7 @@ class Mamba(nn.Module):
         self.D = nn.Parameter(torch.ones(self.d_inner, device=device))
         self.D._no_weight_decay = True
         self.out_proj = nn.Linear(self.d_inner, self.d_model, bias=bias, **factory_kwargs)
-        self._derived: dict[str, tuple[tuple, torch.Tensor]] = {}
+        self._derived = DerivedTensors()
         self._weights_memo: tuple | None = None  # (_sources_key(), _make_weights()) of the last call
         if kernels is not None:
             from mamba_forge.runtime import torch as mft
@@ -174,13 +198,7 @@ class Mamba(nn.Module):
 
     # ---- derived tensors (transposed weights, f32 vectors), remade when a parameter changes -----------------------
     def _derive(self, name: str, src: torch.Tensor, make) -> torch.Tensor:
-        key = (src.data_ptr(), src._version, src.dtype, src.device)
-        got = self._derived.get(name)
-        if got is None or got[0] != key:
-            with torch.no_grad():
-                got = (key, make(src.detach()))
-            self._derived[name] = got
-        return got[1]
+        return self._derived.get(name, src, make)
 
     # every parameter a derived tensor comes from: (submodule or None for the layer's own, parameter name), in the
     # order _make_weights takes them, so the key and the derived tensors read the same list
@@ -325,6 +343,16 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
         self.register_parameter("bias", None)
+        self._derived = DerivedTensors()
+
+    @torch.compiler.disable  # a cache keyed by storage and version: kept out of traced graphs
+    def weight_f32(self) -> torch.Tensor:
+        """The weight as the kernel takes it (float32, contiguous): a 16-bit weight's copy made once per version
+        rather than a cast kernel every call (one launch a layer at decode)."""
+        w = self.weight
+        if w.dtype == torch.float32 and w.is_contiguous():
+            return w
+        return self._derived.get("weight_f32", w, lambda v: v.float().contiguous())
 
 
 class Block(nn.Module):
@@ -353,8 +381,8 @@ class Block(nn.Module):
             return self.mixer(hidden_states, **mixer_kwargs), residual
         residual = (torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
                     if residual is None else residual.float().contiguous())
-        w = self.norm.weight if self.norm.weight.dtype == torch.float32 else self.norm.weight.float()
-        hidden_states = torch.ops.mamba_forge.rms_norm_add(hidden_states, residual, w, self.norm.eps)
+        hidden_states = torch.ops.mamba_forge.rms_norm_add(hidden_states, residual, self.norm.weight_f32(),
+                                                           self.norm.eps)
         return self.mixer(hidden_states, inference_params=inference_params, **mixer_kwargs), residual
 
     def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None, **kwargs):
@@ -388,4 +416,4 @@ def _check_casts(act: str, params) -> None:
         cast_kernel("training", "f32", dt)
 
 
-__all__ = ["Block", "InferenceParams", "Mamba", "RMSNorm"]
+__all__ = ["Block", "DerivedTensors", "InferenceParams", "Mamba", "RMSNorm"]

@@ -53,7 +53,7 @@ from mamba_forge.runtime.torch_checkpoint import (
     padded_vocab,
     write_atomic,
 )
-from mamba_forge.runtime.torch_layer import Block, InferenceParams, Mamba, RMSNorm, _ops, _records_grad
+from mamba_forge.runtime.torch_layer import Block, DerivedTensors, InferenceParams, Mamba, RMSNorm, _ops, _records_grad
 
 CausalLMOutput = namedtuple("CausalLMOutput", ["logits"])
 
@@ -141,9 +141,9 @@ class MixerModel(nn.Module):
         ops = torch.ops.mamba_forge
         if inference_params is None and _records_grad(self.norm_f, hidden_states, residual):
             return ops.rms_norm_residual(hidden_states, residual.float(), self.norm_f.weight, self.norm_f.eps)[0]
-        w = self.norm_f.weight if self.norm_f.weight.dtype == torch.float32 else self.norm_f.weight.float()
         # the residual is this forward's own (the last Block's sum): updating it in place loses nothing
-        return ops.rms_norm_add(hidden_states, residual.float().contiguous(), w, self.norm_f.eps)
+        return ops.rms_norm_add(hidden_states, residual.float().contiguous(), self.norm_f.weight_f32(),
+                                self.norm_f.eps)
 
 
 class MambaLMHeadModel(nn.Module):
@@ -171,7 +171,7 @@ class MambaLMHeadModel(nn.Module):
         self.lm_head = nn.Linear(config.d_model, vocab, bias=False, device=device, dtype=dtype)
         self.apply(partial(_init_weights, n_layer=config.n_layer, **(initializer_cfg or {})))
         self.tie_weights()
-        self._head_t: tuple | None = None  # (key of lm_head.weight, its [K, N] transpose)
+        self._derived = DerivedTensors()  # lm_head.weight's [K, N] transpose
         self._graphs: dict = {}  # batch size -> _DecodeGraph
         self.check_kernels()
 
@@ -220,14 +220,7 @@ class MambaLMHeadModel(nn.Module):
     def _head_weight_t(self) -> torch.Tensor:
         """lm_head.weight as [d_model, vocab] (the layout whose routes hold the decode tiles), made once per weight
         version: a tied weight's update through the embedding moves the same key."""
-        w = self.lm_head.weight
-        key = (w.data_ptr(), w._version, w.dtype, w.device, tuple(w.shape))
-        hit = self._head_t
-        if hit is None or hit[0] != key:
-            with torch.no_grad():
-                hit = (key, w.detach().t().contiguous())
-            self._head_t = hit
-        return hit[1]
+        return self._derived.get("lm_head_t", self.lm_head.weight, lambda w: w.t().contiguous())
 
     def _logits(self, hidden_states: torch.Tensor, inference_params) -> torch.Tensor:
         b, length, d = hidden_states.shape
@@ -240,9 +233,12 @@ class MambaLMHeadModel(nn.Module):
         return logits.view(b, length, -1)
 
     def prepare(self) -> None:
-        """Make every derived tensor now (transposed weights; before a CUDA-graph capture)."""
+        """Make every derived tensor now (transposed weights, the norms' float32 weights; before a CUDA-graph
+        capture)."""
         for layer in self.backbone.layers:
             layer.mixer.prepare()
+            layer.norm.weight_f32()
+        self.backbone.norm_f.weight_f32()
         self._head_weight_t()
 
     def weights_key(self) -> tuple:

@@ -400,3 +400,64 @@ def test_block_decode_under_programmatic_dependent_launch_equals_plain_launches(
         mft.register(kernels)
     assert all(_same(a, b) for a, b in zip(got, want, strict=True))
     assert len(spy.launches) == 8 * 7 and all(p for _, p in spy.launches), spy.launches
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+# dim <= 4096: the row kept in registers (one group a thread); 4104 and 6144: the loop that re-reads it; 1000 and the
+# offset x: the scalar loads (rows not 16-byte aligned)
+@pytest.mark.parametrize("rows,dim,offset", [(1, 2560, 0), (3, 768, 0), (300, 2048, 0), (2, 4096, 0), (5, 1000, 0),
+                                             (4, 2560, 1), (1, 4104, 0), (7, 6144, 0)])
+def test_add_rmsnorm_is_the_plain_rmsnorm_of_the_sum_bit_for_bit(kernels, dtype, rows, dim, offset):  # noqa: F811
+    """rmsnorm_forward_resadd_f32in: residual + x in float32 (torch's own add, bit for bit), then y and rstd the bits
+    of rmsnorm_forward on that sum (the same sums in the same order, whichever path serves the row), within float32
+    rounding of a float64 reference; outputs poisoned first."""
+    g = torch.Generator(device="cuda").manual_seed(rows * 7 + dim)
+    act = DT[dtype]
+    x = (torch.rand(rows * dim + offset, generator=g, device="cuda") * 2 - 1).to(act)[offset:].view(rows, dim)
+    res = torch.rand(rows, dim, generator=g, device="cuda") * 4 - 2
+    w = torch.rand(dim, generator=g, device="cuda") + 0.5
+    want_res = res + x.float()
+    y, rstd = torch.full_like(x, float("nan")), torch.full((rows,), float("nan"), device="cuda")
+    got_res = res.clone()
+    kernels.fn("rmsnorm_forward_resadd_f32in", dtype)(y=y, rstd=rstd, residual=got_res, x=x, w=w, rows=rows, dim=dim,
+                                                       eps=1e-5)
+    plain = (kernels.fn("rmsnorm_forward", "f32") if dtype == "f32"
+             else kernels.fn("rmsnorm_forward_f32in", dtype))
+    y2, rstd2 = torch.full_like(y, float("nan")), torch.full_like(rstd, float("nan"))
+    plain(y=y2, rstd=rstd2, x=want_res, w=w, rows=rows, dim=dim, eps=1e-5)
+    torch.cuda.synchronize()
+    assert _same(got_res, want_res) and _same(y, y2) and _same(rstd, rstd2)
+    h = want_res.double()
+    ref = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    tol = {"bf16": 1e-2, "f16": 2e-3, "f32": 1e-5}[dtype]
+    assert torch.allclose(y.double(), ref, rtol=tol, atol=tol)
+
+
+def test_a_derived_tensor_is_never_made_inside_a_capture(mft):
+    """A layer captured before any eager call would make its derived tensors (transposes, f32 copies) inside the
+    capture, where they hold values only once the graph replays: refused with what to do; after prepare() the
+    capture takes them as they are."""
+    m = _layer(mft, d_model=256)
+    norm = mft.RMSNorm(256, device="cuda", dtype=torch.bfloat16)
+    tok = torch.randn(1, 1, 256, device="cuda", dtype=torch.bfloat16)
+    cache = mft.InferenceParams(max_seqlen=4, max_batch_size=1)
+    cache.key_value_memory_dict[0] = m.allocate_inference_cache(1, 4)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    for fn in (lambda: m(tok, inference_params=cache), norm.weight_f32):
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="prepare"), torch.no_grad(), torch.cuda.graph(g, stream=s):
+            fn()
+    torch.cuda.synchronize()
+    m.prepare()
+    norm.weight_f32()
+    with torch.no_grad():
+        eager = m(tok, inference_params=cache).clone()
+    cache.key_value_memory_dict[0] = m.allocate_inference_cache(1, 4)
+    out = torch.empty_like(eager)
+    graph = captured(lambda: out.copy_(m(tok, inference_params=cache)))
+    cache.key_value_memory_dict[0][0].zero_()
+    cache.key_value_memory_dict[0][1].zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _same(out, eager)
