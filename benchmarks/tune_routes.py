@@ -15,7 +15,10 @@ of the last M it won and the next measured M; the last is unbounded).
 Writes route_tuning.toml (the table, its header naming the GPU, the date and every measured time) and
 route_tuning_timings.json into --out (default benchmarks/results/route_tuning); --write also replaces
 kernels/route_tuning.toml in place (temporary file + rename, after the catalog's own checks pass on it; the
-whole table: keys not measured in this run lose their rules). Re-qualify to carry the table into a manifest.
+whole table: keys not measured in this run lose their rules; with --merge only the measured shapes' rules change,
+every other shape's stay with their comments). Re-qualify to carry the table into a manifest.
+--heads D,...: also the language-model head's GEMM at each d_model (N 50280, K d_model; --d-models= for the heads
+alone).
 Appends each shape's tuned time against cuBLAS and one row for the goal "every projection GEMM at least 0.9x
 cuBLAS" to benchmarks/results/summary.json.
 
@@ -33,6 +36,7 @@ import dataclasses
 import datetime
 import json
 import math
+import re
 import sys
 import tempfile
 import time
@@ -154,6 +158,69 @@ def render_table(results: dict) -> str:
             lines += ["", "[[tune]]", f'layout = "{layout}"', f'a = "{a}"', f'b = "{b}"', f'c = "{c}"',
                       f'class = "{e["class"]}"', "rules = [", *rules, "]"]
     return "\n".join(lines) + "\n"
+
+
+_BLOCK = re.compile(r"^  # .* \(N (\d+), K (\d+)\)")
+
+
+def _sections(text: str) -> tuple[list[str], list[dict]]:
+    """A table's text as (header lines, sections): each section its [[tune]] lines up to `rules = [` (preamble),
+    its key and class, and its rule blocks in order: {(N, K): lines}, a block being a shape's comment line
+    (`  # name (N n, K k)...`) with every line up to the next such line or the list's end."""
+    lines = text.splitlines()
+    header, sections, cur, block = [], [], None, None
+    for line in lines:
+        if line == "[[tune]]":
+            cur = {"preamble": [line], "blocks": {}, "in_rules": False}
+            sections.append(cur)
+            block = None
+        elif cur is None:
+            header.append(line)
+        elif not cur["in_rules"]:
+            cur["preamble"].append(line)
+            cur["in_rules"] = line.startswith("rules = [")
+        elif line == "]":
+            cur["in_rules"] = None  # closed: blank lines after it belong to no block
+        elif cur["in_rules"] is None:
+            continue
+        elif (m := _BLOCK.match(line)) is not None:
+            block = cur["blocks"].setdefault((int(m[1]), int(m[2])), [])
+            block.append(line)
+        elif block is not None:
+            block.append(line)
+        else:
+            cur["preamble"].append(line)
+    for sec in sections:
+        (doc,) = tomllib.loads("\n".join(x for x in sec["preamble"] if not x.startswith("rules = [")))["tune"]
+        sec["id"] = (doc["layout"], doc["a"], doc["b"], doc["c"], doc["class"])
+    return header, sections
+
+
+def merge_tables(old: str, new: str) -> str:
+    """The committed table with a run's measured shapes merged in: each (key, class, N, K) the run measured
+    replaces that shape's rules (or joins its class's section, or a new section), every other shape's rules and
+    comments stay as they were; the run's "Measured on" lines join the header."""
+    old_header, old_secs = _sections(old)
+    new_header, new_secs = _sections(new)
+    measured = [x for x in new_header[len(HEADER.rstrip("\n").splitlines()):] if x.strip()]
+    by_id = {sec["id"]: sec for sec in old_secs}
+    for sec in new_secs:
+        if sec["id"] in by_id:
+            by_id[sec["id"]]["blocks"].update(sec["blocks"])
+        else:
+            old_secs.append(sec)
+            by_id[sec["id"]] = sec
+    head = [x for x in old_header if x.strip()]
+    shapes = ", ".join(f"N {n} K {k}" for sec in new_secs for n, k in sec["blocks"])
+    head += [x.replace("# Measured on", "# Merged in (tune_routes.py --merge): measured on", 1) for x in measured]
+    head.append(f"#   Shapes merged: {shapes}.")
+    out = [*head]
+    for sec in old_secs:
+        out += ["", *sec["preamble"]]
+        for lines in sec["blocks"].values():
+            out += lines
+        out.append("]")
+    return "\n".join(out) + "\n"
 
 
 def summary_records(results: dict) -> list[dict]:
@@ -300,6 +367,8 @@ def parser() -> argparse.ArgumentParser:
                    "writes into a temporary folder only")
     p.add_argument("--out", type=Path, help=f"folder for the table and the timings (default {OUT})")
     p.add_argument("--write", action="store_true", help=f"also replace {TABLE} (checked, temporary file + rename)")
+    p.add_argument("--merge", action="store_true", help="with --write: replace only the measured shapes' rules, "
+                   "keeping every other shape's (tune a new width without measuring the old ones again)")
     p.add_argument("--keys", default=KEYS, help="layout:dtype list (dtype bf16, f16, f32 or tf32)")
     p.add_argument("--d-models", default=",".join(map(str, D_MODELS)), help="the layers' widths (empty: none)")
     p.add_argument("--heads", default="", help=f"d_model list: also the language-model head at each (N {HEAD_VOCAB}, "
@@ -330,6 +399,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--keys and --ms (each >= 1) need at least one value, and --d-models or --heads (each >= 16)")
     if a.reps < 5 or not 0 <= a.tie < 0.5:
         p.error("--reps must be at least 5 and --tie in [0, 0.5)")
+    if a.merge and not a.write:
+        p.error("--merge merges into the committed table: add --write")
     if a.eq_class and a.write:
         p.error("--class measures a class for comparison only: drop --write")
     if a.eq_class:
@@ -373,13 +444,15 @@ def emit(results: dict, a: argparse.Namespace, started: float) -> int:
     if a.write:
         from mamba_forge.core.errors import CatalogError
 
+        if a.merge:
+            text = merge_tables(TABLE.read_text(), text)
         try:
             check_table(text)
         except CatalogError as exc:
             print(f"not written: the catalog refuses the table ({exc}); {TABLE} is unchanged")
             return 2
         write_atomic(TABLE, text)
-        print(f"replaced {TABLE}: re-qualify to carry it into a manifest")
+        print(f"{'merged into' if a.merge else 'replaced'} {TABLE}: re-qualify to carry it into a manifest")
     if not a.no_record:
         recs = summary_records(results)
         append(recs)

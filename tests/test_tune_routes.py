@@ -142,6 +142,43 @@ def test_write_leaves_the_table_alone_when_the_catalog_refuses_the_new_one(tmp_p
     assert "not written: the catalog refuses" in capsys.readouterr().out
 
 
+def _rules(text: str) -> set:
+    return {(e["layout"], e["a"], e["class"], r["symbol"], tuple(r["n"]), tuple(r["k"]), tuple(r.get("m", [1, 0])))
+            for e in tomllib.loads(text)["tune"] for r in e["rules"]}
+
+
+def test_merge_replaces_only_the_measured_shapes_rules_and_keeps_the_rest(tmp_path, monkeypatch):
+    """--write --merge: a run's (key, class, N, K) replace those rules of the committed table (or join its
+    section, or open one); every other shape's rules and comments stay; the catalog accepts the result; merging
+    the same run again changes no rule."""
+    old = (KERNELS / "route_tuning.toml").read_text()
+    res = _results()
+    f32 = json.loads(json.dumps(res["entries"][0]))
+    f32["key"] = ["nn", "f32", "f32", "f32"]  # a key the table has no section for
+    f32["shapes"] = [f32["shapes"][0]]
+    res["entries"].append(f32)
+    new = tr.render_table(res)
+    merged = tr.merge_tables(old, new)
+
+    def measured(r):
+        return (r[0], r[1], r[2]) == ("nn", "bf16", "wgmma-k16") and (r[4][0], r[5][0]) in {(96, 2048), (4096, 1024)}
+
+    assert any(measured(r) for r in _rules(old))  # d1024 in_proj's committed rules: replaced
+    assert _rules(merged) == {r for r in _rules(old) if not measured(r)} | _rules(new)
+    assert "  # d2560 in_proj (N 10240, K 2560)" in merged and "# d1024 in_proj dX (N 1024, K 4096)" in merged
+    assert "# Merged in (tune_routes.py --merge): measured on NVIDIA H200 (132 SMs) at 2026-05-01 12:00 UTC" in merged
+    assert merged.startswith(tr.HEADER) and merged.count("[[tune]]") == old.count("[[tune]]") + 1
+    assert _rules(tr.merge_tables(merged, new)) == _rules(merged)
+    tr.check_table(tr.merge_tables(old, tr.render_table(_results())), KERNELS / "catalog.toml")  # (f32: no such class)
+
+    monkeypatch.setattr(tr, "TABLE", tmp_path / "route_tuning.toml")
+    tr.TABLE.write_text(old)
+    args = tr.parse_args(["--bundle", "b", "--key", "k", "--out", str(tmp_path / "out"), "--write", "--merge",
+                          "--no-record"])
+    assert tr.emit(_results(), args, 0.0) == 0
+    assert _rules(tr.TABLE.read_text()) == {r for r in _rules(old) if not measured(r)} | _rules(tr.render_table(_results()))
+
+
 def test_the_committed_table_starts_with_the_tuners_header():
     assert (KERNELS / "route_tuning.toml").read_text().startswith(tr.HEADER)
 
@@ -173,7 +210,8 @@ def test_arguments():
     assert tr.head_shape(2560) == ("d2560 lm_head", 50280, 2560)
     for bad in (["--keys", "nn"], ["--keys", "xx:bf16"], ["--keys", "nn:f64"], ["--ms", "0"], ["--ms", "a"],
                 ["--d-models", "8"], ["--reps", "4"], ["--tie", "0.5"], ["--smoke", "--write"], ["--keys", ""],
-                ["--class", "wgmma-k16", "--write"], ["--d-models", ""], ["--heads", "8"], ["--heads", "x"]):
+                ["--class", "wgmma-k16", "--write"], ["--d-models", ""], ["--heads", "8"], ["--heads", "x"],
+                ["--merge"]):
         with contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit) as exc:
             tr.parse_args([*req, *bad])
         assert exc.value.code == 2, bad
