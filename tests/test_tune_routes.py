@@ -22,6 +22,8 @@ from mamba_forge.runtime.errors import LaunchRefused
 from mamba_forge.runtime.routes import select
 
 tr = load_bench(BENCHMARKS / "tune_routes.py")
+import tuning_table as tt  # noqa: E402  (benchmarks/tuning_table.py, on the path tune_routes.py set)
+
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 P = "gemm_bi_nn_sm90a_wgmma_"
 LARGE, SKINNY64, SKINNY32, TMASTORE = (f"{P}ws2_m128n256_s4_bf16", f"{P}skinny_m64n64_s12_bf16",
@@ -37,19 +39,19 @@ def test_model_shapes_are_the_mamba_projections():
 def test_winners_are_the_fastest_and_a_near_tie_keeps_the_previous_winner():
     times = {1: {"a": 5.0, "b": 4.0}, 2: {"a": 4.05, "b": 4.0}, 4: {"a": 3.0, "b": 4.0}, 8: {"a": 4.0, "b": 4.0},
              16: {}, 32: {"b": 1.0}}
-    assert tr.pick_winners(times, tie=0.02) == {1: "b", 2: "b", 4: "a", 8: "a", 32: "b"}
-    assert tr.pick_winners(times, tie=0.0)[2] == "b"
-    assert tr.pick_winners({1: {"b": 4.05, "a": 4.0}, 2: {"a": 4.0, "b": 4.04}}, tie=0.02) == {1: "a", 2: "a"}
-    assert tr.pick_winners({1: {"b": 1.0, "a": 1.0}}, tie=0.0) == {1: "a"}  # an exact tie: by name
+    assert tt.pick_winners(times, tie=0.02) == {1: "b", 2: "b", 4: "a", 8: "a", 32: "b"}
+    assert tt.pick_winners(times, tie=0.0)[2] == "b"
+    assert tt.pick_winners({1: {"b": 4.05, "a": 4.0}, 2: {"a": 4.0, "b": 4.04}}, tie=0.02) == {1: "a", 2: "a"}
+    assert tt.pick_winners({1: {"b": 1.0, "a": 1.0}}, tie=0.0) == {1: "a"}  # an exact tie: by name
 
 
 def test_merged_ranges_cover_every_m_once_and_change_between_measured_m():
     winners = {1: "a", 2: "a", 4: "b", 256: "b", 2048: "c", 8192: "c", 16384: "c"}
-    got = tr.merge_ranges(winners)
+    got = tt.merge_ranges(winners)
     assert got == [(1, 2, "a"), (3, 724, "b"), (725, 0, "c")]
-    assert tr.merge_ranges({1: "a", 16384: "a"}) == [(1, 0, "a")]
-    assert tr.merge_ranges({8: "a", 16: "b"}) == [(1, 11, "a"), (12, 0, "b")]  # M < 8: the first winner serves
-    assert tr.merge_ranges({}) == []
+    assert tt.merge_ranges({1: "a", 16384: "a"}) == [(1, 0, "a")]
+    assert tt.merge_ranges({8: "a", 16: "b"}) == [(1, 11, "a"), (12, 0, "b")]  # M < 8: the first winner serves
+    assert tt.merge_ranges({}) == []
     # every M from 1 up is in exactly one range, and each measured M in its winner's
     for m in range(1, 20000):
         (sym,) = [s for lo, hi, s in got if lo <= m and (hi == 0 or m <= hi)]
@@ -80,7 +82,7 @@ def test_the_table_is_deterministic_sorted_and_passes_the_catalogs_rules():
     res = _results()
     text = tr.render_table(res)
     assert text == tr.render_table(json.loads(json.dumps(res)))  # the same from the timings JSON
-    assert text.startswith(tr.HEADER) and "NVIDIA H200 (132 SMs) at 2026-05-01 12:00 UTC" in text
+    assert text.startswith(tt.HEADER) and "NVIDIA H200 (132 SMs) at 2026-05-01 12:00 UTC" in text
     assert f"#   M 1: {SKINNY32} 4.5 us, cuBLAS 4.0 us (0.89x)" in text  # measured times beside the rules
     (entry,) = tomllib.loads(text)["tune"]
     assert (entry["layout"], entry["a"], entry["class"]) == ("nn", "bf16", "wgmma-k16")
@@ -158,7 +160,7 @@ def test_merge_replaces_only_the_measured_shapes_rules_and_keeps_the_rest(tmp_pa
     f32["shapes"] = [f32["shapes"][0]]
     res["entries"].append(f32)
     new = tr.render_table(res)
-    merged = tr.merge_tables(old, new)
+    merged = tt.merge_tables(old, new)
 
     def measured(r):
         return (r[0], r[1], r[2]) == ("nn", "bf16", "wgmma-k16") and (r[4][0], r[5][0]) in {(96, 2048), (4096, 1024)}
@@ -167,9 +169,9 @@ def test_merge_replaces_only_the_measured_shapes_rules_and_keeps_the_rest(tmp_pa
     assert _rules(merged) == {r for r in _rules(old) if not measured(r)} | _rules(new)
     assert "  # d2560 in_proj (N 10240, K 2560)" in merged and "# d1024 in_proj dX (N 1024, K 4096)" in merged
     assert "# Merged in (tune_routes.py --merge): measured on NVIDIA H200 (132 SMs) at 2026-05-01 12:00 UTC" in merged
-    assert merged.startswith(tr.HEADER) and merged.count("[[tune]]") == old.count("[[tune]]") + 1
-    assert _rules(tr.merge_tables(merged, new)) == _rules(merged)
-    tr.check_table(tr.merge_tables(old, tr.render_table(_results())), KERNELS / "catalog.toml")  # (f32: no such class)
+    assert merged.startswith(tt.HEADER) and merged.count("[[tune]]") == old.count("[[tune]]") + 1
+    assert _rules(tt.merge_tables(merged, new)) == _rules(merged)
+    tr.check_table(tt.merge_tables(old, tr.render_table(_results())), KERNELS / "catalog.toml")  # (f32: no such class)
 
     monkeypatch.setattr(tr, "TABLE", tmp_path / "route_tuning.toml")
     tr.TABLE.write_text(old)
@@ -180,7 +182,7 @@ def test_merge_replaces_only_the_measured_shapes_rules_and_keeps_the_rest(tmp_pa
 
 
 def test_the_committed_table_starts_with_the_tuners_header():
-    assert (KERNELS / "route_tuning.toml").read_text().startswith(tr.HEADER)
+    assert (KERNELS / "route_tuning.toml").read_text().startswith(tt.HEADER)
 
 
 def test_the_write_replaces_the_file_whole_and_leaves_nothing_beside_it(tmp_path, monkeypatch):

@@ -47,6 +47,7 @@ from torch import nn
 from mamba_forge.runtime.errors import LaunchRefused
 from mamba_forge.runtime.gemm import a_as_read
 from mamba_forge.runtime.tensors import torch_dtype
+from mamba_forge.runtime.torch_derived import DerivedTensors
 
 
 @dataclass
@@ -81,30 +82,6 @@ def _ops():
         raise LaunchRefused("mamba_forge layers need loaded kernels: pass kernels=load(...) or call "
                             "mamba_forge.runtime.torch.register(kernels) first")
     return mft, mft._state["kernels"]
-
-
-class DerivedTensors:
-    """Tensors made from a parameter (a transpose, a float32 copy), each remade when its source's storage, version,
-    dtype, device or shape moved: an optimizer step, load_state_dict, .to() or a replaced parameter. Made under
-    no_grad from the detached source (what autograd differentiates is the parameter itself, on its own path)."""
-
-    __slots__ = ("_got",)
-
-    def __init__(self) -> None:
-        self._got: dict[str, tuple[tuple, torch.Tensor]] = {}
-
-    def get(self, name: str, src: torch.Tensor, make) -> torch.Tensor:
-        key = (src.data_ptr(), src._version, src.dtype, src.device, tuple(src.shape))
-        got = self._got.get(name)
-        if got is None or got[0] != key:
-            if src.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                # made inside a capture, the tensor would hold its values only once the graph replays
-                raise RuntimeError(f"{name} of a changed or new parameter would be made inside a CUDA-graph capture: "
-                                   "call the module's prepare() (or run it once eagerly) before capturing")
-            with torch.no_grad():
-                got = (key, make(src.detach()))
-            self._got[name] = got
-        return got[1]
 
 
 class Mamba(nn.Module):
