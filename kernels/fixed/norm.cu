@@ -83,6 +83,31 @@ MF_DEVICE void rmsnorm_forward_resadd(T* __restrict__ y, float* __restrict__ rst
     float* rr = residual + row * dim;
     T* yr = y + row * dim;
     float ss = 0.f;
+    if (dim <= NORM_C * NORM_SPAN) {
+      // The row is one group a thread (d_model up to 4096): its sums stay in registers for the normalising pass,
+      // and the weight's loads go out with the row's, so a decode's one-row launch waits on memory once, not three
+      // times (re-reading the residual it just wrote, then w). Same sums in the same order, so the same bits.
+      const i64 i0 = (i64)threadIdx.x * NORM_W;
+      float h[NORM_C][NORM_W], v[NORM_C][NORM_W], g[NORM_C][NORM_W];
+      if (i0 < dim) {
+        load_group<NORM_C, NORM_W>(i0, NORM_SPAN, dim, vr && vx, h, rr, vr, v, xr, vx);
+        load_group<NORM_C, NORM_W>(i0, NORM_SPAN, dim, vw, g, w, vw);
+        apply<OpAdd>(h, v);
+        add_squares(ss, h, i0, dim);
+        store_each(rr, h, i0, NORM_SPAN, dim, vr);  // writes nothing past the row
+      }
+      ss = block_sum(ss, scratch);
+      const float r = rsqrtf(ss / (float)dim + eps);
+      if (threadIdx.x == 0) rstd[row] = r;
+      if (i0 < dim) {
+#pragma unroll
+        for (int c = 0; c < NORM_C; ++c)
+#pragma unroll
+          for (int k = 0; k < NORM_W; ++k) h[c][k] = (h[c][k] * r) * g[c][k];
+        store_each(yr, h, i0, NORM_SPAN, dim, vy);
+      }
+      continue;
+    }
     for (i64 i0 = (i64)threadIdx.x * NORM_W; i0 < dim; i0 += NORM_C * NORM_SPAN) {
       float h[NORM_C][NORM_W], v[NORM_C][NORM_W];
       load_group<NORM_C, NORM_W>(i0, NORM_SPAN, dim, vr && vx, h, rr, vr, v, xr, vx);
