@@ -393,4 +393,4 @@ def _check_casts(act: str, params) -> None:
         cast_kernel("training", "f32", dt)
 
 
-__all__ = ["Block", "DerivedTensors", "InferenceParams", "Mamba", "RMSNorm"]
+__all__ = ["Block", "InferenceParams", "Mamba", "RMSNorm"]

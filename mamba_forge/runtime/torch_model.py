@@ -53,7 +53,8 @@ from mamba_forge.runtime.torch_checkpoint import (
     padded_vocab,
     write_atomic,
 )
-from mamba_forge.runtime.torch_layer import Block, DerivedTensors, InferenceParams, Mamba, RMSNorm, _ops, _records_grad
+from mamba_forge.runtime.torch_derived import DerivedTensors
+from mamba_forge.runtime.torch_layer import Block, InferenceParams, Mamba, RMSNorm, _ops, _records_grad
 
 CausalLMOutput = namedtuple("CausalLMOutput", ["logits"])
 
