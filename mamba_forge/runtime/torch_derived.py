@@ -21,7 +21,7 @@ class DerivedTensors:
         key = (src.data_ptr(), src._version, src.dtype, src.device, tuple(src.shape))
         got = self._got.get(name)
         if got is None or got[0] != key:
-            if src.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            if src.device.type == "cuda" and _capturing(src.device):
                 # made inside a capture, the tensor would hold its values only once the graph replays
                 raise RuntimeError(f"{name} of a changed or new parameter would be made inside a CUDA-graph capture: "
                                    "call the module's prepare() (or run it once eagerly) before capturing")
@@ -29,6 +29,12 @@ class DerivedTensors:
                 got = (key, make(src.detach()))
             self._got[name] = got
         return got[1]
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether the current stream of the source's device is capturing (the current device may be another one)."""
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 __all__ = ["DerivedTensors"]
