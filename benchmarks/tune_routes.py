@@ -66,8 +66,6 @@ KEYS = "nn:bf16,nn:f16"
 INNER = 10  # calls per graph replay
 GOAL = 0.9  # every projection GEMM at least 0.9x cuBLAS (issue 25)
 DTYPES = ("bf16", "f16", "f32", "tf32")
-
-
 HEAD_VOCAB = 50280  # mamba-ssm's GPT-NeoX vocabulary padded to a multiple of 8 (the published checkpoints')
 
 
@@ -84,8 +82,6 @@ def model_shapes(d_model: int) -> list[tuple[str, int, int]]:
 
 
 # ---- pure parts: the summary rows (the table's: benchmarks/tuning_table.py) -------------------------------------
-
-
 
 
 def summary_records(results: dict) -> list[dict]:

@@ -173,10 +173,7 @@ class Mamba(nn.Module):
         return {"in_proj": (2 * self.d_inner, self.d_model), "x_proj": (self.dt_rank + 2 * self.d_state, self.d_inner),
                 "dt_proj": (self.d_inner, self.dt_rank), "out_proj": (self.d_model, self.d_inner)}
 
-    # ---- derived tensors (transposed weights, f32 vectors), remade when a parameter changes -----------------------
-    def _derive(self, name: str, src: torch.Tensor, make) -> torch.Tensor:
-        return self._derived.get(name, src, make)
-
+    # ---- derived tensors (transposed weights, f32 vectors; torch_derived.py), remade when a parameter changes ---
     # every parameter a derived tensor comes from: (submodule or None for the layer's own, parameter name), in the
     # order _make_weights takes them, so the key and the derived tensors read the same list
     _SOURCES = (("in_proj", "weight"), ("x_proj", "weight"), ("dt_proj", "weight"), ("out_proj", "weight"),
@@ -200,7 +197,7 @@ class Mamba(nn.Module):
     @torch.compiler.disable  # a cache keyed by storage and version: kept out of traced graphs
     def _weights(self):
         """The derived tensors, remade where a source changed; one key over all of them first (a decode step asks
-        every call: 56 -> 15 us on the CPU machine), then each tensor's own (_derive) when that key moved."""
+        every call: 56 -> 15 us on the CPU machine), then each tensor's own (DerivedTensors) when that key moved."""
         sources = self._source_tensors()
         key = self._key(sources)
         hit = self._weights_memo
@@ -213,7 +210,7 @@ class Mamba(nn.Module):
     def _make_weights(self, in_w, x_w, dt_w, out_w, conv_w, conv_b, dt_b, A_log, D):
         t = lambda w: w.t().contiguous()  # noqa: E731  Linear's [N, K] -> [K, N]
         f32 = lambda v: v.float().contiguous()  # noqa: E731
-        d = self._derive
+        d = self._derived.get
         conv_b = (d("conv_b", conv_b, f32) if conv_b is not None
                   else d("conv_b0", conv_w, lambda w: w.new_zeros(w.shape[0], dtype=torch.float32)))
         return {
