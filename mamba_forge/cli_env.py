@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from mamba_forge import __version__
-from mamba_forge.core.errors import ForgeError
+from mamba_forge.core.errors import ForgeError, printable
 
 # Every environment variable the tool reads (tests/test_env_cli.py greps the package to keep this list whole).
 ENV_VARS: dict[str, str] = {
@@ -36,17 +36,20 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document o
 
 
 def _say(text: str) -> None:
-    sys.stdout.write(text + "\n")
+    """One line on stdout, control characters escaped (errors.printable, never cut): it shows paths and values
+    from the environment, where a newline or an escape sequence must not reach the terminal."""
+    sys.stdout.write(printable(text, limit=1 << 20) + "\n")
 
 
-def _show(as_json: bool, result: dict, text: str) -> None:
-    """The result as the --json envelope, or as a line for a person."""
+def _show(as_json: bool, result: dict, text: str | list[str]) -> None:
+    """The result as the --json envelope, or as lines for a person (`text`: one line, or a list of them)."""
     if as_json:
         from mamba_forge.cli_json import emit
 
         emit(result)
     else:
-        _say(text)
+        for line in [text] if isinstance(text, str) else text:
+            _say(line)
 
 
 def _dist(name: str) -> str | None:
@@ -67,20 +70,49 @@ def _attempt(fn):
 
 
 def _keys() -> list[dict]:
+    """Every key of the release and user trust folders, each judged and read as `verify` does
+    (signing.load_trusted: bounded reads; the user's folder and files private), so a FIFO or a link to
+    /dev/zero is an error entry, never a hang."""
     from mamba_forge.runtime import signing
     from mamba_forge.runtime.trust import release_keys_dir
 
     found = []
-    for origin, folder in (("release", _attempt(release_keys_dir)), ("user", signing.user_trust_dir())):
-        if not isinstance(folder, Path):
-            found.append({"origin": origin, "error": folder["error"]})
-            continue
-        for f in sorted(folder.glob("*.pub")) if folder.is_dir() else []:
-            try:
-                found.append({"origin": origin, "key_id": signing.key_id(signing.parse_public(f.read_text())),
-                              "path": str(f)})
-            except (OSError, UnicodeDecodeError, signing.SignatureError) as exc:
-                found.append({"origin": origin, "path": str(f), "error": str(exc)})
+    for origin, folder in (("release", _attempt(release_keys_dir)), ("user", _attempt(signing.user_trust_dir))):
+        got = folder if not isinstance(folder, Path) else _attempt(lambda o=origin, f=folder: _folder_keys(o, f))
+        found += [{"origin": origin, "error": got["error"]}] if isinstance(got, dict) else got
+    return found
+
+
+def _folder_keys(origin: str, folder: Path) -> list[dict]:
+    """The entries of one trust folder: what verify (runtime/trust.py trusted_keys) would load from it, one
+    signing.load_trusted call per file so one bad key does not hide the others."""
+    from mamba_forge.core import safety
+    from mamba_forge.runtime import signing
+
+    installed = origin == "release"
+    present = folder.is_dir() if installed else folder.exists() or folder.is_symlink()
+    if not present:
+        return []  # verify skips it: an absent trust folder trusts nothing more
+    found, refused = [], None
+    if folder.is_symlink() or not folder.is_dir():  # verify reads it as one key file (and refuses a symlink)
+        files = [folder]
+    else:
+        files = sorted(folder.glob("*.pub"))
+        try:
+            if not installed:
+                safety.check_trusted_dir(folder)
+        except safety.PathRefused as exc:
+            refused = f"refused: {exc}"
+            found.append({"origin": origin, "path": str(folder), "error": refused})
+    for f in files:
+        try:
+            if refused:
+                raise signing.SignatureError("not trusted: its folder is refused")
+            keys = signing.load_trusted([f], installed=installed)
+        except (OSError, signing.SignatureError) as exc:
+            found.append({"origin": origin, "path": str(f), "error": str(exc)})
+        else:
+            found += [{"origin": origin, "key_id": kid, "path": str(f)} for kid in keys]
     return found
 
 
@@ -162,7 +194,7 @@ def _text(report: dict) -> list[str]:
 def env(as_json: JsonOpt = False) -> None:
     """Versions, compiler, driver and GPUs, cache, trusted keys, catalog, targets and environment variables."""
     report = environment_report()
-    _show(as_json, report, "\n".join(_text(report)))
+    _show(as_json, report, _text(report))
 
 
 @cache_app.command("dir")

@@ -39,8 +39,9 @@ def _np(t):
 
 
 def _put(t, x) -> None:
-    """t <- the float64 result x, rounded to t's dtype (x may be a numpy scalar: a 0-dim parameter's)."""
-    t.copy_(torch.from_numpy(np.array(x, dtype=np.float64)).reshape(t.shape).to(t.dtype))
+    """t <- the float64 result x, rounded to t's dtype (x may be a numpy scalar: a 0-dim parameter's), written
+    through .data as a kernel writes through a pointer: torch counts no version (the optimizer counts them)."""
+    t.data.copy_(torch.from_numpy(np.array(x, dtype=np.float64)).reshape(t.shape).to(t.dtype))
 
 
 def _accepted(family: str) -> tuple[set[str], set[str]]:

@@ -53,6 +53,7 @@ def build(
     with memo_writes_off(dry_run), memos_off(no_cache):  # a dry run writes nothing; --no-cache uses no memo
         cat = load_catalog(catalog or default_catalog_path())
     _check_globs(kernels or (), [s.name for m in cat.modules for s in m.symbols], cat.path, out_dir)
+    _check_catalog_apart(cat, [t.name for t in targets], out_dir)  # a dry run too: it says what the build does
     req = BuildRequest(cat, targets, out_dir, jobs=jobs, state_capacity=cap, cache_location=None if no_cache else "default",
                        kernels=tuple(kernels or ()), modules=tuple(module or ()),  # bad input leaves no --out behind
                        write_manifest=True)  # renamed in with the artifacts: a failed build keeps the old one
@@ -153,3 +154,31 @@ def _check_globs(globs, names: list[str], catalog_path, out_dir: Path) -> None:
         if built.is_file():
             hint += f"; `mamba-forge report {built}` lists what was built there"
         raise ForgeError(f"--kernels {g!r} matches no symbol of {catalog_path}", hint=hint)
+
+
+def _check_catalog_apart(cat, target_names: list[str], out_dir: Path) -> None:
+    """The build never writes over its catalog: no file the catalog loads (root, family, route and source files,
+    the headers of its include folders) is O/manifest.toml, O/.mamba-forge.lock or an artifact O/<target>/<Kind>.*
+    (the same file after symlinks and hard links), nor lies in a folder O/<target> the build writes artifacts
+    into. The catalog's folder may otherwise hold O or lie in it (`--out .` from a checkout): those names are the
+    build's only writes there."""
+    from mamba_forge.build.outputs import LOCK_NAME
+    from mamba_forge.catalog.sources import HEADER_SUFFIXES
+    from mamba_forge.core.safety import PathRefused, check_inputs_apart
+
+    base = cat.path.parent
+    files = [cat.path, *(base / f for f in cat.route_files)]
+    folders: set[Path] = set()
+    for m in cat.modules:
+        files += [m.root / f for f in (*m.module.sources, *m.module.families)]
+        folders |= {m.root / f for f in m.module.include}
+    for folder in sorted(folders):
+        files.append(folder)  # a folder of the catalog inside O/<target>: every header in it is too
+        files += [h for h in folder.rglob("*") if h.suffix in HEADER_SUFFIXES]
+    written = [out_dir / "manifest.toml", out_dir / LOCK_NAME]
+    written += [out_dir / t / f"{m.kind}.{code}" for t in target_names for m in cat.modules for code in ("cubin", "ptx")]
+    try:
+        check_inputs_apart(written, files, folders=[out_dir / t for t in target_names],
+                           what="the build's output")
+    except PathRefused as exc:
+        raise ForgeError(str(exc), hint="pass an --out folder apart from the catalog's files") from None

@@ -40,26 +40,47 @@ def _parse_devices(text: str) -> list[int] | None:
     return devs
 
 
-def _check_out_file(path: Path, inputs: list[Path], *, create: bool) -> None:
-    """qualify --out, before any work: not an input, not a folder, its folder a folder (made unless a dry run)."""
+def _check_out_file(path: Path, inputs: list[Path], *, create: bool, companions: list[Path] = ()) -> None:
+    """qualify --out, before any work: not an input, not a folder, its folder a folder (made unless a dry run);
+    nor is any companion file written beside it (X.runtime.json, the <key id>.pub) an input or a folder."""
     from mamba_forge.core.safety import PathRefused, check_output_file, same_file
 
     try:
         if create:
             check_output_file(path, inputs=inputs, what="--out")
-            return
-        for p in inputs:
-            if same_file(path, p):
-                raise PathRefused(f"--out {path} is also an input of this command; write it elsewhere")
-        if path.is_dir():
-            raise PathRefused(f"--out {path} is a folder; name a file")
-        for p in path.parents:
-            if p.exists() or p.is_symlink():
-                if not p.is_dir():
-                    raise PathRefused(f"the folder of --out {path}: {p} exists and is not a folder")
-                break
-    except PathRefused as exc:
+        else:
+            for p in inputs:
+                if same_file(path, p):
+                    raise PathRefused(f"--out {path} is also an input of this command; write it elsewhere")
+            if path.is_dir():
+                raise PathRefused(f"--out {path} is a folder; name a file")
+            for p in path.parents:
+                if p.exists() or p.is_symlink():
+                    if not p.is_dir():
+                        raise PathRefused(f"the folder of --out {path}: {p} exists and is not a folder")
+                    break
+        for c in companions:
+            if any(same_file(c, p) for p in inputs):
+                raise PathRefused(f"--out {path} would write {c} beside it, an input of this command; write it elsewhere")
+            if c.is_dir():
+                raise PathRefused(f"--out {path} would write {c} beside it, which is a folder; write it elsewhere")
+    except (PathRefused, OSError) as exc:
         raise ForgeError(str(exc), hint="pass --out manifests/NAME.toml") from None
+
+
+def _build_files(build_dir: Path, bm) -> list[Path]:
+    """Every file a build manifest names: the manifest itself and each module's artifacts."""
+    return [build_dir / "manifest.toml", *(build_dir / a.path for m in bm.modules for a in m.artifacts)]
+
+
+def _catalog_files(cat, outputs: list[Path]) -> list[Path]:
+    """The catalog's files: its root, route, family and source files, and (include folders are read whole) each
+    output's name inside each include folder."""
+    files = [cat.path, *(cat.path.parent / f for f in cat.route_files)]
+    for m in cat.modules:
+        files += [m.root / f for f in (*m.module.families, *m.module.sources)]
+        files += [m.root / inc / p.name for inc in m.module.include for p in outputs]
+    return files
 
 
 def _read_build(build_dir: Path):
@@ -110,13 +131,15 @@ def qualify(
 
     with memo_writes_off(dry_run):  # a dry run writes nothing, memos included
         bm = _read_build(build_dir) if build_dir is not None else None  # before the GPU: bad input is one line
+    # inputs: the catalog, the key and every file of the build (the unnarrowed manifest names them all)
+    inputs = [p for p in (catalog, sign_key) if p is not None]
+    inputs += _build_files(build_dir, bm) if bm is not None else []
     if bm is not None and kernels:
         from mamba_forge.qualify.plan import narrow_build
 
         bm = narrow_build(bm, kernels)
-    inputs = [p for p in (catalog, sign_key, build_dir / "manifest.toml" if build_dir else None) if p is not None]
     if out_path is not None:
-        _check_out_file(out_path, inputs, create=not dry_run)
+        _check_out_file(out_path, inputs, create=not dry_run, companions=keys.written_paths(out_path, None)[1:])
     if dry_run:
         with memo_writes_off():
             _qualify_dry_run(devices, bm, build_dir, catalog, level, sanitize, module, jobs, quiet, as_json)
@@ -131,8 +154,13 @@ def qualify(
         stderr().print(f"note: no --sign-key and no $MAMBA_FORGE_SIGNING_KEY: signing with the {key.source}; "
                   "the manifest is marked development_key = true", markup=False, highlight=False)
     dest = out_path or Path("manifests") / f"{info.name.replace(' ', '-')}-{level}.toml"
-    if out_path is None:
-        _check_out_file(dest, inputs, create=True)
+    # now every input is known: the catalog's files, a build made just now, the key file: none may be written
+    outputs = keys.written_paths(dest, key)
+    if build_dir is None:
+        inputs += _build_files(req.build_dir, _read_build(req.build_dir) if kernels else req.build)
+    inputs += _catalog_files(req.catalog, outputs)
+    inputs += [key.path, key.path.with_suffix(".pub")] if key.path is not None else []
+    _check_out_file(dest, inputs, create=True, companions=outputs[1:])
     result = _qualify_with_progress(req, info.cc, quiet=quiet)
     for n in result.notes if not quiet else ():
         say_err(f"note: {n}")

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from mamba_forge import cli_json as js
-from mamba_forge.cli.common import JsonOpt, KeyOpt, must_exist, say
+from mamba_forge.cli.common import JsonOpt, KeyOpt, must_exist, say, say_lines
 from mamba_forge.core.errors import ForgeError
 
 
@@ -28,7 +28,7 @@ def verify(
 
     must_exist(target, "manifest or bundle", "pass the path of a signed manifest, bundle or index")
     if build_dir is not None:
-        must_exist(build_dir, "--build folder", "pass the build folder that holds the manifest's artifacts")
+        _build_folder(build_dir)
     keys = trusted_keys(key or None)  # an unsafe trust folder or key is bad input (TrustRefused: exit 2)
     try:
         v = open_verified(target, keys=keys, build=build_dir)
@@ -53,6 +53,14 @@ def verify(
                  "development_key": v.signature.development_key, "summary": what})
     else:
         say(f"ok: {target}: signature by key {v.signature.key_id[:16]}{dev}; {what}")
+
+
+def _build_folder(build_dir: Path) -> None:
+    """--build names an existing folder (bad input, exit 2, as qualify says it), not a file whose artifacts would
+    then be 'missing'."""
+    must_exist(build_dir, "--build folder", "pass the build folder that holds the manifest's artifacts")
+    if not build_dir.is_dir():
+        raise ForgeError(f"--build {build_dir} is not a folder", hint="pass the --out folder of `mamba-forge build`")
 
 
 def _tarball(path: Path) -> bool:
@@ -104,13 +112,15 @@ def merge(
     as_json: JsonOpt = False,
 ) -> None:
     """Write one signed release index over verified per-device manifests; the loader picks the device's entry."""
-    from mamba_forge.manifest.bundle import signing_key, write_index
+    from mamba_forge.manifest.bundle import signing_key, trust_inputs, write_index
     from mamba_forge.runtime.trust import trusted_keys
 
     for m in manifests:
         must_exist(m, "manifest", "pass per-device signed manifests or bundles")
+    key_files = trust_inputs(output, "index", sign_key=sign_key, keys=key)  # -o is none of them either
     private = signing_key(sign_key)
-    path = write_index(manifests, output, private, keys=trusted_keys(key or None), development_key=development_key)
+    path = write_index(manifests, output, private, keys=trusted_keys(key or None), development_key=development_key,
+                       inputs=key_files)
     if as_json:
         js.emit({"path": str(path), "manifests": [str(m) for m in manifests]})
     else:
@@ -125,12 +135,13 @@ def bundle(
     as_json: JsonOpt = False,
 ) -> None:
     """Pack a verified manifest with exactly the artifacts it names; the loader and `verify` accept the result."""
-    from mamba_forge.manifest.bundle import write_bundle
+    from mamba_forge.manifest.bundle import trust_inputs, write_bundle
     from mamba_forge.runtime.trust import trusted_keys
 
     must_exist(manifest, "manifest", "pass a signed qualified manifest")
-    must_exist(build_dir, "--build folder", "pass the build folder that holds the manifest's artifacts")
-    path = write_bundle(manifest, output, keys=trusted_keys(key or None), build=build_dir)
+    _build_folder(build_dir)
+    key_files = trust_inputs(output, "bundle", keys=key)  # -o is none of them either
+    path = write_bundle(manifest, output, keys=trusted_keys(key or None), build=build_dir, inputs=key_files)
     if as_json:
         js.emit({"path": str(path)})
     else:
@@ -172,7 +183,7 @@ def schema(
         if as_json:
             js.emit({"names": known})
         else:
-            say("\n".join(known))
+            say_lines(known)
         return
     key = schemas.file_name(name)
     if key not in known:

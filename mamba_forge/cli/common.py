@@ -42,9 +42,22 @@ def stderr() -> Console:
     return cli.err
 
 
+SAY_LIMIT = 1 << 20  # a line on stdout is never cut for length (a path, a long list): only escaped
+
+
 def say(line: str) -> None:
-    """One line for a person on stdout (never with --json)."""
-    stdout().print(line, markup=False, highlight=False, soft_wrap=True)
+    """One line for a person on stdout (never with --json), control characters escaped (errors.printable): a
+    line names paths and names from outside, and a newline or an escape sequence in one must neither start a
+    line of its own nor reach the terminal. Text of several lines goes through say_lines."""
+    from mamba_forge.cli.streams import printable
+
+    stdout().print(printable(line, SAY_LIMIT), markup=False, highlight=False, soft_wrap=True)
+
+
+def say_lines(lines) -> None:
+    """Each of `lines` as its own say() line."""
+    for line in lines:
+        say(line)
 
 
 def say_err(line: str) -> None:

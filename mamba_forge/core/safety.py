@@ -7,8 +7,9 @@ the runtime's trust folder and every reader of untrusted files share it.
 * Bounded reads (`read_bounded`): only a regular file, no larger than its cap, checked on the open descriptor
   before a byte is read (a FIFO, /dev/zero or a folder is refused, never read); parsers (`parse_toml`,
   `parse_json`) refuse nesting deeper than the interpreter allows as one line instead of a RecursionError.
-* Outputs (`check_output_file`, `prepare_output_dir`): an output never names one of the command's inputs, and a
-  path that cannot be written is one line, before any work.
+* Outputs (`check_output_file`, `prepare_output_dir`, `check_not_inside`, `check_inputs_apart`): an output never
+  names one of the command's inputs nor lies in an input folder, and a path that cannot be written is one line,
+  before any work.
 
 Each refusal is a `PathRefused` naming the path and the rule; callers re-raise it as their own error class.
 """
@@ -193,6 +194,57 @@ def prepare_output_dir(path: Path, *, what: str = "output folder") -> Path:
     return path
 
 
+def inside(path: Path, folder: Path) -> bool:
+    """Whether `path` is `folder` or lies beneath it, both after symlinks (a missing tail is taken as written)."""
+    return _beneath(os.path.realpath(path), os.path.realpath(folder))
+
+
+def _beneath(real: str, folder: str) -> bool:
+    """Whether the resolved path `real` is the resolved `folder` or lies beneath it."""
+    return real == folder or real.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_not_inside(path: Path, folders: Iterable[Path], *, what: str = "output") -> Path:
+    """An output that is neither one of the input `folders` nor inside one (writing there would change the input)."""
+    path = Path(path)
+    for f in folders:
+        if inside(path, Path(f)):
+            where = "is" if same_file(path, Path(f)) else "is inside"
+            raise PathRefused(f"{what} {path} {where} {f}, an input folder of this command; write it elsewhere")
+    return path
+
+
+def check_inputs_apart(outputs: Iterable[Path], inputs: Iterable[Path], *, folders: Iterable[Path] = (),
+                       what: str = "output") -> None:
+    """No existing one of `outputs` is one of `inputs` (the same file after symlinks and hard links), and no input
+    lies inside one of `folders` (the folders the command writes into): nothing the command writes replaces an input.
+    Inputs are statted once each: a build checks hundreds of outputs against hundreds of catalog files."""
+    inputs = [Path(p) for p in inputs]
+    seen: dict[tuple[int, int], Path] = {}
+    for p in inputs:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        seen.setdefault((st.st_dev, st.st_ino), p)
+    for out in outputs:
+        try:
+            st = os.stat(out)
+        except OSError:
+            continue
+        hit = seen.get((st.st_dev, st.st_ino))
+        if hit is not None:
+            also = "" if Path(os.path.abspath(hit)) == Path(os.path.abspath(out)) else f" ({hit})"
+            raise PathRefused(f"{what} {out} is also an input of this command{also}; write it elsewhere")
+    folders = [(Path(f), os.path.realpath(f)) for f in folders]
+    for p in inputs if folders else ():
+        real = os.path.realpath(p)
+        for folder, f in folders:
+            if _beneath(real, f):
+                raise PathRefused(f"{what} {folder} holds {p}, an input of this command; write it elsewhere")
+
+
 __all__ = ["MAX_BUNDLE_BYTES", "MAX_CATALOG_BYTES", "MAX_KEY_BYTES", "MAX_MANIFEST_BYTES", "MAX_SIGNATURE_TAIL", "PathRefused",
-           "check_components", "check_output_file", "check_owner_mode", "check_trusted_dir", "check_trusted_file",
-           "parse_json", "parse_toml", "prepare_output_dir", "read_bounded", "same_file"]
+           "check_components", "check_inputs_apart", "check_not_inside", "check_output_file", "check_owner_mode",
+           "check_trusted_dir", "check_trusted_file", "inside", "parse_json", "parse_toml", "prepare_output_dir",
+           "read_bounded", "same_file"]

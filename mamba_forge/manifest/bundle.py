@@ -25,7 +25,7 @@ from mamba_forge.core.schema import RESERVED_PATHS, IndexEntry, ReleaseIndex
 from mamba_forge.manifest import toml_io
 from mamba_forge.runtime import signing
 from mamba_forge.runtime.errors import LoadError
-from mamba_forge.runtime.sources import BUNDLE_MANIFEST, RUNTIME_TABLE, is_tar_path, sha256
+from mamba_forge.runtime.sources import BUNDLE_MANIFEST, RUNTIME_TABLE, is_tar_path, runtime_table_path, sha256
 from mamba_forge.runtime.verify import Verified, open_verified
 
 INDEX_VALIDITY_DAYS = 365
@@ -96,15 +96,23 @@ def tar_bytes(files: list[tuple[str, bytes]]) -> bytes:
     return out.getvalue()
 
 
-def write_bundle(manifest: Path, out: Path, *, keys, build: Path | None = None) -> Path:
-    """Pack a verified manifest and exactly its artifacts into `out` (.tar.gz / .tgz, else a new folder)."""
+def write_bundle(manifest: Path, out: Path, *, keys, build: Path | None = None, inputs=()) -> Path:
+    """Pack a verified manifest and exactly its artifacts into `out` (.tar.gz / .tgz, else a new folder). `inputs`:
+    more files the command reads (its key files, trust_inputs), which `out` must not be either."""
     manifest, out = Path(manifest), Path(out)
     if is_tar_path(out) and out.name.endswith(".tar"):
         raise ForgeError(f"{out}: write a compressed bundle (.tar.gz or .tgz) or a folder")
+    # input folders: a folder bundle must not gain a file (verify refuses one that holds more than it names); a
+    # build folder may (a bare manifest's folder holds more than it names), but a folder bundle is not nested in it
+    folders = [manifest] if manifest.is_dir() else []
+    if not is_tar_path(out) and build is not None:
+        folders.append(Path(build))
+    _refuse_inside(out, folders, "bundle")
+    inputs = [manifest, *map(Path, inputs)]
+    _refuse_input(out, inputs, "bundle")  # before any work (nothing made yet); again below with what was read
     v = _verified(manifest, keys, build)
     files = bundle_files(v)
-    inputs = [manifest, *([v.source.table_file] if v.source.table_file else []),
-              *((v.source.root / a.path) for a in v.manifest.artifacts if v.source.root is not None)]
+    inputs += _read_paths(v)
     if is_tar_path(out):
         _check_output(out, inputs, "bundle")
         return _write(out, tar_bytes(files))
@@ -127,6 +135,46 @@ def write_bundle(manifest: Path, out: Path, *, keys, build: Path | None = None) 
         shutil.rmtree(tmp, ignore_errors=True)
         raise ForgeError(f"cannot write bundle {out}: {exc.strerror or exc}") from None
     return out
+
+
+def _read_paths(v: Verified) -> list[Path]:
+    """The files a verified manifest's check read besides the manifest itself: a bare manifest's runtime table and
+    the artifacts of a folder source (a .tar.gz bundle's members are not files)."""
+    table = [v.source.table_file] if v.source.table_file is not None else []
+    if v.source.root is None or v.manifest is None:
+        return table
+    return table + [v.source.root / a.path for a in v.manifest.artifacts]
+
+
+def _refuse_input(out: Path, inputs, what: str) -> None:
+    if any(safety.same_file(out, Path(p)) for p in inputs):
+        raise ForgeError(f"{what} {out} is also an input of this command; write it elsewhere")
+
+
+def _refuse_inside(out: Path, folders, what: str) -> None:
+    try:
+        safety.check_not_inside(out, folders, what=what)
+    except safety.PathRefused as exc:
+        raise ForgeError(str(exc)) from None
+
+
+def trust_inputs(out: Path, what: str, *, sign_key: Path | None = None, keys=(), defaults: bool = True) -> list[Path]:
+    """The key files a command reads, which its output `out` must not be: the --sign-key file, each --key file, and
+    every *.pub of a --key folder, of the shipped release keys and of the user's trust folder (`defaults`). An
+    output named *.pub in one of those folders is refused here: the next command would read it as a key."""
+    from mamba_forge.runtime.trust import release_keys_dir
+
+    files = [] if sign_key is None else [Path(sign_key)]
+    folders = [release_keys_dir(), signing.user_trust_dir()] if defaults else []
+    for k in map(Path, keys or ()):
+        (folders if k.is_dir() else files).append(k)
+    for f in folders:
+        if not f.is_dir():
+            continue
+        if out.name.endswith(".pub") and not out.exists() and safety.same_file(out.parent, f):  # an existing one
+            raise ForgeError(f"{what} {out} would be read as a trusted key of {f}; write it elsewhere")  # is an input
+        files += sorted(f.glob("*.pub"))
+    return files
 
 
 def _check_output(out: Path, inputs, what: str) -> None:
@@ -176,8 +224,9 @@ def signing_key(path: Path | None):
 
 
 def index_record(manifests: list[Path], out: Path, *, keys, now: datetime | None = None,
-                 development_key: bool = False) -> ReleaseIndex:
-    """The index over verified per-device manifests (or bundles); paths are relative to the index's folder."""
+                 development_key: bool = False, read: list | None = None) -> ReleaseIndex:
+    """The index over verified per-device manifests (or bundles); paths are relative to the index's folder.
+    `read`: gets the files the checks read besides the manifests (runtime tables, artifacts)."""
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     entries, seen = [], {}
     expires = now + timedelta(days=INDEX_VALIDITY_DAYS)
@@ -185,6 +234,8 @@ def index_record(manifests: list[Path], out: Path, *, keys, now: datetime | None
     for m in manifests:
         m = Path(m)
         v = _qualified(m, ManifestError, "; merge takes per-device qualified manifests or bundles", keys=keys, now=now)
+        if read is not None:
+            read += _read_paths(v)
         dev = v.manifest.device
         ident = (dev.name, dev.cc, dev.sm_count)
         if ident in seen:
@@ -213,10 +264,15 @@ def index_record(manifests: list[Path], out: Path, *, keys, now: datetime | None
 
 
 def write_index(manifests: list[Path], out: Path, private, *, keys, now: datetime | None = None,
-                development_key: bool = False) -> Path:
+                development_key: bool = False, inputs=()) -> Path:
+    """`inputs`: more files the command reads (its key files, trust_inputs), which `out` must not be either."""
     out = Path(out)
-    _check_output(out, [Path(m) for m in manifests], "index")
-    index = index_record(manifests, out, keys=keys, now=now, development_key=development_key)
+    tables = [runtime_table_path(Path(m)) for m in manifests if not is_tar_path(Path(m)) and not Path(m).is_dir()]
+    inputs = [*map(Path, manifests), *tables, *map(Path, inputs)]
+    _check_output(out, inputs, "index")  # before any work; again below with the artifacts the checks read
+    read: list[Path] = []
+    index = index_record(manifests, out, keys=keys, now=now, development_key=development_key, read=read)
+    _check_output(out, inputs + read, "index")
     doc = signing.sign(toml_io.dumps(index).encode(), private, development_key=index.development_key)
     return _write(out, doc)
 

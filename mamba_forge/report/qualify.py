@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from mamba_forge.core.errors import printable
 from mamba_forge.core.schema import QualifiedManifest
 from mamba_forge.report.classes import counts_line, group_rejections
 
@@ -13,7 +15,9 @@ MAX_LISTED_REJECTIONS = 40  # the rest: `mamba-forge report`
 
 
 def render_qualify_summary(m: QualifiedManifest, console: Console) -> None:
-    t = Table(title=f"{m.device.name} (cc {m.device.cc}, {m.device.sm_count} SMs, x{m.device.count}) — {m.level}")
+    # the device's name is the driver's and the reasons quote symbol names: escaped, never markup
+    t = Table(title=Text(printable(f"{m.device.name} (cc {m.device.cc}, {m.device.sm_count} SMs, x{m.device.count}) "
+                                   f"— {m.level}")))
     for col in ("module", "target", "admitted", "checked", "rejected", "built only"):
         t.add_column(col, justify="left" if col in ("module", "target") else "right")
     rows: dict[tuple[str, str], dict[str, int]] = {}
@@ -21,10 +25,11 @@ def render_qualify_summary(m: QualifiedManifest, console: Console) -> None:
         r = rows.setdefault((s.module, s.target), {"admitted": 0, "checked": 0, "rejected": 0, "built-only": 0})
         r[s.status] += 1
     for (mod, tgt), r in rows.items():
-        t.add_row(mod, tgt, str(r["admitted"]), str(r["checked"]), str(r["rejected"]), str(r["built-only"]))
+        t.add_row(Text(printable(mod)), Text(printable(tgt)), str(r["admitted"]), str(r["checked"]), str(r["rejected"]),
+                  str(r["built-only"]))
     console.print(t)
     for indent, line in rejection_lines([s for s in m.symbols if s.status == "rejected"], MAX_LISTED_REJECTIONS):
-        console.print(" " * indent + line, markup=False, highlight=False)
+        console.print(" " * indent + printable(line, limit=1 << 20), markup=False, highlight=False)
 
 
 def rejection_lines(rejected: list, limit: int | None = None) -> list[tuple[int, str]]:

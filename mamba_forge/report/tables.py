@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mamba_forge.core.codec import to_dict
+from mamba_forge.core.errors import printable
 from mamba_forge.core.schema import BuildManifest, QualifiedManifest, ReleaseIndex
 from mamba_forge.report.classes import class_counts, counts_line, group_rejections
 from mamba_forge.report.qualify import rejection_lines
@@ -47,9 +48,25 @@ def plain(console: Console) -> bool:
     return not console.is_terminal
 
 
+_LINE = 1 << 20  # a report line is escaped, never cut for length
+
+
+def _safe(text: object) -> str:
+    """Text from a manifest (read, not verified: anyone may have written it) as one line a terminal shows
+    as-is: control characters, newlines and escape sequences written as Python escapes (errors.printable).
+    Every string this module prints passes here: lines, titles, table cells, markdown."""
+    return printable(text, limit=_LINE)
+
+
+def _lines(text: str) -> str:
+    """Text that is several lines by design (a compiler log) with each line escaped."""
+    return "\n".join(_safe(line) for line in str(text).split("\n"))
+
+
 def _say(console: Console, text: str, indent: int = 0) -> None:
     """Plain text: on a terminal wrapped to its width, a word longer than a line (a symbol name) folded, never
     cut; off one, a single line."""
+    text = _safe(text)
     if plain(console):
         console.print(" " * indent + text, markup=False, highlight=False, soft_wrap=True)
         return
@@ -62,7 +79,7 @@ def _say(console: Console, text: str, indent: int = 0) -> None:
 
 def _head(console: Console, title: str, count: int | None = None) -> None:
     """A section title, bold on a terminal."""
-    text = title if count is None else f"{title} ({count})"
+    text = _safe(title if count is None else f"{title} ({count})")
     if plain(console):
         console.print(text, markup=False, highlight=False, soft_wrap=True)
     else:
@@ -80,20 +97,23 @@ class _Rows:
         self.rows: list[tuple[tuple[str, ...], str | None]] = []
 
     def add_row(self, *cells: str, style: str | None = None) -> None:
-        self.rows.append((tuple(cells), style))
+        self.rows.append((tuple(_safe(c) for c in cells), style))
 
     def print(self, console: Console) -> None:
+        title = _safe(self.title)
         if not plain(console):
-            table = Table(title=self.title)
+            from rich.text import Text  # cells as Text: a '[' in a name is not rich markup
+
+            table = Table(title=Text(title))
             for col in self.cols:
                 table.add_column(col, justify="right" if col in self.right else "left", overflow="fold")
             for cells, style in self.rows:
-                table.add_row(*cells, style=style)
+                table.add_row(*map(Text, cells), style=style)
             console.print(table)
             return
         lines = [self.cols] + [cells for cells, _ in self.rows]
         widths = [max(len(line[i]) for line in lines) for i in range(len(self.cols))]
-        console.print(self.title, markup=False, highlight=False, soft_wrap=True)
+        console.print(title, markup=False, highlight=False, soft_wrap=True)
         for line in lines:
             text = "  ".join(c.rjust(w) if col in self.right else c.ljust(w)
                              for c, w, col in zip(line, widths, self.cols, strict=True))
@@ -118,9 +138,9 @@ def render_build(manifest: BuildManifest, console: Console, *, symbols: tuple[st
     table.print(console)
     for m in manifest.modules:
         if m.status == "failed" and m.log_head:
-            console.print(f"{m.kind} on {m.target} failed to compile:", style="red", markup=False, highlight=False,
-                          soft_wrap=plain(console))
-            console.print(m.log_head, markup=False, highlight=False, overflow="fold", soft_wrap=plain(console))
+            console.print(_safe(f"{m.kind} on {m.target} failed to compile:"), style="red", markup=False,
+                          highlight=False, soft_wrap=plain(console))
+            console.print(_lines(m.log_head), markup=False, highlight=False, overflow="fold", soft_wrap=plain(console))
     by_module: dict[str, list] = defaultdict(list)
     for m, s in manifest.symbols():
         if s.verdict.status == "rejected":
@@ -292,6 +312,11 @@ def _md_escape(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _md(lines: list[str]) -> str:
+    """The markdown document: each line escaped (_safe), so a field holding a newline stays in its line."""
+    return "\n".join(_safe(line) for line in lines) + "\n"
+
+
 def qualified_markdown(doc: Document) -> str:
     """Release notes for a qualified manifest (or an index): device, counts, rejections with reasons, digests."""
     if isinstance(doc.record, ReleaseIndex):
@@ -300,7 +325,7 @@ def qualified_markdown(doc: Document) -> str:
                  "| device | cc | SMs | level | file | sha256 |", "| --- | --- | --- | --- | --- | --- |"]
         for e in ix.entries:
             lines.append(f"| {_md_escape(e.device_name)} | {e.cc} | {e.sm_count} | {e.level} | `{e.path}` | `{e.sha256}` |")
-        return "\n".join(lines) + "\n"
+        return _md(lines)
     m: QualifiedManifest = doc.record  # type: ignore[assignment]
     dev = m.device
     lines = [
@@ -325,7 +350,7 @@ def qualified_markdown(doc: Document) -> str:
     lines += ["", "## Artifacts", "", "| path | role | size | sha256 |", "| --- | --- | ---: | --- |"]
     for a in m.artifacts:
         lines.append(f"| `{a.path}` | {a.role} | {a.size} | `{a.sha256}` |")
-    return "\n".join(lines) + "\n"
+    return _md(lines)
 
 
 def digest_symbols(d: dict) -> int:

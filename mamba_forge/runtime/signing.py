@@ -38,6 +38,7 @@ except ImportError:  # pragma: no cover - a cryptography that moved it
 from mamba_forge.core import safety
 from mamba_forge.core.errors import ForgeError
 from mamba_forge.core.fsio import write_atomic
+from mamba_forge.runtime.errors import SignatureRefused
 
 MARKER = b"\n[signature]\n"
 ALGORITHM = "ed25519"
@@ -218,10 +219,26 @@ def load_trusted(paths: list[Path], *, installed: bool = False) -> dict[str, Ed2
     return out
 
 
+class TrustEnvRefused(SignatureRefused, ForgeError):
+    """$MAMBA_FORGE_TRUST is relative: which keys are trusted would depend on the current folder. A loader refusal
+    (SignatureRefused) and, at the command line, bad input (ForgeError: one line, exit 2)."""
+
+    exit_code = 2
+
+
+def config_home() -> Path:
+    """$XDG_CONFIG_HOME when absolute, else ~/.config: the XDG spec calls a relative value invalid, to be ignored,
+    so nothing found under it depends on the current folder."""
+    xdg = os.environ.get("XDG_CONFIG_HOME") or ""
+    return Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".config"
+
+
 def user_trust_dir() -> Path:
-    """The user's trust folder: $MAMBA_FORGE_TRUST, else $XDG_CONFIG_HOME/mamba-forge/trusted, else ~/.config/..."""
+    """The user's trust folder: $MAMBA_FORGE_TRUST (absolute: a relative one is refused, TrustEnvRefused), else
+    $XDG_CONFIG_HOME/mamba-forge/trusted (a relative $XDG_CONFIG_HOME is ignored), else ~/.config/..."""
     env = os.environ.get("MAMBA_FORGE_TRUST")
     if env:
+        if not Path(env).is_absolute():
+            raise TrustEnvRefused(f"MAMBA_FORGE_TRUST={env!r} is not an absolute path; set an absolute path")
         return Path(env)
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "mamba-forge" / "trusted"
+    return config_home() / "mamba-forge" / "trusted"

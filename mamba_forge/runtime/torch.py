@@ -379,8 +379,9 @@ def register(kernels) -> list[str]:
     return [f"{LIBRARY}::{n}" for n in {**SCHEMAS, **TRAIN_SCHEMAS}]
 
 
+from mamba_forge.runtime.torch_block import Block, RMSNorm  # noqa: E402  (uses the ops above)
 from mamba_forge.runtime.torch_clip import clip_grad_norm_  # noqa: E402
-from mamba_forge.runtime.torch_layer import Block, InferenceParams, Mamba, RMSNorm  # noqa: E402  (uses the ops above)
+from mamba_forge.runtime.torch_layer import InferenceParams, Mamba  # noqa: E402
 from mamba_forge.runtime.torch_model import MambaConfig, MambaLMHeadModel, MixerModel  # noqa: E402
 from mamba_forge.runtime.torch_optim import AdamW  # noqa: E402
 

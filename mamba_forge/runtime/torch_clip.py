@@ -132,6 +132,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     coef_fn(coef=coef, norm=norm, partials=partials, num_partials=partials.numel(), max_norm=max_norm, eps=eps)
     for g, dtype in grads:
         _fetch(kernels, cache, SCALE_DEV_FAMILY, dtype, "")(g=g, n=g.numel(), scale=coef)
+    torch.autograd.graph.increment_version([g for g, _ in grads])  # scaled in place through raw pointers
     return norm.view(())
 
 __all__ = ["CLIP_COEF_FAMILY", "GRAD_PARTIALS", "SCALE_DEV_FAMILY", "SUMSQ_FAMILY", "clip_grad_norm_", "home_device",

@@ -9,8 +9,11 @@ import torch
 
 class DerivedTensors:
     """Tensors made from a parameter (a transpose, a float32 copy), each remade when its source's storage, version,
-    dtype, device or shape moved: an optimizer step, load_state_dict, .to() or a replaced parameter. Made under
-    no_grad from the detached source (what autograd differentiates is the parameter itself, on its own path)."""
+    dtype, device or shape moved: an optimizer step (torch's, or this package's AdamW, which counts its writes),
+    load_state_dict or a replaced parameter; the modules clear them on .to() / .cpu() / .half() (nn.Module._apply).
+    A write torch does not count (through .data, or a replayed CUDA graph) needs clear(): the modules' prepare(
+    refresh=True). Made under no_grad from the detached source (what autograd differentiates is the parameter
+    itself, on its own path)."""
 
     __slots__ = ("_got",)
 
@@ -29,6 +32,10 @@ class DerivedTensors:
                 got = (key, make(src.detach()))
             self._got[name] = got
         return got[1]
+
+    def clear(self) -> None:
+        """Forget every derived tensor (their memory goes with them); the next get() makes each again."""
+        self._got.clear()
 
 
 def _capturing(device: torch.device) -> bool:

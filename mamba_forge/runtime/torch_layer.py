@@ -219,9 +219,24 @@ class Mamba(nn.Module):
             "conv_b": conv_b, "dt_bias": d("dt_bias", dt_b, f32), "A_log": d("A_log", A_log, f32), "D": d("D", D, f32),
         }
 
-    def prepare(self) -> None:
-        """Make the derived tensors now (before a CUDA-graph capture: the capture then allocates none)."""
+    def prepare(self, refresh: bool = False) -> None:
+        """Make the derived tensors now (before a CUDA-graph capture: the capture then allocates none). refresh:
+        make them again from the weights as they are: after a write torch's version counter does not see (through
+        .data, or a replayed CUDA graph of an optimizer step); every other change is seen by itself."""
+        if refresh:
+            self.forget_derived()
         self._weights()
+
+    def forget_derived(self) -> None:
+        """Drop the derived tensors (and their memory); the next call makes them from the weights."""
+        self._derived.clear()
+        self._weights_memo = None
+
+    def _apply(self, fn, recurse=True):
+        # .to() / .cpu() / .half(): the derived tensors are of the old weights (and would keep their memory on
+        # the old device); a moved parameter may also land at a freed address with its version unchanged
+        self.forget_derived()
+        return super()._apply(fn, recurse)
 
     # ---- inference cache ----------------------------------------------------------------------------------------
     def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None, ssm_dtype=None, **kwargs):
@@ -257,6 +272,9 @@ class Mamba(nn.Module):
         autograd recording and no inference_params: the training op (the same kernels and bits, differentiable)."""
         if inference_params is None and _records_grad(self, hidden_states):
             return self._train(hidden_states)
+        if torch.is_grad_enabled() and hidden_states.requires_grad:
+            with torch.no_grad():  # the cache path records no graph (its ops have no backward): no grad_fn at all
+                return self.forward(hidden_states, inference_params)
         batch, seqlen, _ = hidden_states.shape
         if inference_params is not None:
             conv_state, ssm_state = self._get_states_from_cache(
@@ -309,71 +327,6 @@ class Mamba(nn.Module):
         return out.view(batch, seqlen, self.d_model)
 
 
-class RMSNorm(nn.Module):
-    """mamba-ssm's RMSNorm parameters (weight [dim], eps); applied by Block through mamba_forge::rms_norm_add."""
-
-    def __init__(self, hidden_size, eps=1e-5, device=None, dtype=None):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
-        self.register_parameter("bias", None)
-        self._derived = DerivedTensors()
-
-    @torch.compiler.disable  # a cache keyed by storage and version: kept out of traced graphs
-    def weight_f32(self) -> torch.Tensor:
-        """The weight as the kernel takes it (float32, contiguous): a 16-bit weight's copy made once per version
-        rather than a cast kernel every call (one launch a layer at decode)."""
-        w = self.weight
-        if w.dtype == torch.float32 and w.is_contiguous():
-            return w
-        return self._derived.get("weight_f32", w, lambda v: v.float().contiguous())
-
-
-class Block(nn.Module):
-    """mamba_ssm.modules.block.Block with fused add + RMSNorm (residual in float32), no MLP:
-    residual = hidden + residual; hidden = mixer(rms_norm(residual) * norm.weight). Returns (hidden, residual)."""
-
-    def __init__(self, dim, mixer_cls, mlp_cls=nn.Identity, norm_cls=RMSNorm, fused_add_norm=True,
-                 residual_in_fp32=True):
-        super().__init__()
-        if mlp_cls is not nn.Identity or not fused_add_norm or not residual_in_fp32:
-            raise ValueError("Block: the qualified path is fused add + RMSNorm with a float32 residual and no MLP")
-        self.residual_in_fp32, self.fused_add_norm = True, True
-        self.norm = norm_cls(dim)
-        self.mixer = mixer_cls(dim)
-        self.mlp = None
-        if not isinstance(self.norm, RMSNorm):
-            raise ValueError("Block: norm_cls must make an RMSNorm")
-
-    def forward(self, hidden_states, residual=None, inference_params=None, **mixer_kwargs):
-        if inference_params is None and _records_grad(self, hidden_states, residual):
-            # differentiable: mamba_forge::rms_norm_residual, the same kernel on a copy of the residual
-            residual = (torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
-                        if residual is None else residual.float())
-            hidden_states, residual, _ = torch.ops.mamba_forge.rms_norm_residual(hidden_states, residual,
-                                                                                 self.norm.weight, self.norm.eps)
-            return self.mixer(hidden_states, **mixer_kwargs), residual
-        residual = (torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
-                    if residual is None else residual.float().contiguous())
-        hidden_states = torch.ops.mamba_forge.rms_norm_add(hidden_states, residual, self.norm.weight_f32(),
-                                                           self.norm.eps)
-        return self.mixer(hidden_states, inference_params=inference_params, **mixer_kwargs), residual
-
-    def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None, **kwargs):
-        return self.mixer.allocate_inference_cache(batch_size, max_seqlen, dtype=dtype, **kwargs)
-
-    def check_training_kernels(self) -> None:
-        """The mixer's (Mamba.check_training_kernels) and the add + RMSNorm's backward kernels."""
-        from mamba_forge.runtime.torch_autograd import bwd_kernel
-        from mamba_forge.runtime.torch_ops import norm_backward_kernels
-
-        act = torch_dtype(self.mixer.in_proj.weight.dtype)
-        for fd in norm_backward_kernels(act):
-            bwd_kernel("rms_norm_residual", *fd)
-        _check_casts(act, [self.norm.weight])
-        self.mixer.check_training_kernels()
-
-
 def _records_grad(module: nn.Module, *tensors) -> bool:
     """Whether autograd records this call: grad mode on and a parameter or an input that requires grad."""
     if not torch.is_grad_enabled():
@@ -390,4 +343,4 @@ def _check_casts(act: str, params) -> None:
         cast_kernel("training", "f32", dt)
 
 
-__all__ = ["Block", "InferenceParams", "Mamba", "RMSNorm"]
+__all__ = ["InferenceParams", "Mamba"]

@@ -40,6 +40,7 @@ from torch import nn
 
 from mamba_forge.runtime.errors import LaunchRefused
 from mamba_forge.runtime.tensors import torch_dtype
+from mamba_forge.runtime.torch_block import Block, RMSNorm
 from mamba_forge.runtime.torch_checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -54,7 +55,7 @@ from mamba_forge.runtime.torch_checkpoint import (
     write_atomic,
 )
 from mamba_forge.runtime.torch_derived import DerivedTensors
-from mamba_forge.runtime.torch_layer import Block, InferenceParams, Mamba, RMSNorm, _ops, _records_grad
+from mamba_forge.runtime.torch_layer import InferenceParams, Mamba, _ops, _records_grad
 
 CausalLMOutput = namedtuple("CausalLMOutput", ["logits"])
 
@@ -131,9 +132,10 @@ class MixerModel(nn.Module):
     def forward(self, input_ids, inference_params=None, **mixer_kwargs):
         hidden_states = self.embedding(input_ids)
         residual = None
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            # after the first layer the residual is this forward's own: each layer adds into it (Block)
             hidden_states, residual = layer(hidden_states, residual, inference_params=inference_params,
-                                            **mixer_kwargs)
+                                            _owned_residual=i > 0, **mixer_kwargs)
         return self.final_norm(hidden_states, residual, inference_params)
 
     def final_norm(self, hidden_states, residual, inference_params=None):
@@ -233,14 +235,33 @@ class MambaLMHeadModel(nn.Module):
             logits = Mamba._gemm(h.contiguous(), self._head_weight_t())
         return logits.view(b, length, -1)
 
-    def prepare(self) -> None:
+    def prepare(self, refresh: bool = False) -> None:
         """Make every derived tensor now (transposed weights, the norms' float32 weights; before a CUDA-graph
-        capture)."""
+        capture). refresh: drop them and the captured decode graphs first, then make them from the weights as they
+        are: after a write torch's version counter does not see (through .data, or a replayed CUDA graph of an
+        optimizer step); every other change (an optimizer step, load_state_dict, .to()) is seen by itself."""
+        if refresh:
+            self._forget_derived()
         for layer in self.backbone.layers:
             layer.mixer.prepare()
             layer.norm.weight_f32()
         self.backbone.norm_f.weight_f32()
         self._head_weight_t()
+
+    def _forget_derived(self) -> None:
+        self._derived.clear()
+        self._graphs.clear()
+        for layer in self.backbone.layers:
+            layer.mixer.forget_derived()
+            layer.norm._derived.clear()
+        self.backbone.norm_f._derived.clear()
+
+    def _apply(self, fn, recurse=True):
+        # .to() / .cpu() / .half(): the head's transpose and the captured graphs (with their memory pools) are of the
+        # old weights; the layers and norms forget theirs in their own _apply
+        self._derived.clear()
+        self._graphs.clear()
+        return super()._apply(fn, recurse)
 
     def weights_key(self) -> tuple:
         """Storage and version of every parameter the derived tensors come from: a captured decode graph reads the
@@ -262,7 +283,11 @@ class MambaLMHeadModel(nn.Module):
         return CausalLMOutput(logits=self.logits_of(input_ids, inference_params, num_last_tokens, **mixer_kwargs))
 
     def logits_of(self, input_ids, inference_params=None, num_last_tokens=0, **mixer_kwargs) -> torch.Tensor:
-        """forward's logits for ids already checked (generate checks the prompt once, then feeds its own tokens)."""
+        """forward's logits for ids already checked (generate checks the prompt once, then feeds its own tokens).
+        With inference_params no graph is recorded (the cache path has no backward; mamba-ssm differentiates it)."""
+        if inference_params is not None and torch.is_grad_enabled():
+            with torch.no_grad():
+                return self.logits_of(input_ids, inference_params, num_last_tokens, **mixer_kwargs)
         hidden_states = self.backbone(input_ids, inference_params=inference_params, **mixer_kwargs)
         if num_last_tokens > 0:
             hidden_states = hidden_states[:, -num_last_tokens:]
@@ -297,6 +322,11 @@ class MambaLMHeadModel(nn.Module):
         config = load_config(folder / CONFIG_NAME)
         model = cls(config, device=device, dtype=dtype, kernels=kernels, **kwargs)
         state = load_state_dict(folder, model)
+        if config.tie_embeddings:  # safetensors keeps one name of a shared tensor (save_file refuses both)
+            tied = ("backbone.embedding.weight", "lm_head.weight")
+            present = [k for k in tied if k in state]
+            if len(present) == 1:
+                state[tied[1 - tied.index(present[0])]] = state[present[0]]
         missing, unexpected = key_differences(model, state)
         if missing or unexpected:
             raise ValueError(f"{folder}: the checkpoint's tensors are not this config's model (missing "

@@ -284,6 +284,11 @@ class AdamW(torch.optim.Optimizer):
                 self._step_capturable(gi, group, members)
             else:
                 self._step_multi(gi, group, members)
+            # The kernels write through raw pointers: count the writes as torch's own in-place steps do, so what is
+            # keyed by a parameter's version (the layers' transposed weights, a captured decode graph) is remade.
+            # A replay of a captured step moves no version: call the model's prepare(refresh=True) after one.
+            torch.autograd.graph.increment_version([t for p, _, st, _, _ in members
+                                                    for t in (p, st["exp_avg"], st["exp_avg_sq"])])
         return loss
 
     def _step_multi(self, gi: int, group: dict, members: list) -> None:
