@@ -231,3 +231,33 @@ def test_a_tied_checkpoint_with_one_name_of_the_shared_tensor_loads(mft, tmp_pat
     torch.save({k: v for k, v in other.state_dict().items() if k != "lm_head.weight"}, folder / "pytorch_model.bin")
     with pytest.raises(ValueError, match="missing lm_head.weight"):
         mft.MambaLMHeadModel.from_pretrained(folder, dtype=torch.float32)
+
+
+def test_a_copy_or_pickle_carries_the_weights_not_what_was_made_from_them(mft):
+    """copy.deepcopy / pickle of a model that has run (and captured: a CUDA graph cannot be copied, stood in for by
+    an object that refuses to be) carries the weights only; the copy makes its own derived tensors and equals the
+    original."""
+    import copy
+    import pickle
+
+    class Uncopyable:
+        def __reduce__(self):
+            raise TypeError("a CUDA graph cannot be pickled")
+
+    torch.manual_seed(4)
+    model = mft.MambaLMHeadModel(mft.MambaConfig(d_model=16, n_layer=2, vocab_size=40, ssm_cfg={"d_state": 8}),
+                                 dtype=torch.float32).eval()
+    ids = torch.randint(0, 40, (1, 4))
+    with torch.no_grad():
+        want = model(ids).logits
+    model.prepare()
+    model._graphs[1] = Uncopyable()
+    with pytest.raises(TypeError):
+        pickle.dumps(Uncopyable())
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert not twin._graphs and not twin._derived._got
+        assert all(not layer.mixer._derived._got and layer.mixer._weights_memo is None
+                   and not layer.norm._derived._got for layer in twin.backbone.layers)
+        with torch.no_grad():
+            assert torch.equal(twin(ids).logits, want)
+    assert model._graphs and model.backbone.layers[0].mixer._derived._got  # the original keeps its own

@@ -51,10 +51,12 @@ from mamba_forge.runtime.contract_memo import (  # noqa: F401  (MEMO_ENTRIES, _M
     _MISSING,
     _PTR,
     MEMO_ENTRIES,
+    NULL_PAGE,
     LaunchMemo,
     _compile_quick,
     _compile_reader,
     _lock,
+    null_pointer,
 )
 from mamba_forge.runtime.errors import LaunchRefused
 from mamba_forge.runtime.expressions import compile_expressions, literal
@@ -68,6 +70,9 @@ if TYPE_CHECKING:
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 CAPACITY_DIM = "d_state"
 _WRITES = ("out", "inout", "scratch")
+# what a pointer does, in _ptr_slots: reads only; writes (out, scratch: may be exactly an input of its element size,
+# in place); updates (inout: is itself the in-place buffer, so it shares no byte with any other argument)
+_READ, _WRITE, _UPDATE = 0, 1, 2
 _READS = ("in", "inout")
 
 
@@ -96,7 +101,8 @@ class Contract(LaunchMemo, LaunchAt):
             if p.kind == "pointer":
                 count = " * ".join(f"({s})" for s in p.shape) if len(p.shape) > 1 else p.shape[0]
                 exprs.append(count)
-                plan.append((p.name, _PTR, p.dtype, p.role in _WRITES, len(pointers), what))
+                acts = _UPDATE if p.role == "inout" else _WRITE if p.role in _WRITES else _READ
+                plan.append((p.name, _PTR, p.dtype, acts, len(pointers), what))
                 pointers.append(p)
             elif p.kind == "blob":
                 plan.append((p.name, _BLOB, p.type, p.size, 0, what))
@@ -113,7 +119,7 @@ class Contract(LaunchMemo, LaunchAt):
                 plan.append((p.name, _GIVEN, p.type, 0, INT_RANGES.get(p.type), what))
         self._plan = tuple(plan)
         self._pointers = tuple(pointers)
-        # (plan slot, pointer index, writes, bytes per element, name) of every pointer: the memory checks
+        # (plan slot, pointer index, reads/writes/updates, bytes per element, name) of every pointer: the memory checks
         self._ptr_slots = tuple((i, e[4], e[3], DTYPE_SIZES.get(e[2], 1), e[0]) for i, e in enumerate(plan)
                                 if e[1] == _PTR)
         self._evaluate, self.source = compile_expressions(name, exprs, dims, constants)
@@ -278,24 +284,31 @@ class Contract(LaunchMemo, LaunchAt):
         spans = []
         for i, j, writes, size, pname in self._ptr_slots:
             ptr = values[i][1]
-            if ptr == 0:
-                if pname == null:
+            if ptr < NULL_PAGE:
+                if ptr == 0 and pname == null:
                     continue
-                raise LaunchRefused(f"{pname} of {self.symbol}: its data pointer is 0 (a null or freed tensor)")
-            spans.append((ptr, ptr + max(numels[j], 0) * size, writes, pname))
+                raise LaunchRefused(null_pointer(pname, self.symbol, ptr))
+            spans.append((ptr, ptr + max(numels[j], 0) * size, writes, pname, size))
         if len(spans) > 1:
             self._refuse_overlaps(spans)
 
     def _refuse_overlaps(self, spans: list) -> None:
-        """spans: (start, end, writes, name) per pointer, not null."""
+        """spans: (start, end, reads/writes/updates, name, bytes per element) per pointer, not null."""
         spans.sort()
-        for k, (a0, a1, aw, an) in enumerate(spans):
-            for b0, b1, bw, bn in spans[k + 1:]:
+        for k, (a0, a1, aw, an, asz) in enumerate(spans):
+            for b0, b1, bw, bn, bsz in spans[k + 1:]:
                 if b0 >= a1:
                     break  # sorted by start: no later span reaches into this one
-                if not (aw or bw) or (aw != bw and (a0, a1) == (b0, b1)):
-                    continue  # inputs may share memory; an output may be exactly its input (in place)
-                how = "outputs alias each other" if aw and bw else "an output partially overlaps an input"
+                if not (aw or bw) or ({aw, bw} == {_READ, _WRITE} and (a0, a1, asz) == (b0, b1, bsz)):
+                    continue  # inputs may share memory; an output may be exactly an input of its element size
+                if aw and bw:
+                    how = "outputs alias each other"
+                elif _UPDATE in (aw, bw) and (a0, a1) == (b0, b1):
+                    how = "an argument updated in place is also an input"
+                elif (a0, a1) == (b0, b1):
+                    how = "an output is an input of another element size"
+                else:
+                    how = "an output partially overlaps an input"
                 raise LaunchRefused(f"{an} and {bn} of {self.symbol}: {how} ([{a0:#x}, {a1:#x}) and "
                                     f"[{b0:#x}, {b1:#x})); pass separate memory")
 

@@ -25,6 +25,18 @@ _F32_MAX = 3.4028234663852886e38
 MEMO_ENTRIES = 128  # evaluated launches remembered per contract, least recently used out first
 _lock = threading.Lock()  # the memos' and runtime.contract's cache of compiled contracts
 
+# no allocation lies in the first 64 KiB of the address space: a pointer there is a null one or a view of a freed
+# storage (storage.resize_(0) leaves data_ptr = storage_offset * element size)
+NULL_PAGE = 1 << 16
+
+
+def null_pointer(pname: str, symbol: str, ptr: int) -> str:
+    """The refusal of a pointer below NULL_PAGE (not the contract's `null` parameter)."""
+    if ptr == 0:
+        return f"{pname} of {symbol}: its data pointer is 0 (a null or freed tensor)"
+    return (f"{pname} of {symbol}: its data pointer is {ptr:#x}, in the first 64 KiB (a null or freed tensor: a view "
+            "of a storage resized to 0)")
+
 
 def _plain(b: Bound) -> tuple:
     return [v for _, v in b.values], b.grid, b.block, b.shared_mem, b.owner
@@ -99,9 +111,9 @@ class LaunchMemo:
         if any(w is not None and (type(w) is not type(p) or w != p) for w, p in zip(vals, plain)):  # noqa: B905
             return plain, b.grid, b.block, b.shared_mem, b.owner  # never: what is read per call is what bind packs
         fill = tuple((i, p) for i, (w, p) in enumerate(zip(vals, plain)) if w is None)  # noqa: B905
-        spans = tuple((i, max(key[at], 0) * size, writes, pname)
+        spans = tuple((i, max(key[at], 0) * size, writes, pname, size)
                       for (i, _, writes, size, pname), at in zip(self._ptr_slots, self._ptr_key_at))  # noqa: B905
-        lengths = tuple(length for _, length, _, _ in spans)
+        lengths = tuple(length for _, length, *_ in spans)
         memo = self._memo
         with _lock:
             memo[key] = (fill, lengths, spans, b.grid, b.block, b.shared_mem, b.owner)
@@ -112,13 +124,13 @@ class LaunchMemo:
     def _check_pointers(self, vals: list, spans: tuple, null: str) -> None:
         """_check_memory on a memo call: the same rules, from the addresses and the entry's byte lengths."""
         out = []
-        for i, length, writes, pname in spans:
+        for i, length, writes, pname, size in spans:
             ptr = vals[i]
-            if ptr == 0:
-                if pname == null:
+            if ptr < NULL_PAGE:
+                if ptr == 0 and pname == null:
                     continue
-                raise LaunchRefused(f"{pname} of {self.symbol}: its data pointer is 0 (a null or freed tensor)")
-            out.append((ptr, ptr + length, writes, pname))
+                raise LaunchRefused(null_pointer(pname, self.symbol, ptr))
+            out.append((ptr, ptr + length, writes, pname, size))
         if len(out) > 1:
             self._refuse_overlaps(out)
 
@@ -167,15 +179,15 @@ def _compile_reader(symbol: str, fast: tuple, nparams: int):
 
 
 def _compile_quick(symbol: str, ptr_slots: tuple):
-    """quick(values, lengths, null) -> True when no pointer but `null`'s is 0 and every output's bytes are apart from
+    """quick(values, lengths, null) -> True when no pointer but `null`'s (0) is below NULL_PAGE and every output's bytes are apart from
     every other pointer's (then _check_memory's sweep finds nothing: it skips the null pointer and only looks at
     spans that meet); False sends the call to the full pointer check, which decides (in place, empty tensors)."""
     n = len(ptr_slots)
     lines = ["def _quick(v, L, null):"]
     lines += [f"    p{k} = v[{i}]" for k, (i, *_) in enumerate(ptr_slots)]
     if n:  # 0 only for the `null` parameter (its length is 0 where it is None: it meets nothing)
-        lines += [f"    if not ({' and '.join(f'p{k}' for k in range(n))}):",
-                  f"        if {' or '.join(f'(not p{k} and null != {str(pname)!r})' for k, (*_, pname) in enumerate(ptr_slots))}:",
+        lines += [f"    if not ({' and '.join(f'p{k} >= {NULL_PAGE}' for k in range(n))}):",
+                  f"        if {' or '.join(f'((p{k} or null != {str(pname)!r}) and p{k} < {NULL_PAGE})' for k, (*_, pname) in enumerate(ptr_slots))}:",
                   "            return False"]
     lines += [f"    e{k} = p{k} + L[{k}]" for k in range(n)]
     pairs = [f"(p{b} < e{a} and p{a} < e{b})" for a in range(n) for b in range(n)

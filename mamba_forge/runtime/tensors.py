@@ -102,9 +102,7 @@ def _describe_dlpack(obj, what: str) -> TensorInfo:
     ndim = t.ndim
     shape = [t.shape[i] for i in range(ndim)]
     strides = [t.strides[i] for i in range(ndim)] if t.strides else None
-    numel = 1
-    for n in shape:
-        numel *= n
+    numel = _extent(shape, what, "DLPack")
     d = t.dtype
     stem = _DL_CODES.get(d.code, f"code{d.code}_")
     dtype = "bool" if stem == "bool" else f"{stem}{d.bits}"
@@ -115,6 +113,17 @@ def _describe_dlpack(obj, what: str) -> TensorInfo:
     info = _info(ptr, dtype, numel, _dense(shape, strides, 1), kind, int(t.device.device_id), False, _owner(obj))
     del capsule  # the DLTensor was read while the capsule lived
     return info
+
+
+def _extent(shape, what: str, via: str) -> int:
+    """The element count of an exported shape: ints >= 0 only (a negative extent would pass as a small tensor and
+    switch off the size and overlap checks)."""
+    if not isinstance(shape, (tuple, list)) or any(type(n) is not int or n < 0 for n in shape):
+        raise LaunchRefused(f"{what} has a malformed {via} shape {shape!r} (extents are ints >= 0)")
+    numel = 1
+    for n in shape:
+        numel *= n
+    return numel
 
 
 # ---- __cuda_array_interface__ --------------------------------------------------------------------------------
@@ -148,11 +157,12 @@ def _describe_cai(obj, what: str) -> TensorInfo | None:
         raise LaunchRefused(f"{what} has a malformed __cuda_array_interface__ (no 'data')")
     if cai.get("mask") is not None:
         raise LaunchRefused(f"{what} is a masked array; pass the dense data")
-    ptr, readonly = cai["data"]
+    data = cai["data"]
+    if not (isinstance(data, tuple) and len(data) == 2 and (data[0] is None or type(data[0]) is int)):
+        raise LaunchRefused(f"{what} has a malformed __cuda_array_interface__ ('data' is not (address, read-only))")
+    ptr, readonly = data
     shape = cai.get("shape", ())
-    numel = 1
-    for n in shape:
-        numel *= n
+    numel = _extent(shape, what, "__cuda_array_interface__")
     ts = cai.get("typestr", "")
     itemsize = int(ts[2:]) if ts[2:].isdigit() else 0
     dense = _dense(shape, cai.get("strides"), itemsize)
@@ -176,6 +186,10 @@ def torch_dtype(dt) -> str:
 
 
 def _describe_torch(x, what: str) -> TensorInfo:
+    layout = getattr(x, "layout", None)
+    if layout is not None and str(layout) != "torch.strided":  # a sparse tensor has no dense data pointer
+        raise LaunchRefused(f"{what} is a {str(layout).rpartition('.')[2]} tensor; pass a dense strided one "
+                            "(.to_dense())")
     token = TORCH_DTYPE_TOKENS.get(x.dtype) or torch_dtype(x.dtype)
     dev = x.device
     index = dev.index

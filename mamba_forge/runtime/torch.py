@@ -35,7 +35,7 @@ import torch
 from mamba_forge.runtime.errors import LaunchRefused, SymbolUnavailable
 from mamba_forge.runtime.gemm import a_as_read
 from mamba_forge.runtime.tensors import torch_dtype
-from mamba_forge.runtime.torch_dispatch import autograd_kernel, serve_directly, served_directly
+from mamba_forge.runtime.torch_dispatch import autograd_kernel, empty_aware, serve_directly, served_directly
 from mamba_forge.runtime.torch_ops import (
     CONV1D_FAMILY,
     CONV_TOKENS_FAMILY,
@@ -214,6 +214,8 @@ def _conv_tokens(xz, weight, bias, conv_state):
     kernel = sequence_kernel("conv_tokens", CONV_TOKENS_FAMILY, torch_dtype(xz.dtype))  # _conv_tokens_out's steps
     batch, d, length, width = _shapes(conv_tokens_shapes, xz.shape, weight.shape, bias.shape, conv_state.shape)
     out = xz.new_empty((batch, length, d))
+    if not (batch and d and length):
+        return out  # nothing to convolve; the state stays as it is
     # a few timesteps on a large grid (decode at batch): the vectorised conv where the manifest has it (the same
     # bits, torch_ops.CONV_TOKENS_VEC_FAMILY)
     vec = _state["functions"].get((CONV_TOKENS_VEC_FAMILY, kernel[1]))
@@ -259,6 +261,8 @@ def _scan_tokens(u, dt, dt_bias, A_log, x_dbl, D, xz, state):
                                                                               state)))
     state16 = _check_state_dtype(u, state)
     out = u.new_empty(u.shape)
+    if not (batch and length and d):
+        return out  # no timestep: the state stays as it is
     if length == 1:  # a decode step: the production step kernel, the same bits (torch_ops.SCAN_STEP_FAMILY)
         # z = xz[..., d:] read in place: rows 2d apart from element d of the dense xz (no copy)
         z, z_pad = (xz.reshape(-1)[d:], d) if xz.is_contiguous() else (xz.narrow(2, d, d).contiguous(), 0)
@@ -296,6 +300,8 @@ def _rms_norm_add_out(x, residual, weight):
 
 def _rms_norm_add(x, residual, weight, eps: float):
     kernel, rows, dim, y = _rms_norm_add_out(x, residual, weight)
+    if not rows:
+        return y  # no row: nothing to add
     rstd = torch.empty((rows,), dtype=torch.float32, device=x.device)
     _kernel(*kernel)(y=y, rstd=rstd, residual=_dense(residual, "residual"), x=x.contiguous(),
                      w=weight.contiguous(), rows=rows, dim=dim, eps=float(eps))
@@ -326,7 +332,11 @@ def op_impls() -> dict:
     runtime/torch_autograd.py and runtime/torch_train.py."""
     from mamba_forge.runtime import torch_autograd, torch_train
 
-    return {**_IMPLS, **torch_autograd.IMPLS, **torch_train.IMPLS}
+    impls = {**_IMPLS, **torch_autograd.IMPLS, **torch_train.IMPLS}
+    # an empty input launches nothing; gemm (kernels.gemm) and the decode path's ops (on the shapes they read anyway)
+    # decide that themselves
+    self_deciding = ("gemm", "conv_tokens", "scan_tokens", "rms_norm_add")
+    return {name: (f if name in self_deciding else empty_aware(f, fake), fake) for name, (f, fake) in impls.items()}
 
 
 def implement_for(dispatch_key: str) -> None:

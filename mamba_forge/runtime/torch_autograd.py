@@ -171,6 +171,7 @@ def reduce_a_log(op: str, part: torch.Tensor, A_log: torch.Tensor) -> torch.Tens
 # ---- backward ops (implementations launch; fakes give shapes) ------------------------------------------------------
 
 def _softplus_backward(dy, x):
+    T.same_shapes("softplus_backward", {"dy": (dy.shape, x.shape)})
     x = x.contiguous()
     dx = torch.empty_like(x)
     bwd_kernel("softplus_forward", "softplus_backward", torch_dtype(x.dtype))(dx=dx, dy=dy.contiguous(), x=x,
@@ -179,11 +180,13 @@ def _softplus_backward(dy, x):
 
 
 def _softplus_backward_fake(dy, x):
+    T.same_shapes("softplus_backward", {"dy": (dy.shape, x.shape)})
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def _rms_norm_backward(dy, x, weight, rstd):
     rows, dim = T.rms_norm_shapes(tuple(x.shape), tuple(weight.shape))
+    T.same_shapes("rms_norm_backward", {"dy": (dy.shape, x.shape), "rstd": (rstd.shape, x.shape[:-1])})
     kernel = bwd_kernel("rms_norm", *T.rms_norm_bwd_kernel(torch_dtype(dy.dtype)))
     dx = torch.empty(x.shape, dtype=F32, device=x.device)
     dw_rows = torch.empty((rows, dim), dtype=F32, device=x.device)
@@ -193,6 +196,7 @@ def _rms_norm_backward(dy, x, weight, rstd):
 
 
 def _rms_norm_backward_fake(dy, x, weight, rstd):
+    T.same_shapes("rms_norm_backward", {"dy": (dy.shape, x.shape), "rstd": (rstd.shape, x.shape[:-1])})
     return torch.empty(x.shape, dtype=F32, device=x.device), torch.empty(weight.shape, dtype=F32, device=x.device)
 
 
@@ -213,6 +217,8 @@ def _rms_norm_residual_fake(x, residual, weight, eps: float):
 def _rms_norm_residual_backward(dy, dresidual, residual, weight, rstd):
     op = "rms_norm_residual"
     rows, dim = T.rms_norm_shapes(tuple(residual.shape), tuple(weight.shape))
+    T.same_shapes(op, {"dy": (dy.shape, residual.shape), "dresidual": (dresidual.shape, residual.shape),
+                       "rstd": (rstd.shape, residual.shape[:-1])})
     kernel = bwd_kernel(op, *T.rms_norm_bwd_kernel(torch_dtype(dy.dtype)))
     add = bwd_kernel(op, *T.REDUCE["add_f32"])
     dh = torch.empty(residual.shape, dtype=F32, device=residual.device)
@@ -225,6 +231,8 @@ def _rms_norm_residual_backward(dy, dresidual, residual, weight, rstd):
 
 
 def _rms_norm_residual_backward_fake(dy, dresidual, residual, weight, rstd):
+    T.same_shapes("rms_norm_residual", {"dy": (dy.shape, residual.shape), "dresidual": (dresidual.shape,
+                                                                                         residual.shape)})
     return (torch.empty(residual.shape, dtype=dy.dtype, device=dy.device),
             torch.empty(residual.shape, dtype=F32, device=dy.device),
             torch.empty(weight.shape, dtype=weight.dtype, device=dy.device))
@@ -233,6 +241,7 @@ def _rms_norm_residual_backward_fake(dy, dresidual, residual, weight, rstd):
 def _conv1d_backward(dout, x, weight, bias):
     op = "causal_conv1d"
     batch, d, length, width = T.conv1d_shapes(tuple(x.shape), tuple(weight.shape), tuple(bias.shape))
+    T.same_shapes("causal_conv1d_backward", {"dout": (dout.shape, x.shape)})
     dt = torch_dtype(x.dtype)
     save, bwd = bwd_kernel(op, T.CONV_SAVE_FAMILY, dt), bwd_kernel(op, T.CONV_BWD_FAMILY, dt)
     x, weight, bias = x.contiguous(), weight.contiguous(), bias.contiguous()
@@ -246,6 +255,8 @@ def _conv1d_backward(dout, x, weight, bias):
 
 
 def _conv1d_backward_fake(dout, x, weight, bias):
+    T.conv1d_shapes(tuple(x.shape), tuple(weight.shape), tuple(bias.shape))
+    T.same_shapes("causal_conv1d_backward", {"dout": (dout.shape, x.shape)})
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(weight.shape, dtype=F32, device=x.device),
             torch.empty(bias.shape, dtype=F32, device=x.device))
 
@@ -253,6 +264,7 @@ def _conv1d_backward_fake(dout, x, weight, bias):
 def _scan_backward(dout, u, delta, A_log, B, C, D, z, delta_bias):
     op = "selective_scan"
     batch, d, n, length = T.scan_shapes(*(tuple(t.shape) for t in (u, delta, A_log, B, C, D, z, delta_bias)))
+    T.same_shapes("selective_scan_backward", {"dout": (dout.shape, u.shape)})
     dt = torch_dtype(u.dtype)
     family, w = T.scan_bwd_family(op, d)
     save, bwd = bwd_kernel(op, T.SCAN_SAVE_FAMILY, dt), bwd_kernel(op, family, dt)
@@ -275,6 +287,7 @@ def _scan_backward(dout, u, delta, A_log, B, C, D, z, delta_bias):
 
 def _scan_backward_fake(dout, u, delta, A_log, B, C, D, z, delta_bias):
     T.scan_shapes(*(tuple(t.shape) for t in (u, delta, A_log, B, C, D, z, delta_bias)))
+    T.same_shapes("selective_scan_backward", {"dout": (dout.shape, u.shape)})
     e = lambda t, dtype=None: torch.empty(t.shape, dtype=dtype or t.dtype, device=u.device)  # noqa: E731
     return e(u), e(delta), e(A_log, F32), e(B), e(C), e(D, F32), e(z), e(delta_bias, F32)
 

@@ -22,6 +22,9 @@ class RMSNorm(nn.Module):
         self.register_parameter("bias", None)
         self._derived = DerivedTensors()
 
+    def __getstate__(self):
+        return {**super().__getstate__(), "_derived": DerivedTensors()}  # see Mamba.__getstate__
+
     def _apply(self, fn, recurse=True):
         self._derived.clear()  # of the old weight (see Mamba._apply)
         return super()._apply(fn, recurse)
@@ -64,7 +67,7 @@ class Block(nn.Module):
             hidden_states, residual, _ = torch.ops.mamba_forge.rms_norm_residual(hidden_states, residual,
                                                                                  self.norm.weight, self.norm.eps)
             return self.mixer(hidden_states, **mixer_kwargs), residual
-        if torch.is_grad_enabled() and (hidden_states.requires_grad or (residual is not None and residual.requires_grad)):
+        if _records_grad(self, hidden_states, residual):  # a float32 norm weight is the parameter itself
             with torch.no_grad():  # the cache path records no graph (see Mamba.forward)
                 return self.forward(hidden_states, residual, inference_params, _owned_residual=_owned_residual,
                                     **mixer_kwargs)

@@ -103,4 +103,22 @@ def autograd_kernel(op, impl, setup_context, backward):
     return kernel
 
 
-__all__ = ["DIRECT_MEMO_ENTRIES", "autograd_kernel", "serve_directly", "served_directly"]
+def empty_aware(impl, fake):
+    """`impl` that answers a call with an empty tensor argument without a launch (a kernel's grid or pointer checks
+    refuse zero elements): the fake implementation's outputs, zero-filled, which is each op's result over nothing
+    (an empty output; a sum over no rows or timesteps, e.g. a weight gradient or a scan's last state, is 0); an
+    argument updated in place is left as it is."""
+
+    def run(*args, **kwargs):
+        if any(isinstance(a, torch.Tensor) and a.numel() == 0 for a in args):
+            out = fake(*args, **kwargs)
+            for t in out if isinstance(out, tuple) else (out,):
+                t.zero_()
+            return out
+        return impl(*args, **kwargs)
+
+    run.__name__ = getattr(impl, "__name__", "op")
+    return run
+
+
+__all__ = ["DIRECT_MEMO_ENTRIES", "autograd_kernel", "empty_aware", "serve_directly", "served_directly"]

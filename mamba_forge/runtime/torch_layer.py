@@ -232,6 +232,11 @@ class Mamba(nn.Module):
         self._derived.clear()
         self._weights_memo = None
 
+    def __getstate__(self):
+        # a copy or a pickle (copy.deepcopy, torch.save of the module) carries the weights, not what was made from
+        # them: the copy makes its own at its first call
+        return {**super().__getstate__(), "_derived": DerivedTensors(), "_weights_memo": None}
+
     def _apply(self, fn, recurse=True):
         # .to() / .cpu() / .half(): the derived tensors are of the old weights (and would keep their memory on
         # the old device); a moved parameter may also land at a freed address with its version unchanged
@@ -272,7 +277,7 @@ class Mamba(nn.Module):
         autograd recording and no inference_params: the training op (the same kernels and bits, differentiable)."""
         if inference_params is None and _records_grad(self, hidden_states):
             return self._train(hidden_states)
-        if torch.is_grad_enabled() and hidden_states.requires_grad:
+        if _records_grad(self, hidden_states):
             with torch.no_grad():  # the cache path records no graph (its ops have no backward): no grad_fn at all
                 return self.forward(hidden_states, inference_params)
         batch, seqlen, _ = hidden_states.shape

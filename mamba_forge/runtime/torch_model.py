@@ -256,6 +256,11 @@ class MambaLMHeadModel(nn.Module):
             layer.norm._derived.clear()
         self.backbone.norm_f._derived.clear()
 
+    def __getstate__(self):
+        # a copy or a pickle carries no derived tensor and no captured graph (a CUDA graph cannot be copied; the
+        # copy's weights are other tensors anyway): the copy makes and captures its own
+        return {**super().__getstate__(), "_derived": DerivedTensors(), "_graphs": {}}
+
     def _apply(self, fn, recurse=True):
         # .to() / .cpu() / .half(): the head's transpose and the captured graphs (with their memory pools) are of the
         # old weights; the layers and norms forget theirs in their own _apply

@@ -216,9 +216,9 @@ def rms_norm_kernel(x_dtype: str, out_dtype: str) -> tuple[str, str]:
 
 def rms_norm_shapes(x_shape: tuple[int, ...], weight_shape: tuple[int, ...]) -> tuple[int, int]:
     """(rows, dim) of x [..., dim] normalised over its last dimension by a weight of shape [dim]."""
-    if not x_shape or len(weight_shape) != 1 or x_shape[-1] != weight_shape[0]:
+    if not x_shape or len(weight_shape) != 1 or x_shape[-1] != weight_shape[0] or not x_shape[-1]:
         raise LaunchRefused(f"mamba_forge::rms_norm: x {list(x_shape)} and weight {list(weight_shape)} do not fit: "
-                            "x is [..., dim], weight is [dim]")
+                            "x is [..., dim], weight is [dim], dim >= 1")
     rows = 1
     for n in x_shape[:-1]:
         rows *= n
@@ -244,8 +244,18 @@ def conv1d_shapes(x: tuple[int, ...], weight: tuple[int, ...], bias: tuple[int, 
         raise LaunchRefused(f"mamba_forge::causal_conv1d: x {list(x)} must be [batch, d, L] and weight "
                             f"{list(weight)} [d, width]")
     batch, d, length = x
+    if not 1 <= weight[1] <= 4:  # the kernels' widths (another writes nothing)
+        raise LaunchRefused(f"mamba_forge::causal_conv1d: width {weight[1]}; the kernels take 1..4")
     _shape_problem("causal_conv1d", {"x": x, "weight": weight, "bias": bias}, {"weight": (d, weight[1]), "bias": (d,)})
     return batch, d, length, weight[1]
+
+
+def same_shapes(op: str, pairs: dict) -> None:
+    """A backward op's incoming gradients against the tensors they are the gradients of: {name: (got, want)}
+    shapes (a transposed or larger gradient would be read in the other's layout)."""
+    for name, (got, want) in pairs.items():
+        if tuple(got) != tuple(want):
+            raise LaunchRefused(f"mamba_forge::{op}: {name} is {list(got)}, expected {list(want)}")
 
 
 def scan_shapes(u: tuple[int, ...], delta: tuple[int, ...], A_log: tuple[int, ...], B: tuple[int, ...],

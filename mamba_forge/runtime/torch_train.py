@@ -144,6 +144,7 @@ def _transposer(kernel):
 def _mixer_backward(dout, hidden, in_w, conv_w, conv_b, x_w, dt_w, dt_b, A_log, D, out_w, xz, x, x_dbl, dt, y,
                     saved, in_bias: bool, out_bias: bool):
     batch, length, dm, d, width, r, n = _dims(hidden, in_w, conv_w, x_w, dt_w, dt_b, A_log, D, out_w)
+    T.same_shapes("mamba_mixer_backward", {"dout": (dout.shape, hidden.shape)})
     act = torch_dtype(hidden.dtype)
     k = backward_kernels(act, d, n)
     family, w, token_major = T.mixer_scan_bwd_family(d, n)
@@ -216,6 +217,7 @@ def _mixer_backward(dout, hidden, in_w, conv_w, conv_b, x_w, dt_w, dt_b, A_log, 
 def _mixer_backward_fake(dout, hidden, in_w, conv_w, conv_b, x_w, dt_w, dt_b, A_log, D, out_w, xz, x, x_dbl, dt, y,
                          saved, in_bias: bool, out_bias: bool):
     _dims(hidden, in_w, conv_w, x_w, dt_w, dt_b, A_log, D, out_w)
+    T.same_shapes("mamba_mixer_backward", {"dout": (dout.shape, hidden.shape)})
     e = lambda t: torch.empty(t.shape, dtype=t.dtype, device=hidden.device)  # noqa: E731
     none = hidden.new_empty(0)
     bias = lambda present, w: torch.empty(w.shape[0], dtype=w.dtype, device=hidden.device) if present else none  # noqa: E731
