@@ -10,8 +10,8 @@ probabilities 0.7, 0.2, 0.1: 0.80 nats per token for a model that uses two token
 that uses one (seed 0, vocab 32), ln(vocab) at the start), generated on the CPU, so every machine trains on the
 same tokens; step i's batch does not depend on --steps, so a short run's curve is a prefix of a long run's.
 
-    python examples/train_tiny.py --bundle h200.tar.gz --key manifests/keys               # 200 steps
-    python examples/train_tiny.py --bundle h200.tar.gz --key manifests/keys --steps 20 --check-repro --out l.json
+    python examples/train_tiny.py --bundle h200.tar.gz                                    # 200 steps
+    python examples/train_tiny.py --bundle h200.tar.gz --steps 20 --check-repro --out l.json
 
 The loss curve is written exactly (--out: every step's float32 loss as its bit pattern in hex and as a float, and
 the sha256 of the final parameters), so two runs compare bit for bit; --check-repro trains twice in this process
@@ -20,7 +20,7 @@ torch.use_deterministic_algorithms(True) (CUBLAS_WORKSPACE_CONFIG=:4096:8, TF32 
 torch kernel is an error, not a silent difference.
 
 Exit codes: 0 trained (and with --check-repro, identical twice); 1 the two runs differ; 2 refused, with one line on
-stderr saying what to do: no --bundle/--key, no torch, no CUDA GPU, a bundle that does not load here, a model
+stderr saying what to do: no --bundle, a --key that is not one, no torch, no CUDA GPU, a bundle that does not load here, a model
 the manifest cannot serve, or a Mamba layer without a backward (its parameters get no gradient).
 """
 
@@ -59,7 +59,8 @@ def _nonneg_float(text: str) -> float:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", help="the signed bundle or manifest to load (required)")
-    p.add_argument("--key", help="trusted public key: a .pub file or a folder of them (required)")
+    p.add_argument("--key", help="trusted public key: a .pub file or a folder of them (default: the keys load() "
+                                 "trusts, the shipped release keys and your trust folder)")
     p.add_argument("--steps", type=_positive, default=200, help="optimizer steps (default 200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data and of the initial weights (default 0)")
     p.add_argument("--out", type=Path, help="write the exact loss curve (JSON) here")
@@ -225,12 +226,10 @@ def _keys(path: Path) -> list[Path]:
 
 def run(a) -> int:
     if not a.bundle:
-        raise Refused("--bundle is required: the signed bundle or manifest to load (and --key, its trusted key)")
+        raise Refused("--bundle is required: the signed bundle or manifest to load (mamba-forge bundle makes one)")
     if not Path(a.bundle).exists():
         raise Refused(f"--bundle {a.bundle}: no such file or folder")
-    if not a.key:
-        raise Refused("--key is required: the trusted public key (a .pub file or a folder of them) of --bundle")
-    if not Path(a.key).exists() or not _keys(Path(a.key)):
+    if a.key and (not Path(a.key).exists() or not _keys(Path(a.key))):
         raise Refused(f"--key {a.key}: no such key file (or no *.pub in that folder)")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic cuBLAS
     try:
@@ -247,7 +246,7 @@ def run(a) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     try:
-        kernels = load(a.bundle, device=a.device, trusted_keys=_keys(Path(a.key)))
+        kernels = load(a.bundle, device=a.device, trusted_keys=_keys(Path(a.key)) if a.key else None)
     except LoadError as exc:
         raise Refused(f"{a.bundle} does not load here: {' '.join(str(exc).split())}") from None
     mft.register(kernels)
