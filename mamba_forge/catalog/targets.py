@@ -136,16 +136,19 @@ def _native_ccs() -> list[tuple[int, int]]:
     return attached_ccs()
 
 
-def parse_arch_list(text: str, source: str, native=_native_ccs) -> ArchSelection:
+def parse_arch_list(text: str, source: str, native=_native_ccs, *, skip_unbuilt: bool = False) -> ArchSelection:
     """Target names from one spelling list: ours (sm_90a,sm_80) or TORCH_CUDA_ARCH_LIST's (`8.0 9.0a 12.0`,
     `8.0;9.0`, `9.0+PTX`: the PTX part is ignored with a note), `all` or `native`; separated by spaces, commas
-    or semicolons. Raises ForgeError (bad input) naming `source` and the token."""
+    or semicolons. Raises ForgeError (bad input) naming `source` and the token. `skip_unbuilt` (torch's own
+    list, which names architectures from 5.0 on): a torch-spelled architecture mamba-forge does not build is
+    left out with a note, and only a list with none left is refused."""
     tokens = [t for t in _SEPARATORS.split(text) if t]
     if not tokens:
         raise ForgeError(f"{source} {text!r} names no architecture",
                          hint=f"e.g. sm_90a, sm_80,sm_90a, 9.0a or all; known: {', '.join(TARGETS)}")
     names: list[str] = []
     notes: list[str] = []
+    skipped: dict[str, str] = {}  # token -> the target name it spells, which mamba-forge does not build
     for token in tokens:
         if token.lower() == ALL:
             names.extend(TARGETS)
@@ -156,8 +159,11 @@ def parse_arch_list(text: str, source: str, native=_native_ccs) -> ArchSelection
         elif m := _TORCH.match(token):
             name = f"sm_{int(m.group(1))}{m.group(2)}{m.group(3).lower()}"
             if name not in TARGETS:
-                raise ForgeError(f"{source}: {token!r} is {name}, which mamba-forge does not build",
-                                 hint=f"known: {', '.join(TARGETS)}")
+                if not skip_unbuilt:
+                    raise ForgeError(f"{source}: {token!r} is {name}, which mamba-forge does not build",
+                                     hint=f"known: {', '.join(TARGETS)}")
+                skipped.setdefault(token, name)
+                continue
             if m.group(4):
                 notes.append(f"{source}: {token} builds {name} cubins; the +PTX part is ignored "
                              "(mamba-forge ships cubins qualified on the GPU they run on)")
@@ -165,6 +171,15 @@ def parse_arch_list(text: str, source: str, native=_native_ccs) -> ArchSelection
         else:
             raise ForgeError(f"{source}: {_shown(token)} is not an architecture",
                              hint=f"write sm_90a, 9.0a, all or native; known: {', '.join(TARGETS)}")
+    if skipped:
+        choose = f"set {ARCH_ENV} or pass --arch to choose the targets; known: {', '.join(TARGETS)}"
+        if not names and len(skipped) == 1:
+            (token, name), = skipped.items()
+            raise ForgeError(f"{source}: {token!r} is {name}, which mamba-forge does not build", hint=choose)
+        spelled = ", ".join(f"{t} ({n})" for t, n in skipped.items())
+        if not names:
+            raise ForgeError(f"{source} names only architectures mamba-forge does not build: {spelled}", hint=choose)
+        notes.append(f"{source}: skipped {spelled}, which mamba-forge does not build; {choose}")
     return ArchSelection(tuple(dict.fromkeys(names)), source, tuple(notes))
 
 
@@ -185,8 +200,9 @@ def _native_names(native, source: str) -> list[str]:
 
 def select_targets(cli_values: list[str] | None, env, native=_native_ccs) -> ArchSelection:
     """The build's targets: `--arch` values (repeatable, each a list), else $MAMBA_FORGE_ARCH, else
-    $TORCH_CUDA_ARCH_LIST (with a note saying so), else DEFAULT_TARGETS. An environment variable set to an
-    empty value counts as unset; an empty --arch is bad input."""
+    $TORCH_CUDA_ARCH_LIST (with a note saying so; the architectures of it mamba-forge does not build are left
+    out with a note), else DEFAULT_TARGETS. An environment variable set to an empty value counts as unset; an
+    empty --arch is bad input."""
     if cli_values is not None:
         if not cli_values:
             raise ForgeError("--arch names no architecture", hint="e.g. --arch sm_90a")
@@ -200,7 +216,7 @@ def select_targets(cli_values: list[str] | None, env, native=_native_ccs) -> Arc
     for var in (ARCH_ENV, TORCH_ARCH_ENV):
         value = env.get(var, "")
         if value.strip():
-            sel = parse_arch_list(value, var, native)
+            sel = parse_arch_list(value, var, native, skip_unbuilt=var == TORCH_ARCH_ENV)  # ours stays strict
             if var == TORCH_ARCH_ENV:
                 used = f"targets from {TORCH_ARCH_ENV}={value.strip()!r}: {', '.join(sel.names)} " \
                        f"(set {ARCH_ENV} or pass --arch to choose others)"

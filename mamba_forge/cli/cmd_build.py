@@ -80,8 +80,10 @@ def build(
         def on_event(kind: str, rec) -> None:
             if kind == "plan":
                 # programs weighed by their symbols: a Fixed program takes 60 s, most others a few
-                bar.begin(_header(rec), timed=rec.programs - rec.cached, workers=rec.workers,
-                          prior_s=PRIOR_SECONDS_PER_SYMBOL, weight=rec.symbols_to_compile)
+                queue = _start_order(req)
+                bar.begin(_header(rec, max((w for _, w in queue), default=0)), timed=rec.programs - rec.cached,
+                          workers=rec.workers, prior_s=PRIOR_SECONDS_PER_SYMBOL, weight=rec.symbols_to_compile,
+                          queue=queue)
             elif kind == "done" and rec is not None:
                 bar.finished(f"{rec.kind} {rec.target}", seconds=None if rec.cached else rec.compile_seconds,
                              tag="cached" if rec.cached else "", weight=len(rec.symbols))
@@ -119,8 +121,9 @@ def build(
 PRIOR_SECONDS_PER_SYMBOL = 0.23
 
 
-def _header(plan) -> str:
-    """The build's first line: what it will compile, what the cache already holds, and roughly how long."""
+def _header(plan, largest: int = 0) -> str:
+    """The build's first line: what it will compile, what the cache already holds, and roughly how long
+    (`largest`: the symbols of the largest program the build may compile)."""
     from mamba_forge.progress import about
 
     to_compile = plan.programs - plan.cached
@@ -129,9 +132,28 @@ def _header(plan) -> str:
             f"{to_compile} to compile")
     if not to_compile:
         return head
-    # what the progress lines start from (progress.Progress.remaining_s before any program has finished)
-    first_guess = PRIOR_SECONDS_PER_SYMBOL * plan.symbols_to_compile / min(plan.workers, to_compile)
-    return head + f" with {plural(plan.workers, 'worker')} ({about(first_guess)}, a first guess)"
+    guess = first_guess_s(plan.symbols_to_compile, to_compile, plan.workers, largest)
+    return head + f" with {plural(plan.workers, 'worker')} ({about(guess)}, a first guess)"
+
+
+def first_guess_s(symbols: int, programs: int, workers: int, largest: int) -> float:
+    """The build's time before any program has finished: its `symbols` spread over the workers, but never less
+    than its largest program (`largest` symbols, at most all of them: which programs the cache holds is not
+    known yet), which one worker compiles alone (the default catalog's Fixed program: 6 of its 7 minutes)."""
+    per_worker = symbols / max(1, min(workers, programs))
+    return PRIOR_SECONDS_PER_SYMBOL * max(per_worker, min(largest, symbols))
+
+
+def _start_order(req) -> list[tuple[str, int]]:
+    """Every program of the build as ("Kind target", its symbols), in the order the builder's workers take
+    them (builder._build: the longest composed program first, then the plan's order), for the estimate."""
+    from mamba_forge.build.jobs import compose
+
+    units = []
+    for m in req.catalog.modules:
+        size = len(compose(m))
+        units += [(size, f"{m.kind} {t.name}", len(m.symbols)) for t, _role in m.targets(req.targets)]
+    return [(name, n) for _, name, n in sorted(units, key=lambda u: -u[0])]
 
 
 def _check_globs(globs, names: list[str], catalog_path, out_dir: Path) -> None:

@@ -68,37 +68,18 @@ def _tarball(path: Path) -> bool:
 
 
 def _not_a_manifest(path: Path) -> str | None:
-    """Why a file that failed to verify is not a manifest at all (bad input, exit 2: a README, a catalog, JSON, a
-    build manifest, which is never signed), or None when it is one that failed a check (exit 1): anything with a
-    [signature] table, an unsigned qualified manifest or index. Folders and bundles: None (what they hold is
-    checked by open_verified)."""
-    import tomllib
-
-    from mamba_forge.core.tomlmemo import parse_toml_bytes
+    """Why a file that failed to verify is not a manifest at all (bad input, exit 2), or None when it is one that
+    failed a check (exit 1): runtime/verify.py not_a_manifest, load()'s own words. Folders and bundles: None (what
+    they hold is checked by open_verified)."""
     from mamba_forge.manifest.toml_io import read_input
-    from mamba_forge.runtime import signing
+    from mamba_forge.runtime.verify import not_a_manifest
 
     if not path.is_file() or _tarball(path):
         return None
     try:
-        raw = read_input(path)  # bounded: the same limit the verifier applied
+        return not_a_manifest(read_input(path))  # bounded: the same limit the verifier applied
     except ForgeError:
         return None
-    if signing.MARKER in raw:
-        return None  # a signed document, however damaged: a check failed (exit 1)
-    try:
-        data = parse_toml_bytes(raw, what=str(path))
-    except UnicodeDecodeError:
-        return "is not a manifest: not UTF-8 text"
-    except tomllib.TOMLDecodeError as exc:
-        return f"is not a manifest: not TOML ({exc})"
-    kind = data.get("kind")
-    if kind == "build":
-        return "is a build manifest, which is never signed: verify checks qualified manifests, bundles and indexes"
-    if kind not in ("qualified", "index"):
-        got = "no kind key" if kind is None else f"kind {kind!r}"
-        return f"is not a manifest: it has {got}, not kind = \"qualified\" or \"index\""
-    return None
 
 
 def merge(

@@ -312,7 +312,8 @@ def load(manifest_or_bundle: str | Path, device: int = 0, trusted_keys: Iterable
         return seen[0].name, seen[0].cc_text, seen[0].sm_count
 
     v = open_verified(manifest_or_bundle, keys=keys, build=build, hash_all=False, follow_index=False, now=now,
-                      full_body=False, device=device_key)
+                      full_body=False, device=device_key, missing_hint="pass build= (the --out folder of `mamba-forge "
+                      "build`) or load a bundle")
     dev = seen[0] if seen else backend.device_info(device)
     check_device(v.manifest.device, dev, str(v.path))
     kernels = Kernels(v, dev, backend, pdl=pdl)

@@ -37,9 +37,9 @@ def _read_regular(p: Path, limit: int = MAX_BUNDLE_BYTES) -> bytes | None:
         return None
 
 
-def _read_input(p: Path, what: str) -> bytes:
+def _read_input(p: Path, what: str, follow: bool = True) -> bytes:
     try:
-        return read_bounded(p, MAX_MANIFEST_BYTES, what=what)
+        return read_bounded(p, MAX_MANIFEST_BYTES, what=what, follow=follow)
     except PathRefused as exc:
         raise ArtifactRefused(str(exc)) from None
 
@@ -56,6 +56,17 @@ class Source:
     exact: bool = False
     table_file: Path | None = None  # a bare manifest's runtime table (a bundle holds RUNTIME_TABLE)
     tar: TarReader | None = None  # the rest of a .tar.gz bundle, not yet read
+    bare: bool = False  # a bare manifest's folder: a build there may since have written other programs
+    missing_hint: str = ""  # what to do when an artifact is missing (the caller's words: load() or verify)
+
+    def refused(self, rel: str, what: str = "", smaller: bool = False) -> ArtifactRefused:
+        """An artifact missing (no `what`) or wrong (`what`: its size, its sha256), and what to do about it."""
+        if not what:
+            return ArtifactRefused(f"artifact {rel} is missing from {self.label}{'; ' * bool(self.missing_hint)}"
+                                   f"{self.missing_hint}")
+        why = (f" (a build with --kernels or --module writes {'a smaller' if smaller else 'another'} program under "
+               "the same name: rebuild without them)") if self.bare else ""
+        return ArtifactRefused(f"artifact {rel} in {self.label} {what}{why}")
 
     def expect(self, sizes: Mapping[str, int] | None) -> None:
         """Read the rest of a .tar.gz bundle; with `sizes`, each member's header must name one of them with
@@ -250,16 +261,20 @@ class TarReader:
                 raise ArtifactRefused(f"{self.label} holds an unsafe member name {info.name!r}")
             if name in self.seen:
                 raise ArtifactRefused(f"{self.label} holds {name} twice")
-            if sizes is not None and name not in sizes:
-                raise ArtifactRefused(f"{self.label} holds files its manifest does not name: {name}")
-            if sizes is not None and info.size != sizes[name]:
-                raise ArtifactRefused(f"artifact {name} in {self.label} is {info.size} bytes, the manifest says "
-                                      f"{sizes[name]}")
+            if sizes is not None:
+                self.check_named(name, info.size, sizes)
             if info.size > self.stream.remaining():
                 raise ArtifactRefused(f"{self.label} member {name} is {info.size} bytes, above the limit of "
                                       f"{self.stream.cap} bytes for the whole bundle")
             self.seen.add(name)
             return name, info.size
+
+    def check_named(self, name: str, size: int, sizes: Mapping[str, int]) -> None:
+        """A member must be one the verified record names, at the size it records."""
+        if name not in sizes:
+            raise ArtifactRefused(f"{self.label} holds files its manifest does not name: {name}")
+        if size != sizes[name]:
+            raise ArtifactRefused(f"artifact {name} in {self.label} is {size} bytes, the manifest says {sizes[name]}")
 
     def data(self, size: int) -> bytes:
         out = self.stream.read(size)
@@ -286,12 +301,7 @@ class TarReader:
             self.stream.cap = min(self.stream.cap, self.stream.consumed() + declared)
         try:
             if self.peeked is not None and sizes is not None:  # a member read_first looked at and left
-                name, size = self.peeked
-                if name not in sizes:
-                    raise ArtifactRefused(f"{self.label} holds files its manifest does not name: {name}")
-                if size != sizes[name]:
-                    raise ArtifactRefused(f"artifact {name} in {self.label} is {size} bytes, the manifest says "
-                                          f"{sizes[name]}")
+                self.check_named(*self.peeked, sizes)
             while (head := self.next(sizes)) is not None:
                 name, size = head
                 members[name] = self.data(size)
@@ -347,22 +357,20 @@ def open_source(path: str | Path, build: str | Path | None = None) -> tuple[byte
     read is bounded (safety.read_bounded): a FIFO, a device or an oversized file is refused before it is read."""
     path = Path(path)
     if not (path.exists() or path.is_symlink()):
-        raise ArtifactRefused(f"{path} does not exist")
+        make = f"make one with `mamba-forge bundle MANIFEST --build BUILD -o {path}`" if is_tar_path(path) else \
+            "pass a signed qualified manifest, a bundle (.tar.gz or folder) or a release index"
+        raise ArtifactRefused(f"{path} does not exist; {make}")
     if path.is_dir():
         from mamba_forge.runtime.folders import folder_names
 
         src = Source(label=f"bundle {path}", root=path, exact=True)  # a folder bundle: exactly its files
         if BUNDLE_MANIFEST not in folder_names(path, src.label):  # links refused before anything is read
             raise ArtifactRefused(f"folder {path} holds no {BUNDLE_MANIFEST}")
-        try:
-            doc = read_bounded(path / BUNDLE_MANIFEST, MAX_MANIFEST_BYTES, what="bundle manifest", follow=False)
-        except PathRefused as exc:
-            raise ArtifactRefused(str(exc)) from None
-        return doc, src
+        return _read_input(path / BUNDLE_MANIFEST, "bundle manifest", follow=False), src
     if is_tar_path(path):
         return _open_tar(path)
     root = Path(build) if build is not None else path.parent
-    return _read_input(path, "manifest"), Source(label=f"folder {root}", root=root, table_file=runtime_table_path(path))
+    return _read_input(path, "manifest"), Source(f"folder {root}", root, table_file=runtime_table_path(path), bare=True)
 
 
 def runtime_table_path(manifest: Path) -> Path:
@@ -378,21 +386,13 @@ def check_artifact_bytes(art, data: bytes | None, source: Source, by: str = "the
     """The bytes if they match the size and sha256 that `art` (a QArtifact or an IndexEntry) records; refuses
     otherwise."""
     if data is None:
-        raise ArtifactRefused(f"artifact {art.path} is missing from {source.label}")
+        raise source.refused(art.path)
     if len(data) != art.size:
-        raise ArtifactRefused(f"artifact {art.path} in {source.label} is {len(data)} bytes, {by} says {art.size}")
+        raise source.refused(art.path, f"is {len(data)} bytes, {by} says {art.size}", len(data) < art.size)
     if sha256(data) != art.sha256:
-        raise ArtifactRefused(f"artifact {art.path} in {source.label} does not match its sha256 in {by}")
+        raise source.refused(art.path, f"does not match its sha256 in {by}")
     return data
 
 
-def read_indexed(index_path: Path, entry) -> Path:
-    """The path of an index entry's file, after its bytes matched the entry's size and sha256."""
-    base = index_path.parent
-    folder = Source(label=f"index folder {base}", root=base)
-    check_artifact_bytes(entry, folder.read(entry.path), folder, by="the index")
-    return base / entry.path
-
-
 __all__ = ["BUNDLE_MANIFEST", "MAX_BUNDLE_BYTES", "RUNTIME_TABLE", "Source", "TarReader", "check_artifact_bytes", "is_tar_path",
-           "open_source", "read_indexed", "read_tar_bundle", "runtime_table_path", "sha256"]
+           "open_source", "read_tar_bundle", "runtime_table_path", "sha256"]

@@ -38,7 +38,6 @@ from mamba_forge.runtime.sources import (
     Source,
     check_artifact_bytes,
     open_source,
-    read_indexed,
     sha256,
 )
 
@@ -64,7 +63,33 @@ def _signed_body(document: bytes, keys: Mapping[str, Ed25519PublicKey], what: st
     try:
         return signing.verify(document, dict(keys))
     except signing.SignatureError as exc:
+        if (reason := not_a_manifest(document)) is not None:
+            raise SignatureRefused(f"{what} {reason}; pass a signed qualified manifest, a bundle (.tar.gz or folder) "
+                                   "or a release index") from None
         raise SignatureRefused(f"{what} does not verify: {exc}") from None
+
+
+def not_a_manifest(raw: bytes) -> str | None:
+    """Why a document is no manifest at all (a README, a catalog, JSON, a build manifest, which is never signed),
+    or None when it is one, however damaged: anything with a [signature] table, an unsigned qualified manifest or
+    index. load() refuses such a file in these words; `mamba-forge verify` makes the same distinctions."""
+    from mamba_forge.runtime import signing
+
+    if signing.MARKER in raw:
+        return None
+    try:
+        data = parse_toml(raw.decode("utf-8"), what="the document")
+    except UnicodeDecodeError:
+        return "is not a manifest: not UTF-8 text"
+    except tomllib.TOMLDecodeError as exc:
+        return f"is not a manifest: not TOML ({exc})"
+    kind = data.get("kind")
+    if kind == "build":
+        return "is a build manifest, which is never signed (`mamba-forge qualify --build DIR` makes a signed one)"
+    if kind not in ("qualified", "index"):
+        got = "no kind key" if kind is None else f"kind {kind!r}"
+        return f"is not a manifest: it has {got}, not kind = \"qualified\" or \"index\""
+    return None
 
 
 def _parse_body(body_bytes: bytes, what: str) -> dict:
@@ -237,9 +262,9 @@ def check_complete(m: QualifiedManifest | RuntimeTable, source: Source, *, hash_
         else:
             size = source.size(a.path)
             if size is None:
-                raise ArtifactRefused(f"artifact {a.path} is missing from {source.label}")
+                raise source.refused(a.path)
             if size != a.size:
-                raise ArtifactRefused(f"artifact {a.path} in {source.label} is {size} bytes, the manifest says {a.size}")
+                raise source.refused(a.path, f"is {size} bytes, the manifest says {a.size}", size < a.size)
     if source.exact:
         named = {BUNDLE_MANIFEST, *([RUNTIME_TABLE] if runtime_table else []), *(a.path for a in m.artifacts)}
         extra = sorted(source.names() - named)
@@ -276,17 +301,22 @@ class Verified:
 
 def open_verified(path: str | Path, *, keys: Mapping[str, Ed25519PublicKey], build: str | Path | None = None,
                   hash_all: bool = True, follow_index: bool = True, now: datetime | None = None,
-                  full_body: bool = True, device: Callable[[], DeviceKey] | None = None) -> Verified:
+                  full_body: bool = True, device: Callable[[], DeviceKey] | None = None,
+                  missing_hint: str = "") -> Verified:
     """Open and verify a manifest, bundle or index.
 
     An index: with `device` (called only for an index, after the index verified), the entry for that device is
     checked against the index and verified, and its Verified returned (DeviceMismatch when none matches);
     without, every entry is verified when `follow_index`. full_body=False (the loader): when the signed body names
     a runtime table, the record is that table and the manifest's TOML is never parsed past its top-level keys.
+    missing_hint: what a refusal of a bare manifest's missing artifact adds when `build` is not given (the
+    caller's words: load() names build=, `verify` its --build option).
     """
     path = Path(path)
     what = str(path)
     doc, source = open_source(path, build)
+    if source.bare and build is None:
+        source.missing_hint = missing_hint
     body_bytes, sig = _signed_body(doc, keys, what)
     head = body_head(body_bytes)
     if head is None:
@@ -308,7 +338,8 @@ def open_verified(path: str | Path, *, keys: Mapping[str, Ed25519PublicKey], bui
         return Verified(path=path, signature=sig, source=source, document=doc, manifest=record, runtime_table=table)
     _one_entry_per_device(record, what)
     v = Verified(path=path, signature=sig, source=source, document=doc, index=record)
-    opts = {"keys": keys, "build": build, "hash_all": hash_all, "now": now, "full_body": full_body}
+    opts = {"keys": keys, "build": build, "hash_all": hash_all, "now": now, "full_body": full_body,
+            "missing_hint": missing_hint}
     if device is not None:
         return _pick_entry(v, device(), opts)
     if follow_index:
@@ -339,11 +370,19 @@ def _pick_entry(index: Verified, dev: DeviceKey, opts: dict) -> Verified:
     raise DeviceMismatch(f"{index.path} has no manifest for {dev[0]} (cc {dev[1]}, {dev[2]} SMs); it has: {have}")
 
 
+def read_indexed(index_path: Path, entry: IndexEntry) -> Path:
+    """The path of an index entry's file, after its bytes matched the entry's size and sha256."""
+    folder = Source(label=f"index folder {index_path.parent}", root=index_path.parent)
+    check_artifact_bytes(entry, folder.read(entry.path), folder, by="the index")
+    return index_path.parent / entry.path
+
+
 def open_entry(index: Verified, entry: IndexEntry, *, keys, build=None, hash_all=True, now=None,
-               full_body: bool = True) -> Verified:
+               full_body: bool = True, missing_hint: str = "") -> Verified:
     """One index entry: its file is checked against the index's size and sha256, then verified itself."""
     p = read_indexed(index.path, entry)
-    v = open_verified(p, keys=keys, build=build, hash_all=hash_all, follow_index=False, now=now, full_body=full_body)
+    v = open_verified(p, keys=keys, build=build, hash_all=hash_all, follow_index=False, now=now, full_body=full_body,
+                      missing_hint=missing_hint)
     if v.manifest is None:
         raise ManifestRefused(f"index entry {entry.path} is not a qualified manifest")
     dev = v.manifest.device
@@ -354,4 +393,5 @@ def open_entry(index: Verified, entry: IndexEntry, *, keys, build=None, hash_all
     return v
 
 
-__all__ = ["DeviceKey", "Verified", "body_head", "check_complete", "open_entry", "open_verified", "verify_document"]
+__all__ = ["DeviceKey", "Verified", "body_head", "check_complete", "not_a_manifest", "open_entry", "open_verified",
+           "read_indexed", "verify_document"]

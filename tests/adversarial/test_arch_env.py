@@ -123,8 +123,14 @@ def test_torch_list_use_is_announced():
 
 
 def test_a_bad_torch_list_is_bad_input_naming_the_variable():
+    # torch's own list names architectures mamba-forge does not build: those are skipped with a note, and only a
+    # list with none left is refused (tests/test_newcomer_fixes.py has the cases)
+    sel = select_targets(None, {"TORCH_CUDA_ARCH_LIST": "8.0;10.0"}, NO_GPU)
+    assert sel.names == ("sm_80",) and any("skipped 10.0 (sm_100)" in n for n in sel.notes)
     with pytest.raises(ForgeError, match="^TORCH_CUDA_ARCH_LIST: '10.0' is sm_100"):
-        select_targets(None, {"TORCH_CUDA_ARCH_LIST": "8.0;10.0"}, NO_GPU)
+        select_targets(None, {"TORCH_CUDA_ARCH_LIST": "10.0"}, NO_GPU)
+    with pytest.raises(ForgeError, match="^TORCH_CUDA_ARCH_LIST: 'sm_9' is not an architecture"):
+        select_targets(None, {"TORCH_CUDA_ARCH_LIST": "8.0;sm_9"}, NO_GPU)  # garbage stays bad input
 
 
 def _run(capsys, argv):
