@@ -82,6 +82,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return smoke(parser().parse_args(argv), no_record=True)
 
 
+BANDWIDTH_GOAL = 0.85  # of the device copy's bandwidth, every M = 1 bandwidth row (not the headline alone)
+
+
+def bandwidth_record(fam: str, name: str, shape: str, dt: str, tbs: float, copy_tbs: float, gpu: str) -> dict:
+    """The M = 1 bandwidth row: TB/s against the device copy, met at BANDWIDTH_GOAL of it, the goal saying so."""
+    return record(family=fam, symbol=name, shape=shape + "-bandwidth", dtype=dt, ours=round(tbs, 3),
+                  baseline=round(copy_tbs, 3), baseline_name="device copy", unit="TB/s",
+                  goal=f">={BANDWIDTH_GOAL:.0%} copy", speedup=round(tbs / copy_tbs, 3),
+                  met=tbs / copy_tbs >= BANDWIDTH_GOAL, gpu=gpu)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     iters = 5 if args.smoke else 15 if args.quick else args.iters
@@ -149,11 +160,7 @@ def main(argv=None) -> int:
                                        baseline=round(ms_ref, 5), baseline_name="cuBLAS (torch)", unit="ms",
                                        goal=goal, met=met, gpu=gpu))
                     if M == 1:
-                        tbs = gbs / 1e3
-                        recs.append(record(family=fam, symbol=name, shape=shape + "-bandwidth", dtype=dt,
-                                           ours=round(tbs, 3), baseline=round(copy_tbs, 3), baseline_name="device copy",
-                                           unit="TB/s", goal=">=85% copy" if headline else "", speedup=round(tbs / copy_tbs, 3),
-                                           met=tbs / copy_tbs >= 0.85, gpu=gpu))
+                        recs.append(bandwidth_record(fam, name, shape, dt, gbs / 1e3, copy_tbs, gpu))
                     if ("_skinny" in name or "_decode" in name) and (best is None or ms < best[1]):
                         best = (name, ms)
                     del C

@@ -34,6 +34,9 @@ MATVEC_SHAPES = [(1, 8192, 8192), (1, 4096, 4096), (2, 8192, 8192), (8, 8192, 81
                  (32, 8192, 8192), (64, 8192, 8192)]
 SMOKE_GEMM, SMOKE_MATVEC = (1024, 1024, 1024), (1, 4096, 4096)  # --smoke: one small shape per kind
 MODULES = ("Fixed", "TriadScalar", "TriadSm80")
+# the result's normwise relative error against float64 that a row's math may show (inputs as stored: only the
+# accumulation and the output's rounding count); a wrong kernel is off by O(1)
+TOL = {"f32": 1e-4, "tf32": 1e-2, "bf16": 1e-2, "f16": 1e-2}
 BASELINE_NAMES = {"bf16": "cuBLAS (torch)", "f16": "cuBLAS (torch)", "f32": "cuBLAS fp32 (torch, TF32 off)",
                   "tf32": "cuBLAS TF32 (torch, allow_tf32)"}
 
@@ -103,7 +106,7 @@ def main(argv=None) -> int:
     date = utc_stamp()
     copy_gbs = 2 * (1 << 30) / copy_seconds(1 << 30, args.iters) / 1e9  # 1 GiB device-to-device, read + write
     print(f"{gpu}: device-to-device copy {copy_gbs:.0f} GB/s (read + write)")
-    results = []
+    results, wrong = [], set()
     for row in rows:
         if row.symbol not in k.admitted():
             print(f"{row.symbol}: not admitted here, skipped")
@@ -136,6 +139,11 @@ def main(argv=None) -> int:
                 nbytes = (m * kk + kk * n) * A.element_size() + m * n * C.element_size()
                 unit, ours_v, base_v = "GB/s", nbytes / ms / 1e6, nbytes / base_ms / 1e6
                 frac = f"{ours_v / copy_gbs:.2f}"
+            rel = rel_error(C, A, B)  # C holds the timed launches' result: a fast wrong kernel posts no number
+            if not result_ok(rel, row.baseline):
+                wrong.add((row.symbol, m, n, kk))
+                print(f"WRONG: {row.symbol} {m}x{n}x{kk}: relative error {rel:.3e} against float64 "
+                      f"(tolerance {TOL[row.baseline]:.0e})")
             ratio = base_ms / ms
             results.append((row.symbol, m, n, kk, ms, ours_v, base_v, unit, ratio, frac, base_ms, sym.family,
                             row.kind, row.baseline))
@@ -147,16 +155,28 @@ def main(argv=None) -> int:
                       + HEADER, [f"| {date} | {gpu} | {sym_name} | {m} | {n} | {kk} | {ms:.4f} | {ov:.1f} | {bv:.1f} | "
                                  f"{unit} | {ratio:.2f} | {frac} |\n"
                                  for sym_name, m, n, kk, ms, ov, bv, unit, ratio, frac, *_ in results],
-                      summary_records(results, gpu, copy_gbs))
-    return 0
+                      summary_records(results, gpu, copy_gbs, wrong))
+    return 1 if wrong else 0
 
 
-def summary_records(results: list[tuple], gpu: str, copy_gbs: float) -> list[dict]:
+def rel_error(C, A, B) -> float:
+    """Normwise relative error of C against A @ B computed in float64 (from A and B as stored)."""
+    ref = A.double() @ B.double()
+    return float((C.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def result_ok(rel: float, math: str) -> bool:
+    """rel within TOL of the row's math (NaN and inf never are)."""
+    return bool(rel <= TOL[math])
+
+
+def summary_records(results: list[tuple], gpu: str, copy_gbs: float, wrong: set = frozenset()) -> list[dict]:
     """summary.json records for main()'s rows, ms against cuBLAS in the row's math (dtype = bf16, f16, f32 = TF32 off,
     tf32). Goals: matvec rows (skinny M) >= 0.9x cuBLAS, and at M=1 8192x8192 the headline >= 1.0x cuBLAS and
     >= 85% of the copy bandwidth, as bench_decode_gemm.py records the same symbols and shapes; exact f32 >= 0.85x
     cuBLAS fp32; the mma.sync TF32 ladder >= 0.8x cuBLAS TF32 (benchmarks/results/README.md: the 0.85x TF32 goal
-    is the wgmma rungs', bench_gemm_f32.py); bf16/f16 tensor-core GEMMs >= 0.9x cuBLAS."""
+    is the wgmma rungs', bench_gemm_f32.py); bf16/f16 tensor-core GEMMs >= 0.9x cuBLAS. A (symbol, m, n, k) in
+    `wrong` (its result failed rel_error / result_ok) is recorded as not met, superseding an older record."""
     recs = []
     for sym_name, m, n, k, ms, ours_v, _base_v, _unit, ratio, _frac, base_ms, family, kind, math in results:
         if kind == "matvec" and m == 1 and (n, k) == (8192, 8192):
@@ -171,7 +191,7 @@ def summary_records(results: list[tuple], gpu: str, copy_gbs: float) -> list[dic
             goal, met = ">=0.9x cuBLAS", ratio >= 0.9
         recs.append(record(family=family, symbol=sym_name, shape=f"M{m}xN{n}xK{k}", dtype=math, ours=round(ms, 5),
                            baseline=round(base_ms, 5), baseline_name=BASELINE_NAMES[math], unit="ms", goal=goal,
-                           met=met, gpu=gpu))
+                           met=met and (sym_name, m, n, k) not in wrong, gpu=gpu))
     return recs
 
 
