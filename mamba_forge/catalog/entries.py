@@ -180,6 +180,9 @@ class Launch(_Model):
         return v
 
 
+MAX_TOLERANCE = 1.0  # qualify.rtol and atol: above this a tolerance checks nothing worth a signature
+
+
 class QualifySpec(_Model):
     """How the qualifier launches and checks a family's symbols (see mamba_forge.qualify)."""
 
@@ -203,6 +206,14 @@ class QualifySpec(_Model):
     # extra device buffers the harness allocates, fills, poisons, checks and digests like pointer params but
     # never passes to the kernel (it reaches them through a prepared pointer table); pointer Params only
     aux: list[Param] = Field(default_factory=list)
+
+    @field_validator("rtol", "atol")
+    @classmethod
+    def _tolerance(cls, v: float | None) -> float | None:
+        # NaN or infinity would make every comparison pass (err > nan is False): refused, as is a meaningless size
+        if v is not None and not (0.0 <= v <= MAX_TOLERANCE):
+            raise ValueError(f"a tolerance must be a finite number in [0, {MAX_TOLERANCE:g}], got {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _check_aux(self) -> QualifySpec:

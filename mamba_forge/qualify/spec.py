@@ -252,6 +252,7 @@ def evaluate(sym: Symbol, fam: Family, dims: dict[str, int] | None = None, *, la
         raise SpecError(f"{where}: skipped: {q.skip}")
     if not fam.params:
         raise SpecError(f"{where}: no params declared (the launch spec is the parameter list)")
+    qualifying = dims is None  # at the family's own qualification dims (not a batch check's smaller ones)
     dims = dict(q.dims if dims is None else dims)
     if layout is not None and len(layout) != len(fam.params):  # the contract could place no parameter
         raise SpecError(f"{where}: the ABI census has {len(layout)} slots for {len(fam.params)} parameters")
@@ -313,6 +314,9 @@ def evaluate(sym: Symbol, fam: Family, dims: dict[str, int] | None = None, *, la
         raise SpecError(f"{where}: no output parameter (role out or inout): nothing to check")
     if q.batch_dim is not None and q.batch_dim not in dims:
         raise SpecError(f"{where}: batch_dim {q.batch_dim!r} is not one of the dims {sorted(dims)}")
+    if q.batch_dim is not None and qualifying and dims[q.batch_dim] < 2:  # batch_sizes would compare nothing
+        raise SpecError(f"{where}: batch_dim {q.batch_dim!r} = {dims[q.batch_dim]} leaves no smaller batch to compare "
+                        "against: qualify at a batch of at least 2")
     if q.reference is not None and not re.match(r"^[\w.]+:\w+$", q.reference):
         raise SpecError(f"{where}: reference {q.reference!r} must be 'package.module:function'")
     if fam.qualify.prepare is None and blobs:

@@ -111,6 +111,7 @@ class SymbolRun:
         corpora = ["uniform"] if sanitize else spec.corpora
         base_inst, base_inputs, base_outs = None, None, None
         checked: list[G.Guards] = []
+        unreproduced: list[str] = []  # corpora whose poison difference the reruns did not reproduce
         try:
             for corpus in corpora:
                 inputs = C.make_inputs(spec, corpus, rng, q.nonfinite)
@@ -119,12 +120,15 @@ class SymbolRun:
                     base_inst, base_inputs = inst, inputs
                 if inst.guards is not None:
                     checked.append(inst.guards)
+                alt = None
                 try:
                     outs = inst.run()
                     if not sanitize:
-                        unread = self.poison_independent(inst, spec, outs)
-                        if unread:
+                        unread, alt, reproduced = self.poison_runs(inst, spec, outs)
+                        if unread and reproduced:
                             return self.fail("uninitialized", f"corpus {corpus}: {unread}")
+                        if unread:
+                            unreproduced.append(f"corpus {corpus}: {unread}")
                 finally:
                     if inst is not base_inst:
                         inst.free()
@@ -134,12 +138,17 @@ class SymbolRun:
                     ref = C.reference_outputs(self.fam, spec, inputs)
                 except Exception as exc:  # noqa: BLE001 - a broken reference is a verdict, not a crash
                     return self.reject("reference", f"{self.name}: reference {q.reference} failed: {type(exc).__name__}: {exc}")
-                ok, detail = C.check_outputs(spec, outs, ref)
+                ok, detail = C.check_outputs(spec, outs, ref, alt)
                 self.add("correctness", ok, C.digest(outs), f"corpus {corpus}: {detail}" + ("" if ref is not None else " (no reference)"))
                 if not ok:
                     return self.reject("correctness", f"{self.name}: corpus {corpus}: {detail}")
             assert base_inst is not None and base_outs is not None and base_inputs is not None
-            if not sanitize:
+            if not sanitize and unreproduced:  # not a rejection (the repeat check judges nondeterminism): said so
+                self.add("uninitialized", True, detail=f"outputs differed between 0x{G.POISON:02X} and "
+                                                       f"0x{G.POISON_ALT:02X} poison but the reruns did not reproduce "
+                                                       f"it (nondeterministic, left to the repeat check): "
+                                                       + "; ".join(unreproduced))
+            elif not sanitize:
                 self.add("uninitialized", True, detail=f"outputs bitwise equal with 0x{G.POISON:02X} and "
                                                        f"0x{G.POISON_ALT:02X} poison on {len(corpora)} corpora")
             if self.sym.deterministic and not sanitize:
@@ -174,11 +183,20 @@ class SymbolRun:
         element. A difference counts only when a rerun with each poison reproduces that poison's outputs (a
         nondeterministic kernel is the repeat check's to reject: one rerun alone matched by chance on the H200, and
         an atomic sum was rejected as uninitialized)."""
+        diff, _, reproduced = SymbolRun.poison_runs(inst, spec, outs)
+        return diff if reproduced else ""
+
+    @staticmethod
+    def poison_runs(inst: C.Instance, spec: S.LaunchSpec,
+                    outs: dict[str, bytes]) -> tuple[str, dict[str, bytes], bool]:
+        """poison_independent's runs: (the difference, the outputs under POISON_ALT, whether both poisons' reruns
+        reproduced it); run() records an unreproduced difference distinctly and hands the POISON_ALT outputs to
+        check_outputs (an element left at either poison was not written)."""
         alt = inst.run(poison=G.POISON_ALT)
         diff = G.poison_difference(spec, outs, alt)
-        if diff and inst.run() == outs and inst.run(poison=G.POISON_ALT) == alt:
-            return diff
-        return ""
+        if not diff:
+            return "", alt, True
+        return diff, alt, inst.run() == outs and inst.run(poison=G.POISON_ALT) == alt
 
     def placement(self, spec, fn, inst: C.Instance, base: dict[str, bytes], want: str) -> SymbolResult | None:
         """Its bits under other placements of its blocks (placement.py) against its first run, alone."""
@@ -204,10 +222,11 @@ class SymbolRun:
                                                      f"alone on the device ({diff}): they depend on where its blocks run")
             else:
                 ran.append(pl.label)
-        detail = "bitwise equal " + ", ".join(ran) if ran else "no placement could be run"
+        detail = "bitwise equal " + ", ".join(ran) if ran else "not run: no placement could be run"
         if warned:
             detail += f" ({reps} runs each: the build warned that it reads placement-dependent registers)"
-        self.add("placement", True, want, detail + "".join(f"; {n}" for n in notes))
+        # nothing compared is no pass: recorded as not passed (the symbol is not rejected for it)
+        self.add("placement", bool(ran), want, detail + "".join(f"; {n}" for n in notes))
         return None
 
     def determinism(self, spec, fn, inst: C.Instance, inputs, base: dict[str, bytes], prepare,
@@ -240,6 +259,10 @@ class SymbolRun:
         q = self.fam.qualify
         if q.batch_dim:
             full = spec.dims[q.batch_dim]
+            if not S.batch_sizes(full):  # nothing to compare is no pass (spec.evaluate refuses it first)
+                reason = f"{q.batch_dim}={full}: no smaller batch to compare against; qualify at a batch of at least 2"
+                self.add("batch", False, "", reason)
+                return self.reject("batch", f"{self.name}: {reason}")
             for small in S.batch_sizes(full):
                 sdims = {**spec.dims, q.batch_dim: small}
                 try:
@@ -293,6 +316,8 @@ class SymbolRun:
 
         graph = cu.Graph.capture(ctx.stream, lambda: inst.enqueue(ctx.stream))
         try:
+            for b in spec.outputs:  # other bytes than the graph's own poison: a replay that runs nothing differs
+                cu.memset_d8(inst.ptrs[b.name], G.POISON_ALT, b.nbytes, ctx.stream)
             graph.launch(ctx.stream)
             ctx.wait(ctx.stream)
             inst.verify()

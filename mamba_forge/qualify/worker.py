@@ -122,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
                 os._exit(EXIT_TIMEOUT)  # the hung kernel holds the context: only process exit frees it
             except cu.CudaError as exc:
                 emit(Fault(name, f"{name}: {exc}", exc.result))
+                sys.stdout.flush()
                 if exc.result in cu.STICKY_RESULTS:
-                    sys.stdout.flush()
-                    os._exit(EXIT_FAULT)
-                continue
+                    os._exit(EXIT_FAULT)  # the context is dead: only process exit frees it
+                # the supervisor gives a worker that reported a fault a few seconds to exit (supervise.EXIT_GRACE_S):
+                # it restarts a fresh worker for the next symbol rather than let this one's time run against it
+                return EXIT_FAULT
             except Exception as exc:  # noqa: BLE001 - any other failure is this symbol's verdict
                 tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
                 emit(SymbolResult.rejected(name, group["module"], group["target"], "harness",
