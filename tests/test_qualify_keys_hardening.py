@@ -247,11 +247,11 @@ def _fail_on_call(monkeypatch, n: int):
     real = fsio.stage_file
     calls = []
 
-    def stage(path, payload):
+    def stage(path, payload, **kw):
         calls.append(path)
         if len(calls) == n:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(path, payload)
+        return real(path, payload, **kw)
 
     monkeypatch.setattr(fsio, "stage_file", stage)
     return calls

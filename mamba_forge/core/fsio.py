@@ -22,15 +22,8 @@ def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o644, exclusive:
     path.parent.mkdir(parents=True, exist_ok=True)
     if exclusive and (path.exists() or path.is_symlink()):
         raise FileExistsError(f"{path} exists")
-    import tempfile  # here, not at import: the runtime loader imports this module and never writes
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = stage_file(path, payload, mode=mode)
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
         if exclusive:
             os.link(tmp, path)  # fails with FileExistsError where the name exists (a symlink included)
             os.unlink(tmp)
@@ -77,8 +70,9 @@ class AtomicSetError(OSError):
 
 
 def stage_file(path: Path, payload: bytes, *, mode: int = 0o644) -> Path:
-    """A complete, fsynced temp file (of `mode`) in `path`'s folder, to be renamed over `path` by the caller."""
-    import tempfile
+    """A complete, fsynced temp file (of `mode`, applied before any byte is written) in `path`'s folder, to be renamed
+    over `path` by the caller."""
+    import tempfile  # here, not at import: the runtime loader imports this module and never writes
 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

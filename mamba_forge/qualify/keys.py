@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mamba_forge.core import fsio, safety
 from mamba_forge.core.errors import ForgeError
-from mamba_forge.core.fsio import AtomicSetError, fsync_dir, write_atomic_set
+from mamba_forge.core.fsio import AtomicSetError, write_atomic_set
 from mamba_forge.core.schema import QualifiedManifest
 from mamba_forge.manifest.qualified import signed_files
 from mamba_forge.runtime import signing
@@ -157,14 +157,7 @@ def _write_public_key(path: Path, text: bytes) -> bool:
         if safety.read_bounded(path, safety.MAX_KEY_BYTES, what="public key", follow=False) == text:
             return False
     existed = not _absent(path)
-    tmp = fsio.stage_file(path, text)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+    fsio.write_atomic(path, text)
     return not existed
 
 
