@@ -133,3 +133,22 @@ def test_a_build_manifest_escapes_reasons_names_and_its_log(tmp_path, cli_consol
         _clean(out)
         assert "\\x1b[2J\\nok: forged" in out and "cat\\nerror: forged" in out
         assert "line one \\x1b]0;pwned\\x07\nline two" in out  # the log keeps its lines, each escaped
+
+
+def test_a_check_that_ran_on_nothing_reads_not_run(tmp_path, capsys):
+    """The qualifier records a placement check with no placement run as not passed (no pass where nothing was
+    compared); report says so as 'not run', and a failed check still as FAILED."""
+    doc = _body()
+    s = doc["symbols"][0]
+    checks = s["checks"]
+    at = next(i for i, c in enumerate(checks) if c["name"] == "placement")
+    checks[at].update(passed=False, detail="not run: no placement could be run")
+    other = next(i for i, c in enumerate(checks) if i != at)
+    checks[other].update(passed=False, detail="bitwise different")
+    path = tmp_path / "m.toml"
+    path.write_text(tomli_w.dumps(doc))
+    rc, out = _report(capsys, "report", path, "--symbols", s["name"])
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("checks:"))
+    assert "placement (not run)" in line and line.count("(FAILED)") == 1, line
+    rc, out = _report(capsys, "report", path, "--symbols", s["name"], "--digests")
+    assert any(ln.strip().startswith("placement not run") for ln in out.splitlines()), out

@@ -67,4 +67,12 @@ def counts_line(groups: list[tuple[str, list]]) -> str:
     return f"{total} rejected: " + ", ".join(f"{len(m)} {c}" for c, m in groups)
 
 
-__all__ = ["CHECK_CLASS", "CLASSES", "class_counts", "counts_line", "group_rejections", "reason_class"]
+def check_verdict(c) -> str:
+    """'' for a passed check, 'not run' for one recorded as run on nothing (the qualifier's placement check where
+    no placement could run), else 'FAILED'."""
+    if c.passed:
+        return ""
+    return "not run" if c.detail.startswith("not run") else "FAILED"
+
+
+__all__ = ["CHECK_CLASS", "CLASSES", "check_verdict", "class_counts", "counts_line", "group_rejections", "reason_class"]

@@ -14,7 +14,7 @@ from rich.table import Table
 from mamba_forge.core.codec import to_dict
 from mamba_forge.core.errors import printable
 from mamba_forge.core.schema import BuildManifest, QualifiedManifest, ReleaseIndex
-from mamba_forge.report.classes import class_counts, counts_line, group_rejections
+from mamba_forge.report.classes import check_verdict, class_counts, counts_line, group_rejections
 from mamba_forge.report.qualify import rejection_lines
 
 if TYPE_CHECKING:  # names in annotations only: `build` renders its table without cryptography or the manifest reader
@@ -285,10 +285,9 @@ def render_qualified(doc: Document, console: Console, *, symbols: tuple[str, ...
             labels = check_labels(s.checks)
             if digests:
                 for c, label in zip(s.checks, labels, strict=True):
-                    _say(console, f"{label} {'passed' if c.passed else 'FAILED'}"
-                                  + (f" {c.digest}" if c.digest else ""), 4)
+                    _say(console, f"{label} {check_verdict(c) or 'passed'}" + (f" {c.digest}" if c.digest else ""), 4)
             else:
-                _say(console, "checks: " + " ".join(label + ("" if c.passed else " (FAILED)")
+                _say(console, "checks: " + " ".join(label + (f" ({v})" if (v := check_verdict(c)) else "")
                                                     for c, label in zip(s.checks, labels, strict=True)), 4)
     if not symbols:
         _say(console, "per-symbol resources and checks: --symbols GLOB; digests: --digests")
