@@ -51,6 +51,9 @@ class PlanSummary:
     cached: int  # programs whose cache entry exists (one found corrupt when read is compiled after all)
     symbols_to_compile: int  # symbols of the programs not cached (the estimate's prior scales with them)
     workers: int  # processes the compiles will run in
+    # every program as ("Kind target", its symbols) in the order the workers take them (longest first): the
+    # progress estimate follows it
+    order: tuple[tuple[str, int], ...] = ()
 
 
 ProgressFn = Callable[[str, "ModuleBuild | PlanSummary | None"], None]
@@ -127,6 +130,11 @@ def _cache_hit(cache: Cache, job: Job, stage: OutputStage) -> tuple[dict[str, by
     return parts, decoded.get("meta")
 
 
+def _longest_first(job) -> int:
+    """The workers' order: longest programs first keeps the pool busy to the end."""
+    return -len(job.source)
+
+
 def _build(req: BuildRequest, cache: Cache | None, stage: OutputStage, progress: ProgressFn | None) -> BuildManifest:
     memo: HeaderMemo = {}
     jobs = plan(req, memo)
@@ -135,7 +143,9 @@ def _build(req: BuildRequest, cache: Cache | None, stage: OutputStage, progress:
         progress("plan", PlanSummary(targets=[t.name for t in req.targets], programs=len(jobs),
                                      symbols=sum(len(j.module.symbols) for j in jobs), cached=len(jobs) - len(missing),
                                      symbols_to_compile=sum(len(j.module.symbols) for j in missing),
-                                     workers=_workers(req, len(missing))))
+                                     workers=_workers(req, len(missing)),
+                                     order=tuple((f"{j.module.kind} {j.target.name}", len(j.module.symbols))
+                                                 for j in sorted(jobs, key=_longest_first))))
     results: dict[int, ModuleBuild] = {}
     pending: list[int] = []
     for i, job in enumerate(jobs):
@@ -162,8 +172,7 @@ def _build(req: BuildRequest, cache: Cache | None, stage: OutputStage, progress:
             }
             for i in pending
         }
-        # longest programs first keeps the pool busy to the end
-        pending.sort(key=lambda i: -len(jobs[i].source))
+        pending.sort(key=lambda i: _longest_first(jobs[i]))
         if workers == 1:
             for i in pending:
                 if progress:

@@ -80,7 +80,7 @@ def build(
         def on_event(kind: str, rec) -> None:
             if kind == "plan":
                 # programs weighed by their symbols: a Fixed program takes 60 s, most others a few
-                queue = _start_order(req)
+                queue = rec.order
                 bar.begin(_header(rec, max((w for _, w in queue), default=0)), timed=rec.programs - rec.cached,
                           workers=rec.workers, prior_s=PRIOR_SECONDS_PER_SYMBOL, weight=rec.symbols_to_compile,
                           queue=queue)
@@ -142,18 +142,6 @@ def first_guess_s(symbols: int, programs: int, workers: int, largest: int) -> fl
     known yet), which one worker compiles alone (the default catalog's Fixed program: 6 of its 7 minutes)."""
     per_worker = symbols / max(1, min(workers, programs))
     return PRIOR_SECONDS_PER_SYMBOL * max(per_worker, min(largest, symbols))
-
-
-def _start_order(req) -> list[tuple[str, int]]:
-    """Every program of the build as ("Kind target", its symbols), in the order the builder's workers take
-    them (builder._build: the longest composed program first, then the plan's order), for the estimate."""
-    from mamba_forge.build.jobs import compose
-
-    units = []
-    for m in req.catalog.modules:
-        size = len(compose(m))
-        units += [(size, f"{m.kind} {t.name}", len(m.symbols)) for t, _role in m.targets(req.targets)]
-    return [(name, n) for _, name, n in sorted(units, key=lambda u: -u[0])]
 
 
 def _check_globs(globs, names: list[str], catalog_path, out_dir: Path) -> None:
