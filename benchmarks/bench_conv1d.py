@@ -18,6 +18,11 @@ grid, block and arguments from its contract at the shape.
 Ratio = kernel GB/s / copy GB/s; goal >= 0.85 for the forwards, >= 0.70 for the backward. Prints a table and the
 best symbol per (kind, dtype, shape), and appends records to benchmarks/results/summary.json (benchmarks/summary.py:
 ours = GB/s, baseline = copy GB/s, speedup = the ratio).
+Before it is timed, each kernel is launched once from NaN-poisoned outputs (out, pre; dx, dweight, dbias) and every
+output compared with the float64 reference of mamba_forge/references/conv1d.py its catalog family names, within the
+qualifier's tolerance for the output's dtype (bench_memory_bound.py check_output: f32 rtol 1e-5 atol 1e-6, bf16
+1e-2 / 1e-2, f16 1e-2 / 1e-3): a kernel that fails is still timed, printed WRONG, recorded as not met and left out
+of the best per (kind, dtype, shape), and the run exits 1.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from built import built_kernels, launcher_at, uniform_tensors  # benchmarks/built.py
+from bench_memory_bound import check_output  # benchmarks/bench_memory_bound.py
+from built import built_kernels, bytes_moved, contract_kwargs, uniform_tensors  # benchmarks/built.py
 from common import bandwidth_parser, cuda_device  # benchmarks/common.py
 from timing import copy_seconds, time_events  # benchmarks/timing.py
 
@@ -62,10 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     import summary  # benchmarks/summary.py
     import torch
 
+    from mamba_forge.catalog.model import default_catalog_path, load_catalog
+
     gpu = cuda_device().name
+    fixed = load_catalog(default_catalog_path()).module("Fixed")
     families = [f for prod, cands, _, _ in KINDS.values() for f in (prod, *cands)]
     k = built_kernels(("Fixed",), kernels=[f"{f}_*" for f in families], prefix="mf-bench-conv1d-")
-    rows, records = [], []
+    rows, records, wrong = [], [], set()
     print(f"{'kind':10} {'symbol':42} {'shape':20} {'MB':>8} {'us':>8} {'GB/s':>6} {'copy GB/s':>9} {'ratio':>6} goal")
     for dims in [SMOKE_SHAPE] if a.smoke else SHAPES:
         for kind, (prod, cands, _, goal) in KINDS.items():
@@ -74,27 +83,36 @@ def main(argv: list[str] | None = None) -> int:
                 syms = [s for fam in (prod, *cands) for s in syms if s.family == fam and s.dtype == dt]
                 copy_t = None
                 for sym in syms:
-                    launch, moved = launcher_at(k.function(sym.name), dims, uniform_tensors(FILLS))
-                    t = time_events(launch, a.reps)
-                    del launch
+                    kern = k.function(sym.name)
+                    kwargs = contract_kwargs(kern, dims, uniform_tensors(FILLS))
+                    moved = bytes_moved(kern, kwargs)
+                    ok, check = check_output(kern, fixed.family(sym.family), kwargs, dims)  # before timing
+                    t = time_events(lambda kern=kern, kwargs=kwargs: kern(**kwargs), a.reps)
+                    del kwargs
                     torch.cuda.empty_cache()
                     if copy_t is None:  # the same bytes for every symbol of this (shape, kind, dtype)
                         copy_t = copy_seconds(moved // 2, a.reps)
                     ratio = copy_t / t
                     r = {"kind": kind, "symbol": sym.name, "family": sym.family, "dtype": dt,
                          "shape": shape_text(dims), "mb": moved / 1e6, "us": t * 1e6, "gbs": moved / t / 1e9,
-                         "copy_gbs": moved / copy_t / 1e9, "ratio": ratio, "goal": goal}
+                         "copy_gbs": moved / copy_t / 1e9, "ratio": ratio, "goal": goal, "ok": ok, "check": check}
                     rows.append(r)
                     print(f"{kind:10} {sym.name:42} {r['shape']:20} {r['mb']:8.1f} {r['us']:8.1f} {r['gbs']:6.0f} "
-                          f"{r['copy_gbs']:9.0f} {ratio:6.3f} {'met' if ratio >= goal else '-'}", flush=True)
+                          f"{r['copy_gbs']:9.0f} {ratio:6.3f} "
+                          f"{'WRONG' if not ok else 'met' if ratio >= goal else '-'}", flush=True)
+                    if not ok:
+                        wrong.add((sym.name, r["shape"]))
+                        print(f"WRONG: {sym.name} {r['shape']}: output differs from the float64 reference: {check}",
+                              flush=True)
                     records.append(summary.record(
                         family=sym.family, symbol=sym.name, shape=r["shape"], dtype=dt, ours=round(r["gbs"], 1),
                         baseline=round(r["copy_gbs"], 1), baseline_name="torch device-to-device copy, same bytes",
-                        unit="GB/s", goal=f">= {goal} of copy bandwidth", met=ratio >= goal, gpu=gpu,
+                        unit="GB/s", goal=f">= {goal} of copy bandwidth",
+                        met=ratio >= goal and (sym.name, r["shape"]) not in wrong, gpu=gpu,
                         speedup=round(ratio, 3)))
     print("\nbest per (kind, dtype, shape):")
     best: dict[tuple, dict] = {}
-    for r in rows:
+    for r in [row for row in rows if row["ok"]]:  # a wrong kernel is no one's best
         key = (r["kind"], r["dtype"], r["shape"])
         if key not in best or r["ratio"] > best[key]["ratio"]:
             best[key] = r
@@ -106,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_write and records:
         summary.append(records)
         print(f"appended {len(records)} records to {summary.SUMMARY.relative_to(ROOT)}")
-    return 0
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
