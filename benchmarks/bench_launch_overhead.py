@@ -151,7 +151,7 @@ def cpu_gemm_records(batches: int, calls: int) -> list[dict]:
     # 0 for a dense A): a miss would encode real maps through the driver, which has no context here
     # (CUDA_ERROR_NOT_INITIALIZED on the H200)
     with_c = sym.tensor_maps.endswith("_tmastore")
-    rgemm._MAPS[(sym.name, A.data_ptr(), B.data_ptr(), C.data_ptr() if with_c else 0, M, N, K, 0)] = maps
+    rgemm._MAPS[(rgemm.maps_ident(sym), A.data_ptr(), B.data_ptr(), C.data_ptr() if with_c else 0, M, N, K, 0)] = maps
     kw = {"C": C, "A": A, "B": B, "M": M, "N": N, "K": K, **maps}
     gemm_us = per_call_us(lambda: rgemm.gemm(kernels, A, B, C), batches, calls)
     kw_us = per_call_us(lambda: launch(kw, None), batches, calls)

@@ -95,4 +95,14 @@ def main(before: Path, after: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]), Path(sys.argv[2])))
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Compare two build folders (each with a manifest.toml) per module and "
+                                 "target; exit 1 when a verdict or a resource changed.")
+    ap.add_argument("before", type=Path)
+    ap.add_argument("after", type=Path)
+    args = ap.parse_args()
+    for folder in (args.before, args.after):
+        if not (folder / "manifest.toml").is_file():
+            ap.error(f"{folder}: no manifest.toml there (give two folders written by mamba-forge build --out)")
+    sys.exit(main(args.before, args.after))

@@ -455,6 +455,27 @@ def test_a_record_without_or_with_a_foreign_tensor_map_hook_is_refused(monkeypat
             rgemm._tensor_maps(kern, A, A, A, 1, 2, 3, ("tmA",))
 
 
+def test_the_map_cache_tells_one_rung_name_signed_with_other_tiles_apart(monkeypatch, fake_encode):
+    """Two manifests loaded in one process may sign one rung name with other tile constants (a skinny rung's BN):
+    the map cache keys on the hook and the constants, so each gets its own box; the same rung hits the cache."""
+    monkeypatch.setattr(rgemm, "TORCH_TYPES", (SimpleNamespace,))
+    A = SimpleNamespace(data_ptr=lambda: 1 << 20)
+    B = SimpleNamespace(data_ptr=lambda: 2 << 20)
+
+    def rung(bn):
+        return SimpleNamespace(name="skinny", family="f", ordinal=0,
+                               symbol=SimpleNamespace(tensor_maps="prepare_gemm_nn_skinny", constants={"BN": bn}))
+
+    monkeypatch.setattr(rgemm, "on_this_thread", lambda ordinal: True)
+    narrow, wide = rung(32), rung(64)
+    m32 = rgemm._tensor_maps(narrow, A, B, A, 64, 128, 64, ("tmA", "tmB"))
+    m64 = rgemm._tensor_maps(wide, A, B, A, 64, 128, 64, ("tmA", "tmB"))
+    assert struct.unpack_from("<QQQQ", m32["tmB"])[3] == 32 and struct.unpack_from("<QQQQ", m64["tmB"])[3] == 64
+    encoded = len(fake_encode)
+    assert rgemm._tensor_maps(rung(32), A, B, A, 64, 128, 64, ("tmA", "tmB")) == m32  # same hook and tile: a hit
+    assert len(fake_encode) == encoded
+
+
 def test_the_record_schema_refuses_a_hook_that_is_not_a_hook_name():
     bad = {"name": "s", "module": "M", "target": "sm_90a", "family": "f", "status": "admitted",
            "tensor_maps": "os:system"}

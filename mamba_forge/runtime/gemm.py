@@ -166,7 +166,7 @@ def gemm(kernels: Kernels, A, B, out=None, *, bias=None, layout: str = "nn", mat
                     if p < hi and lo < p + bias_bytes:
                         raise LaunchRefused(_overlaps("bias"))
             if blobs:  # _tensor_maps' cache, read with the addresses at hand
-                maps = _MAPS.get((kern.name, pa, pb, lo if maps_of_c else 0, M, N, K, lda))
+                maps = _MAPS.get((kern._maps_ident, pa, pb, lo if maps_of_c else 0, M, N, K, lda))
                 kwargs.update(maps if maps is not None else _tensor_maps(kern, A, B, out, M, N, K, blobs, lda))
             kern._launch(kwargs, stream, null)
             return out
@@ -344,6 +344,12 @@ def _launch(kern: Kernel, plan: tuple, A, B, C, bias, M: int, N: int, K: int, st
     kern._launch(kwargs, stream, null)
 
 
+def maps_ident(symbol) -> tuple:
+    """What a rung's tensor maps depend on besides the addresses and the shape: its record's hook and tile
+    constants (the first part of the map cache's key; a Kernel keeps it as `_maps_ident`)."""
+    return (symbol.tensor_maps, tuple(sorted(symbol.constants.items())))
+
+
 def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs, lda: int = 0) -> dict[str, bytes]:
     hook = kern.symbol.tensor_maps
     if not hook:
@@ -354,8 +360,12 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs, lda: int 
     b = B.data_ptr() if type(B) in torch_types else describe(B, "B").ptr
     c = C.data_ptr() if type(C) in torch_types else describe(C, "C").ptr
     # a map is a pure function of the rung (its hook and tile), the addresses and the shape: cached on those; C's
-    # address only where a map describes C (the tmastore rungs), so a fresh output per call still hits
-    key = (kern.name, a, b, c if hook.endswith("_tmastore") else 0, M, N, K, lda)  # lda 0: A dense
+    # address only where a map describes C (the tmastore rungs), so a fresh output per call still hits. The rung is
+    # its hook and tile constants, not its name: two manifests in one process may sign one name with other tiles
+    ident = getattr(kern, "_maps_ident", None)
+    if ident is None:
+        ident = kern._maps_ident = maps_ident(kern.symbol)
+    key = (ident, a, b, c if hook.endswith("_tmastore") else 0, M, N, K, lda)  # lda 0: A dense
     hit = _MAPS.get(key)
     if hit is not None:
         return hit
@@ -385,7 +395,7 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs, lda: int 
     return out
 
 
-_MAPS: dict[tuple, dict[str, bytes]] = {}  # (rung, addresses, M, N, K, A's row stride or 0) -> its tensor maps
+_MAPS: dict[tuple, dict[str, bytes]] = {}  # ((hook, tile), addresses, M, N, K, A's row stride or 0) -> its maps
 _lock = threading.Lock()  # inserts into Kernels._gemm_calls
 
 

@@ -46,6 +46,7 @@ class Kernel:
     _call: object = field(default=None, init=False, repr=False, compare=False)  # (args, packer, streams, locate), compiled
     _packer: object = field(default=None, init=False, repr=False, compare=False)
     _positional: object = field(default=None, init=False, repr=False, compare=False)  # (typer, packer, resolve)
+    _maps_ident: object = field(default=None, init=False, repr=False, compare=False)  # runtime/gemm.py's map cache key
 
     @property
     def param_specs(self) -> list[Param]:
