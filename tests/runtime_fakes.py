@@ -217,8 +217,8 @@ def params(*specs: dict) -> list[Param]:
         size = s["size"] if kind == "blob" else _SCALAR_SIZES[t]
         offset = -(-offset // min(size, 64)) * min(size, 64)
         out.append(Param(name=s["name"], kind=kind, type=t, dtype=s.get("dtype", ""),
-                         role=s.get("role", "in") if kind != "scalar" else "", shape=list(s.get("shape", [])),
-                         value=str(s.get("value", "")), offset=offset, size=size))
+                         role=s.get("role", "in") if kind != "scalar" else "", in_place_of=s.get("in_place_of"),
+                         shape=list(s.get("shape", [])), value=str(s.get("value", "")), offset=offset, size=size))
         offset += size
     return out
 
@@ -232,9 +232,11 @@ def symbol(name: str, family: str, dtype: str, ps: list[Param], grid: list[str],
                          tensor_maps=tensor_maps)
 
 
-def softplus(dtype: str = "f32"):
+def softplus(dtype: str = "f32", in_place: bool = True):
+    """softplus_forward as the catalog declares it: y may be exactly x (in_place_of); in_place=False: undeclared."""
     return symbol(f"softplus_forward_{dtype}", "softplus_forward", dtype, params(
-        {"name": "y", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["n"]},
+        {"name": "y", "type": "ptr", "dtype": dtype, "role": "out", "shape": ["n"],
+         **({"in_place_of": "x"} if in_place else {})},
         {"name": "x", "type": "ptr", "dtype": dtype, "shape": ["n"]},
         {"name": "n", "type": "i64", "value": "n"},
     ), ["min(ceil_div(n, 2048), 4096)"], ["n"], constants={"sizeof_T": SIZES[dtype]})

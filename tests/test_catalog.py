@@ -213,3 +213,57 @@ def test_requires_reaches_the_family_and_is_checked_at_load(tmp_path):
                          ("at_most = { width = 2 }", "break its own requires: width = 4 is above 2"),
                          ("at_most = { width = 0 }", "a dims rule's bound must be 1..2**40")]:
         assert expect in error_of(make(tmp_path, family=RULED + f"requires = {{ {rule} }}\n")), rule
+
+
+# ---- in_place_of: the input an output may be exactly (an elementwise kernel run in place) ---------------------
+
+IN_PLACE = FAMILY.replace("launch = { block = 128 }", """launch = { block = 128, grid = ["ceil_div(n, 128)"] }
+params = [
+  { name = "y", type = "ptr", dtype = "T", role = "out", shape = ["n"]@Y@ },
+  { name = "y2", type = "ptr", dtype = "T", role = "out", shape = ["n"]@Y2@ },
+  { name = "x", type = "ptr", dtype = "T", shape = ["n"]@X@ },
+  { name = "w", type = "ptr", dtype = "f32", shape = ["n"] },
+  { name = "wide", type = "ptr", dtype = "T", shape = ["2*n"] },
+  { name = "s", type = "ptr", dtype = "T", role = "inout", shape = ["n"]@S@ },
+  { name = "n", type = "i64", value = "n"@N@ },
+]
+qualify = { dims = { n = 1024 }@AUX@ }""")
+
+
+def in_place_family(**extra: str) -> str:
+    """IN_PLACE with each @KEY@ replaced by extra[KEY] (a field added to that param, or qualify's aux), else ""."""
+    out = IN_PLACE
+    for key in ("Y", "Y2", "X", "S", "N", "AUX"):
+        out = out.replace(f"@{key}@", extra.get(key, ""))
+    return out
+
+
+def test_in_place_of_reaches_the_family_and_the_signed_record(tmp_path):
+    from mamba_forge.qualify.contract import runtime_symbol
+
+    cat = load_catalog(make(tmp_path, family=in_place_family(Y=', in_place_of = "x"')))
+    fam = cat.modules[0].family("scale")
+    assert [(p.name, p.in_place_of) for p in fam.params if p.in_place_of] == [("y", "x")]
+    rec = runtime_symbol(cat.symbols["scale_bf16"], fam, [[8 * i, 8] for i in range(len(fam.params))], 0)
+    assert {p.name: p.in_place_of for p in rec.params} == {"y": "x", "y2": None, "x": None, "w": None, "wide": None,
+                                                          "s": None, "n": None}
+
+
+@pytest.mark.parametrize(("where", "expect"), [
+    ({"Y": ', in_place_of = "q"'}, "in_place_of 'q' names no input (type ptr, role in) of this family"),
+    ({"Y": ', in_place_of = "y2"'}, "in_place_of 'y2' names no input"),  # another output
+    ({"Y": ', in_place_of = "s"'}, "in_place_of 's' names no input"),  # an argument updated in place
+    ({"Y": ', in_place_of = "n"'}, "in_place_of 'n' names no input"),  # a scalar
+    ({"Y": ', in_place_of = "y"'}, "in_place_of 'y' names no input"),  # itself
+    ({"Y": ', in_place_of = "w"'}, "in place takes the output's dtype and shape (T ['n']); w is f32 ['n']"),
+    ({"Y": ', in_place_of = "wide"'}, "in place takes the output's dtype and shape (T ['n']); wide is T ['2*n']"),
+    ({"Y": ', in_place_of = "x"', "Y2": ', in_place_of = "x"'}, "output 'y' already runs in place of it"),
+    ({"X": ', in_place_of = "w"'}, "only an output (type ptr, role out) may be in_place_of an input"),
+    ({"S": ', in_place_of = "x"'}, "only an output (type ptr, role out) may be in_place_of an input"),
+    ({"N": ', in_place_of = "x"'}, "only an output (type ptr, role out) may be in_place_of an input"),
+    ({"AUX": ', aux = [{ name = "t", type = "ptr", dtype = "T", role = "out", shape = ["n"], in_place_of = "x" }]'},
+     "aux buffer 't' is declared twice or in_place_of"),
+])
+def test_in_place_of_rules_are_checked_at_load(tmp_path, where, expect):
+    msg = error_of(make(tmp_path, family=in_place_family(**where)))
+    assert expect in msg and "family[0] (name=scale)" in msg and str(tmp_path / "f.toml") in msg, msg

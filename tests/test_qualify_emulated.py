@@ -73,6 +73,7 @@ SIGNATURES = {  # emulated kernels: parameter types as the kernel declares them
     "racy_row_sum": ["ptr", "ptr", "i32", "i32"], "control_smem_reverse": ["ptr", "ptr", "i32", "i32"],
     "nondet_sum": ["ptr", "ptr", "i64"], "oob_write": ["ptr", "ptr", "i64"], "spin_forever": ["ptr", "ptr", "i64"],
     "wrong_scale": ["ptr", "ptr", "i64"], "misses_tail": ["ptr", "ptr", "i64"], "address_variant": ["ptr", "ptr", "i64"],
+    "control_scale_in_place": ["ptr", "ptr", "i64"], "neighbour_sum_not_in_place": ["ptr", "ptr", "i64"],
     "smem_over": ["ptr", "ptr", "i64"], "abi_mismatch": ["ptr", "i32", "ptr"],
     **{k: ["ptr", "ptr", "i64"] for k in ("writes_past_end", "writes_before_start", "writes_input",
                                           "accumulates_into_output")},
@@ -261,6 +262,13 @@ def run_kernel(name, v, mem, rng, stream):
             y[: n - 1] = 2 * x[: n - 1]
         elif name == "address_variant":
             y[:] = 2 * x * (f32(1) + f32((x_p >> 8) & 63) * f32(2.0**-22))
+        elif name == "control_scale_in_place":
+            y[:] = 2 * x
+        elif name == "neighbour_sum_not_in_place":  # one thread per chunk, front to back (src/negative.cu)
+            x2, y2 = x.reshape(-1, 256), y.reshape(-1, 256)
+            y2[:, 0] = x2[:, 0]
+            for j in range(1, 256):
+                y2[:, j] = x2[:, j] + x2[:, j - 1]
         else:
             y[:] = x
 
@@ -337,7 +345,21 @@ def test_controls_pass_every_check(emulated):
     assert "neighbour" in launches
 
 
+def test_an_output_declared_in_place_of_its_input_is_run_so(emulated):
+    """The catalog's in_place_of pairs are run as declared: the control's output over its input gives the bits of
+    the launch on separate buffers (its in-place launch passes y exactly x through the runtime contract)."""
+    ctx, launches = emulated
+    r = _run(ctx, "control_scale_in_place")
+    assert r.status == "admitted", r.reason
+    (check,) = [c for c in r.checks if c.name == "in-place"]
+    assert check.passed and check.detail == "y in place of x: bitwise equal to the launch on separate buffers"
+    assert [c.name for c in r.checks].index("in-place") == [c.name for c in r.checks].index("uninitialized") + 1
+    assert check.digest == next(c.digest for c in r.checks if c.name == "repeat")
+    assert "in-place" not in [c.name for c in _run(ctx, "wrong_scale").checks]  # declares none: not run
+
+
 @pytest.mark.parametrize(("name", "check", "text"), [
+    ("neighbour_sum_not_in_place", "in-place", "y in place of x: the outputs differ from those on separate buffers"),
     ("nondet_sum", "repeat", "not bitwise equal to run 1"),
     ("batch_variant_row_sum", "batch", "leading rows at rows=1 differ"),
     ("wrong_scale", "correctness", "outside rtol"),

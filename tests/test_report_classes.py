@@ -27,7 +27,8 @@ H200_TOML = ROOT / "manifests" / "h200.toml"
 # one deciding check per class (the synthetic manifest rejects one symbol with each)
 ONE_PER_CLASS = {
     "fault": "fault", "timeout": "timeout", "bounds": "bounds", "input written": "input-written",
-    "uninitialized": "uninitialized", "incorrect": "correctness", "nondeterministic": "repeat",
+    "uninitialized": "uninitialized", "incorrect": "correctness", "in-place-unsafe": "in-place",
+    "nondeterministic": "repeat",
     "batch-variant": "batch", "placement-variant": "placement", "split-variant": "split",
     "route-inequivalent": "route-equivalence",
     "sanitizer": "sanitize", "resource": "registers", "ABI": "abi", "static policy": "static-tokens",
@@ -88,7 +89,7 @@ def test_groups_come_in_class_order_with_their_symbols_in_order():
     assert [c for c, _ in groups] == list(K.CLASSES)
     assert all([s.name for s in members] == [members[0].name, members[0].name[:-1] + "1"] for _, members in groups)
     assert K.class_counts(groups) == {c: 2 for c in K.CLASSES}
-    assert K.counts_line(groups).startswith("36 rejected: 2 fault, 2 timeout, 2 bounds, 2 input written, ")
+    assert K.counts_line(groups).startswith("38 rejected: 2 fault, 2 timeout, 2 bounds, 2 input written, ")
     assert K.group_rejections([]) == []
 
 
@@ -97,7 +98,7 @@ def test_rejection_lines_count_per_class_first_and_honour_the_limit():
     assert lines[0] == (2, K.counts_line(K.group_rejections(_rejected())))
     assert lines[1] == (2, "fault (1)") and lines[2] == (4, "fault_0 (Fixed/sm_90a) [fault] because fault")
     assert sum(1 for ind, _ in lines if ind == 4) == 5
-    assert lines[-1] == (2, "and 13 more rejected (mamba-forge report)")
+    assert lines[-1] == (2, "and 14 more rejected (mamba-forge report)")
     assert rejection_lines([]) == []
 
 

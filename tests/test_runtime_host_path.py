@@ -203,7 +203,7 @@ def test_null_and_overlap_are_refused_on_a_memo_hit():
     for y_at, x_at in ((BASE, BASE + 4), (BASE + 4092, BASE), (BASE + 1, BASE)):
         with pytest.raises(LaunchRefused, match="partially overlaps"):
             c.args({"y": T(1024, ptr=y_at), "x": T(1024, ptr=x_at)})
-    assert c.args({"y": T(1024, ptr=BASE), "x": T(1024, ptr=BASE)})[0][:2] == [BASE, BASE]  # in place
+    assert c.args({"y": T(1024, ptr=BASE), "x": T(1024, ptr=BASE)})[0][:2] == [BASE, BASE]  # in place (declared)
     assert c.args({"y": T(1024, ptr=BASE), "x": T(1024, ptr=BASE + 4096)})  # adjacent
     assert len(c._memo) == key_count  # every call above was a hit
     two = Contract(two_outputs())
@@ -213,14 +213,24 @@ def test_null_and_overlap_are_refused_on_a_memo_hit():
         with pytest.raises(LaunchRefused, match="outputs alias each other"):
             two.args({"a": T(1024, ptr=BASE), "b": T(1024, ptr=b_at), "x": T(1024, ptr=far)})
     assert len(two._memo) == 1
+    undeclared = Contract(softplus(in_place=False))  # softplus whose y does not declare x: no exact alias on a hit
+    for _ in range(2):
+        undeclared.args({"y": T(1024), "x": T(1024)})
+    with pytest.raises(LaunchRefused, match="y is exactly x, which its kernel is not declared to run in place of"):
+        undeclared.args({"y": T(1024, ptr=BASE), "x": T(1024, ptr=BASE)})
+    assert len(undeclared._memo) == 1
 
 
-def test_the_pointer_checks_on_a_hit_decide_as_the_full_check_for_random_layouts():
+@pytest.mark.parametrize("in_place", [True, False])
+def test_the_pointer_checks_on_a_hit_decide_as_the_full_check_for_random_layouts(in_place):
     """Addresses packed close together (so outputs and inputs meet, coincide or touch), empty tensors, the odd null
-    pointer, with and without a parameter that may be None: on a memo hit (the quick check, then the full sweep where it doubts) every call is refused or passed as
-    the full check refuses or passes it, with the same message."""
+    pointer, with and without a parameter that may be None: on a memo hit (the quick check, then the full sweep where
+    it doubts) every call is refused or passed as the full check refuses or passes it, with the same message. With
+    and without the output a declaring the input x (in_place_of): a exactly x binds only where declared, a exactly y
+    never."""
     rec = symbol("mix_f32", "mix", "f32", params(
-        {"name": "a", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
+        {"name": "a", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"],
+         **({"in_place_of": "x"} if in_place else {})},
         {"name": "b", "type": "ptr", "dtype": "f32", "role": "inout", "shape": ["m"]},
         {"name": "x", "type": "ptr", "dtype": "f32", "shape": ["n"]},
         {"name": "y", "type": "ptr", "dtype": "f32", "shape": ["m"]},
@@ -244,10 +254,13 @@ def test_the_pointer_checks_on_a_hit_decide_as_the_full_check_for_random_layouts
             outcomes.add(str(want).split(" (")[0].split(": ")[-1])
         else:
             _same(got, want)
-            outcomes.add("bound")
+            outcomes.add("bound" if not (n and kw["a"].data_ptr() == kw["x"].data_ptr()) else "bound in place")
+    exact = {"bound in place", "a is exactly y; its kernel runs in place of x only"} if in_place else {
+        "a is exactly x, which its kernel is not declared to run in place of",
+        "a is exactly y, which its kernel is not declared to run in place of"}
     assert len(c._memo) == 36 and outcomes == {
         "bound", "its data pointer is 0", "outputs alias each other", "an output partially overlaps an input",
-        "an argument updated in place is also an input"}
+        "an argument updated in place is also an input"} | exact
 
 
 def test_the_null_pointer_parameter_on_a_memo_hit():

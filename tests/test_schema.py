@@ -52,7 +52,8 @@ def _v2_symbol(s: dict, cat, cap: int) -> dict:
         params.append({
             "name": p.name, "kind": kind, "type": p.type,
             "dtype": (p.dtype if p.dtype in DTYPES else env[p.dtype]) if kind == "pointer" else "",
-            "role": "" if kind == "scalar" else p.role, "shape": [_e(x) for x in p.shape],
+            "role": "" if kind == "scalar" else p.role, **({"in_place_of": p.in_place_of} if p.in_place_of else {}),
+            "shape": [_e(x) for x in p.shape],
             "value": "" if p.value is None else _e(p.value), "offset": off, "size": size,
         })
     grid = [_e(g) for g in fam.launch.grid]
@@ -471,6 +472,56 @@ def test_param_rules(qbody, change, path, fragment):
     d = copy.deepcopy(qbody)
     d["symbols"][4]["params"][scalar]["dtype"] = "f32"
     _refused(QualifiedManifest, d, f"symbols[4].params[{scalar}]", "takes neither dtype, role nor shape")
+
+
+def _in_place_body(qbody) -> tuple[dict, int]:
+    """(a copy of qbody, the index of its softplus_forward_bf16) with that symbol's y declared in place of x (the
+    pair the catalog declares for it: kernels/fixed/activation.toml)."""
+    d = copy.deepcopy(qbody)
+    i = next(i for i, s in enumerate(d["symbols"]) if s["name"] == "softplus_forward_bf16")
+    d["symbols"][i]["params"][0]["in_place_of"] = "x"
+    return d, i
+
+
+def test_in_place_of_travels_and_a_manifest_without_it_declares_none(qbody):
+    d, i = _in_place_body(qbody)
+    s = d["symbols"][i]
+    assert [(p["name"], p.get("in_place_of")) for p in s["params"]] == [("y", "x"), ("x", None), ("n", None)]
+    qm = from_dict(QualifiedManifest, d)
+    rec = qm.symbols[i]
+    assert [p.in_place_of for p in rec.params] == ["x", None, None]
+    assert to_dict(rec)["params"][0]["in_place_of"] == "x" and "in_place_of" not in to_dict(rec)["params"][1]
+    projected = json.loads(runtime_table_bytes(qm))["symbols"][i]["params"]
+    assert projected[0]["in_place_of"] == "x" and "in_place_of" not in projected[1]
+    old = tomllib.loads(H200.read_text())  # signed before in_place_of: every param reads None, and projects as it was
+    assert all("in_place_of" not in p for t in old["symbols"] for p in t["params"])
+    old.pop("signature")
+    assert all(p.in_place_of is None for t in from_dict(QualifiedManifest, old).symbols for p in t.params)
+
+
+@pytest.mark.parametrize("param,change,fragment", [
+    (2, {"in_place_of": "x"}, "only an output (pointer, role out) may be in_place_of"),  # a scalar
+    (1, {"in_place_of": "y"}, "only an output (pointer, role out) may be in_place_of"),  # an input
+    (0, {"in_place_of": "n"}, "y.in_place_of 'n' names no input (pointer, role in) of its dtype and shape"),
+    (0, {"in_place_of": "q"}, "y.in_place_of 'q' names no input"),
+    (0, {"in_place_of": "y"}, "y.in_place_of 'y' names no input"),
+    (1, {"dtype": "f32"}, "y.in_place_of 'x' names no input"),  # x of another dtype
+    (1, {"shape": ["2*n"]}, "y.in_place_of 'x' names no input"),  # x of another shape
+    (1, {"role": "inout"}, "y.in_place_of 'x' names no input"),
+])
+def test_in_place_of_rules_of_the_record(qbody, param, change, fragment):
+    d, i = _in_place_body(qbody)
+    d["symbols"][i]["params"][param].update(change)
+    where = f"symbols[{i}].params[{param}]" if "only an output" in fragment else f"symbols[{i}]"
+    _refused(QualifiedManifest, d, where, fragment)
+
+
+def test_two_outputs_in_place_of_one_input_refused(qbody):
+    d, i = _in_place_body(qbody)
+    y = d["symbols"][i]["params"][0]
+    d["symbols"][i]["params"].insert(1, {**y, "name": "y2", "offset": y["offset"] + 8})
+    _refused(QualifiedManifest, d, f"symbols[{i}]", "y2.in_place_of 'x' names no input (pointer, role in) of its "
+             "dtype and shape that no other output names")
 
 
 @pytest.mark.parametrize("bad", ["/etc/passwd", "../x.cubin", "a/../b", "a\\b", "", "./a", "manifest.toml",

@@ -105,6 +105,9 @@ class Param(_Model):
     # the C type a generated wrapper (catalog/wrappers.py) declares: a pointer's element where the dtype only sizes
     # it (a record: mf::AdamWTensorDesc), a by-value blob's type (mf::TmaDesc)
     ctype: str | None = None
+    # an output's input it may be exactly (in place: the same memory), where its kernel reads element i of that input
+    # only in the thread that writes element i of this output, before writing it; every other exact alias is refused
+    in_place_of: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Param:
@@ -118,6 +121,8 @@ class Param(_Model):
             raise ValueError(f"scalar parameter {self.name!r} takes neither shape, role nor ctype")
         if self.fill is not None and not FILL_SPEC.match(self.fill):
             raise ValueError(f"parameter {self.name!r}: unknown fill {self.fill!r}")
+        if self.in_place_of is not None and (self.type != "ptr" or self.role != "out"):
+            raise ValueError(f"parameter {self.name!r}: only an output (type ptr, role out) may be in_place_of an input")
         return self
 
     @property
@@ -221,8 +226,8 @@ class QualifySpec(_Model):
         for a in self.aux:
             if a.type != "ptr":
                 raise ValueError(f"aux buffer {a.name!r} must have type ptr, not {a.type}")
-            if a.name in seen:
-                raise ValueError(f"aux buffer {a.name!r} is declared twice")
+            if a.name in seen or a.in_place_of is not None:
+                raise ValueError(f"aux buffer {a.name!r} is declared twice or in_place_of (the kernel never takes it)")
             seen.add(a.name)
         return self
 
@@ -288,7 +293,22 @@ class Family(_Model):
             if p.name in seen:
                 raise ValueError(f"parameter {p.name!r} is declared twice")
             seen.add(p.name)
+        self._check_in_place()
         return self
+
+    def _check_in_place(self) -> None:
+        """in_place_of names an input (ptr, role in) of this family of the output's dtype and shape; each input once."""
+        by_name, claimed = {p.name: p for p in self.params}, {}
+        for p in (p for p in self.params if p.in_place_of is not None):
+            q, what = by_name.get(p.in_place_of), f"parameter {p.name!r}: in_place_of {p.in_place_of!r}"
+            if q is None or q.type != "ptr" or q.role != "in":
+                raise ValueError(f"{what} names no input (type ptr, role in) of this family")
+            if q.dtype != p.dtype or [str(x) for x in q.shape] != [str(x) for x in p.shape]:
+                raise ValueError(f"{what}: in place takes the output's dtype and shape ({p.dtype} {p.shape}); "
+                                 f"{q.name} is {q.dtype} {q.shape}")
+            if q.name in claimed:
+                raise ValueError(f"{what}: output {claimed[q.name]!r} already runs in place of it; at most one may")
+            claimed[q.name] = p.name
 
 
 def template_problem(template: str) -> str | None:

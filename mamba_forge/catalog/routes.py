@@ -184,14 +184,15 @@ def _fmt(text: str, env: dict[str, str], where: str) -> str:
     return out
 
 
-def _ptr_params(sym, catalog) -> dict[str, tuple[str, tuple[str, ...], str, str]]:
-    """name -> (dtype, shape expressions, role, fill) of a symbol's pointer parameters (dtype keys resolved)."""
+def _ptr_params(sym, catalog) -> dict[str, tuple[str, tuple[str, ...], str, str, str]]:
+    """name -> (dtype, shape expressions, role, fill, in_place_of) of a symbol's pointer parameters (dtype keys
+    resolved)."""
     fam = catalog.module(sym.module).family(sym.family)
     out = {}
     for p in fam.params:
         if p.type == "ptr":
             dt = sym.params_env.get(p.dtype, p.dtype) if p.dtype else ""
-            out[p.name] = (str(dt), tuple(p.shape), str(p.role), str(p.fill))
+            out[p.name] = (str(dt), tuple(p.shape), str(p.role), str(p.fill), str(p.in_place_of))
     return out
 
 
@@ -301,8 +302,8 @@ class _KeyExpansion:
 
 def _check_class(rungs: tuple[RouteRung, ...], check: tuple[int, int], catalog, where: str) -> None:
     """A multi-rung class: the check shape meets every rung's divisibility; every rung qualifies over M, N, K and
-    has the reference's pointer parameters (names, dtypes, shapes, roles, fills), so the equivalence check feeds
-    them the same buffers."""
+    has the reference's pointer parameters (names, dtypes, shapes, roles, fills, in_place_of), so the equivalence
+    check feeds them the same buffers and the runtime launches either on the same memory."""
     ref = next(r for r in rungs if r.m_min == 1 and r.m_max == 0)
     ref_params = _ptr_params(catalog.symbols[ref.symbol], catalog)
     n, k = check

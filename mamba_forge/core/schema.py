@@ -135,6 +135,9 @@ class Param:
     type: ParamType
     dtype: str = ""  # pointers: the resolved element dtype token ("bf16"); "" otherwise
     role: Literal["in", "out", "inout", "scratch", ""] = ""  # pointers and blobs; "" for scalars
+    # an output's input it may be exactly (in place; the catalog's in_place_of); None (left out): no exact alias, as
+    # for every parameter of a manifest written before it
+    in_place_of: str | None = None
     shape: list[str] = field(default_factory=list)  # pointers: element-count expressions
     value: str = ""  # scalars: the catalog's value expression (or float literal); "" when the caller gives it
     offset: int  # the ABI census: offset and size in the parameter area
@@ -152,6 +155,8 @@ class Param:
             return f"blob parameter {self.name!r} takes a size and neither dtype nor shape"
         if self.offset < 0 or self.size < 0:
             return f"parameter {self.name!r} has a negative offset or size"
+        if self.in_place_of is not None and (kind != "pointer" or self.role != "out"):
+            return f"parameter {self.name!r}: only an output (pointer, role out) may be in_place_of an input"
         return None
 
 
@@ -163,6 +168,13 @@ class _SymbolMethods:
         return [[p.offset, p.size] for p in self.params]  # type: ignore[attr-defined]
 
     def _check(self) -> str | None:
+        if pairs := [p for p in self.params if p.in_place_of is not None]:  # type: ignore[attr-defined]
+            ins = {p.name: p for p in self.params if p.role == "in"}  # type: ignore[attr-defined]
+            for p in pairs:
+                q = ins.pop(p.in_place_of, None)  # once: no two outputs in place of one input
+                if q is None or q.kind != "pointer" or (q.dtype, q.shape) != (p.dtype, p.shape):
+                    return (f"symbol {self.name}: {p.name}.in_place_of {p.in_place_of!r} names no input (pointer, "  # type: ignore[attr-defined]
+                            "role in) of its dtype and shape that no other output names")
         pdl = self.pdl_max_blocks  # type: ignore[attr-defined]
         if not 0 <= pdl <= 2**31 - 1:
             return f"symbol {self.name}: pdl_max_blocks {pdl} is not 0 (never) to 2^31-1 blocks"  # type: ignore[attr-defined]

@@ -120,16 +120,24 @@ class Context:
         cu.launch(fn, (self.info.sm_count * 8,), (256,), params, stream=stream)
 
 
+IN_PLACE = "in-place"  # the check of the catalog's in_place_of pairs (symbol_run.SymbolRun.in_place)
+
+
 class Instance:
     """Device buffers for one concrete launch, with pristine copies of inputs that the kernel overwrites, and
     (unless ctx.guards is off) guard regions around every buffer and pristine copies of the `in` buffers,
     checked after every launch (guards.py).
 
-    `offset` shifts every buffer's start by that many bytes (a multiple of 256) for the address check."""
+    `offset` shifts every buffer's start by that many bytes (a multiple of 256) for the address check. `alias`
+    (output -> input, the catalog's in_place_of pairs; guards off): each such output is its input's buffer, and
+    that input is restored from a pristine copy before every launch instead of the output's poison."""
 
     def __init__(self, ctx: Context, spec: S.LaunchSpec, fn: cu.Function, inputs: dict[str, np.ndarray],
-                 prepare: Callable | None = None, offset: int = 0):
+                 prepare: Callable | None = None, offset: int = 0, alias: dict[str, str] | None = None):
         self.ctx, self.spec, self.fn = ctx, spec, fn
+        self.alias = dict(alias or {})
+        if self.alias and ctx.guards:
+            raise S.SpecError("an in-place launch runs without guards (its input is written by design)")
         self._owned: list[cu.DeviceBuffer] = []
         self.ptrs: dict[str, int] = {}
         self.pristine: dict[str, int] = {}
@@ -138,7 +146,10 @@ class Instance:
         self.guards = G.Guards(ctx) if ctx.guards else None
         guard = G.GUARD_BYTES if ctx.guards else 0
         try:
+            written = set(self.alias.values())
             for b in spec.all_buffers:
+                if b.name in self.alias:  # the input's buffer (set below, after every buffer exists)
+                    continue
                 buf = cu.DeviceBuffer(offset + guard + b.nbytes + guard)
                 self._owned.append(buf)
                 ptr = buf.ptr + offset + guard
@@ -148,7 +159,7 @@ class Instance:
                     self.guards.guard(b.name, buf.ptr, ptr, b.nbytes, guard)
                 if b.needs_fill:
                     data = np.ascontiguousarray(inputs[b.name]).tobytes()
-                    if b.role == "in":
+                    if b.role == "in" and b.name not in written:
                         cu.memcpy_htod(ptr, data)
                         if self.guards is not None:  # compared after every launch, never copied back
                             self._owned.append(self.guards.copy_input(b.name, ptr, b.nbytes, DTYPE_SIZES[b.dtype]))
@@ -157,6 +168,11 @@ class Instance:
                         self._owned.append(pb)
                         cu.memcpy_htod(pb.ptr, data)
                         self.pristine[b.name] = pb.ptr
+            sizes = {b.name: b.nbytes for b in spec.all_buffers}
+            for out, src in self.alias.items():
+                if src not in self.ptrs or sizes.get(out) != sizes[src]:
+                    raise S.SpecError(f"{out} in place of {src}: no input {src!r} of {sizes.get(out)} bytes")
+                self.ptrs[out] = self.ptrs[src]
             blobs: dict[str, bytes] = {}
             if spec.blobs or spec.prepared:
                 assert prepare is not None
@@ -199,7 +215,7 @@ class Instance:
         for b in self.spec.all_buffers:
             if b.name in self.pristine:
                 cu.memcpy_dtod(self.ptrs[b.name], self.pristine[b.name], b.nbytes, stream)
-            elif not b.needs_fill:
+            elif not b.needs_fill and b.name not in self.alias:
                 cu.memset_d8(self.ptrs[b.name], poison, b.nbytes, stream)
         # as the runtime launches it (pdl.applies): a small grid of a pdl_max_blocks symbol with programmatic
         # dependent launch on sm_90+ (only then the keyword: fakes take none)

@@ -54,7 +54,7 @@ def family_contract(sym: Symbol, fam: Family, layout: list[list[int]], state_cap
                 dtype = p.dtype if p.dtype in DTYPES else str(env.get(p.dtype, p.dtype))
             params.append(Param(
                 name=p.name, kind=kind, type=p.type, dtype=dtype,  # type: ignore[arg-type]
-                role="" if kind == "scalar" else p.role, shape=[_text(x) for x in p.shape],
+                role="" if kind == "scalar" else p.role, in_place_of=p.in_place_of, shape=[_text(x) for x in p.shape],
                 value="" if p.value is None else _text(p.value), offset=offset, size=size,
             ))
     grid = [_text(g) for g in fam.launch.grid]

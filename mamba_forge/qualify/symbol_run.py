@@ -151,6 +151,11 @@ class SymbolRun:
             elif not sanitize:
                 self.add("uninitialized", True, detail=f"outputs bitwise equal with 0x{G.POISON:02X} and "
                                                        f"0x{G.POISON_ALT:02X} poison on {len(corpora)} corpora")
+            pairs = {p.name: p.in_place_of for p in self.fam.params if p.in_place_of}
+            if pairs and not sanitize:  # what the signed record lets an engine do: the output written over its input
+                verdict = self.in_place(spec, fn, base_inputs, base_outs, prepare, pairs)
+                if verdict is not None:
+                    return verdict
             if self.sym.deterministic and not sanitize:
                 verdict = self.determinism(spec, fn, base_inst, base_inputs, base_outs, prepare, checked)
                 if verdict is None and self.fam.split is not None:  # split.py: the same bits over any split
@@ -173,6 +178,30 @@ class SymbolRun:
             self.add("timeout", True, detail=f"every launch within its {self.ctx.budget.describe()}")
         self.result.status = "admitted"
         return self.result
+
+    def in_place(self, spec, fn, inputs, base: dict[str, bytes], prepare,
+                 pairs: dict[str, str]) -> SymbolResult | None:
+        """The catalog's in_place_of pairs run as declared (each output the very buffer of its input): every
+        output must be the bits of the launch on separate buffers (`base`, the first corpus's). Guards are off for
+        this launch (the input is written by design); the runtime contract binds the exact alias as an engine's
+        call would, so a pair it refuses is a spec error here."""
+        saved, self.ctx.guards = self.ctx.guards, False
+        label = ", ".join(f"{o} in place of {i}" for o, i in pairs.items())
+        try:
+            inst = C.Instance(self.ctx, spec, fn, inputs, prepare, alias=pairs)
+        except S.SpecError as exc:
+            return self.fail(C.IN_PLACE, f"{label}: {exc}")
+        finally:
+            self.ctx.guards = saved
+        try:
+            outs = inst.run()
+        finally:
+            inst.free()
+        if outs != base:
+            diff = C.first_difference(base, outs)
+            return self.fail(C.IN_PLACE, f"{label}: the outputs differ from those on separate buffers ({diff})")
+        self.add(C.IN_PLACE, True, C.digest(outs), f"{label}: bitwise equal to the launch on separate buffers")
+        return None
 
     def fail(self, check: str, reason: str) -> SymbolResult:
         self.add(check, False, detail=reason)

@@ -8,9 +8,9 @@ from typing import Protocol
 
 # classes in the order a report shows them: what breaks a process first, then wrong memory, then wrong bits
 CLASSES = (
-    "fault", "timeout", "bounds", "input written", "uninitialized", "incorrect", "nondeterministic", "batch-variant",
-    "placement-variant", "split-variant", "route-inequivalent", "sanitizer", "resource", "ABI", "static policy",
-    "build", "harness", "other",
+    "fault", "timeout", "bounds", "input written", "uninitialized", "incorrect", "in-place-unsafe", "nondeterministic",
+    "batch-variant", "placement-variant", "split-variant", "route-inequivalent", "sanitizer", "resource", "ABI",
+    "static policy", "build", "harness", "other",
 )
 
 CHECK_CLASS = {
@@ -20,6 +20,7 @@ CHECK_CLASS = {
     # the guards (guards.py)
     "bounds": "bounds", "input-written": "input written", "uninitialized": "uninitialized",
     "correctness": "incorrect",
+    "in-place": "in-place-unsafe",  # other bits when an output is written over the input it declares in_place_of
     # bits that change with something other than the inputs
     "repeat": "nondeterministic", "stream": "nondeterministic", "neighbour": "nondeterministic",
     "address": "nondeterministic", "graph": "nondeterministic", "cross-device": "nondeterministic",

@@ -24,7 +24,8 @@ value; pointers that are not tensors (int addresses: use the positional launch),
 (or unknown, unless `locate` resolves it) device, of another dtype, not row-major dense, read-only where
 written, or holding fewer elements than their shape's count (at least the count, for every role: kernels touch
 only ``[0, count)``); blobs not of their exact size; negative dims; grid dimensions outside 1..CUDA's limits;
-expressions that cannot be evaluated.
+expressions that cannot be evaluated; memory where an output meets another pointer's bytes, but for an output exactly
+the input its record declares (``in_place_of``: an elementwise kernel; none in a record written before it).
 
 State capacity: where ``state_capacity`` > 0 (the module was compiled with -DMF_STATE_CAP) and the dims include
 ``d_state``, 1 <= d_state <= state_capacity (the scan kernels return without writing above it). Every scan family
@@ -70,11 +71,11 @@ if TYPE_CHECKING:
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 CAPACITY_DIM = "d_state"
 _WRITES = ("out", "inout", "scratch")
-# what a pointer does, in _ptr_slots: reads only; writes (out, scratch: may be exactly an input of its element size,
-# in place); updates (inout: is itself the in-place buffer, so it shares no byte with any other argument)
+# what a pointer does, in _ptr_slots: reads only; writes (out, scratch: exactly an input of its element size only
+# where the output declares that input, in_place_of); updates (inout: is itself the in-place buffer, so it shares no
+# byte with any other argument)
 _READ, _WRITE, _UPDATE = 0, 1, 2
 _READS = ("in", "inout")
-
 
 
 class Contract(LaunchMemo, LaunchAt):
@@ -119,6 +120,9 @@ class Contract(LaunchMemo, LaunchAt):
                 plan.append((p.name, _GIVEN, p.type, 0, INT_RANGES.get(p.type), what))
         self._plan = tuple(plan)
         self._pointers = tuple(pointers)
+        # output -> the input it may be exactly (in_place_of); the pairs both ways: the only exact aliases that bind
+        self._declared = declared = {p.name: p.in_place_of for p in pointers if p.in_place_of}
+        self._in_place = frozenset(declared.items()) | frozenset((i, o) for o, i in declared.items())
         # (plan slot, pointer index, reads/writes/updates, bytes per element, name) of every pointer: the memory checks
         self._ptr_slots = tuple((i, e[4], e[3], DTYPE_SIZES.get(e[2], 1), e[0]) for i, e in enumerate(plan)
                                 if e[1] == _PTR)
@@ -168,7 +172,6 @@ class Contract(LaunchMemo, LaunchAt):
         reads none there, as the GEMM rungs' optional bias (runtime/gemm.py); no dim comes from it."""
         vals, grid, block, smem, owner = self.args(kwargs, device, locate, null)
         return _bound((list(zip(self._types, vals)), self._aligns, grid, block, smem, owner, device))  # noqa: B905
-
 
     def _bind(self, kwargs: dict, device: int, locate, null: str) -> Bound:
         """The full check of every argument (bind's, without the memo)."""
@@ -280,7 +283,7 @@ class Contract(LaunchMemo, LaunchAt):
 
     def _check_memory(self, values: list, numels: list, null: str) -> None:
         """Before any launch: no tensor at address 0 (but the one `null` parameter), no output overlapping
-        another output, and no output overlapping an input unless both are the same memory (in place)."""
+        another output, and no output overlapping an input unless it is exactly the input it declares (in place)."""
         spans = []
         for i, j, writes, size, pname in self._ptr_slots:
             ptr = values[i][1]
@@ -293,18 +296,25 @@ class Contract(LaunchMemo, LaunchAt):
             self._refuse_overlaps(spans)
 
     def _refuse_overlaps(self, spans: list) -> None:
-        """spans: (start, end, reads/writes/updates, name, bytes per element) per pointer, not null."""
+        """spans: (start, end, reads/writes/updates, name, bytes per element) per pointer, not null. The full check's
+        and the memo's (contract_memo.LaunchMemo._check_pointers) one decision."""
         spans.sort()
         for k, (a0, a1, aw, an, asz) in enumerate(spans):
             for b0, b1, bw, bn, bsz in spans[k + 1:]:
                 if b0 >= a1:
                     break  # sorted by start: no later span reaches into this one
-                if not (aw or bw) or ({aw, bw} == {_READ, _WRITE} and (a0, a1, asz) == (b0, b1, bsz)):
-                    continue  # inputs may share memory; an output may be exactly an input of its element size
+                exact = {aw, bw} == {_READ, _WRITE} and (a0, a1, asz) == (b0, b1, bsz)
+                if not (aw or bw) or (exact and (an, bn) in self._in_place):
+                    continue  # inputs may share memory; an output may be exactly the input it declares (in place)
                 if aw and bw:
                     how = "outputs alias each other"
                 elif _UPDATE in (aw, bw) and (a0, a1) == (b0, b1):
                     how = "an argument updated in place is also an input"
+                elif exact:
+                    out, given = (an, bn) if aw else (bn, an)
+                    decl = self._declared.get(out)
+                    how = (f"{out} is exactly {given}; its kernel runs in place of {decl} only" if decl else
+                           f"{out} is exactly {given}, which its kernel is not declared to run in place of")
                 elif (a0, a1) == (b0, b1):
                     how = "an output is an input of another element size"
                 else:

@@ -122,7 +122,8 @@ class LaunchMemo:
         return plain, b.grid, b.block, b.shared_mem, b.owner
 
     def _check_pointers(self, vals: list, spans: tuple, null: str) -> None:
-        """_check_memory on a memo call: the same rules, from the addresses and the entry's byte lengths."""
+        """_check_memory on a memo call: the same rules, from the addresses and the entry's byte lengths, decided by
+        the same _refuse_overlaps (an output exactly an input binds only where it declares that input, in_place_of)."""
         out = []
         for i, length, writes, pname, size in spans:
             ptr = vals[i]
@@ -181,7 +182,8 @@ def _compile_reader(symbol: str, fast: tuple, nparams: int):
 def _compile_quick(symbol: str, ptr_slots: tuple):
     """quick(values, lengths, null) -> True when no pointer but `null`'s (0) is below NULL_PAGE and every output's bytes are apart from
     every other pointer's (then _check_memory's sweep finds nothing: it skips the null pointer and only looks at
-    spans that meet); False sends the call to the full pointer check, which decides (in place, empty tensors)."""
+    spans that meet); False sends the call to the full pointer check, which decides (a declared in-place pair, an
+    undeclared exact alias, empty tensors)."""
     n = len(ptr_slots)
     lines = ["def _quick(v, L, null):"]
     lines += [f"    p{k} = v[{i}]" for k, (i, *_) in enumerate(ptr_slots)]

@@ -345,8 +345,7 @@ def _launch(kern: Kernel, plan: tuple, A, B, C, bias, M: int, N: int, K: int, st
 
 
 def maps_ident(symbol) -> tuple:
-    """What a rung's tensor maps depend on besides the addresses and the shape: its record's hook and tile
-    constants (the first part of the map cache's key; a Kernel keeps it as `_maps_ident`)."""
+    """A rung's tensor maps' inputs besides addresses and shape: its hook and tile (a Kernel keeps it)."""
     return (symbol.tensor_maps, tuple(sorted(symbol.constants.items())))
 
 
@@ -362,9 +361,8 @@ def _tensor_maps(kern: Kernel, A, B, C, M: int, N: int, K: int, blobs, lda: int 
     # a map is a pure function of the rung (its hook and tile), the addresses and the shape: cached on those; C's
     # address only where a map describes C (the tmastore rungs), so a fresh output per call still hits. The rung is
     # its hook and tile constants, not its name: two manifests in one process may sign one name with other tiles
-    ident = getattr(kern, "_maps_ident", None)
-    if ident is None:
-        ident = kern._maps_ident = maps_ident(kern.symbol)
+    ident = getattr(kern, "_maps_ident", None) or maps_ident(kern.symbol)
+    kern._maps_ident = ident
     key = (ident, a, b, c if hook.endswith("_tmastore") else 0, M, N, K, lda)  # lda 0: A dense
     hit = _MAPS.get(key)
     if hit is not None:

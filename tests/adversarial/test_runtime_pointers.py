@@ -1,11 +1,14 @@
 """Keyword launches whose memory cannot be right are refused (LaunchRefused naming the arguments) before any
-launch: a data pointer of 0, an output partially overlapping an input, outputs aliasing each other. Inputs may share
-memory, and an output may be exactly its input (in place)."""
+launch: a data pointer of 0, an output partially overlapping an input, outputs aliasing each other, an output exactly
+an input it does not declare (in_place_of: a conv reading x[t-1] after another thread wrote out[t-1] over it). Inputs
+may share memory, and an output may be exactly the input it declares (an elementwise kernel run in place)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from runtime_fakes import FakeCAI, softplus, two_outputs
+from runtime_fakes import FakeCAI, conv1d, softplus, two_outputs
+from runtime_fakes import FakeTorchTensor as T
 
 from mamba_forge.runtime.contract import contract
 from mamba_forge.runtime.errors import LaunchRefused
@@ -51,14 +54,60 @@ def test_separate_outputs_bind():
     assert contract(two_outputs()).bind(args)
 
 
+# ---- in place only where the output declares that input (in_place_of) --------------------------------------------
+
+def _calls(c, path: str):
+    """The full check (bind), or the memo's path on torch tensors after a first call has made the entry."""
+    if path == "full":
+        return c.bind, lambda shape, ptr, dtype="<f4": FakeCAI(shape, dtype, ptr=ptr)
+    return c.args, lambda shape, ptr, dtype="f32": T(int(np.prod(shape)), dtype, ptr=ptr)
+
+
+@pytest.mark.parametrize("path", ["full", "memo"])
+def test_an_undeclared_exact_alias_of_an_elementwise_family_refused(path):
+    declared, undeclared = contract(softplus()), contract(softplus(in_place=False))
+    for c in (declared, undeclared):
+        call, t = _calls(c, path)
+        assert call({"y": t((N,), BASE), "x": t((N,), BASE + (1 << 20))})  # separate memory: binds (and memoizes)
+    call, t = _calls(declared, path)
+    assert call({"y": t((N,), BASE), "x": t((N,), BASE)})  # the declared pair: in place
+    call, t = _calls(undeclared, path)
+    with pytest.raises(LaunchRefused, match=r"^x and y of softplus_forward_f32: y is exactly x, which its kernel is "
+                                            r"not declared to run in place of \(\[.*\); pass separate memory$"):
+        call({"y": t((N,), BASE), "x": t((N,), BASE)})
+
+
+@pytest.mark.parametrize("path", ["full", "memo"])
+def test_a_conv_output_exactly_its_input_refused(path):
+    """conv1d reads x[t-1]: with out == x a thread reads what another has already written. Refused, naming both, on
+    the full check and on a memo hit."""
+    c = contract(conv1d("f16"))
+    call, t = _calls(c, path)
+    b, d, L, w = 2, 4, 64, 4
+    half, single = ("<f2", "<f4") if path == "full" else ("f16", "f32")
+    shapes = {"out": ((b * d * L,), half), "x": ((b * d * L,), half), "weight": ((d * w,), single), "bias": ((d,), single)}
+    ptrs = {"out": BASE, "x": BASE + (1 << 20), "weight": BASE + (2 << 20), "bias": BASE + (3 << 20)}
+
+    def kw(at):
+        return {k: t(shape, at[k], dt) for k, (shape, dt) in shapes.items()} | {"batch": b, "d": d, "L": L, "width": w}
+
+    assert call(kw(ptrs))
+    with pytest.raises(LaunchRefused, match="^x and out of conv1d_burnin_forward_nosave_tiled_f16: out is exactly x, "
+                                            "which its kernel is not declared to run in place of"):
+        call(kw({**ptrs, "x": BASE}))
+    assert call(kw(ptrs))  # the refusal left nothing behind
+
+
 # ---- in place only where it is one: an updated argument is no input's memory; an output is an input of its size
 
-def _state_op():
-    """conv_tokens-like: an output, an input and a state updated in place (role inout)."""
+def _state_op(in_place: bool = True):
+    """conv_tokens-like: an output (which may be exactly x where in_place), an input and a state updated in place
+    (role inout)."""
     from runtime_fakes import params, symbol
 
     return symbol("state_op_f32", "state_op", "f32", params(
-        {"name": "out", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"]},
+        {"name": "out", "type": "ptr", "dtype": "f32", "role": "out", "shape": ["n"],
+         **({"in_place_of": "x"} if in_place else {})},
         {"name": "x", "type": "ptr", "dtype": "f32", "shape": ["n"]},
         {"name": "state", "type": "ptr", "dtype": "f32", "role": "inout", "shape": ["n"]},
         {"name": "n", "type": "i64", "value": "n"},
@@ -86,7 +135,14 @@ def test_a_state_updated_in_place_that_is_an_input_refused(path):
     with pytest.raises(LaunchRefused, match="state and x|x and state") as info:
         call({**ok, "state": FakeCAI((N,), ptr=BASE + (1 << 20))})
     assert "an argument updated in place is also an input" in str(info.value)
-    assert call({**ok, "out": FakeCAI((N,), ptr=BASE + (1 << 20))})  # the plain output may be exactly x (in place)
+    assert call({**ok, "out": FakeCAI((N,), ptr=BASE + (1 << 20))})  # the output declaring x may be exactly x
+    with pytest.raises(LaunchRefused, match="out is exactly state|state and out|out and state"):
+        call({**ok, "out": FakeCAI((N,), ptr=BASE + (2 << 20))})  # never the state updated in place
+    undeclared = contract(_state_op(in_place=False))
+    call = undeclared.bind if path == "full" else undeclared.args
+    assert call(ok)
+    with pytest.raises(LaunchRefused, match="out is exactly x, which its kernel is not declared to run in place of"):
+        call({**ok, "out": FakeCAI((N,), ptr=BASE + (1 << 20))})
 
 
 def test_an_output_exactly_an_input_of_another_element_size_refused():

@@ -60,6 +60,8 @@ EXPECTED = [
     ("split_variant_running_sum", {"split"}, "called over chunks of L = "),
     # programmatic dependent launch (qualify/pdl.py): reads x before its griddepcontrol.wait
     ("reads_before_pdl_wait", {"pdl"}, "launched with programmatic dependent launch behind a kernel that writes"),
+    # in place (the catalog's in_place_of): one thread per chunk reads the element before it after overwriting it
+    ("neighbour_sum_not_in_place", {"in-place"}, "y in place of x: the outputs differ from those on separate buffers"),
 ]
 GUARDS = ["uninitialized", "bounds", "input-written"]
 CONTROLS = ["control_row_sum", "control_smem_reverse"]
@@ -120,6 +122,14 @@ def test_controls_admitted_with_every_check(negative_manifest, name):
     assert len(digests) == 1 and len(digests.pop()) == 64
     assert s.resources is not None and s.resources.blocks_per_sm >= 1 and s.seed is not None
     assert s.params_layout() == [[0, 8], [8, 8], [16, 4], [20, 4]]
+
+
+def test_an_output_declared_in_place_runs_over_its_input(negative_manifest):
+    s = negative_manifest.symbol("control_scale_in_place")
+    assert s.status == "admitted", f"[{s.check}] {s.reason}"
+    (check,) = [c for c in s.checks if c.name == "in-place"]
+    assert check.passed and "bitwise equal to the launch on separate buffers" in check.detail
+    assert [p.in_place_of for p in s.params if p.name == "y"] == ["x"]
 
 
 @pytest.mark.parametrize(("name", "status", "classes"), [
