@@ -185,14 +185,11 @@ class SymbolRun:
         output must be the bits of the launch on separate buffers (`base`, the first corpus's). Guards are off for
         this launch (the input is written by design); the runtime contract binds the exact alias as an engine's
         call would, so a pair it refuses is a spec error here."""
-        saved, self.ctx.guards = self.ctx.guards, False
         label = ", ".join(f"{o} in place of {i}" for o, i in pairs.items())
         try:
             inst = C.Instance(self.ctx, spec, fn, inputs, prepare, alias=pairs)
         except S.SpecError as exc:
             return self.fail(C.IN_PLACE, f"{label}: {exc}")
-        finally:
-            self.ctx.guards = saved
         try:
             outs = inst.run()
         finally:
